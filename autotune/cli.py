@@ -1,0 +1,227 @@
+"""The ``autotune`` command: search, estimate, export, compare, validate, studies.
+
+Contract: bad input (a model.yaml field, a flag, a study name) prints ``error: …`` naming the
+field or file and exits 2 with nothing written; Ctrl-C during a search exits 130 after the
+running trials were recorded as interrupted (``--resume`` reruns them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from autotune.spec import SAMPLERS, SpecError
+
+
+def _knob_settings(pairs: list[str], flag: str = "--set") -> dict:
+    """``["tp=8", "jit_level=O1"]`` → ``{"tp": 8, "jit_level": "O1"}`` (values parsed as YAML)."""
+    settings = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SpecError(f"{flag} {pair!r}: expected KNOB=VALUE")
+        settings[name.strip()] = yaml.safe_load(value)
+    return settings
+
+
+def _load(args, extra_overrides: dict | None = None):
+    """Validate model.yaml (with CLI overrides) and its search space, writing nothing."""
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+
+    overrides = dict(extra_overrides or {})
+    for flag, field in (("study", "study"), ("trials", "search.n_trials"),
+                        ("sampler", "search.sampler"), ("seed", "search.seed"),
+                        ("steps", "trial.steps")):
+        if getattr(args, flag, None) is not None:
+            overrides[field] = getattr(args, flag)
+    spec = load_spec(args.model_yaml, overrides)
+    space = build_space(spec, _knob_settings(getattr(args, "set", None)))
+    return spec, space
+
+
+def cmd_search(args) -> int:
+    spec, space = _load(args)
+    from autotune.analysis import resolve_storage
+    from autotune.progress import Progress
+    from autotune.search import run_search
+
+    progress = Progress()
+    for note in space.notes:
+        progress.note(note)
+    storage = resolve_storage(args.storage)
+    if storage.startswith("sqlite:///"):
+        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        run_search(spec, space, storage=storage, study_name=spec.study,
+                   n_trials=spec.search.n_trials, resume=args.resume,
+                   artifacts=Path(args.artifacts), ray_address=args.ray_address,
+                   progress=progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: running trials recorded as interrupted; continue with "
+              f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_estimate(args) -> int:
+    from autotune import costmodel
+    from autotune.space import violations
+
+    spec, space = _load(args)
+    candidate = space.first_candidate()
+    est = costmodel.estimate(spec, candidate)
+    reasons = violations(spec, candidate)
+    if args.json:
+        out = est.as_dict()
+        if reasons:
+            out.update(feasible=False, reason="; ".join(reasons))
+        out["candidate"] = candidate.as_dict()
+        print(json.dumps(out, indent=2))
+    else:
+        print("candidate: " + " ".join(f"{k}={v}" for k, v in candidate.as_dict().items()))
+        for reason in reasons:
+            print(f"violates: {reason}")
+        print(costmodel.format_estimate(est))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    spec, space = _load(args)
+    for note in space.notes:
+        print(f"· {note}")
+    searched = space.searched()
+    print(f"{args.model_yaml}: ok — study {spec.study!r}, backend {spec.cluster.backend}, "
+          f"{spec.cluster.devices} devices, searching {', '.join(searched) or 'nothing'}")
+    return 0
+
+
+def cmd_studies(args) -> int:
+    import optuna
+
+    from autotune.analysis import resolve_storage
+
+    storage = resolve_storage(args.storage)
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
+        raise SpecError(f"{storage}: no such storage file")
+    for summary in optuna.get_all_study_summaries(storage):
+        print(f"{summary.study_name}\t{summary.n_trials} trials")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    import pandas as pd
+
+    from autotune.analysis import compare, summary
+
+    if args.csv:
+        frame = compare(args.studies, args.storage)
+        frame.to_csv(args.csv, index=False)
+        print(f"wrote {len(frame)} trials to {args.csv}")
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(summary(args.studies, args.storage).to_string())
+    return 0
+
+
+def cmd_export(args) -> int:
+    from autotune.analysis import load_study
+    from autotune.export import write_export
+    from autotune.progress import best_trials
+    from autotune.records import knobs_of, outcome_of
+    from autotune.space import Candidate
+    from autotune.spec import parse_spec
+
+    study = load_study(args.study, args.storage)
+    if args.trial is None:
+        best = best_trials(study)
+        if not best:
+            raise SpecError(f"study {args.study!r} has no ok trial to export")
+        trial = best[0]  # one objective: the best; several: the Pareto point best on the first
+    else:
+        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == args.trial), None)
+        if trial is None:
+            raise SpecError(f"--trial {args.trial}: study {args.study!r} has no such trial")
+        if outcome_of(trial) != "ok":
+            raise SpecError(f"--trial {args.trial}: its outcome is {outcome_of(trial)}, not ok")
+    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]))
+    candidate = Candidate(**knobs_of(trial))
+    metrics = {k: v for k, v in trial.user_attrs.items() if k not in candidate.as_dict()}
+    record = {"number": trial.number, "study": study.study_name, "metrics": metrics,
+              "estimate": trial.user_attrs.get("estimate")}
+    files = write_export(spec, candidate, record, Path(args.out), reshard_from=args.reshard,
+                         overwrite=args.force)
+    print(f"exported trial #{trial.number} of {study.study_name} to {args.out}:")
+    for file in files:
+        print(f"  {file}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    search = verbs.add_parser("search", help="tune the knobs of MODEL_YAML with real trials")
+    search.add_argument("model_yaml")
+    search.add_argument("--trials", type=int, help="finished trials to reach (search.n_trials)")
+    search.add_argument("--study", help="study name (default: model.yaml's study)")
+    search.add_argument("--storage", help="Optuna storage URL (default: $AUTOTUNE_STORAGE or "
+                        "sqlite:///trials/autotune.db)")
+    search.add_argument("--sampler", choices=SAMPLERS)
+    search.add_argument("--seed", type=int)
+    search.add_argument("--steps", type=int, help="training steps per trial (trial.steps)")
+    search.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                        help="fix a knob (repeatable)")
+    search.add_argument("--resume", action="store_true",
+                        help="continue the named study until it has N finished trials")
+    search.add_argument("--ray-address", help="join an existing Ray cluster")
+    search.add_argument("--artifacts", default="trials", help="folder of per-trial artefacts")
+    search.set_defaults(run=cmd_search)
+
+    estimate = verbs.add_parser("estimate", help="the cost model's verdict for one candidate")
+    estimate.add_argument("model_yaml")
+    estimate.add_argument("--set", action="append", metavar="KNOB=VALUE")
+    estimate.add_argument("--json", action="store_true")
+    estimate.set_defaults(run=cmd_estimate)
+
+    validate = verbs.add_parser("validate", help="check model.yaml and its space; run nothing")
+    validate.add_argument("model_yaml")
+    validate.add_argument("--set", action="append", metavar="KNOB=VALUE")
+    validate.set_defaults(run=cmd_validate)
+
+    studies = verbs.add_parser("studies", help="list the studies in the storage")
+    studies.add_argument("--storage")
+    studies.set_defaults(run=cmd_studies)
+
+    export = verbs.add_parser("export", help="strategy.ckpt + launch config of a trial")
+    export.add_argument("study")
+    export.add_argument("--out", required=True, help="folder to write (must be new or empty)")
+    export.add_argument("--trial", type=int, help="trial number (default: the best)")
+    export.add_argument("--reshard", metavar="FULL_CKPT",
+                        help="also reshard this full checkpoint into checkpoint/rank_*/")
+    export.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    export.add_argument("--storage")
+    export.set_defaults(run=cmd_export)
+
+    comp = verbs.add_parser("compare", help="compare studies side by side (pandas)")
+    comp.add_argument("studies", nargs="+")
+    comp.add_argument("--storage")
+    comp.add_argument("--csv", help="also write every trial of the studies to this CSV file")
+    comp.set_defaults(run=cmd_compare)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Ray dispatch: place each trial on the device pool and hand back its result.
+
+Contract: a :class:`Dispatcher` runs :func:`autotune.runner.run_trial` as a Ray task holding
+``devices`` CPUs, GPUs or Ascend NPUs (by backend). It decides nothing about what to try: the
+search loop submits, and collects :class:`Finished` records with :meth:`Dispatcher.wait`.
+An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.runner import TrialResult, run_trial
+
+
+@dataclass
+class Finished:
+    number: int
+    result: TrialResult
+    queued_s: float   # submit → the Ray task started running (waiting for devices)
+    wall_s: float     # submit → result back in the driver
+
+
+def _task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int):
+    started = time.time()
+    result = run_trial(config, Path(trial_dir), timeout_s, memory_limit_mb, workers)
+    return started, result
+
+
+def resource_options(backend: str, devices: int) -> dict:
+    """Ray resources one trial of ``devices`` devices asks for on ``backend``."""
+    if backend == "gpu":
+        return {"num_gpus": devices, "num_cpus": 1}
+    if backend == "ascend":
+        return {"resources": {"NPU": devices}, "num_cpus": 1}
+    return {"num_cpus": devices}
+
+
+class Dispatcher:
+    """Submits trials to Ray and waits for them. Use as a context manager."""
+
+    def __init__(self, backend: str, pool_devices: int, address: str | None = None):
+        self.backend, self.pool_devices, self.address = backend, pool_devices, address
+        self._pending: dict = {}   # ObjectRef → (number, submitted_at)
+        self._temp_dir: str | None = None
+
+    def __enter__(self) -> "Dispatcher":
+        # Ray reads these at import and init: no auth-token file or warning, no log spam.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if not self.address:
+            # An embedded Ray serves this machine only: this switch makes Ray take the loopback
+            # address as the node IP, so GCS, raylet and object manager listen on 127.0.0.1.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        import ray
+
+        self._ray = ray
+        common = dict(logging_level="ERROR", log_to_driver=False, configure_logging=True)
+        if self.address:
+            ray.init(address=self.address, **common)
+        else:
+            self._temp_dir = tempfile.mkdtemp(prefix="autotune-ray-")
+            pool = {"num_cpus": self.pool_devices} if self.backend == "cpu" else {}
+            ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
+        self._remote = ray.remote(_task)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel_all()
+        self._ray.shutdown()
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+    @property
+    def running(self) -> int:
+        return len(self._pending)
+
+    def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
+               timeout_s: float, memory_limit_mb: float | None) -> None:
+        options = resource_options(self.backend, devices)
+        # max_retries covers only system failures (a node or worker dying), never a trial
+        # that failed on its own: that is an outcome, recorded once.
+        ref = self._remote.options(max_retries=1, **options).remote(
+            config, str(trial_dir), timeout_s, memory_limit_mb, devices)
+        self._pending[ref] = (number, time.time())
+
+    def wait(self, timeout_s: float | None = None) -> list[Finished]:
+        """Block until at least one trial finishes (or ``timeout_s``); return those finished."""
+        if not self._pending:
+            return []
+        ready, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=timeout_s)
+        done = []
+        for ref in ready:
+            number, submitted = self._pending.pop(ref)
+            now = time.time()
+            try:
+                started, result = self._ray.get(ref)
+            except Exception as exc:  # Ray lost the task (node died after retries, ...)
+                started = submitted
+                result = TrialResult("error", detail=f"Ray: {type(exc).__name__}: {exc}")
+            done.append(Finished(number, result, max(0.0, started - submitted), now - submitted))
+        return done
+
+    def cancel_all(self) -> list[int]:
+        """Cancel every running trial (their process groups are killed); return their numbers."""
+        numbers = []
+        for ref, (number, _) in list(self._pending.items()):
+            self._ray.cancel(ref, force=False)
+            numbers.append(number)
+        if self._pending:
+            self._ray.wait(list(self._pending), num_returns=len(self._pending), timeout=15)
+        self._pending.clear()
+        return numbers

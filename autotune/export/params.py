@@ -1,0 +1,87 @@
+"""The parameters an export lays out, and the TP rules that split them.
+
+Contract:
+- :func:`model_parameters` returns ``{name: shape}`` in the network's parameter order. Built-in
+  families come from ``autotune.train.shapes.parameter_shapes`` (pure Python, the same names the
+  trial program's network has). An ``entry`` model is built once by calling the entry with the
+  run's config inside ``mindspore.nn.utils.no_init_parameters`` (shapes without allocating weights);
+  the entry may return a Cell, a sequence whose first item is the Cell, or ``{"network": Cell}``.
+- :func:`tp_rules` returns the ordered glob → split mapping :func:`layout.plan_layout` applies.
+  An entry model's rules are ``model.tp_rules`` (when the spec has that field) before the
+  MindFormers defaults. Any failure is a :class:`SpecError` naming ``model.entry`` / ``model.tp_rules``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from autotune.export.layout import BUILTIN_RULES, MINDFORMERS_RULES, check_rules
+from autotune.spec import Spec, SpecError
+from autotune.train.shapes import parameter_shapes
+
+
+def model_parameters(spec: Spec, run_config: dict) -> dict:
+    if spec.model.family is not None:
+        return parameter_shapes(asdict(spec.model))
+    return _entry_parameters(spec, run_config)
+
+
+def tp_rules(spec: Spec) -> dict:
+    if spec.model.family is not None:
+        return BUILTIN_RULES[spec.model.family]
+    # model.tp_rules is not a Spec field yet; read it when the spec grows it.
+    user = getattr(spec.model, "tp_rules", None) or {}
+    return {**check_rules(user, f"{spec.source}: model.tp_rules"), **MINDFORMERS_RULES}
+
+
+def _load_entry(spec: Spec):
+    target, _, func = spec.model.entry.rpartition(":")
+    where = f"{spec.source}: model.entry"
+    try:
+        if target.endswith(".py"):
+            loader = importlib.util.spec_from_file_location(f"_autotune_entry_{Path(target).stem}", target)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            # spec.py resolves module entries relative to model.yaml's folder; do the same here.
+            base = str(Path(spec.source).resolve().parent)
+            sys.path.insert(0, base)
+            try:
+                module = importlib.import_module(target)
+            finally:
+                sys.path.remove(base)
+        return getattr(module, func)
+    except Exception as exc:  # the user's code: any failure is their input error
+        raise SpecError(f"{where}: loading {spec.model.entry} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _entry_parameters(spec: Spec, run_config: dict) -> dict:
+    from mindspore import nn
+    from mindspore.nn.utils import no_init_parameters
+
+    build = _load_entry(spec)
+    where = f"{spec.source}: model.entry"
+    try:
+        with no_init_parameters():
+            result = build(run_config)
+    except Exception as exc:
+        raise SpecError(f"{where}: building the network failed: {type(exc).__name__}: {exc}") from None
+    options = [result]
+    if isinstance(result, dict):
+        options.append(result.get("network"))
+    if isinstance(result, (tuple, list)) and result:
+        options.append(result[0])
+    network = next((o for o in options if isinstance(o, nn.Cell)), None)
+    if network is None:
+        raise SpecError(f"{where}: returned {type(result).__name__}, expected a Cell, "
+                        "(network, ...) or {'network': Cell}")
+    shapes = {}
+    for param in network.get_parameters():
+        shapes.setdefault(param.name, tuple(param.shape))
+    if not shapes:
+        raise SpecError(f"{where}: the network has no parameters")
+    return shapes

@@ -1,0 +1,128 @@
+"""write_export: one trial → an export folder (DESIGN.md "Outputs").
+
+Contract: :func:`write_export` validates everything first — the trial record, the candidate's
+hard constraints, that every split dimension divides by tp and every stage gets layers, the output
+folder, and the checkpoint to reshard — and raises :class:`SpecError` listing the problems
+before anything is written. It then writes into a temporary sibling folder, checks the strategy
+file covers every parameter, and renames the folder into place, so a failure at any point leaves
+no half-written export. Returns the files of the finished folder, sorted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from autotune.export import configs
+from autotune.export.launch_sh import launch_script
+from autotune.export.layout import plan_layout
+from autotune.export.params import model_parameters, tp_rules
+from autotune.export.reshard import plan_reshard, reshard
+from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
+from autotune.knobs import KNOBS
+from autotune.space import Candidate, violations
+from autotune.spec import Spec, SpecError
+
+CHECKPOINT_DIR = "checkpoint"
+_SHOWN_REASONS = 6
+
+
+def _check_trial(trial: dict) -> None:
+    if not (isinstance(trial, dict) and isinstance(trial.get("number"), int)
+            and isinstance(trial.get("study"), str) and isinstance(trial.get("metrics"), dict)
+            and isinstance(trial.get("estimate"), (dict, type(None)))):
+        raise ValueError("trial must be {'number': int, 'study': str, 'metrics': dict, "
+                         f"'estimate': dict | None}}, got {trial!r}")
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(f"--out {out_dir}: exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise SpecError(f"--out {out_dir}: folder exists and is not empty")
+
+
+def _headers(study: str, number: int) -> tuple[str, str]:
+    launch = (f"# autotune export of study {json.dumps(study)}, trial {number}: every setting as the\n"
+              "# MindSpore call it becomes. context -> mindspore.set_context(**context);\n"
+              "# auto_parallel_context -> mindspore.set_auto_parallel_context(**...).\n"
+              "# Paths are relative to this folder.\n")
+    knob_lines = "".join(f"#   {name:<13} -> {knob.mindformers}\n" for name, knob in KNOBS.items())
+    mindformers = (f"# autotune export of study {json.dumps(study)}, trial {number}: MindFormers config\n"
+                   "# overlay; merge it over the model's own config. Knobs map to:\n" + knob_lines)
+    return launch, mindformers
+
+
+def _yaml(document: dict) -> str:
+    return yaml.safe_dump(document, sort_keys=False, width=100, allow_unicode=True)
+
+
+def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_config: dict,
+                     layouts: dict, extra: dict) -> None:
+    launch_header, mindformers_header = _headers(trial["study"], trial["number"])
+    summary = configs.summary(spec, c, trial, layouts, extra)
+    documents = {
+        "train_config.json": json.dumps(run_config, indent=2),
+        "launch.yaml": launch_header + _yaml(configs.launch_yaml(spec, c, trial)),
+        "mindformers.yaml": mindformers_header + _yaml(configs.mindformers_yaml(spec, c)),
+        "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
+    }
+    for name, text in documents.items():
+        (folder / name).write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    script = folder / "launch.sh"
+    script.write_text(launch_script(spec, c, trial), encoding="utf-8")
+    script.chmod(0o755)
+
+
+def _move_into_place(staged: Path, out_dir: Path) -> None:
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        # Overwriting: keep the old folder until the new one is in place.
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.replace(out_dir, old / "export")
+        os.replace(staged, out_dir)
+        shutil.rmtree(old)
+    else:
+        os.replace(staged, out_dir)  # an empty folder is replaced atomically
+
+
+def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | os.PathLike,
+                 reshard_from: str | None = None, overwrite: bool = False) -> list[Path]:
+    """Write the export folder for ``candidate`` (the knobs of ``trial``) to ``out_dir``.
+
+    ``trial`` is ``{"number": int, "study": str, "metrics": dict, "estimate": dict | None}``.
+    ``reshard_from``: a full checkpoint to split into ``out_dir/checkpoint/rank_<r>/``.
+    ``overwrite``: replace a non-empty ``out_dir`` (otherwise that is an error).
+    """
+    _check_trial(trial)
+    out_dir = Path(out_dir).resolve()
+    _check_out_dir(out_dir, overwrite)
+    c = candidate
+    run_config = configs.train_config(spec, c, trial)
+    layouts, reasons = plan_layout(model_parameters(spec, run_config), c.tp, c.pp, tp_rules(spec))
+    reasons += violations(spec, c)
+    if reasons:
+        shown = "; ".join(reasons[:_SHOWN_REASONS])
+        more = f" (and {len(reasons) - _SHOWN_REASONS} more)" if len(reasons) > _SHOWN_REASONS else ""
+        raise SpecError(f"cannot export trial {trial['number']} of {trial['study']}: {shown}{more}")
+    plan = plan_reshard(reshard_from, layouts) if reshard_from else None
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        staged.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary folder
+        write_strategies(layouts, c.dp, c.tp, c.pp, staged)
+        check_coverage(staged / STRATEGY_FILE, layouts, c.pp)
+        extra = {"reshard": plan.describe()} if plan else {}
+        _write_documents(staged, spec, c, trial, run_config, layouts, extra)
+        if plan:
+            reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)
+        _move_into_place(staged, out_dir)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return sorted(p for p in out_dir.rglob("*") if p.is_file())

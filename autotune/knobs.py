@@ -1,0 +1,86 @@
+"""The one place that defines each tuning knob.
+
+A :class:`Knob` states the knob's name (as stored in the study), its value type, what it means,
+how MindSpore and MindFormers apply it, and which values each backend can execute. Everything
+else (search-space parsing, sampling, constraints, the trial program, export) reads these
+definitions instead of repeating them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+BACKENDS = ("cpu", "gpu", "ascend", "simulate")
+JIT_LEVELS = ("O0", "O1", "O2", "pynative")
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def _any(backend: str, value) -> bool:
+    return True
+
+
+def _no_model_parallel_on_cpu(backend: str, value) -> bool:
+    # SEMI_AUTO/AUTO_PARALLEL refuse the CPU communication backend (MINDSPORE_CPU.md).
+    return backend != "cpu" or value == 1
+
+
+def _o2_needs_ascend(backend: str, value) -> bool:
+    # O2 sinks the whole graph through CANN, which only exists on Ascend.
+    return value != "O2" or backend in ("ascend", "simulate")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A tuning knob. ``supports(backend, value)`` says whether that backend can execute value."""
+
+    name: str
+    kind: type
+    meaning: str
+    mindspore: str
+    mindformers: str
+    supports: Callable[[str, object], bool] = _any
+    default: object = None
+    unsupported_because: str = ""  # the line printed when a backend filters values out
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("dp", int, "data-parallel replicas (devices / (tp·pp) when 'auto')",
+             "set_auto_parallel_context(parallel_mode=DATA_PARALLEL|SEMI_AUTO_PARALLEL, device_num)",
+             "parallel_config.data_parallel", default=1),
+        Knob("tp", int, "tensor (operator) parallel ways",
+             "operator shard strategies under SEMI_AUTO_PARALLEL",
+             "parallel_config.model_parallel", _no_model_parallel_on_cpu, default=1,
+             unsupported_because="SEMI_AUTO_PARALLEL cannot run on the CPU backend"),
+        Knob("pp", int, "pipeline stages",
+             "set_auto_parallel_context(pipeline_stages=pp)",
+             "parallel_config.pipeline_stage", _no_model_parallel_on_cpu, default=1,
+             unsupported_because="SEMI_AUTO_PARALLEL cannot run on the CPU backend"),
+        Knob("micro_batches", int, "pipeline micro-batches (used when pp > 1)",
+             "nn.PipelineCell(net, micro_size=micro_batches)",
+             "parallel_config.micro_batch_num", default=1),
+        Knob("fusion_mb", int, "AllReduce fusion bucket threshold in MB",
+             'set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})',
+             "parallel.comm_fusion", default=64),
+        Knob("grad_accum", int, "gradient accumulation steps (used when pp == 1)",
+             "accumulate grads/K over K micro-steps, one AllReduce and one update per step",
+             "runner_config.gradient_accumulation_steps", default=1),
+        Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
+             "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
+             "runner_wrapper.scale_sense.loss_scale_value", default=2**16),
+        Knob("warmup_steps", int, "linear warmup steps before cosine decay",
+             "LearningRateSchedule: linear warmup then cosine over train.total_steps",
+             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0),
+        Knob("jit_level", str, "graph compile level, or PyNative execution",
+             "set_context(mode=GRAPH_MODE, jit_config={'jit_level': L}) or PYNATIVE_MODE",
+             "context.jit_config.jit_level", _o2_needs_ascend, default="O1",
+             unsupported_because="O2 sinks the whole graph through CANN, Ascend only"),
+        Knob("recompute", str, "activation recomputation",
+             "Cell.recompute() on each block (full) or on the attention core (selective)",
+             "recompute_config.recompute / select_recompute", default="none"),
+    )
+}
+
+KNOB_NAMES = tuple(KNOBS)

@@ -1,0 +1,131 @@
+"""Live progress of a search: a line per finished trial (n/N, outcome, objective, best so far,
+elapsed and ETA) and, at the end, a table of the best configuration against the baseline.
+
+Contract: the search loop calls these hooks; nothing here reads or writes storage other than
+through the ``optuna.Study`` it is handed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+from rich.console import Console
+from rich.table import Table
+
+from autotune import records
+from autotune.knobs import KNOB_NAMES
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class Progress:
+    """Prints search progress to a rich console (stderr-safe, plain when not a terminal)."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+        self.driver_seconds = 0.0
+        self._done = self._total = self._done_here = 0
+        self._started = time.monotonic()
+        self._objectives: tuple = ()
+
+    def note(self, message: str) -> None:
+        self.console.print(f"[dim]·[/dim] {message}")
+
+    def start(self, study_name: str, done: int, total: int, objectives) -> None:
+        self._done, self._total, self._objectives = done, total, tuple(objectives)
+        self._started = time.monotonic()
+        what = ", ".join(f"{o} ({d})" for o, d in zip(objectives, records.directions(objectives)))
+        self.console.print(f"study [bold]{study_name}[/bold]: {total - done} trials to run "
+                           f"({done} already done), objectives {what}")
+
+    def trial_started(self, number: int, candidate) -> None:
+        knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items())
+        self.console.print(f"[dim]  start #{number}: {knobs}[/dim]")
+
+    def tick(self, study, running: int) -> None:
+        """Called while waiting; the line-per-trial display needs nothing here."""
+
+    def trial_done(self, study: optuna.Study, number: int, outcome: str, metrics: dict,
+                   detail: str = "") -> None:
+        self._done += 1
+        self._done_here += 1
+        elapsed = time.monotonic() - self._started
+        eta = elapsed / self._done_here * max(0, self._total - self._done)
+        main = self._objectives[0]
+        value = metrics.get(records.OBJECTIVE_METRIC[main])
+        shown = f"{main} {_fmt(value)}" if outcome == "ok" and value is not None else ""
+        if outcome != "ok" and detail:
+            shown = detail.strip().splitlines()[-1][:90]
+        colour = "green" if outcome == "ok" else "yellow" if outcome != "error" else "red"
+        best = self._best_text(study)
+        self.console.print(
+            f"[{self._done:>{len(str(self._total))}}/{self._total}] #{number:<3} "
+            f"[{colour}]{outcome:<10}[/{colour}] {shown:<28} | {best} | "
+            f"{_clock(elapsed)} elapsed, ETA {_clock(eta)}")
+
+    def _best_text(self, study: optuna.Study) -> str:
+        best = best_trials(study)
+        if not best:
+            return "best: none yet"
+        top = best[0]
+        main = self._objectives[0]
+        return f"best {main} {_fmt(top.values[0])} (#{top.number})"
+
+    def finish(self, study: optuna.Study) -> None:
+        counts: dict[str, int] = {}
+        for t in study.get_trials(deepcopy=False):
+            counts[records.outcome_of(t)] = counts.get(records.outcome_of(t), 0) + 1
+        self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        if self._done_here:
+            self.console.print(f"driver overhead (ask, feasibility, submit, tell): "
+                               f"{self.driver_seconds / self._done_here * 1000:.0f} ms per trial")
+        best = best_trials(study)
+        if not best:
+            self.console.print("[red]no trial finished ok[/red]")
+            return
+        self.console.print(best_table(study, best))
+
+
+def best_trials(study: optuna.Study) -> list:
+    """The best trial (one objective) or the Pareto front sorted by the first objective."""
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()
+                and t.values is not None]
+    if not complete:
+        return []
+    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+    front = study.best_trials if len(study.directions) > 1 else [study.best_trial]
+    return sorted(front, key=lambda t: t.values[0], reverse=maximize)
+
+
+def best_table(study: optuna.Study, best: list) -> Table:
+    baseline = next((t for t in study.get_trials(deepcopy=False)
+                     if t.user_attrs.get("baseline")), None)
+    title = "best configuration" if len(best) == 1 else "Pareto front (best first objective first)"
+    table = Table(title=title)
+    shown = best[:5] + ([baseline] if baseline is not None and baseline not in best[:5] else [])
+    table.add_column("")
+    for t in shown:
+        label = f"#{t.number}" + (" baseline" if t is baseline else "")
+        table.add_column(label, justify="right")
+    for name in KNOB_NAMES:
+        table.add_row(name, *(_fmt(records.knobs_of(t)[name]) for t in shown))
+    for name in records.METRICS:
+        table.add_row(name, *(_fmt(t.user_attrs.get(name, "")) for t in shown))
+    table.add_row("outcome", *(records.outcome_of(t) for t in shown))
+    if baseline is not None and baseline.values and best[0] is not baseline:
+        maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+        ratio = best[0].values[0] / baseline.values[0] if baseline.values[0] else float("nan")
+        table.caption = (f"#{best[0].number} vs baseline #{baseline.number}: "
+                         f"{ratio:.2f}× {'higher' if maximize else 'of the'} "
+                         f"{study.user_attrs.get('objectives', ['objective'])[0]}")
+    return table

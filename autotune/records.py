@@ -1,0 +1,90 @@
+"""How a trial's outcome is written to, and read back from, Optuna storage.
+
+Contract: the driver is the only writer. Each trial carries the user attrs ``outcome`` (ok,
+infeasible, oom, diverged, timeout, error, interrupted), ``detail`` (reason or log tail, not for
+ok), every metric of DESIGN.md under its own name, ``estimate`` (the cost model's dict) and the
+knobs that were not sampled (under their knob names). Only ``ok`` trials get objective values
+(state COMPLETE). A bad candidate (infeasible, oom, diverged, timeout) is PRUNED so the sampler
+learns to avoid its region; an error or interruption is FAIL (not the candidate's fault).
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.spec import OBJECTIVES
+
+METRICS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps",
+           "loss_first", "loss_last", "diverged", "compile_s")
+OBJECTIVE_METRIC = {"goodput": "goodput", "peak_memory": "peak_memory_mb", "final_loss": "loss_last"}
+PRUNED_OUTCOMES = ("infeasible", "oom", "diverged", "timeout")
+OUTCOMES = ("ok",) + PRUNED_OUTCOMES + ("error", "interrupted")
+
+
+def directions(objectives) -> list[str]:
+    return [OBJECTIVES[name] for name in objectives]
+
+
+def objective_values(objectives, metrics: dict) -> list[float] | None:
+    """The values to tell for ``metrics``; None when one is missing or not finite."""
+    values = []
+    for name in objectives:
+        value = metrics.get(OBJECTIVE_METRIC[name])
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        values.append(float(value))
+    return values
+
+
+def _json_safe(value):
+    # Storage serialises user attrs as JSON, which has no NaN or infinity.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
+           metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> None:
+    """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended."""
+    assert outcome in OUTCOMES, outcome
+    metrics = metrics or {}
+    values = objective_values(objectives, metrics) if outcome == "ok" else None
+    if outcome == "ok" and values is None:
+        outcome, detail = "error", "an objective metric is missing or not finite"
+    trial.set_user_attr("outcome", outcome)
+    if detail:
+        trial.set_user_attr("detail", detail[-4000:])
+    for name in METRICS:
+        if name in metrics:
+            trial.set_user_attr(name, _json_safe(metrics[name]))
+    for key, value in (extra or {}).items():
+        trial.set_user_attr(key, _json_safe(value))
+    if outcome == "ok":
+        study.tell(trial, values)
+    elif outcome in PRUNED_OUTCOMES:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
+    if frozen.state == TrialState.RUNNING:
+        return "running"
+    return frozen.user_attrs.get("outcome", "error")
+
+
+def counted(frozen: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial counts toward the study's N finished trials (interrupted ones rerun)."""
+    return frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
+
+
+def knobs_of(frozen: optuna.trial.FrozenTrial) -> dict:
+    """Every knob value of a trial: sampled params, and the rest from user attrs."""
+    from autotune.knobs import KNOB_NAMES
+
+    return {name: frozen.params.get(name, frozen.user_attrs.get(name)) for name in KNOB_NAMES}

@@ -1,0 +1,278 @@
+"""The ask/tell loop: one driver owns the study.
+
+Contract: :func:`run_search` asks the sampler for candidates, rejects the infeasible ones
+(constraints, predicted OOM) without running them, runs the rest through a dispatcher (or, on
+the ``simulate`` backend, takes the cost model's estimate as the trial), and tells each result,
+until the study has ``n_trials`` finished trials (a grid: until every candidate was tried once).
+Resuming marks the trials a dead driver left RUNNING as ``interrupted`` and runs them again.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import costmodel, records
+from autotune.knobs import KNOBS
+from autotune.progress import Progress
+from autotune.space import Candidate, SearchSpace, violations
+from autotune.spec import Spec, SpecError
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+# TPE's `group` option is marked experimental; it is what handles our conditional knobs.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler for ``name``; SpecError when its optional package is missing."""
+    if name == "tpe":
+        # Multivariate + group model the knobs jointly and cope with the conditional ones;
+        # the constant liar keeps concurrent trials apart.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                          constant_liar=True,
+                                          n_startup_trials=max(2, min(10, n_trials // 3)))
+    if name in ("random", "grid"):  # grid: the loop enqueues every candidate itself
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    try:
+        if name == "cmaes":
+            return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        return optuna.samplers.GPSampler(seed=seed)
+    except ImportError as exc:
+        raise SpecError(f"search.sampler: {name} needs an extra package ({exc}); "
+                        f"install it with: pip install 'autotune[{name}]'") from None
+
+
+def open_study(spec: Spec, storage: str, study_name: str, resume: bool, sampler) -> optuna.Study:
+    """Create the study, or load it when resuming. Refuses to silently reuse a name."""
+    directions = records.directions(spec.search.objectives)
+    exists = study_name in optuna.get_all_study_names(storage) if _storage_exists(storage) else False
+    if exists and not resume:
+        raise SpecError(f"--study: study {study_name!r} already exists in {storage}; "
+                        "pass --resume to continue it or choose another name")
+    study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
+                                directions=directions, load_if_exists=True)
+    if exists and [d.name.lower() for d in study.directions] != directions:
+        raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
+    if not exists:
+        study.set_user_attr("model_yaml", spec.raw)
+        study.set_user_attr("model_yaml_path", spec.source)
+        study.set_user_attr("objectives", list(spec.search.objectives))
+        study.set_user_attr("backend", spec.cluster.backend)
+    return study
+
+
+def _storage_exists(storage: str) -> bool:
+    if storage.startswith("sqlite:///"):
+        return Path(storage.removeprefix("sqlite:///")).exists()
+    return True
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Fail the trials a dead driver left RUNNING (outcome ``interrupted``) and re-enqueue their
+    candidates, so a resumed study loses nothing. RDB heartbeats do not cover ask/tell."""
+    numbers = []
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        trial = optuna.Trial(study, frozen._trial_id)
+        trial.set_user_attr("outcome", "interrupted")
+        study.tell(frozen.number, state=TrialState.FAIL)
+        if frozen.params:
+            study.enqueue_trial(frozen.params, skip_if_exists=True)
+        numbers.append(frozen.number)
+    return numbers
+
+
+def baseline_params(space: SearchSpace) -> dict:
+    """Sampled-knob values of the untuned configuration (each knob's default, or the nearest
+    value the space allows): trial 0 of a new study, so the gain of tuning is measured."""
+    params = {}
+    for name in space.searched():
+        domain, default = space.domains[name], KNOBS[name].default
+        if default in domain or not isinstance(default, int):
+            params[name] = default if default in domain else domain[0]
+        else:
+            params[name] = min(domain, key=lambda v: (abs(v - default), v))
+    if params.get("pp", 1) == 1:
+        params.pop("micro_batches", None)
+    else:
+        params.pop("grad_accum", None)
+    return params
+
+
+def trial_config(spec: Spec, candidate: Candidate, number: int, trial_dir: Path) -> dict:
+    """The config.json the trial program reads (see autotune.train)."""
+    return {"study": spec.study, "trial_number": number, "backend": spec.cluster.backend,
+            "seed": spec.search.seed or 0, "out_dir": str(trial_dir.resolve()),
+            "model": spec.model.as_config(), "train": asdict(spec.train),
+            "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
+            "knobs": candidate.as_dict()}
+
+
+def simulated_metrics(estimate) -> dict:
+    """A simulate-backend trial: the cost model's estimate stored as the trial's metrics."""
+    return {"goodput": estimate.samples_per_s, "throughput": estimate.samples_per_s,
+            "step_time_ms": estimate.step_time_s * 1000,
+            "peak_memory_mb": estimate.memory_gb_per_device * 1024}
+
+
+def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
+               resume: bool, artifacts: Path, ray_address: str | None = None,
+               progress: Progress | None = None) -> optuna.Study:
+    """Run (or resume) the study to ``n_trials`` finished trials and return it."""
+    sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
+    if spec.cluster.backend == "simulate" and "final_loss" in spec.search.objectives:
+        raise SpecError("search.objectives: final_loss cannot be estimated on backend simulate")
+    study = open_study(spec, storage, study_name, resume, sampler)
+    progress = progress or Progress()
+    interrupted = recover_interrupted(study)
+    if interrupted:
+        progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
+    already = [t for t in study.get_trials(deepcopy=False) if records.counted(t)]
+    if spec.search.sampler == "grid":
+        todo = _enqueue_grid(study, space, already)
+        n_trials = len(already) + todo
+    elif not already and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        study.enqueue_trial(baseline_params(space), user_attrs={"baseline": True})
+    loop = _Loop(spec, space, study, artifacts / study_name, progress)
+    progress.start(study_name, done=len(already), total=n_trials, objectives=spec.search.objectives)
+    if spec.cluster.backend == "simulate":
+        loop.run_simulated(n_trials - len(already))
+    else:
+        from autotune.dispatch import Dispatcher
+
+        with Dispatcher(spec.cluster.backend, spec.cluster.devices, ray_address) as dispatcher:
+            loop.run_dispatched(dispatcher, n_trials - len(already))
+    progress.finish(study)
+    return study
+
+
+def _enqueue_grid(study: optuna.Study, space: SearchSpace, already) -> int:
+    """Enqueue every candidate not yet tried; return how many remain to run."""
+    tried = {tuple(sorted(records.knobs_of(t).items())) for t in already}
+    searched = space.searched()
+    todo = 0
+    for candidate in space.candidates():
+        knobs = candidate.as_dict()
+        if tuple(sorted(knobs.items())) in tried:
+            continue
+        params = {k: knobs[k] for k in searched
+                  if not (k == "micro_batches" and candidate.pp == 1)
+                  and not (k == "grad_accum" and candidate.pp > 1)}
+        study.enqueue_trial(params)
+        todo += 1
+    return todo
+
+
+class _Loop:
+    """Ask → feasibility → run → tell, with the study's calibration kept up to date."""
+
+    def __init__(self, spec, space, study, study_dir: Path, progress: Progress):
+        self.spec, self.space, self.study, self.progress = spec, space, study, progress
+        self.study_dir = study_dir
+        self.objectives = spec.search.objectives
+        stored = study.user_attrs.get("calibration")
+        self.calibration = costmodel.Calibration.from_dict(stored) if stored else None
+        self.pairs = []
+        self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
+
+    def _ask(self):
+        """Ask one candidate; record it at once if infeasible. Returns (trial, cand, est) or None."""
+        started = time.perf_counter()
+        trial = self.study.ask()
+        candidate, fixed = self.space.sample(trial)
+        for name, value in fixed.items():
+            trial.set_user_attr(name, value)
+        reasons = violations(self.spec, candidate)
+        estimate = costmodel.estimate(self.spec, candidate, self.calibration)
+        if reasons or not estimate.feasible:
+            reason = "; ".join(reasons) or estimate.reason
+            records.record(self.study, trial, self.objectives, "infeasible", detail=reason,
+                           extra={"estimate": estimate.as_dict()})
+            self.progress.trial_done(self.study, trial.number, "infeasible", {}, reason)
+            return None
+        return trial, candidate, estimate, time.perf_counter() - started
+
+    def run_simulated(self, remaining: int) -> None:
+        while remaining > 0:
+            asked = self._ask()
+            remaining -= 1
+            if asked is None:
+                continue
+            trial, _, estimate, _ = asked
+            metrics = simulated_metrics(estimate)
+            records.record(self.study, trial, self.objectives, "ok", metrics,
+                           extra={"estimate": estimate.as_dict()})
+            self.progress.trial_done(self.study, trial.number, "ok", metrics)
+
+    def run_dispatched(self, dispatcher, remaining: int) -> None:
+        free = self.spec.cluster.devices
+        held = None
+        try:
+            while remaining > 0 or self.live:
+                while remaining > 0 and free > 0:
+                    held = held or self._ask()
+                    if held is None:
+                        remaining -= 1
+                        continue
+                    trial, candidate, estimate, driver_s = held
+                    if candidate.devices > free:
+                        break  # wait for devices to free up
+                    self._submit(dispatcher, trial, candidate, estimate, driver_s)
+                    free -= candidate.devices
+                    remaining -= 1
+                    held = None
+                for finished in dispatcher.wait(timeout_s=1.0):
+                    free += self._tell(finished)
+                self.progress.tick(self.study, running=len(self.live))
+        except BaseException:
+            # Ctrl-C or a crash: the running trials are cancelled and recorded as interrupted
+            # and their candidates re-enqueued, so a later --resume runs them again.
+            cancelled = [self.live.pop(n)[0] for n in dispatcher.cancel_all()]
+            for trial in cancelled + ([held[0]] if held else []):
+                self._interrupt(trial)
+            raise
+
+    def _interrupt(self, trial) -> None:
+        self.study.enqueue_trial(trial.params, skip_if_exists=True)
+        records.record(self.study, trial, self.objectives, "interrupted",
+                       detail="the driver stopped before this trial finished")
+
+    def _submit(self, dispatcher, trial, candidate, estimate, driver_s) -> None:
+        trial_dir = self.study_dir / str(trial.number)
+        config = trial_config(self.spec, candidate, trial.number, trial_dir)
+        memory_mb = self.spec.cluster.device_memory_gb * 1024 if self.spec.cluster.backend == "cpu" else None
+        dispatcher.submit(trial.number, config, trial_dir, candidate.devices,
+                          self.spec.trial.timeout_s, memory_mb)
+        self.live[trial.number] = (trial, candidate, estimate, driver_s)
+        self.progress.trial_started(trial.number, candidate)
+
+    def _tell(self, finished) -> int:
+        """Record a finished trial; return the devices it frees."""
+        trial, candidate, estimate, driver_s = self.live.pop(finished.number)
+        result = finished.result
+        if result.outcome == "ok":
+            self._calibrate(estimate, result.metrics)
+        extra = {"estimate": estimate.as_dict(), "run_s": round(result.run_s, 3),
+                 "wall_s": round(finished.wall_s, 3), "queued_s": round(finished.queued_s, 3),
+                 "driver_s": round(driver_s, 4)}
+        started = time.perf_counter()
+        records.record(self.study, trial, self.objectives, result.outcome, result.metrics,
+                       result.detail, extra)
+        self.progress.driver_seconds += time.perf_counter() - started + driver_s
+        self.progress.trial_done(self.study, trial.number, result.outcome, result.metrics,
+                                 result.detail)
+        return candidate.devices
+
+    def _calibrate(self, estimate, metrics: dict) -> None:
+        """Fit the per-study correction of the cost model from measured trials."""
+        if "peak_memory_mb" not in metrics or "step_time_ms" not in metrics:
+            return
+        self.pairs.append((estimate, metrics["peak_memory_mb"], metrics["step_time_ms"]))
+        self.calibration = costmodel.Calibration.from_pairs(self.pairs)
+        self.study.set_user_attr("calibration", self.calibration.as_dict())

@@ -1,0 +1,319 @@
+"""autotune.export against real MindSpore: strategy files load, cover the model and reshard a full
+checkpoint into exactly the numpy slices the layout promises; bad layouts write nothing; the
+config documents agree with the candidate; launch.sh is valid bash and runs msrun as stated."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+ms = pytest.importorskip("mindspore")
+from mindspore.parallel import build_searched_strategy, merge_pipeline_strategys  # noqa: E402
+
+from autotune.export import write_export  # noqa: E402
+from autotune.export.layout import rank_coords  # noqa: E402
+from autotune.space import Candidate  # noqa: E402
+from autotune.spec import SpecError, parse_spec  # noqa: E402
+
+H, FFN, VOCAB, SEQ, LAYERS = 16, 32, 32, 8, 2
+TRIAL = {"number": 7, "study": "tiny", "metrics": {"goodput": 12.5, "loss_last": float("nan")},
+         "estimate": {"feasible": True}}
+# Megatron plan, written out independently of the package: parameter → (shape, split dim or None).
+COLUMN, ROW = 0, 1
+
+
+def expected_params():
+    params = {"embed.tok.embedding_table": ((VOCAB, H), COLUMN),
+              "embed.pos.embedding_table": ((SEQ, H), None)}
+    for i in range(LAYERS):
+        b = f"blocks.{i}"
+        params.update({
+            f"{b}.ln1.gamma": ((H,), None), f"{b}.ln1.beta": ((H,), None),
+            f"{b}.attn.qkv.weight": ((3 * H, H), COLUMN), f"{b}.attn.qkv.bias": ((3 * H,), COLUMN),
+            f"{b}.attn.proj.weight": ((H, H), ROW), f"{b}.attn.proj.bias": ((H,), None),
+            f"{b}.ln2.gamma": ((H,), None), f"{b}.ln2.beta": ((H,), None),
+            f"{b}.mlp.fc_in.weight": ((FFN, H), COLUMN), f"{b}.mlp.fc_in.bias": ((FFN,), COLUMN),
+            f"{b}.mlp.fc_out.weight": ((H, FFN), ROW), f"{b}.mlp.fc_out.bias": ((H,), None),
+        })
+    params.update({"ln_f.gamma": ((H,), None), "ln_f.beta": ((H,), None),
+                   "head.weight": ((VOCAB, H), COLUMN), "head.bias": ((VOCAB,), COLUMN)})
+    return params
+
+
+def expected_stage(name, pp):
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) // (LAYERS // pp)
+    return 0 if name.startswith("embed.") else pp - 1
+
+
+def make_spec(tmp_path, devices=8, devices_per_node=8, hidden=H, backend="simulate", **model):
+    data = {"study": "tiny",
+            "model": {"family": "transformer", "num_layers": LAYERS, "hidden_size": hidden,
+                      "num_heads": 2, "ffn_hidden_size": FFN, "seq_length": SEQ,
+                      "vocab_size": VOCAB, "dtype": "float16", **model},
+            "train": {"global_batch_size": 16, "learning_rate": 2e-3, "total_steps": 500},
+            "cluster": {"backend": backend, "devices": devices,
+                        "devices_per_node": devices_per_node, "device": "a100-80g"},
+            "trial": {"steps": 10, "measure_after": 2}}
+    return parse_spec(data, tmp_path / "model.yaml")
+
+
+def candidate(**knobs):
+    values = dict(dp=2, tp=2, pp=2, micro_batches=4, fusion_mb=16, grad_accum=1,
+                  loss_scale=2**12, warmup_steps=50, jit_level="O1", recompute="selective")
+    return Candidate(**{**values, **knobs})
+
+
+@pytest.fixture(scope="module")
+def full_checkpoint(tmp_path_factory):
+    """A full checkpoint with the model's names, Adam moments and a step counter."""
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.standard_normal(shape).astype(np.float32)
+              for n, (shape, _) in expected_params().items()}
+    arrays.update({f"adam_m.{n}": rng.standard_normal(a.shape).astype(np.float32)
+                   for n, a in list(arrays.items())})
+    arrays["global_step"] = np.array([42], np.int32)
+    path = tmp_path_factory.mktemp("full") / "model.ckpt"
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in arrays.items()], str(path))
+    return path, arrays
+
+
+@pytest.fixture(scope="module")
+def export_222(tmp_path_factory, full_checkpoint):
+    tmp = tmp_path_factory.mktemp("export")
+    out = tmp / "out"
+    files = write_export(make_spec(tmp), candidate(), TRIAL, out, reshard_from=str(full_checkpoint[0]))
+    return out, files
+
+
+def test_strategy_loads_and_covers_every_parameter(export_222, tmp_path):
+    out, files = export_222
+    params = expected_params()
+    merged = build_searched_strategy(str(out / "strategy.ckpt"))
+    assert set(merged) == {f"{expected_stage(n, 2)}-{n}" for n in params}
+    for key, layout in merged.items():
+        name = key.split("-", 1)[1]
+        shape, split = params[name]
+        assert list(layout.dev_matrix[0].dim) == [2, 2]
+        assert list(layout.tensor_map[0].dim) == [0 if d == split else -1 for d in range(len(shape))]
+    for k in range(2):
+        stage = build_searched_strategy(str(out / "strategy_stages" / f"stage{k}.ckpt"))
+        assert set(stage) == {n for n in params if expected_stage(n, 2) == k}
+    # The stage files are what MindSpore merges into strategy.ckpt.
+    merge_pipeline_strategys(str(out / "strategy_stages"), str(tmp_path / "again.ckpt"))
+    assert set(build_searched_strategy(str(tmp_path / "again.ckpt"))) == set(merged)
+    assert out / "strategy.ckpt" in files
+
+
+def test_reshard_gives_the_promised_slices_on_every_rank(export_222, full_checkpoint):
+    out, _ = export_222
+    _, arrays = full_checkpoint
+    params = expected_params()
+    dp, tp = 2, 2
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == [f"rank_{r}" for r in range(8)]
+    for rank in range(8):
+        stage, tp_index = rank // (dp * tp), rank % tp  # MindSpore: rank = stage·dp·tp + d·tp + t
+        assert rank_coords(rank, dp, tp) == (stage, rank % (dp * tp) // tp, tp_index)
+        got = ms.load_checkpoint(str(out / "checkpoint" / f"rank_{rank}" / f"checkpoint_{rank}.ckpt"))
+        mine = {n for n in params if expected_stage(n, 2) == stage}
+        assert set(got) == mine | {f"adam_m.{n}" for n in mine} | {"global_step"}
+        for name, value in got.items():
+            base = name.removeprefix("adam_m.")
+            full = arrays[name]
+            split = params[base][1] if base in params else None
+            if split is not None:
+                size = full.shape[split] // tp
+                full = np.take(full, np.arange(tp_index * size, (tp_index + 1) * size), axis=split)
+            np.testing.assert_array_equal(value.asnumpy(), full, err_msg=f"rank {rank} {name}")
+
+
+def test_summary_and_configs_agree_with_the_candidate(export_222):
+    out, _ = export_222
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["study"] == "tiny" and summary["trial"] == 7
+    assert summary["knobs"] == candidate().as_dict()
+    assert summary["metrics"] == {"goodput": 12.5, "loss_last": None}
+    assert summary["estimate"] == {"feasible": True}
+    assert {n: (tuple(p["shape"]), p["stage"]) for n, p in summary["parameters"].items()} == {
+        n: (shape, expected_stage(n, 2)) for n, (shape, _) in expected_params().items()}
+    assert summary["reshard"]["copied_whole"] == ["global_step"]
+
+    launch = yaml.safe_load((out / "launch.yaml").read_text())
+    par = launch["auto_parallel_context"]
+    assert par["parallel_mode"] == "semi_auto_parallel" and par["device_num"] == 8
+    assert par["pipeline_stages"] == 2 and par["gradients_mean"] is False
+    assert par["comm_fusion"] == {"allreduce": {"mode": "size", "config": 16}}
+    assert par["strategy_ckpt_config"]["load_file"] == "strategy.ckpt"
+    assert launch["context"] == {"mode": "GRAPH_MODE", "jit_config": {"jit_level": "O1"},
+                                 "device_target": "GPU"}
+    assert launch["pipeline"]["PipelineCell"]["micro_size"] == 4
+    assert launch["loss_scale"]["DynamicLossScaleUpdateCell"]["loss_scale_value"] == 2**12
+    assert launch["lr_schedule"]["warmup_steps"] == 50 and launch["lr_schedule"]["total_steps"] == 500
+    assert launch["recompute"]["mode"] == "selective"
+    assert launch["batch"] == {"global_batch_size": 16, "micro_batch_size": 2}
+
+    mf = yaml.safe_load((out / "mindformers.yaml").read_text())
+    pc = mf["parallel_config"]
+    assert (pc["data_parallel"], pc["model_parallel"], pc["pipeline_stage"], pc["micro_batch_num"]) == (2, 2, 2, 4)
+    assert pc["vocab_emb_dp"] is False
+    # With pipeline stages MindFormers' global batch is batch_size × dp × micro_batch_num.
+    assert mf["runner_config"]["batch_size"] * 2 * 4 == 16
+    assert mf["runner_wrapper"]["scale_sense"]["loss_scale_value"] == 2**12
+    assert mf["lr_schedule"] == {"type": "CosineWithWarmUpLR", "learning_rate": 2e-3,
+                                 "warmup_steps": 50, "total_steps": 500}
+    assert mf["context"]["jit_config"]["jit_level"] == "O1"
+    assert mf["recompute_config"] == {"recompute": False, "select_recompute": True}
+
+    config = json.loads((out / "train_config.json").read_text())
+    assert config["trial"] == {"steps": 500, "measure_after": 2}
+    assert config["knobs"] == candidate().as_dict() and config["trial_number"] == 7
+
+
+def test_data_parallel_export(tmp_path):
+    c = candidate(dp=2, tp=1, pp=1, micro_batches=1, grad_accum=4, jit_level="pynative")
+    out = tmp_path / "dp"
+    write_export(make_spec(tmp_path, devices=2, backend="cpu"), c, TRIAL, out)
+    assert set(build_searched_strategy(str(out / "strategy.ckpt"))) == set(expected_params())
+    assert not (out / "strategy_stages").exists()
+    launch = yaml.safe_load((out / "launch.yaml").read_text())
+    assert launch["auto_parallel_context"]["parallel_mode"] == "data_parallel"
+    assert "pipeline_stages" not in launch["auto_parallel_context"]
+    assert launch["auto_parallel_context"]["gradients_mean"] is True
+    assert launch["context"] == {"mode": "PYNATIVE_MODE", "device_target": "CPU"}
+    mf = yaml.safe_load((out / "mindformers.yaml").read_text())
+    # Without pipeline stages: batch_size × dp × gradient_accumulation_steps.
+    assert mf["runner_config"] == {"batch_size": 2, "gradient_accumulation_steps": 4}
+    assert mf["parallel"]["parallel_mode"] == 0 and mf["context"]["mode"] == 1
+
+
+@pytest.mark.parametrize("hidden, knobs, devices, message", [
+    (18, dict(dp=2, tp=3, pp=1, micro_batches=1), 6,
+     "tp = 3 does not divide embed.tok.embedding_table dim 0 (32)"),
+    (H, dict(dp=1, tp=2, pp=4), 8, "pp = 4 does not divide the model's 2 layers"),
+])
+def test_invalid_layout_raises_and_writes_nothing(tmp_path, hidden, knobs, devices, message):
+    spec = make_spec(tmp_path, devices=devices, hidden=hidden, num_heads=6 if hidden == 18 else 2)
+    out = tmp_path / "exports" / "bad"
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        write_export(spec, candidate(**knobs), TRIAL, out)
+    assert not (tmp_path / "exports").exists() or not any((tmp_path / "exports").iterdir())
+
+
+def test_existing_folder_is_kept_unless_overwrite(tmp_path):
+    spec, c = make_spec(tmp_path), candidate()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(SpecError, match="not empty"):
+        write_export(spec, c, TRIAL, out)
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    write_export(spec, c, TRIAL, out, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "strategy.ckpt").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temp folders left
+
+
+def test_bad_reshard_source_writes_nothing(tmp_path, full_checkpoint):
+    _, arrays = full_checkpoint
+    partial = tmp_path / "partial.ckpt"
+    ms.save_checkpoint([{"name": "head.weight", "data": ms.Tensor(arrays["head.weight"])}], str(partial))
+    with pytest.raises(SpecError, match="missing embed.tok.embedding_table"):
+        write_export(make_spec(tmp_path), candidate(), TRIAL, tmp_path / "out", reshard_from=str(partial))
+    assert not (tmp_path / "out").exists()
+
+
+def _fake_bin(tmp_path):
+    """A PATH with the test's python as `python` and an `msrun` that records its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    msrun = bin_dir / "msrun"
+    msrun.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$MSRUN_ARGS"\n')
+    msrun.chmod(0o755)
+    return bin_dir
+
+
+def test_launch_sh_is_valid_and_runs_msrun(export_222, tmp_path):
+    out, _ = export_222
+    script = out / "launch.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}",
+           "MSRUN_ARGS": str(tmp_path / "args"), "MASTER_PORT": "9123"}
+    subprocess.run(["bash", str(script), "--steps", "5", "--out", str(tmp_path / "run")],
+                   check=True, env=env)
+    args = (tmp_path / "args").read_text().split("\n")
+    assert args[:7] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
+                        "--master_port=9123", "--node_rank=0", f"--log_dir={tmp_path / 'run' / 'logs'}",
+                        "--join=True"]
+    assert args[7:10] == ["python", "-m", "autotune.train"]
+    config = json.loads(Path(args[10]).read_text())
+    assert config["trial"] == {"steps": 5, "measure_after": 2}
+    assert config["out_dir"] == str(tmp_path / "run")
+    bad = subprocess.run(["bash", str(script), "--steps", "x"], env=env, capture_output=True)
+    assert bad.returncode == 2
+
+
+def test_multi_node_launch_needs_node_rank(tmp_path):
+    out = tmp_path / "out"
+    write_export(make_spec(tmp_path, devices_per_node=4), candidate(), TRIAL, out)
+    text = (out / "launch.sh").read_text()
+    subprocess.run(["bash", "-n", str(out / "launch.sh")], check=True)
+    assert "--worker_num=8" in text and "--local_worker_num=4" in text
+    assert "${NODE_RANK:?" in text
+
+
+ENTRY = '''
+from mindspore import nn
+
+class Attention(nn.Cell):
+    def __init__(self, h):
+        super().__init__()
+        self.wq, self.wo = nn.Dense(h, h, has_bias=False), nn.Dense(h, h, has_bias=False)
+
+class FeedForward(nn.Cell):
+    def __init__(self, h):
+        super().__init__()
+        self.w1, self.w2 = nn.Dense(h, 2 * h, has_bias=False), nn.Dense(2 * h, h, has_bias=False)
+
+class Layer(nn.Cell):
+    def __init__(self, h):
+        super().__init__()
+        self.attention, self.feed_forward = Attention(h), FeedForward(h)
+
+class Llama(nn.Cell):
+    def __init__(self, h, layers, vocab):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, h)
+        self.layers = nn.CellList([Layer(h) for _ in range(layers)])
+        self.norm_out = nn.LayerNorm((h,))
+        self.lm_head = nn.Dense(h, vocab, has_bias=False)
+
+def build(config):
+    m = config["model"]
+    return Llama(m["hidden_size"], m["num_layers"], m["vocab_size"]), None, None
+'''
+
+
+def test_entry_model_uses_mindformers_rules(tmp_path):
+    (tmp_path / "llama.py").write_text(ENTRY)
+    spec = parse_spec({"model": {"entry": "llama.py:build", "num_layers": 4, "hidden_size": 8,
+                                 "num_heads": 2, "seq_length": 8, "vocab_size": 16},
+                       "train": {"global_batch_size": 8},
+                       "cluster": {"backend": "simulate", "devices": 8}}, tmp_path / "model.yaml")
+    out = tmp_path / "out"
+    write_export(spec, candidate(micro_batches=2), TRIAL, out)
+    params = json.loads((out / "summary.json").read_text())["parameters"]
+    layout = {n: (p["stage"], p["split_dim"]) for n, p in params.items()}
+    assert layout["tok_embeddings.embedding_table"] == (0, 0)
+    assert layout["layers.1.attention.wq.weight"] == (0, 0)
+    assert layout["layers.2.attention.wo.weight"] == (1, 1)
+    assert layout["layers.3.feed_forward.w1.weight"] == (1, 0)
+    assert layout["layers.0.feed_forward.w2.weight"] == (0, 1)
+    assert layout["norm_out.gamma"] == (1, None)
+    assert layout["lm_head.weight"] == (1, 0)
+    merged = build_searched_strategy(str(out / "strategy.ckpt"))
+    assert len(merged) == len(params)

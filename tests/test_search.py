@@ -1,0 +1,130 @@
+"""The search loop end to end: real MindSpore trials through a real embedded Ray into a real
+SQLite Optuna storage; infeasible candidates never run; resume loses nothing."""
+
+import json
+import subprocess
+import textwrap
+
+import optuna
+import pytest
+
+import autotune
+from autotune.cli import main
+from autotune.knobs import KNOB_NAMES
+
+TINY_CPU = """
+study: tiny
+model: {family: transformer, num_layers: 1, hidden_size: 32, num_heads: 2, seq_length: 16,
+        vocab_size: 64, dtype: float16}
+train: {global_batch_size: 8, learning_rate: 5.0e-3, total_steps: 200}
+cluster: {backend: cpu, devices: 2, devices_per_node: 2, device_memory_gb: 8}
+search:
+  space: {fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],
+          warmup_steps: [0, 20], jit_level: [O0, O1], recompute: [none]}
+  n_trials: 2
+  objectives: [goodput, final_loss]
+  seed: 1
+trial: {steps: 8, measure_after: 2, timeout_s: 240}
+"""
+
+SIMULATE = """
+study: sim
+model: {family: transformer, num_layers: 8, hidden_size: 1024, num_heads: 16, seq_length: 1024,
+        vocab_size: 32000, dtype: bfloat16}
+train: {global_batch_size: 64}
+cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g}
+search:
+  space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
+          grad_accum: [1, 2], loss_scale: 65536, warmup_steps: 0, jit_level: O1,
+          recompute: [none, full]}
+  n_trials: 6
+  seed: 0
+"""
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "raylet" in line or "gcs_server" in line]
+
+
+def write(tmp_path, text):
+    path = tmp_path / "model.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_real_search_on_cpu(tmp_path, capsys):
+    path = write(tmp_path, TINY_CPU)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    art = tmp_path / "trials"
+    assert main(["search", str(path), "--storage", storage, "--artifacts", str(art)]) == 0
+    out = capsys.readouterr().out
+    assert "[2/2]" in out and "best goodput" in out
+
+    frame = autotune.trials_frame("tiny", storage)
+    assert len(frame) == 2
+    assert list(frame["outcome"]) == ["ok", "ok"], frame["detail"].tolist()
+    assert (frame["goodput"] > 0).all() and frame["baseline"].iloc[0]
+    for knob in KNOB_NAMES:
+        assert frame[knob].notna().all(), knob
+    assert (frame["dp"] == 2).all()
+    for number in frame["number"]:
+        folder = art / "tiny" / str(number)
+        config = json.loads((folder / "config.json").read_text())
+        assert config["knobs"]["dp"] == 2
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["goodput"] == pytest.approx(frame.loc[number, "goodput"])
+        assert (folder / "logs").is_dir()
+    assert frame["driver_s"].max() < 5  # ask + feasibility + submit is not the bottleneck
+    assert not ray_processes(), "embedded Ray left processes behind"
+
+    # the same name again is refused (exit 2) rather than silently mixed into the old study
+    assert main(["search", str(path), "--storage", storage, "--artifacts", str(art)]) == 2
+
+
+def test_predicted_oom_is_infeasible_and_never_runs(tmp_path):
+    path = write(tmp_path, TINY_CPU.replace("device_memory_gb: 8", "device_memory_gb: 0.01"))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    art = tmp_path / "trials"
+    assert main(["search", str(path), "--storage", storage, "--artifacts", str(art)]) == 0
+    frame = autotune.trials_frame("tiny", storage)
+    assert list(frame["outcome"]) == ["infeasible", "infeasible"]
+    assert frame["detail"].str.contains("GB").all()
+    assert not (art / "tiny").exists()
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    assert all(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
+
+
+def test_constraint_violations_are_recorded_with_reason(tmp_path):
+    text = SIMULATE.replace("n_trials: 6", "n_trials: 40").replace("tp: [1, 2, 4]", "tp: [1, 2, 4, 8]")
+    text = text.replace("num_heads: 16", "num_heads: 12")  # tp = 8 cannot divide 12 heads
+    path = write(tmp_path, text)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
+    frame = autotune.trials_frame("sim", storage)
+    bad = frame[frame["tp"] == 8]
+    assert len(bad) and (bad["outcome"] == "infeasible").all()
+    assert bad["detail"].str.contains("does not divide num_heads").all()
+
+
+def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
+    path = write(tmp_path, SIMULATE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
+    frame = autotune.trials_frame("sim", storage)
+    knobs = frame[list(KNOB_NAMES)].astype(str).agg("|".join, axis=1)
+    assert knobs.is_unique
+    # tp 3 × pp 2 × recompute 2 × fusion 2 × (grad_accum 2 when pp = 1, micro_batches 2 when pp = 2)
+    assert len(frame) == 3 * 2 * 2 * 2 * 2
+
+    # TPE study; a driver that dies leaves a RUNNING trial; --resume reruns it and reaches N
+    assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3"]) == 0
+    study = optuna.load_study(study_name="tpe", storage=storage)
+    orphan = study.ask({"tp": optuna.distributions.CategoricalDistribution([1, 2, 4])})
+    assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "5",
+                 "--resume"]) == 0
+    frame = autotune.trials_frame("tpe", storage)
+    assert frame.loc[orphan.number, "outcome"] == "interrupted"
+    counted = frame[frame["outcome"] != "interrupted"]
+    assert len(counted) == 5
+    assert (counted["number"] > orphan.number).sum() == 2

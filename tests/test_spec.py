@@ -1,0 +1,112 @@
+"""model.yaml and search-space validation: every error names its field or file, exits 2,
+prints no traceback and writes nothing."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.space import build_space
+from autotune.spec import SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GOOD = """
+study: t
+model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,
+        vocab_size: 64}
+train: {global_batch_size: 8}
+cluster: {backend: cpu, devices: 2}
+"""
+
+
+def write(tmp_path, text, name="model.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def run_cli(tmp_path, capsys, *argv):
+    storage = tmp_path / "out" / "s.db"
+    code = main([*argv, "--storage", f"sqlite:///{storage}", "--artifacts", str(tmp_path / "art")])
+    err = capsys.readouterr().err
+    assert not storage.exists() and not (tmp_path / "art").exists(), "bad input wrote files"
+    assert not (tmp_path / "out").exists()
+    return code, err
+
+
+@pytest.mark.parametrize("patch, field", [
+    ("cluster: {backend: cpu, devices: -1}", "cluster.devices"),
+    ("cluster: {backend: tpu, devices: 2}", "cluster.backend"),
+    ("cluster: {backend: cpu, devices: two}", "cluster.devices"),
+    ("train: {global_batch_size: 0}", "train.global_batch_size"),
+    ("train: {learning_rate: 0.1}", "train.global_batch_size"),
+    ("trial: {steps: 5, measure_after: 5}", "trial.measure_after"),
+    ("search: {sampler: annealing}", "search.sampler"),
+    ("search: {objectives: [speed]}", "search.objectives"),
+    ("search: {space: {tp: [1, 2], warp: [1]}}", "warp"),
+    ("search: {space: {warmup_steps: {low: 10, high: 0}}}", "warmup_steps"),
+    ("search: {space: {fusion_mb: []}}", "fusion_mb"),
+    ("search: {space: {jit_level: [O3]}}", "jit_level"),
+    ("search: {space: {loss_scale: [1000]}}", "loss_scale"),
+    ("search: {space: nope.yaml}", "nope.yaml"),
+    ("model: {family: transformer, num_layers: 2}", "model.hidden_size"),
+    ("model: {family: cnn, num_layers: 2}", "model.family"),
+    ("model: {entry: 'missing_file.py:build'}", "model.entry"),
+    ("model: {entry: 'no_such_module_xyz:build'}", "model.entry"),
+    ("color: blue", "color"),
+])
+def test_bad_model_yaml_exits_2_naming_the_field(tmp_path, capsys, patch, field):
+    import yaml
+
+    data = yaml.safe_load(GOOD)
+    data.update(yaml.safe_load(patch))
+    path = write(tmp_path, yaml.safe_dump(data))
+    code, err = run_cli(tmp_path, capsys, "search", str(path))
+    assert code == 2
+    assert field in err and err.startswith("error: ")
+    assert "Traceback" not in err
+
+
+def test_no_feasible_candidate_is_an_input_error(tmp_path):
+    # 7 devices cannot be split into dp·tp·pp with a global batch of 8 and grad_accum ≥ 1 ... but
+    # a batch of 3 on 2 devices is never divisible by dp = 2.
+    path = write(tmp_path, GOOD.replace("global_batch_size: 8", "global_batch_size: 3"))
+    with pytest.raises(SpecError, match="no feasible candidate"):
+        build_space(load_spec(path))
+
+
+def test_cpu_filters_model_parallel_and_o2_with_a_note(tmp_path):
+    space = build_space(load_spec(write(tmp_path, GOOD)))
+    assert space.domains["tp"] == (1,) and space.domains["pp"] == (1,)
+    assert "O2" not in space.domains["jit_level"]
+    assert space.domains["micro_batches"] == (1,)  # collapses without pipeline stages
+    assert any(n.startswith("tp:") for n in space.notes)
+    assert any("O2" in n for n in space.notes)
+
+
+def test_simulate_keeps_everything_and_ranges_expand(tmp_path):
+    text = GOOD.replace("backend: cpu, devices: 2", "backend: simulate, devices: 8")
+    space = build_space(load_spec(write(tmp_path, text)))
+    assert space.domains["tp"] == (1, 2, 4, 8) and "O2" in space.domains["jit_level"]
+    assert space.domains["fusion_mb"] == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    assert space.domains["loss_scale"][0] == 2**8 and space.domains["loss_scale"][-1] == 2**24
+    assert space.domains["warmup_steps"][:3] == (0, 100, 200) and not space.notes
+
+
+def test_real_process_exits_2_without_traceback(tmp_path):
+    path = write(tmp_path, GOOD.replace("devices: 2", "devices: -1"))
+    proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path),
+                           "--storage", f"sqlite:///{tmp_path}/x.db"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "cluster.devices" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_examples_validate():
+    for example in (ROOT / "examples").glob("*.yaml"):
+        assert main(["validate", str(example)]) == 0
