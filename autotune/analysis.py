@@ -2,7 +2,7 @@
 
 Contract: :func:`trials_frame` returns one row per trial with plain columns: ``study``,
 ``number``, ``state``, ``outcome``, every knob, every metric, ``value_<objective>`` per
-objective, ``baseline`` and the timing columns. :func:`compare` stacks several studies and
+objective, ``baseline``, the timing columns, ``repeat_of`` and ``detail``. :func:`compare` stacks several studies and
 :func:`summary` gives one row per study (best trial, its knobs and metrics, outcome counts).
 """
 
@@ -19,6 +19,7 @@ from autotune.spec import SpecError
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 TIMING = ("run_s", "wall_s", "queued_s", "driver_s")
+# repeat_of: the earlier trial whose result a re-sampled candidate got (it was not run again)
 
 
 def resolve_storage(storage: str | None) -> str:
@@ -53,10 +54,11 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
             row[name] = t.user_attrs.get(name)
         for name, value in zip(objectives, t.values or [None] * len(objectives)):
             row[f"value_{name}"] = value
+        row["repeat_of"] = t.user_attrs.get("repeat_of")
         row["detail"] = t.user_attrs.get("detail", "")
         rows.append(row)
     columns = (["study", "number", "state", "outcome", "baseline", *KNOB_NAMES, *records.METRICS,
-                *(f"value_{o}" for o in objectives), *TIMING, "detail"])
+                *(f"value_{o}" for o in objectives), *TIMING, "repeat_of", "detail"])
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -42,6 +42,7 @@ class Knob:
     supports: Callable[[str, object], bool] = _any
     default: object = None
     unsupported_because: str = ""  # the line printed when a backend filters values out
+    estimable: bool = True  # whether the cost model (so the simulate backend) can tell values apart
 
 
 KNOBS: dict[str, Knob] = {
@@ -69,10 +70,10 @@ KNOBS: dict[str, Knob] = {
              "runner_config.gradient_accumulation_steps", default=1),
         Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
              "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
-             "runner_wrapper.scale_sense.loss_scale_value", default=2**16),
+             "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False),
         Knob("warmup_steps", int, "linear warmup steps before cosine decay",
              "LearningRateSchedule: linear warmup then cosine over train.total_steps",
-             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0),
+             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False),
         Knob("jit_level", str, "graph compile level, or PyNative execution",
              "set_context(mode=GRAPH_MODE, jit_config={'jit_level': L}) or PYNATIVE_MODE",
              "context.jit_config.jit_level", _o2_needs_ascend, default="O1",

@@ -52,9 +52,6 @@ class Progress:
         knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items())
         self.console.print(f"[dim]  start #{number}: {knobs}[/dim]")
 
-    def tick(self, study, running: int) -> None:
-        """Called while waiting; the line-per-trial display needs nothing here."""
-
     def trial_done(self, study: optuna.Study, number: int, outcome: str, metrics: dict,
                    detail: str = "") -> None:
         self._done += 1

@@ -79,8 +79,10 @@ def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
 
 
 def counted(frozen: optuna.trial.FrozenTrial) -> bool:
-    """Whether a trial counts toward the study's N finished trials (interrupted ones rerun)."""
-    return frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
+    """Whether a trial counts toward the study's N finished trials: interrupted ones rerun, and
+    a repeat of an earlier candidate (``repeat_of``) was answered from storage, not run."""
+    return (frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
+            and "repeat_of" not in frozen.user_attrs)
 
 
 def knobs_of(frozen: optuna.trial.FrozenTrial) -> dict:

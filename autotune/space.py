@@ -197,6 +197,10 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
         if dropped:
             notes.append(f"{name}: {', '.join(map(str, dropped))} removed on {backend}: "
                          f"{KNOBS[name].unsupported_because}")
+        if backend == "simulate" and not KNOBS[name].estimable and len(kept) > 1:
+            kept = (KNOBS[name].default if KNOBS[name].default in kept else kept[0],)
+            notes.append(f"{name}: fixed to {kept[0]} on simulate: the cost model cannot tell "
+                         "its values apart")
         domains[name] = kept
     # micro_batches only acts with pipeline stages and grad_accum only without: collapse the
     # one that cannot act so the space (and a grid) has no duplicate candidates.

@@ -59,7 +59,7 @@ class ClusterSpec:
     backend: str
     devices: int
     devices_per_node: int
-    device_memory_gb: float
+    device_memory_gb: float | None  # None: the device profile's own memory (16 GB on cpu)
     device: str | dict | None
 
 
@@ -257,8 +257,8 @@ def _parse_cluster(s: _Section) -> ClusterSpec:
     backend = s.get("backend", str, default="cpu", choices=BACKENDS)
     devices = s.get("devices", int, minimum=1)
     per_node = s.get("devices_per_node", int, default=min(devices, 8), minimum=1)
-    memory = s.get("device_memory_gb", float, default=16.0)
-    if not memory > 0:
+    memory = s.get("device_memory_gb", float, default=None)
+    if memory is not None and not memory > 0:
         s.fail("device_memory_gb", f"must be > 0, got {memory}")
     device = s.get("device", (str, dict), default=None)
     if devices > per_node and devices % per_node:

@@ -125,6 +125,9 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
                  "--resume"]) == 0
     frame = autotune.trials_frame("tpe", storage)
     assert frame.loc[orphan.number, "outcome"] == "interrupted"
-    counted = frame[frame["outcome"] != "interrupted"]
+    counted = frame[(frame["outcome"] != "interrupted") & frame["repeat_of"].isna()]
     assert len(counted) == 5
     assert (counted["number"] > orphan.number).sum() == 2
+    repeats = frame[frame["repeat_of"].notna()]  # answered from storage, never run twice
+    for _, row in repeats.iterrows():
+        assert row["goodput"] == frame.loc[int(row["repeat_of"]), "goodput"]

@@ -88,13 +88,19 @@ def test_cpu_filters_model_parallel_and_o2_with_a_note(tmp_path):
     assert any("O2" in n for n in space.notes)
 
 
-def test_simulate_keeps_everything_and_ranges_expand(tmp_path):
+def test_ranges_expand(tmp_path):
+    space = build_space(load_spec(write(tmp_path, GOOD)))
+    assert space.domains["fusion_mb"] == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    assert space.domains["loss_scale"][0] == 2**8 and space.domains["loss_scale"][-1] == 2**24
+    assert space.domains["warmup_steps"][:3] == (0, 100, 200)
+
+
+def test_simulate_keeps_model_parallel_and_fixes_what_it_cannot_estimate(tmp_path):
     text = GOOD.replace("backend: cpu, devices: 2", "backend: simulate, devices: 8")
     space = build_space(load_spec(write(tmp_path, text)))
     assert space.domains["tp"] == (1, 2, 4, 8) and "O2" in space.domains["jit_level"]
-    assert space.domains["fusion_mb"] == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-    assert space.domains["loss_scale"][0] == 2**8 and space.domains["loss_scale"][-1] == 2**24
-    assert space.domains["warmup_steps"][:3] == (0, 100, 200) and not space.notes
+    assert space.domains["loss_scale"] == (2**16,) and space.domains["warmup_steps"] == (0,)
+    assert sorted(n.split(":")[0] for n in space.notes) == ["loss_scale", "warmup_steps"]
 
 
 def test_real_process_exits_2_without_traceback(tmp_path):

@@ -1,0 +1,141 @@
+"""The cost model's verdict on one candidate: :func:`estimate`, :class:`Estimate`, and
+:func:`format_estimate` for people.
+
+Contract:
+
+- ``estimate(spec, candidate, calibration=None) -> Estimate`` never runs anything. It is
+  infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks a hard
+  constraint (:func:`autotune.space.violations`, numbers NaN), asks for ``O2`` on a device that
+  is not Ascend, or needs more than ``device memory × SAFETY_MARGIN`` per device (the reason
+  carries the predicted memory). A model without dimensions (an ``entry`` that gives none) is
+  ``feasible=True`` with reason ``"no dimensions given: not estimated"`` and NaN numbers: nothing
+  is known against it, so the real trial decides. Bad ``cluster.device`` input raises
+  :class:`~autotune.spec.SpecError`.
+- ``Estimate.as_dict()`` has exactly the keys ``feasible, reason, memory_gb_per_device,
+  step_time_s, samples_per_s, tflops_per_device, mfu, breakdown``; NaN becomes ``None`` so the
+  dict is strict JSON. ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
+  dp_comm, bubble, optimizer, host}, "memory_gb": {params, grads, optimizer_states,
+  activations, overhead}}`` for the device with the most memory (the parts sum to the totals).
+- ``tflops_per_device`` counts executed FLOPs (recompute included, as Megatron-LM reports);
+  ``mfu`` counts model FLOPs only, over the device's peak for the compute dtype.
+- ``loss_scale`` and ``warmup_steps`` change numerics, not work: they never change an estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autotune.costmodel.calibration import Calibration
+from autotune.costmodel.memory import memory_per_stage, stage_params
+from autotune.costmodel.profiles import resolve_profile
+from autotune.costmodel.timing import step_time
+from autotune.costmodel.workload import workload_for
+from autotune.space import violations
+
+# Headroom left on every device for allocator fragmentation and transient buffers the model
+# does not price (an assumption; the calibration corrects the memory estimate, not this margin).
+SAFETY_MARGIN = 0.9
+NOT_ESTIMATED = "no dimensions given: not estimated"
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    feasible: bool
+    reason: str
+    memory_gb_per_device: float
+    step_time_s: float
+    samples_per_s: float
+    tflops_per_device: float
+    mfu: float
+    breakdown: dict
+    # The correction applied (None: raw model). Not part of as_dict(); Calibration reads it.
+    calibration: Calibration | None = field(default=None, compare=False, repr=False)
+
+    def as_dict(self) -> dict:
+        def clean(value):
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
+            return None if isinstance(value, float) and math.isnan(value) else value
+        return {k: clean(getattr(self, k)) for k in (
+            "feasible", "reason", "memory_gb_per_device", "step_time_s", "samples_per_s",
+            "tflops_per_device", "mfu", "breakdown")}
+
+
+def _unknown(feasible: bool, reason: str) -> Estimate:
+    return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
+
+
+def estimate(spec, candidate, calibration: Calibration | None = None) -> Estimate:
+    """The verdict on ``candidate`` for ``spec`` (see the module doc)."""
+    profile = resolve_profile(spec.cluster)
+    broken = violations(spec, candidate)
+    if broken:
+        return _unknown(False, "; ".join(broken))
+    if candidate.jit_level == "O2" and profile.kind != "ascend":
+        return _unknown(False, f"jit_level O2 sinks the graph through CANN: Ascend only "
+                               f"(device profile {profile.name} is {profile.kind})")
+    work = workload_for(spec.model)
+    if work is None:
+        return _unknown(True, NOT_ESTIMATED)
+
+    dtype, batch = spec.model.dtype, spec.train.global_batch_size
+    n_micro = candidate.micro_batches if candidate.pp > 1 else candidate.grad_accum
+    micro_batch = max(1, batch // (candidate.dp * n_micro))
+    stages = memory_per_stage(work, candidate, micro_batch, n_micro, dtype, profile.framework_gb)
+    memory = max(stages, key=lambda parts: sum(parts.values()))
+    params_per_device = max(stage_params(work, candidate.tp, candidate.pp, stage)
+                            for stage in range(candidate.pp))
+    times, flops = step_time(work, candidate, profile, spec.cluster, micro_batch, n_micro,
+                             dtype, params_per_device)
+    if calibration is not None:
+        memory = {k: v * calibration.memory_factor for k, v in memory.items()}
+        times = {k: v * calibration.time_factor for k, v in times.items()}
+
+    memory_gb, seconds = sum(memory.values()), sum(times.values())
+    devices = candidate.devices
+    limit = profile.memory_gb * SAFETY_MARGIN
+    reason = ""
+    if memory_gb > limit:
+        reason = (f"predicted {memory_gb:.1f} GB/device > {profile.memory_gb:g} GB × "
+                  f"{SAFETY_MARGIN} safety margin")
+    return Estimate(
+        feasible=not reason, reason=reason, memory_gb_per_device=memory_gb,
+        step_time_s=seconds, samples_per_s=batch / seconds,
+        tflops_per_device=flops["executed"] / devices / seconds / 1e12,
+        mfu=flops["model"] / devices / seconds / profile.peak(dtype),
+        breakdown={"time_s": times, "memory_gb": memory}, calibration=calibration)
+
+
+def format_estimate(est: Estimate) -> str:
+    """A readable table of an estimate (what ``autotune estimate`` prints without --json)."""
+    lines = [f"{'feasible':<22}{'yes' if est.feasible else 'no'}"]
+    if est.reason:
+        lines.append(f"{'reason':<22}{est.reason}")
+    rows = [("memory / device", est.memory_gb_per_device, "GB", "{:.2f}"),
+            ("step time", est.step_time_s, "s", "{:.4g}"),
+            ("samples / s", est.samples_per_s, "", "{:.4g}"),
+            ("TFLOP/s / device", est.tflops_per_device, "", "{:.4g}"),
+            ("MFU", est.mfu * 100, "%", "{:.1f}")]
+    for label, value, unit, fmt in rows:
+        text = "n/a" if math.isnan(value) else f"{fmt.format(value)} {unit}".rstrip()
+        lines.append(f"{label:<22}{text}")
+    if est.breakdown:
+        times, memory = est.breakdown["time_s"], est.breakdown["memory_gb"]
+        total_t, total_m = sum(times.values()) or 1.0, sum(memory.values()) or 1.0
+        lines.append("")
+        lines.append(f"{'time (s)':<39}    memory (GB)")
+        left = [(k, v, v / total_t) for k, v in times.items()]
+        right = [(k, v, v / total_m) for k, v in memory.items()]
+        for i in range(max(len(left), len(right))):
+            a = f"  {left[i][0]:<20}{left[i][1]:>10.4g}{left[i][2]:>7.1%}" if i < len(left) \
+                else " " * 39
+            b = f"    {right[i][0]:<18}{right[i][1]:>8.2f}{right[i][2]:>7.1%}" if i < len(right) \
+                else ""
+            lines.append((a + b).rstrip())
+    if est.calibration is not None:
+        c = est.calibration
+        lines.append(f"\ncalibrated: memory ×{c.memory_factor:.3g} ({c.n_memory} trials), "
+                     f"time ×{c.time_factor:.3g} ({c.n_time} trials)")
+    return "\n".join(lines)

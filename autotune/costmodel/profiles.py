@@ -1,0 +1,188 @@
+"""Device profiles: the hardware numbers the cost model prices work with.
+
+Contract: :func:`resolve_profile` maps a spec's ``cluster`` section to one :class:`DeviceProfile`.
+
+- ``cluster.device`` a name (``a100-80g``, ``h100-80g``, ``h200``, ``ascend-910b``): that
+  profile as listed, datasheet memory included.
+- ``cluster.device`` a mapping of numbers: overrides of the fields of ``base`` (a profile name),
+  or, without ``base``, a whole profile (every numeric field given).
+- no ``device``: by backend — ``gpu`` and ``simulate`` → ``a100-80g``, ``ascend`` →
+  ``ascend-910b``.
+- an explicit ``cluster.device_memory_gb`` replaces the profile's memory in every case above.
+- backend ``cpu``: the CPU profile, memory = ``cluster.device_memory_gb`` or 16 GB (a "device" is one
+  MindSpore worker process; its memory is that process's RSS), compute shared by the workers of a
+  node. A ``device`` mapping overrides CPU fields too.
+
+An unknown name or field is a :class:`~autotune.spec.SpecError` naming ``cluster.device``.
+
+Units: memory in GiB (what ``nvidia-smi`` and VmHWM report as GB/MB), bandwidth in decimal GB/s
+per device and per direction (datasheet convention), peak in dense TFLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from autotune.spec import SpecError
+
+KINDS = ("gpu", "ascend", "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Hardware of one device and its links. Every number is documented where it is set."""
+
+    name: str
+    kind: str                    # gpu | ascend | cpu: which jit levels exist (O2 is Ascend's)
+    memory_gb: float             # device memory (GiB)
+    peak_tflops: float           # dense FP16/BF16 matrix peak
+    peak_tflops_fp32: float      # dense FP32 peak (compute dtype float32)
+    hbm_gbps: float              # device memory bandwidth (prices memory-bound kernels)
+    intra_node_gbps: float       # per device, per direction, inside a node
+    inter_node_gbps: float       # per device, per direction, between nodes
+    collective_latency_us: float  # fixed cost of launching one collective
+    hop_latency_us: float        # per ring step (the α of the α–β model)
+    framework_gb: float          # runtime baseline per device (context, workspaces, comm buffers)
+    achievable: float            # fraction of peak that large GEMMs sustain
+    hbm_efficiency: float        # fraction of hbm_gbps that memory-bound kernels sustain
+    link_efficiency: float       # fraction of link bandwidth collectives sustain
+    step_overhead_ms: float      # host work per training step (launch, data, bookkeeping)
+    jit_o0: float                # compute-time factor per jit level, relative to O1
+    jit_o1: float
+    jit_o2: float
+    jit_pynative: float
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s (not TFLOP/s) for a compute dtype."""
+        return (self.peak_tflops_fp32 if dtype == "float32" else self.peak_tflops) * 1e12
+
+    def jit_factor(self, level: str) -> float:
+        return {"O0": self.jit_o0, "O1": self.jit_o1, "O2": self.jit_o2,
+                "pynative": self.jit_pynative}[level]
+
+
+# Assumptions shared by the accelerator profiles (no per-device source; calibrate per study):
+# - achievable 0.74 (fraction of peak that GEMMs sustain): the least-squares fit on the 4
+#   "tune" rows of benchmarks/costmodel_validation.py (Narayanan et al. 2021, Table 1); its 17
+#   other rows are held out. Assumed the same for H100/H200/910B.
+# - hbm_efficiency 0.7 and link_efficiency 0.8: memory-bound kernels and NCCL/HCCL collectives
+#   typically sustain 70–90% of the nominal figure (nccl-tests all-reduce bus bandwidth on
+#   DGX A100 ≈ 230 of 300 GB/s).
+# - collective latency 20 µs, 2 µs per ring hop: order of nccl-tests small-message all-reduce.
+# - framework 2 GiB: CUDA/CANN context, library workspaces, communicator buffers.
+# - step overhead 2 ms: host-side launch and bookkeeping per step in graph mode.
+# - jit factors (MindSpore publishes no ratios): O1 (kernel fusion) is the reference;
+#   O0 (kernel by kernel, no fusion) 1.15×; O2 (whole graph sunk by CANN, Ascend) 0.92×;
+#   PyNative 1.5× on an accelerator (host dispatch per op; MINDSPORE_CPU.md measured 6–8× on
+#   CPU, where host overhead is a larger share).
+_ACCEL = dict(collective_latency_us=20.0, hop_latency_us=2.0, framework_gb=2.0, achievable=0.74,
+              hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0,
+              jit_o0=1.15, jit_o1=1.0, jit_o2=0.92, jit_pynative=1.5)
+
+PROFILES: dict[str, DeviceProfile] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16/FP16 312 TFLOPS dense, FP32 19.5,
+    # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (both directions → 300 per direction).
+    # NVIDIA DGX A100 datasheet: 8× 200 Gb/s HDR InfiniBand, one per GPU → 25 GB/s.
+    "a100-80g": DeviceProfile("a100-80g", "gpu", 80.0, 312.0, 19.5, 2039.0, 300.0, 25.0, **_ACCEL),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16/FP16 1,979 TFLOPS with sparsity →
+    # 989 dense, FP32 67, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction).
+    # NVIDIA DGX H100: 8× 400 Gb/s NDR InfiniBand (ConnectX-7), one per GPU → 50 GB/s.
+    "h100-80g": DeviceProfile("h100-80g", "gpu", 80.0, 989.0, 67.0, 3350.0, 450.0, 50.0, **_ACCEL),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, same compute as
+    # H100 SXM (989 dense FP16/BF16, 67 FP32), NVLink 900 GB/s; DGX H200: 400 Gb/s per GPU.
+    "h200": DeviceProfile("h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL),
+    # Huawei Ascend 910B (Atlas 800T A2 server, 8 NPUs). Huawei publishes no full per-chip
+    # datasheet; public figures: ≈313 TFLOPS FP16/BF16 (variants quoted 280–376), 64 GB HBM2e at
+    # ≈1.6 TB/s, HCCS full mesh 7 links × 56 GB/s = 392 GB/s per NPU (196 per direction),
+    # 8× 200 GbE RoCE per server, one per NPU → 25 GB/s. FP32 is not published: assumed ¼ of
+    # FP16 (the cube units are FP16/BF16 native). Override with a device mapping if yours differs.
+    "ascend-910b": DeviceProfile("ascend-910b", "ascend", 64.0, 313.0, 78.0, 1600.0, 196.0, 25.0,
+                                 **_ACCEL),
+}
+
+# The CPU class this project runs on (MINDSPORE_CPU.md; lscpu here: 2 vCPUs of an AVX-512 Intel
+# Xeon at 2.6 GHz). Peak FP32 = 2 cores × 2.6 GHz × 64 FLOP/cycle (two 512-bit FMA units ×
+# 16 lanes × 2) = 333 GFLOP/s for the machine, shared by the workers of a node.
+CPU_MACHINE_PEAK_TFLOPS_FP32 = 0.333
+# MINDSPORE_CPU.md: fp16 steps took 23–34 ms vs 11–13 ms in fp32 → half precision ≈2.4× slower.
+CPU_HALF_SLOWDOWN = 2.4
+CPU_BASE = DeviceProfile(
+    "cpu", "cpu", memory_gb=16.0,  # replaced by cluster.device_memory_gb
+    peak_tflops=CPU_MACHINE_PEAK_TFLOPS_FP32 / CPU_HALF_SLOWDOWN,
+    peak_tflops_fp32=CPU_MACHINE_PEAK_TFLOPS_FP32,
+    hbm_gbps=20.0,               # assumption: a 2-vCPU share of a server's DRAM bandwidth
+    intra_node_gbps=2.0,         # assumption: worker-to-worker copies through host memory
+    inter_node_gbps=1.25,        # assumption: 10 GbE between machines
+    # MINDSPORE_CPU.md: 82 AllReduce → 1 saved ≈22 ms (0.27 ms each); 10.5 MB in 11 buckets vs
+    # 1 cost ≈13 ms more (1.3 ms each). 0.5 ms taken.
+    collective_latency_us=500.0, hop_latency_us=0.0,
+    # MINDSPORE_CPU.md: RSS 0.8/1.5/4.1/7.6 GB at batch 32/128/512/1024 extrapolates to ≈0.55 GB
+    # at batch 0: MindSpore's runtime plus a small model.
+    framework_gb=0.55,
+    # Fitted to MINDSPORE_CPU.md's 8 residual MLP blocks (d 256, 64×256 tokens, fp32,
+    # GRAPH_MODE): 7.35 s per step (model 7.31 s; full recompute 9.50 s, model 9.68 s). The
+    # measurement does not state ffn or vocabulary: 4·d and 256 assumed (the head is <1%).
+    achievable=0.19,
+    hbm_efficiency=0.7, link_efficiency=0.8,
+    step_overhead_ms=5.0,        # MINDSPORE_CPU.md: a small DP model steps in 7–12 ms in total
+    # MINDSPORE_CPU.md: O0/O1/O2 give the same CPU kernel graph; PyNative is 6–8× slower.
+    jit_o0=1.0, jit_o1=1.0, jit_o2=1.0, jit_pynative=7.0)
+
+DEFAULT_BY_BACKEND = {"gpu": "a100-80g", "simulate": "a100-80g", "ascend": "ascend-910b"}
+_NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind"))
+_MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms")
+
+
+def resolve_profile(cluster) -> DeviceProfile:
+    """The :class:`DeviceProfile` for a spec's ``cluster`` section (rules in the module doc)."""
+    device = cluster.device
+    if cluster.backend == "cpu":
+        base = replace(CPU_BASE, memory_gb=cluster.device_memory_gb or CPU_BASE.memory_gb)
+        per_node = max(1, cluster.devices_per_node)  # workers of a node share its cores
+        base = replace(base, peak_tflops=base.peak_tflops / per_node,
+                       peak_tflops_fp32=base.peak_tflops_fp32 / per_node)
+        return _override(base, device, allow_base=False) if isinstance(device, dict) else base
+    if device is None:
+        profile = PROFILES[DEFAULT_BY_BACKEND[cluster.backend]]
+    elif isinstance(device, str):
+        profile = _named(device)
+    else:
+        profile = _override(None, device, allow_base=True)
+    # An explicit cluster.device_memory_gb (e.g. a 64 GB part of a family) wins over the profile.
+    if cluster.device_memory_gb is not None:
+        profile = replace(profile, memory_gb=cluster.device_memory_gb)
+    return profile
+
+
+def _named(name) -> DeviceProfile:
+    if name not in PROFILES:
+        raise SpecError(f"cluster.device: unknown device profile {name!r} "
+                        f"(known: {', '.join(PROFILES)}, or a mapping of numbers)")
+    return PROFILES[name]
+
+
+def _override(base: DeviceProfile | None, numbers: dict, allow_base: bool) -> DeviceProfile:
+    numbers = dict(numbers)
+    if "base" in numbers:
+        if not allow_base:
+            raise SpecError("cluster.device.base: the cpu backend always uses the CPU profile")
+        base = _named(numbers.pop("base"))
+    kind = numbers.pop("kind", base.kind if base else "gpu")
+    if kind not in KINDS:
+        raise SpecError(f"cluster.device.kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    for key, value in numbers.items():
+        if key not in _NUMERIC:
+            raise SpecError(f"cluster.device.{key}: unknown field (known: base, kind, "
+                            f"{', '.join(_NUMERIC)})")
+        floor = 0 if key in _MAY_BE_ZERO else 1e-12
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= floor:
+            raise SpecError(f"cluster.device.{key}: must be a number "
+                            f"{'≥' if floor == 0 else '>'} 0, got {value!r}")
+    if base is None:
+        missing = [k for k in _NUMERIC if k not in numbers]
+        if missing:
+            raise SpecError(f"cluster.device: give base: <profile> or every field; missing "
+                            f"{', '.join(missing)}")
+        return DeviceProfile(name="custom", kind=kind, **{k: float(v) for k, v in numbers.items()})
+    return replace(base, name=f"{base.name}*", kind=kind,
+                   **{k: float(v) for k, v in numbers.items()})

@@ -1,0 +1,326 @@
+"""Cost model: published formulas on hand-checked cases, feasibility, profiles, calibration.
+
+Expected numbers are worked out here from the formulas (numbers written out), not by calling the
+cost model's own helpers. No MindSpore needed.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from autotune.costmodel import (NOT_ESTIMATED, PROFILES, Calibration, estimate, format_estimate,
+                                resolve_profile)
+from autotune.costmodel.timing import allreduce_time
+from autotune.space import Candidate
+from autotune.spec import SpecError, parse_spec
+
+GIB = 2**30
+TIME_KEYS = {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host"}
+MEMORY_KEYS = {"params", "grads", "optimizer_states", "activations", "overhead"}
+
+
+def spec_of(model=None, batch=8, cluster=None):
+    model = {"family": "transformer", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+             "ffn_hidden_size": 256, "seq_length": 32, "vocab_size": 256, "dtype": "float16",
+             **(model or {})}
+    cluster = {"backend": "simulate", "devices": 1, "devices_per_node": 8,
+               "device": "a100-80g", **(cluster or {})}
+    return parse_spec({"model": model, "train": {"global_batch_size": batch},
+                       "cluster": cluster}, Path("t.yaml"))
+
+
+def cand(dp=1, tp=1, pp=1, micro_batches=1, fusion_mb=64, grad_accum=1, jit="O1",
+         recompute="none"):
+    return Candidate(dp, tp, pp, micro_batches, fusion_mb, grad_accum, 2**16, 0, jit, recompute)
+
+
+def states_bytes(est):
+    m = est.breakdown["memory_gb"]
+    return (m["params"] + m["grads"] + m["optimizer_states"]) * GIB
+
+
+# -- model states: ZeRO's 16 bytes per parameter ------------------------------------------------
+
+def test_sixteen_bytes_per_parameter_for_a_known_parameter_count():
+    # shapes.py layout, L=2, h=64, ffn=256, s=32, V=256:
+    # per layer: qkv 3·64·64+3·64 = 12480, proj 64·64+64 = 4160, fc_in 64·256+256 = 16640,
+    #            fc_out 256·64+64 = 16448, two layer norms 2·2·64 = 256  → 49984
+    # embeddings 256·64 = 16384, positions 32·64 = 2048, final norm 128, head 256·64+256 = 16640
+    params = 2 * 49984 + 16384 + 2048 + 128 + 16640
+    assert params == 135168
+    est = estimate(spec_of(), cand())
+    assert states_bytes(est) == pytest.approx(16 * params)
+    m = est.breakdown["memory_gb"]  # mixed precision: 2 + 2 + 12 (fp32 master, momentum, variance)
+    assert m["params"] * GIB == pytest.approx(2 * params)
+    assert m["optimizer_states"] * GIB == pytest.approx(12 * params)
+    fp32 = estimate(spec_of({"dtype": "float32"}), cand()).breakdown["memory_gb"]
+    assert (fp32["params"] * GIB, fp32["grads"] * GIB, fp32["optimizer_states"] * GIB) == \
+        pytest.approx((4 * params, 4 * params, 8 * params))
+
+
+def test_parameter_count_matches_the_trial_programs_shapes():
+    from autotune.train.shapes import parameter_shapes
+    cfg = {"family": "transformer", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256,
+           "seq_length": 32, "vocab_size": 256}
+    total = sum(math.prod(shape) for shape in parameter_shapes(cfg).values())
+    assert states_bytes(estimate(spec_of(), cand())) == pytest.approx(16 * total)
+
+
+def test_tensor_parallel_splits_matrices_and_keeps_norms_and_row_biases_whole():
+    # tp=2: per layer split part (3h²+3h + h² + h·ffn+ffn + ffn·h) = 49600 → 24800, whole part
+    # (proj bias, fc_out bias, 2 norms) = 6·64 = 384; token embedding 16384/2, positions 2048;
+    # head (16384+256)/2, final norm 128.
+    per_device = 2 * (24800 + 384) + 16384 / 2 + 2048 + (16384 + 256) / 2 + 128
+    est = estimate(spec_of(cluster={"devices": 2}), cand(tp=2))
+    assert states_bytes(est) == pytest.approx(16 * per_device)
+
+
+# -- activations: Korthikanti et al. 2022 -------------------------------------------------------
+
+@pytest.mark.parametrize("mode, per_layer, working", [
+    # s·h·34 + 5·a·s² with s = h = 1024, a = 16 (16-bit, t = 1)
+    ("none", 1024 * 1024 * 34 + 5 * 16 * 1024**2, 0),
+    ("selective", 1024 * 1024 * 34, 0),
+    # 2·s·h kept per layer; the layer being back-propagated is rebuilt whole once
+    ("full", 2 * 1024 * 1024, 1024 * 1024 * 34 + 5 * 16 * 1024**2),
+])
+def test_activation_memory_per_recompute_mode(mode, per_layer, working):
+    spec = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                    "seq_length": 1024, "vocab_size": 1024}, batch=1)
+    head = 4 * 1024 * 1024 * (1 + 1024 / 1024)  # 4·s·h·(1 + V/h): final norm and fp32 logits
+    embedding_mask = 1024 * 1024                # s·h dropout mask, 1 byte
+    expected = 8 * per_layer + working + head + embedding_mask
+    est = estimate(spec, cand(recompute=mode))
+    assert est.breakdown["memory_gb"]["activations"] * GIB == pytest.approx(expected)
+
+
+def test_first_pipeline_stage_holds_pp_micro_batches_in_flight():
+    spec = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                    "seq_length": 1024, "vocab_size": 1024}, batch=8,
+                   cluster={"devices": 4})
+    est = estimate(spec, cand(pp=4, micro_batches=8, recompute="selective"))
+    # first stage: 4 in flight × micro-batch 1 × 2 layers × 34·s·h, plus 4 embedding masks
+    expected = 4 * 2 * 34 * 1024**2 + 4 * 1024**2
+    assert est.breakdown["memory_gb"]["activations"] * GIB == pytest.approx(expected)
+
+
+# -- time: pipeline bubble, ring all-reduce, recompute, placement -------------------------------
+
+def test_bubble_fraction_for_four_stages_and_eight_micro_batches():
+    est = estimate(spec_of({"num_layers": 4}, batch=8, cluster={"devices": 4}),
+                   cand(pp=4, micro_batches=8))
+    t = est.breakdown["time_s"]
+    pipeline = t["compute"] + t["recompute"] + t["tp_comm"] + t["pp_comm"] + t["bubble"]
+    assert t["bubble"] / pipeline == pytest.approx((4 - 1) / (8 + 4 - 1))  # = 3/11
+
+
+def test_ring_allreduce_time_for_eight_ranks():
+    ideal = PROFILES["a100-80g"].__class__(**{**PROFILES["a100-80g"].__dict__,
+                                              "link_efficiency": 1.0, "collective_latency_us": 0.0,
+                                              "hop_latency_us": 0.0})
+    # 2·(n−1)/n · S / B = 2 · 7/8 · 1e9 B / 100e9 B/s
+    assert allreduce_time(1e9, 8, 100.0, ideal) == pytest.approx(2 * 7 / 8 * 1e9 / 100e9)
+    # α terms: launch + 2·(n−1) hops
+    latency = ideal.__class__(**{**ideal.__dict__, "collective_latency_us": 20.0,
+                                 "hop_latency_us": 2.0})
+    assert allreduce_time(0.0, 8, 100.0, latency) == pytest.approx(20e-6 + 2 * 7 * 2e-6)
+    assert allreduce_time(1e9, 1, 100.0, latency) == 0.0
+
+
+def test_tensor_parallel_group_crossing_a_node_pays_the_inter_node_link():
+    model = {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+             "seq_length": 1024}
+    inside = estimate(spec_of(model, cluster={"devices": 16, "devices_per_node": 16}), cand(tp=16))
+    across = estimate(spec_of(model, cluster={"devices": 16, "devices_per_node": 8}), cand(tp=16))
+    ratio = across.breakdown["time_s"]["tp_comm"] / inside.breakdown["time_s"]["tp_comm"]
+    # one all-reduce of the hidden state, micro-batch 8: S = 8·1024·1024·2 bytes over 16 ranks,
+    # α = 20 µs + 2·15·2 µs; NVLink 300 GB/s vs InfiniBand 25 GB/s, both at 80% efficiency
+    size, alpha = 8 * 1024 * 1024 * 2, 20e-6 + 2 * 15 * 2e-6
+    nvlink = alpha + 2 * 15 / 16 * size / (300e9 * 0.8)
+    infiniband = alpha + 2 * 15 / 16 * size / (25e9 * 0.8)
+    assert ratio == pytest.approx(infiniband / nvlink)  # ≈ 7.8
+    assert across.samples_per_s < inside.samples_per_s
+
+
+def test_full_recompute_trades_a_third_of_compute_for_activation_memory():
+    spec = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                    "seq_length": 1024, "vocab_size": 1024})
+    none, full = estimate(spec, cand()), estimate(spec, cand(recompute="full"))
+    t = full.breakdown["time_s"]
+    # one more forward = 1/3 of forward+backward, less the head, which is not recomputed
+    assert 0.30 < t["recompute"] / t["compute"] <= 1 / 3
+    assert t["compute"] == pytest.approx(none.breakdown["time_s"]["compute"])
+    kept_full, kept_none = (e.breakdown["memory_gb"]["activations"] for e in (full, none))
+    assert kept_full < 0.2 * kept_none
+    assert full.step_time_s > none.step_time_s
+
+
+def test_flops_follow_megatron_formula_with_and_without_recompute():
+    spec = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                    "seq_length": 1024, "vocab_size": 1024}, batch=8)
+    # Narayanan et al. 2021: 72·B·s·l·h²·(1 + s/6h + V/12lh) model FLOPs per step;
+    # with full recompute the layers' forward runs twice: 96·B·s·l·h²·(1 + s/6h + V/16lh).
+    model = 72 * 8 * 1024 * 8 * 1024**2 * (1 + 1024 / (6 * 1024) + 1024 / (12 * 8 * 1024))
+    executed = 96 * 8 * 1024 * 8 * 1024**2 * (1 + 1024 / (6 * 1024) + 1024 / (16 * 8 * 1024))
+    est = estimate(spec, cand(recompute="full"))
+    assert est.mfu * est.step_time_s * 312e12 == pytest.approx(model)
+    assert est.tflops_per_device * 1e12 * est.step_time_s == pytest.approx(executed)
+
+
+def test_gradient_accumulation_reduces_once_per_step():
+    spec = spec_of(batch=64, cluster={"devices": 8})
+    one, four = estimate(spec, cand(dp=8)), estimate(spec, cand(dp=8, grad_accum=4))
+    assert four.breakdown["time_s"]["dp_comm"] == pytest.approx(one.breakdown["time_s"]["dp_comm"],
+                                                                rel=0.05)
+    assert four.breakdown["memory_gb"]["activations"] < one.breakdown["memory_gb"]["activations"]
+
+
+def test_one_fusion_bucket_hides_nothing_and_tiny_buckets_pay_latency():
+    spec = spec_of(batch=64, cluster={"devices": 8})
+    one_bucket = estimate(spec, cand(dp=8, fusion_mb=512))
+    # 135168 params × 2 bytes over 8 ranks on NVLink (300 GB/s × 0.8): α + 2·7/8·S/B
+    grads = 135168 * 2
+    expected = 20e-6 + 2 * 7 * 2e-6 + 2 * 7 / 8 * grads / (300e9 * 0.8)
+    assert one_bucket.breakdown["time_s"]["dp_comm"] == pytest.approx(expected)
+    big = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096},
+                  batch=64, cluster={"devices": 8})
+    comm = {mb: estimate(big, cand(dp=8, fusion_mb=mb)).breakdown["time_s"]["dp_comm"]
+            for mb in (1, 64, 4096)}
+    assert comm[64] < comm[1] and comm[64] < comm[4096]
+
+
+def test_jit_level_scales_compute_and_loss_scale_warmup_do_nothing():
+    spec = spec_of()
+    o1 = estimate(spec, cand(jit="O1"))
+    pynative = estimate(spec, cand(jit="pynative"))
+    ratio = pynative.breakdown["time_s"]["compute"] / o1.breakdown["time_s"]["compute"]
+    assert ratio == pytest.approx(PROFILES["a100-80g"].jit_pynative)
+    other = Candidate(1, 1, 1, 1, 64, 1, 2**8, 1000, "O1", "none")
+    assert estimate(spec, other).as_dict() == o1.as_dict()
+
+
+# -- CPU profile against MINDSPORE_CPU.md's measurements ---------------------------------------
+
+@pytest.mark.parametrize("mode, measured_mb, measured_s", [("none", 1938, 7.35),
+                                                           ("full", 1019, 9.50)])
+def test_cpu_profile_reproduces_the_measured_mlp(mode, measured_mb, measured_s):
+    # 8 residual MLP blocks, d 256, batch 64 × 256 tokens, fp32, GRAPH_MODE, one process
+    spec = spec_of({"family": "mlp", "num_layers": 8, "hidden_size": 256, "num_heads": 1,
+                    "ffn_hidden_size": 1024, "seq_length": 256, "vocab_size": 256,
+                    "dtype": "float32"}, batch=64,
+                   cluster={"backend": "cpu", "devices_per_node": 1, "device": None,
+                            "device_memory_gb": 16})
+    est = estimate(spec, cand(jit="O1", recompute=mode))
+    assert est.memory_gb_per_device * 1024 == pytest.approx(measured_mb, rel=0.10)
+    assert est.step_time_s == pytest.approx(measured_s, rel=0.10)
+
+
+# -- feasibility -----------------------------------------------------------------------------
+
+def test_out_of_memory_candidate_is_infeasible_with_its_memory_in_the_reason():
+    spec = spec_of({"num_layers": 32, "hidden_size": 4096, "num_heads": 32,
+                    "ffn_hidden_size": 11008, "seq_length": 4096, "vocab_size": 32000},
+                   batch=8, cluster={"devices": 1})
+    est = estimate(spec, cand(grad_accum=8))
+    assert not est.feasible
+    assert f"predicted {est.memory_gb_per_device:.1f} GB/device > 80 GB × 0.9" in est.reason
+    assert est.memory_gb_per_device > 72
+
+
+def test_constraint_violation_is_infeasible_with_that_reason():
+    est = estimate(spec_of(cluster={"devices": 4}), cand(dp=2))
+    assert not est.feasible
+    assert "dp·tp·pp = 2 ≠ cluster.devices = 4" in est.reason
+    assert math.isnan(est.step_time_s)
+
+
+def test_o2_is_infeasible_off_ascend():
+    assert not estimate(spec_of(), cand(jit="O2")).feasible
+    assert estimate(spec_of(cluster={"device": "ascend-910b"}), cand(jit="O2")).feasible
+
+
+def test_entry_model_without_dimensions_is_not_estimated():
+    spec = parse_spec({"model": {"entry": "json:loads"}, "train": {"global_batch_size": 8},
+                       "cluster": {"backend": "cpu", "devices": 1}}, Path("t.yaml"))
+    est = estimate(spec, cand())
+    assert est.feasible and est.reason == NOT_ESTIMATED and math.isnan(est.memory_gb_per_device)
+    json.dumps(est.as_dict(), allow_nan=False)  # NaN → null
+
+
+def test_as_dict_is_strict_json_with_exactly_the_contract_keys():
+    d = estimate(spec_of(), cand()).as_dict()
+    assert set(d) == {"feasible", "reason", "memory_gb_per_device", "step_time_s",
+                      "samples_per_s", "tflops_per_device", "mfu", "breakdown"}
+    assert set(d["breakdown"]["time_s"]) == TIME_KEYS
+    assert set(d["breakdown"]["memory_gb"]) == MEMORY_KEYS
+    assert sum(d["breakdown"]["time_s"].values()) == pytest.approx(d["step_time_s"])
+    assert sum(d["breakdown"]["memory_gb"].values()) == pytest.approx(d["memory_gb_per_device"])
+    json.dumps(d, allow_nan=False)
+
+
+def test_format_estimate_is_a_readable_table():
+    text = format_estimate(estimate(spec_of(), cand()))
+    assert "feasible" in text and "MFU" in text and "tp_comm" in text and "activations" in text
+
+
+# -- profiles ---------------------------------------------------------------------------------
+
+def test_profiles_by_name_mapping_and_backend():
+    assert resolve_profile(spec_of().cluster).memory_gb == 80
+    h200 = resolve_profile(spec_of(cluster={"device": "h200"}).cluster)
+    assert (h200.memory_gb, h200.peak_tflops) == (141, 989)
+    h100nvl = {"base": "h100-80g", "memory_gb": 94}
+    custom = resolve_profile(spec_of(cluster={"device": h100nvl}).cluster)
+    assert (custom.memory_gb, custom.peak_tflops) == (94, 989)
+    gpu = resolve_profile(spec_of(cluster={"backend": "gpu", "device": None,
+                                           "device_memory_gb": 40}).cluster)
+    assert (gpu.name, gpu.memory_gb) == ("a100-80g", 40)
+    ascend = resolve_profile(spec_of(cluster={"backend": "ascend", "device": None}).cluster)
+    assert ascend.name == "ascend-910b"
+    cpu = resolve_profile(spec_of(cluster={"backend": "cpu", "device": None, "devices": 2,
+                                           "devices_per_node": 2, "device_memory_gb": 8}).cluster)
+    assert cpu.kind == "cpu" and cpu.memory_gb == 8
+
+
+@pytest.mark.parametrize("device, message", [
+    ("tpu-v9", "unknown device profile"),
+    ({"base": "a100-80g", "flops": 1}, "cluster.device.flops: unknown field"),
+    ({"memory_gb": 80}, "give base"),
+    ({"base": "a100-80g", "memory_gb": "lots"}, "must be a number"),
+    ({"base": "a100-80g", "peak_tflops": 0}, "must be a number > 0"),
+])
+def test_bad_device_input_is_a_spec_error(device, message):
+    with pytest.raises(SpecError, match=message):
+        estimate(spec_of(cluster={"device": device}), cand())
+
+
+# -- calibration -----------------------------------------------------------------------------
+
+def test_calibration_moves_the_estimate_onto_measured_values():
+    spec = spec_of()
+    raw = estimate(spec, cand())
+    measured_mb, measured_ms = raw.memory_gb_per_device * 1024 * 2, raw.step_time_s * 1000 / 2
+    cal = Calibration.from_pairs([(raw, measured_mb, measured_ms),
+                                  (raw, measured_mb, measured_ms),
+                                  (raw, float("nan"), None)])   # unusable numbers are skipped
+    assert (cal.memory_factor, cal.time_factor, cal.n_memory, cal.n_time) == \
+        pytest.approx((2.0, 0.5, 2, 2))
+    fixed = estimate(spec, cand(), calibration=cal)
+    assert fixed.memory_gb_per_device * 1024 == pytest.approx(measured_mb)
+    assert fixed.step_time_s * 1000 == pytest.approx(measured_ms)
+    assert fixed.samples_per_s == pytest.approx(2 * raw.samples_per_s)
+    # a calibrated estimate fed back does not compound
+    again = Calibration.from_pairs([(fixed, measured_mb, measured_ms)])
+    assert (again.memory_factor, again.time_factor) == pytest.approx((2.0, 0.5))
+    assert Calibration.from_dict(json.loads(json.dumps(cal.as_dict()))) == cal
+    assert Calibration.from_pairs([]) == Calibration()
+
+
+def test_calibrated_memory_decides_feasibility():
+    spec = spec_of()
+    raw = estimate(spec, cand())
+    cal = Calibration(memory_factor=80 * 0.95 / raw.memory_gb_per_device)
+    est = estimate(spec, cand(), calibration=cal)
+    assert raw.feasible and not est.feasible and "predicted 76.0 GB/device" in est.reason
