@@ -106,6 +106,12 @@ class Dispatcher:
             done.append(Finished(number, result, max(0.0, started - submitted), now - submitted))
         return done
 
+    def cancel(self, number: int) -> None:
+        """Stop one running trial (its process group is killed); it is not reported by wait."""
+        ref = next(r for r, (n, _) in self._pending.items() if n == number)
+        self._ray.cancel(ref, force=False)
+        del self._pending[ref]
+
     def cancel_all(self) -> list[int]:
         """Cancel every running trial (their process groups are killed); return their numbers."""
         numbers = []

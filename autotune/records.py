@@ -1,10 +1,10 @@
 """How a trial's outcome is written to, and read back from, Optuna storage.
 
 Contract: the driver is the only writer. Each trial carries the user attrs ``outcome`` (ok,
-infeasible, oom, diverged, timeout, error, interrupted), ``detail`` (reason or log tail, not for
+infeasible, oom, diverged, timeout, pruned, error, interrupted), ``detail`` (reason or log tail, not for
 ok), every metric of DESIGN.md under its own name, ``estimate`` (the cost model's dict) and the
 knobs that were not sampled (under their knob names). Only ``ok`` trials get objective values
-(state COMPLETE). A bad candidate (infeasible, oom, diverged, timeout) is PRUNED so the sampler
+(state COMPLETE). A bad candidate (infeasible, oom, diverged, timeout, pruned) is PRUNED so the sampler
 learns to avoid its region; an error or interruption is FAIL (not the candidate's fault).
 """
 
@@ -20,7 +20,8 @@ from autotune.spec import OBJECTIVES
 METRICS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps",
            "loss_first", "loss_last", "diverged", "compile_s")
 OBJECTIVE_METRIC = {"goodput": "goodput", "peak_memory": "peak_memory_mb", "final_loss": "loss_last"}
-PRUNED_OUTCOMES = ("infeasible", "oom", "diverged", "timeout")
+# pruned: stopped while running because it was clearly slower than the best (autotune.pruning)
+PRUNED_OUTCOMES = ("infeasible", "oom", "diverged", "timeout", "pruned")
 OUTCOMES = ("ok",) + PRUNED_OUTCOMES + ("error", "interrupted")
 
 

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from autotune import costmodel, records
 from autotune.knobs import KNOBS
 from autotune.progress import Progress
+from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
 from autotune.spec import Spec, SpecError
 
@@ -53,8 +54,10 @@ def open_study(spec: Spec, storage: str, study_name: str, resume: bool, sampler)
     if exists and not resume:
         raise SpecError(f"--study: study {study_name!r} already exists in {storage}; "
                         "pass --resume to continue it or choose another name")
+    # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
+    pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
     study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
-                                directions=directions, load_if_exists=True)
+                                directions=directions, load_if_exists=True, pruner=pruner)
     if exists and [d.name.lower() for d in study.directions] != directions:
         raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
     if not exists:
@@ -183,6 +186,8 @@ class _Loop:
         self.profile = costmodel.resolve_profile(spec.cluster)
         self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
         self.repeats = 0      # consecutive re-sampled candidates
+        self.watchers: dict = {}  # number → StepWatcher of a running trial
+        self.prunable = isinstance(study.pruner, SlowTrialPruner)
         self.seen = {Candidate(**records.knobs_of(t)): t.number  # candidate → a finished trial
                      for t in study.get_trials(deepcopy=False) if records.counted(t)}
 
@@ -265,6 +270,7 @@ class _Loop:
                     held = None
                 for finished in dispatcher.wait(timeout_s=1.0):
                     free += self._tell(finished)
+                free += self._prune_slow(dispatcher)
         except BaseException:
             # Ctrl-C or a crash: the running trials are cancelled and recorded as interrupted
             # and their candidates re-enqueued, so a later --resume runs them again.
@@ -287,11 +293,33 @@ class _Loop:
         dispatcher.submit(trial.number, config, trial_dir, candidate.devices,
                           self.spec.trial.timeout_s, memory_mb)
         self.live[trial.number] = (trial, candidate, estimate, driver_s)
+        if self.prunable:
+            self.watchers[trial.number] = StepWatcher(
+                trial, trial_dir, self.spec.train.global_batch_size, self.spec.trial.measure_after)
         self.progress.trial_started(trial.number, candidate)
+
+    def _prune_slow(self, dispatcher) -> int:
+        """Stop running trials the pruner finds clearly slow; return the devices freed."""
+        freed = 0
+        for number, watcher in list(self.watchers.items()):
+            if number in self.live and watcher.report():
+                dispatcher.cancel(number)
+                trial, candidate, estimate, _ = self.live.pop(number)
+                del self.watchers[number]
+                step, goodput = watcher.last
+                detail = (f"goodput {goodput:.4g} after step {step} is below "
+                          f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
+                records.record(self.study, trial, self.objectives, "pruned", detail=detail,
+                               extra={"estimate": estimate.as_dict()})
+                self.seen[candidate] = number
+                self.progress.trial_done(self.study, number, "pruned", {}, detail)
+                freed += candidate.devices
+        return freed
 
     def _tell(self, finished) -> int:
         """Record a finished trial; return the devices it frees."""
         trial, candidate, estimate, driver_s = self.live.pop(finished.number)
+        self.watchers.pop(finished.number, None)
         result = finished.result
         if result.outcome == "ok":
             self._calibrate(estimate, result.metrics)

@@ -1,0 +1,74 @@
+"""Early stopping of clearly slow trials from the steps they report while running.
+
+Contract: the search loop owns a :class:`StepWatcher` per running trial; :meth:`report` reads
+the trial's new ``steps.jsonl`` lines, reports its goodput so far as the trial's intermediate
+value (one per optimizer step, after ``measure_after`` steps), and answers whether the study's
+pruner says stop. Only single-objective goodput studies are pruned (Optuna does not prune
+multi-objective studies); the watcher never stops anything itself — the loop cancels the run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+
+
+class SlowTrialPruner(optuna.pruners.BasePruner):
+    """Prune a trial whose goodput so far is below ``ratio`` × the best finished trial's.
+
+    Goodput of one candidate settles within a few measured steps (each step does the same
+    work), so a trial at half the best after ``min_steps`` reported steps will not catch up.
+    """
+
+    def __init__(self, ratio: float = 0.5, min_steps: int = 3):
+        self.ratio, self.min_steps = ratio, min_steps
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if len(trial.intermediate_values) < self.min_steps:
+            return False
+        try:
+            best = study.best_value
+        except ValueError:  # no finished trial yet: nothing to compare with
+            return False
+        latest = trial.intermediate_values[max(trial.intermediate_values)]
+        return latest < self.ratio * best
+
+
+class StepWatcher:
+    """Follows one running trial's ``steps.jsonl`` (written line by line by rank 0)."""
+
+    def __init__(self, trial: optuna.Trial, trial_dir: Path, samples_per_step: int,
+                 measure_after: int):
+        self.trial, self.path = trial, trial_dir / "steps.jsonl"
+        self.samples_per_step, self.measure_after = samples_per_step, measure_after
+        self._offset = 0
+        self._seconds = 0.0
+        self._applied = 0
+        self.last: tuple[int, float] | None = None  # (step, goodput so far) last reported
+
+    def _new_steps(self) -> list[dict]:
+        try:
+            with open(self.path) as f:
+                f.seek(self._offset)
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        complete = text[: text.rfind("\n") + 1]  # a line still being written waits
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def report(self) -> bool:
+        """Report new measured steps; True when the pruner says this trial should stop."""
+        reported = False
+        for step in self._new_steps():
+            if step["step"] < self.measure_after:
+                continue
+            self._seconds += step["step_time_ms"] / 1000
+            self._applied += 0 if step.get("overflow") else 1
+            if self._seconds > 0:
+                self.last = (step["step"], self._applied * self.samples_per_step / self._seconds)
+                self.trial.report(self.last[1], self.last[0])
+                reported = True
+        return reported and self.trial.should_prune()
