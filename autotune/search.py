@@ -10,7 +10,6 @@ Resuming marks the trials a dead driver left RUNNING as ``interrupted`` and runs
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import optuna
@@ -22,6 +21,7 @@ from autotune.progress import Progress
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
 from autotune.spec import Spec, SpecError
+from autotune.train.config import trial_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -103,15 +103,6 @@ def baseline_params(space: SearchSpace) -> dict:
     else:
         params.pop("grad_accum", None)
     return params
-
-
-def trial_config(spec: Spec, candidate: Candidate, number: int, trial_dir: Path) -> dict:
-    """The config.json the trial program reads (see autotune.train)."""
-    return {"study": spec.study, "trial_number": number, "backend": spec.cluster.backend,
-            "seed": spec.search.seed or 0, "out_dir": str(trial_dir.resolve()),
-            "model": spec.model.as_config(), "train": asdict(spec.train),
-            "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
-            "knobs": candidate.as_dict()}
 
 
 def simulated_metrics(estimate) -> dict:
@@ -286,7 +277,9 @@ class _Loop:
 
     def _submit(self, dispatcher, trial, candidate, estimate, driver_s) -> None:
         trial_dir = self.study_dir / str(trial.number)
-        config = trial_config(self.spec, candidate, trial.number, trial_dir)
+        config = trial_config(self.spec, candidate, study=self.spec.study, number=trial.number,
+                              out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
+                              measure_after=self.spec.trial.measure_after)
         # On CPU a device is a worker process: its RSS budget is enforced by the runner.
         cpu = self.spec.cluster.backend == "cpu"
         memory_mb = self.profile.memory_gb * 1024 if cpu else None

@@ -30,11 +30,17 @@ from rich.console import Console  # noqa: E402
 
 from autotune.progress import Progress  # noqa: E402
 from autotune.runner import _environment, command, free_port, run_trial  # noqa: E402
-from autotune.search import run_search, trial_config  # noqa: E402
+from autotune.search import run_search  # noqa: E402
 from autotune.space import build_space  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
+from autotune.train.config import trial_config  # noqa: E402
 
 FUSION = [1, 16, 256]
+
+
+def _config(spec, candidate, folder: Path) -> dict:
+    return trial_config(spec, candidate, study="overhead", number=0, out_dir=folder,
+                        steps=spec.trial.steps, measure_after=spec.trial.measure_after)
 
 
 def main() -> None:
@@ -54,7 +60,7 @@ def main() -> None:
         for c in candidates:
             folder = work / f"bare{round_}-{c.fusion_mb}"
             folder.mkdir()
-            config = trial_config(spec, c, 0, folder)
+            config = _config(spec, c, folder)
             (folder / "config.json").write_text(json.dumps(config))
             t = time.monotonic()
             subprocess.run(command(folder / "config.json", c.devices, folder / "logs", free_port()),
@@ -62,7 +68,7 @@ def main() -> None:
             bare.setdefault(c.fusion_mb, []).append(time.monotonic() - t)
 
             folder = work / f"runner{round_}-{c.fusion_mb}"
-            result = run_trial(trial_config(spec, c, 0, folder), folder, 600, None, c.devices)
+            result = run_trial(_config(spec, c, folder), folder, 600, None, c.devices)
             assert result.outcome == "ok", result.detail
             runner.setdefault(c.fusion_mb, []).append(result.run_s)
 

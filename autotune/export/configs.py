@@ -16,9 +16,9 @@ Contract (all pure functions of spec, candidate and trial; nothing here touches 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 
 from autotune.export.layout import ParamLayout
+from autotune.train.config import trial_config
 from autotune.knobs import KNOBS
 from autotune.space import Candidate
 from autotune.spec import Spec
@@ -52,17 +52,9 @@ def parallel_mode(c: Candidate) -> str:
 
 def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
-    return {
-        "study": trial["study"],
-        "trial_number": trial["number"],
-        "backend": run_backend(spec),
-        "seed": spec.search.seed or 0,
-        "out_dir": RUN_DIR,
-        "model": asdict(spec.model),
-        "train": asdict(spec.train),
-        "trial": {"steps": steps, "measure_after": min(spec.trial.measure_after, steps - 1)},
-        "knobs": c.as_dict(),
-    }
+    return trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
+                        steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
+                        backend=run_backend(spec))
 
 
 def _loss_scale(c: Candidate) -> dict:

@@ -1,0 +1,25 @@
+"""The MindSpore program a trial executes (``python -m autotune.train CONFIG_JSON``).
+
+Run directly for one process (dp = 1), or under msrun for dp processes — msrun needs a script
+path, `PROGRAM_PATH`::
+
+    msrun --worker_num=DP --local_worker_num=DP --master_port=P --log_dir=D --join=True \\
+          <PROGRAM_PATH> CONFIG_JSON
+
+with PYTHONPATH set to the project root. CONFIG_JSON is the driver's trial config: ``study``,
+``trial_number``, ``backend``, ``seed``, ``out_dir``, ``model`` (family or entry, sizes, dtype),
+``train`` (global_batch_size, learning_rate, total_steps), ``trial`` (steps, measure_after) and
+``knobs`` (dp, tp, pp, micro_batches, fusion_mb, grad_accum, loss_scale, warmup_steps,
+jit_level, recompute). Outputs and exit codes: `autotune.train.program`,
+`autotune.train.metrics`, and ``__main__``. The user-model contract: `autotune.train.entry`.
+
+Importing this package does not import MindSpore.
+"""
+
+import os
+
+from autotune.train.shapes import parameter_shapes
+
+PROGRAM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+
+__all__ = ["PROGRAM_PATH", "parameter_shapes"]

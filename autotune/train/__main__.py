@@ -1,0 +1,62 @@
+"""``python -m autotune.train CONFIG_JSON``, or this file's path as msrun's program.
+
+Exit codes: 0 done (metrics written); 2 the config cannot be run (bad field, bad model entry);
+1 the run failed. On failure the last stderr line is one line,
+``autotune.train: <ExceptionType>: <message>`` (after the traceback), so a driver reading the
+log tail sees e.g. ``MemoryError`` for an out-of-memory trial.
+"""
+
+import os
+import sys
+
+if not __package__:
+    # Run as a file path (msrun): Python put this folder first on sys.path, where our module
+    # names (data, models, …) could shadow installed packages. Import the package absolutely,
+    # from the tree this file belongs to.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+    _root = os.path.dirname(os.path.dirname(_here))
+    if _root not in sys.path:
+        sys.path.insert(0, _root)
+
+import json  # noqa: E402  (after the sys.path repair above)
+import traceback  # noqa: E402
+
+from autotune.train.metrics import process_start_time  # noqa: E402
+
+
+def _fail(exc: BaseException) -> str:
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"autotune.train: {type(exc).__name__}: {first}"
+
+
+def main(argv=None) -> int:
+    started = process_start_time()
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m autotune.train CONFIG_JSON", file=sys.stderr)
+        return 2
+    try:
+        with open(args[0]) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"autotune.train: cannot read config {args[0]}: {exc}", file=sys.stderr)
+        return 2
+    from autotune.train import program
+    from autotune.train.entry import EntryError
+    try:
+        result = program.run(config, started)
+    except (program.ConfigError, EntryError) as exc:
+        print(_fail(exc), file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001  (any failure must become an exit code and one clear line)
+        traceback.print_exc()
+        sys.stderr.flush()
+        print(_fail(exc), file=sys.stderr)
+        return 1
+    print(f"autotune.train: done: {json.dumps(result)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

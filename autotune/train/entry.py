@@ -1,0 +1,108 @@
+"""What a trial trains: a built-in family or the user's ``model.entry`` function.
+
+User model contract
+-------------------
+``model.entry`` names a function as ``"pkg.module:build"`` (importable with the trial's
+PYTHONPATH) or ``"/abs/path/file.py:build"`` (the file's folder is put on ``sys.path`` first, so
+it may import its neighbours). autotune calls it once per process as ``build(config)`` with the
+trial's whole resolved config (``model``, ``train``, ``trial``, ``knobs``, ``seed``, …; the
+``model`` section carries any extra keys of model.yaml) and expects ``(network, loss_fn, dataset)``:
+
+``network``
+    A ``mindspore.nn.Cell`` called as ``network(inputs)`` that returns logits. Float32
+    parameters; do not cast it to float16 yourself — autotune applies ``model.dtype`` (LayerNorm /
+    BatchNorm stay float32). Build it deterministically: autotune calls
+    ``mindspore.set_seed(config["seed"])`` first, and every data-parallel rank builds its own copy,
+    which must start identical (no unseeded randomness in the weights). To support the
+    ``recompute`` knob, give it a method ``apply_recompute(mode)`` for ``mode`` in
+    ``"selective"``/``"full"`` (typically ``block.recompute()`` per block for full, and a smaller
+    sub-cell per block for selective); without that method a candidate with recompute ≠ none fails.
+``loss_fn``
+    ``loss_fn(logits, labels)`` → scalar: an ``nn.Cell`` or a function of MindSpore ops (it is
+    compiled into the training graph). It gets the logits cast to float32. It must be a *mean*
+    over the samples, so that averaging micro-batch gradients equals the full-batch gradient.
+``dataset``
+    ``dataset(step, shard, num_shards)`` → ``(inputs, labels)``: numpy arrays whose first axis is
+    the sample axis, holding shard ``shard`` (0 ≤ shard < num_shards) of the global batch of
+    optimizer step ``step`` — ``train.global_batch_size / num_shards`` samples. autotune calls it
+    with ``shard = rank``, ``num_shards = dp`` and splits the result into ``grad_accum``
+    micro-batches along the first axis. Return the same shapes and dtypes every call (graphs
+    compile once). Recommended: derive the global batch from (seed, step) and slice it, as the
+    built-in data does, so candidates with different dp train on the same samples.
+
+Built-in families (``model.family`` = ``transformer`` | ``mlp``, ``entry`` null) come from
+`autotune.train.models` with synthetic data from `autotune.train.data`.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+
+from mindspore import nn
+
+from autotune.train import data, models
+
+
+USER_MODULE = "autotune_user_model"  # module name of an entry loaded from a file path
+
+
+class EntryError(ValueError):
+    """``model.entry`` cannot be loaded or its result breaks the contract (an input error)."""
+
+
+def load_entry(spec: str):
+    """The function named by ``"pkg.module:func"`` or ``"/path/file.py:func"``."""
+    module_name, sep, func_name = spec.rpartition(":")
+    if not sep or not module_name or not func_name:
+        raise EntryError(f"model.entry: {spec!r} is not 'pkg.module:function' or '/path/file.py:function'")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = os.path.abspath(module_name)
+            if not os.path.isfile(path):
+                raise EntryError(f"model.entry: no such file {path}")
+            sys.path.insert(0, os.path.dirname(path))
+            mod_spec = importlib.util.spec_from_file_location(USER_MODULE, path)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[USER_MODULE] = module  # graph compilation looks sources up through sys.modules
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EntryError(f"model.entry: cannot import {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise EntryError(f"model.entry: {module_name!r} has no function {func_name!r}")
+    return func
+
+
+def build_builtin(config: dict):
+    """``(network, loss_fn, dataset)`` of a built-in family, following the user contract."""
+    model, seed = config["model"], config.get("seed", 0)
+    batch = config["train"]["global_batch_size"]
+    network = models.build_network(model)
+    if model["family"] == "transformer":
+        dataset = data.TokenChains(batch, model["seq_length"], model["vocab_size"], seed=seed)
+    else:
+        dataset = data.TeacherClasses(batch, model["hidden_size"], model["vocab_size"], seed=seed)
+    return network, models.TokenCrossEntropy(), dataset
+
+
+def build(config: dict):
+    """``(network, loss_fn, dataset)`` for the trial's config: the user's entry or a built-in family."""
+    spec = config["model"].get("entry")
+    if not spec:
+        family = config["model"].get("family")
+        if family not in models.FAMILIES:
+            raise EntryError(f"model.family: {family!r} is not a built-in family ({', '.join(models.FAMILIES)}) "
+                             "and model.entry is not set")
+        return build_builtin(config)
+    result = load_entry(spec)(config)
+    if not isinstance(result, tuple) or len(result) != 3:
+        raise EntryError(f"model.entry: {spec} must return (network, loss_fn, dataset), got {type(result).__name__}")
+    network, loss_fn, dataset = result
+    if not isinstance(network, nn.Cell):
+        raise EntryError(f"model.entry: network must be a mindspore.nn.Cell, got {type(network).__name__}")
+    if not callable(loss_fn) or not callable(dataset):
+        raise EntryError("model.entry: loss_fn and dataset must be callable")
+    return result

@@ -1,0 +1,127 @@
+"""In-process tests of the trial program's parts: shapes, schedule, data, accumulation, entry."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.train import data, schedule, shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
+               "seq_length": 8, "vocab_size": 64}
+MLP = {"family": "mlp", "num_layers": 3, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
+
+
+@pytest.fixture(scope="module")
+def ms():
+    import mindspore
+    from autotune.train import program
+    mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    program.numpy2_workaround(mindspore)
+    return mindspore
+
+
+def test_package_import_does_not_load_mindspore():
+    code = "import sys, autotune.train as t; assert 'mindspore' not in sys.modules; print(t.PROGRAM_PATH)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert Path(out.stdout.strip()) == ROOT / "autotune" / "train" / "__main__.py"
+
+
+@pytest.mark.parametrize("cfg", [TRANSFORMER, MLP], ids=["transformer", "mlp"])
+def test_parameter_shapes_match_network(ms, cfg):
+    from autotune.train import models
+    network = models.build_network(cfg)
+    real = [(name, tuple(p.shape)) for name, p in network.parameters_and_names()]
+    assert real == list(shapes.parameter_shapes(cfg).items())
+
+
+def test_parameter_shapes_transformer_names():
+    got = shapes.parameter_shapes(TRANSFORMER)
+    assert got["blocks.1.attn.qkv.weight"] == (96, 32)
+    assert got["blocks.0.mlp.fc_out.weight"] == (32, 64)
+    assert got["embed.pos.embedding_table"] == (8, 32)
+    assert got["head.weight"] == (64, 32)
+    with pytest.raises(ValueError, match="model.family"):
+        shapes.parameter_shapes({"family": "cnn"})
+
+
+def test_schedule_cell_matches_reference(ms):
+    lr = schedule.WarmupCosineLR(1e-3, warmup_steps=4, total_steps=20, end_learning_rate=1e-5)
+    for step in range(0, 24):
+        got = float(lr(ms.Tensor([step], ms.int32)).asnumpy())
+        assert got == pytest.approx(schedule.warmup_cosine(step, 1e-3, 4, 20, 1e-5), rel=1e-5)
+    assert schedule.warmup_cosine(0, 1.0, 4, 20) == 0.25  # the first step already learns
+    assert schedule.warmup_cosine(4, 1.0, 4, 20) == 1.0
+    assert schedule.warmup_cosine(20, 1.0, 4, 20) == pytest.approx(0.0)
+
+
+def test_trial_schedule_compresses_the_run():
+    assert schedule.trial_schedule(2000, 10000, 30) == (6, 30)
+    assert schedule.trial_schedule(100, 10000, 30) == (0, 30)
+    assert schedule.trial_schedule(500, 100, 30) == (30, 30)
+
+
+def test_data_is_deterministic_and_sharded():
+    tokens = data.TokenChains(8, 16, 64, seed=3)
+    x, y = tokens(5)
+    assert x.shape == y.shape == (8, 16) and x.dtype == np.int32
+    assert np.array_equal(x[:, 1:], y[:, :-1])
+    assert np.mean((5 * x + 3) % 64 == y) > 0.8  # the learnable signal
+    parts = [tokens(5, r, 4) for r in range(4)]
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), x)
+    assert not np.array_equal(tokens(6)[0], x)
+    feats, labels = data.TeacherClasses(32, 16, 10, seed=3)(0, 1, 2)
+    assert feats.shape == (16, 16) and labels.shape == (16,) and labels.dtype == np.int32
+
+
+def test_grad_accumulation_equals_full_batch(ms):
+    """K=4 micro-batches give the same update as one batch of 4× (fp32, SGD so the update is the gradient)."""
+    from mindspore import nn
+    from autotune.train import models, step
+    x, y = data.TokenChains(16, 8, 64, seed=1)(0)
+    updates, losses = {}, {}
+    for k in (1, 4):
+        ms.set_seed(0)
+        network = models.build_network(TRANSFORMER)
+        before = {n: p.asnumpy().copy() for n, p in network.parameters_and_names()}
+        # a large rate makes the update dominate the weights' float32 rounding
+        optimizer = nn.SGD(network.trainable_params(), learning_rate=100.0)
+        accumulate, apply = step.build_steps(network, models.TokenCrossEntropy(), optimizer, accum_steps=k, dp=1,
+                                             scaling=False, loss_scale=1)
+        micro = len(x) // k
+        for j in range(k):
+            batch = ms.Tensor(x[j * micro:(j + 1) * micro]), ms.Tensor(y[j * micro:(j + 1) * micro])
+            out = accumulate(*batch) if j < k - 1 else apply(*batch)
+        updates[k] = {n: p.asnumpy() - before[n] for n, p in network.parameters_and_names()}
+        losses[k] = float(out[0].asnumpy())
+        if k > 1:
+            assert all(not a.asnumpy().any() for a in apply.state.accum)  # drained for the next step
+    assert losses[4] == pytest.approx(losses[1], rel=1e-6)  # the apply step reports the global-batch mean
+    for name, full in updates[1].items():
+        rel = np.linalg.norm(updates[4][name] - full) / np.linalg.norm(full)
+        assert rel <= 1e-5, name
+
+
+def test_entry_loads_a_file_and_checks_the_contract(ms, tmp_path):
+    from autotune.train import entry
+    config = {"seed": 0, "train": {"global_batch_size": 8},
+              "model": {"entry": str(ROOT / "examples" / "user_model.py") + ":build", "hidden_size": None}}
+    network, loss_fn, dataset = entry.build(config)
+    x, y = dataset(0, 1, 2)
+    assert x.shape == (4, 16) and y.shape == (4,)
+    assert math.isfinite(float(loss_fn(network(ms.Tensor(x)), ms.Tensor(y)).asnumpy()))
+    bad = tmp_path / "bad.py"
+    bad.write_text("def build(config):\n    return 1, 2\n")
+    with pytest.raises(entry.EntryError, match="must return"):
+        entry.build({"model": {"entry": f"{bad}:build"}})
+    with pytest.raises(entry.EntryError, match="no function"):
+        entry.load_entry(f"{bad}:nope")
+    with pytest.raises(entry.EntryError, match="cannot import"):
+        entry.load_entry("no_such_module_here:build")
+    with pytest.raises(entry.EntryError, match="model.family"):
+        entry.build({"model": {"family": "cnn", "entry": None}})
