@@ -32,25 +32,29 @@ class Progress:
     """Prints search progress to a rich console (stderr-safe, plain when not a terminal)."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        # soft_wrap: one trial, one line, also in logs and CI where the width defaults to 80
+        self.console = console or Console(highlight=False, soft_wrap=True)
         self.driver_seconds = 0.0
         self._done = self._total = self._done_here = 0
         self._started = time.monotonic()
         self._objectives: tuple = ()
+        self._searched: tuple = ()
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]·[/dim] {message}")
 
-    def start(self, study_name: str, done: int, total: int, objectives) -> None:
+    def start(self, study_name: str, done: int, total: int, objectives, searched=()) -> None:
+        """``searched``: the knobs the space varies (the ones worth showing per trial)."""
         self._done, self._total, self._objectives = done, total, tuple(objectives)
+        self._searched = tuple(searched)
         self._started = time.monotonic()
         what = ", ".join(f"{o} ({d})" for o, d in zip(objectives, records.directions(objectives)))
         self.console.print(f"study [bold]{study_name}[/bold]: {total - done} trials to run "
                            f"({done} already done), objectives {what}")
 
     def trial_started(self, number: int, candidate) -> None:
-        knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items())
-        self.console.print(f"[dim]  start #{number}: {knobs}[/dim]")
+        knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items() if k in self._searched)
+        self.console.print(f"[dim]      #{number:<3} running: {knobs}[/dim]")
 
     def trial_done(self, study: optuna.Study, number: int, outcome: str, metrics: dict,
                    detail: str = "") -> None:
@@ -67,8 +71,8 @@ class Progress:
         best = self._best_text(study)
         self.console.print(
             f"[{self._done:>{len(str(self._total))}}/{self._total}] #{number:<3} "
-            f"[{colour}]{outcome:<10}[/{colour}] {shown:<28} | {best} | "
-            f"{_clock(elapsed)} elapsed, ETA {_clock(eta)}")
+            f"[{colour}]{outcome:<10}[/{colour}] {shown:<20} | {best} | "
+            f"{_clock(elapsed)}, ETA {_clock(eta)}")
 
     def _best_text(self, study: optuna.Study) -> str:
         best = best_trials(study)
@@ -76,7 +80,7 @@ class Progress:
             return "best: none yet"
         top = best[0]
         main = self._objectives[0]
-        return f"best {main} {_fmt(top.values[0])} (#{top.number})"
+        return f"best {_fmt(top.values[0])} (#{top.number})"
 
     def finish(self, study: optuna.Study) -> None:
         counts: dict[str, int] = {}

@@ -131,7 +131,8 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     elif not already and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         study.enqueue_trial(baseline_params(space), user_attrs={"baseline": True})
     loop = _Loop(spec, space, study, artifacts / study_name, progress)
-    progress.start(study_name, done=len(already), total=n_trials, objectives=spec.search.objectives)
+    progress.start(study_name, done=len(already), total=n_trials,
+                   objectives=spec.search.objectives, searched=space.searched())
     if spec.cluster.backend == "simulate":
         loop.run_simulated(n_trials - len(already))
     else:
