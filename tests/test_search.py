@@ -2,8 +2,11 @@
 SQLite Optuna storage; infeasible candidates never run; resume loses nothing."""
 
 import json
+import os
 import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import optuna
 import pytest
@@ -80,6 +83,20 @@ def test_real_search_on_cpu(tmp_path, capsys):
 
     # the same name again is refused (exit 2) rather than silently mixed into the old study
     assert main(["search", str(path), "--storage", storage, "--artifacts", str(art)]) == 2
+
+    # export the best trial; its launch.sh trains with the tuned knobs on this machine
+    out = tmp_path / "export"
+    assert main(["export", "tiny", "--out", str(out), "--storage", storage]) == 0
+    best = json.loads((out / "summary.json").read_text())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.run(["bash", str(out / "launch.sh"), "--steps", "3"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    used = json.loads((out / "run" / "train_config.json").read_text())
+    assert used["knobs"] == best["knobs"] and used["trial"]["steps"] == 3
+    metrics = json.loads((out / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 3 and metrics["goodput"] > 0
+    assert (out / "run" / "logs" / "worker_1.log").exists()  # msrun ran both dp ranks
 
 
 def test_predicted_oom_is_infeasible_and_never_runs(tmp_path):

@@ -6,8 +6,7 @@ Contract: :func:`launch_script` returns the script text. The script
   ``out_dir`` = DIR and, when given, the step count), and runs ``python -m autotune.train`` on it
   — through ``msrun`` when the layout has more than one worker;
 - reads ``MASTER_ADDR`` (default 127.0.0.1), ``MASTER_PORT`` (default 8118), ``NODE_RANK``
-  (required when the job spans several nodes), ``LOG_DIR`` (default ``DIR/logs``) and
-  ``MS_COMPILER_CACHE_PATH`` (default ``DIR/compiler_cache``);
+  (required when the job spans several nodes) and ``LOG_DIR`` (default ``DIR/logs``);
 - expects the environment with MindSpore and ``autotune`` importable as ``python`` on PATH
   (msrun only accepts the literal names ``python``/``python3`` in front of ``-m``).
 """
@@ -26,7 +25,7 @@ _HEADER = """\
 #   --steps N  train N steps instead of train.total_steps (or AUTOTUNE_STEPS=N)
 #   --out DIR  where the run writes metrics, logs and caches (default: run/ beside this file)
 # Environment: MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 8118), NODE_RANK
-# (0..nodes-1, required on multi-node jobs), LOG_DIR, MS_COMPILER_CACHE_PATH.
+# (0..nodes-1, required on multi-node jobs), LOG_DIR.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -62,9 +61,6 @@ if steps:
 with open(target, "w") as f:
     json.dump(config, f, indent=2)
 PY
-
-export MS_COMPILER_CACHE_ENABLE=1
-export MS_COMPILER_CACHE_PATH="${{MS_COMPILER_CACHE_PATH:-$OUT/compiler_cache}}"
 """
 
 _SINGLE = """\
