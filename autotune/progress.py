@@ -23,6 +23,8 @@ def _clock(seconds: float) -> str:
 
 
 def _fmt(value) -> str:
+    if value is None:
+        return ""
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -39,48 +41,59 @@ class Progress:
         self._started = time.monotonic()
         self._objectives: tuple = ()
         self._searched: tuple = ()
+        self._best: tuple | None = None  # (value of the first objective, trial number)
+        self._maximize = True
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]·[/dim] {message}")
 
-    def start(self, study_name: str, done: int, total: int, objectives, searched=()) -> None:
+    def start(self, study: optuna.Study, done: int, total: int, objectives, searched=()) -> None:
         """``searched``: the knobs the space varies (the ones worth showing per trial)."""
         self._done, self._total, self._objectives = done, total, tuple(objectives)
         self._searched = tuple(searched)
         self._started = time.monotonic()
+        self._maximize = records.directions(objectives)[0] == "maximize"
+        best = best_trials(study)  # once; later trials update the best in memory
+        self._best = (best[0].values[0], best[0].number) if best else None
         what = ", ".join(f"{o} ({d})" for o, d in zip(objectives, records.directions(objectives)))
-        self.console.print(f"study [bold]{study_name}[/bold]: {total - done} trials to run "
+        self.console.print(f"study [bold]{study.study_name}[/bold]: {total - done} trials to run "
                            f"({done} already done), objectives {what}")
 
     def trial_started(self, number: int, candidate) -> None:
         knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items() if k in self._searched)
         self.console.print(f"[dim]      #{number:<3} running: {knobs}[/dim]")
 
-    def trial_done(self, study: optuna.Study, number: int, outcome: str, metrics: dict,
-                   detail: str = "") -> None:
+    def trial_done(self, number: int, outcome: str, metrics: dict, detail: str = "") -> None:
         self._done += 1
         self._done_here += 1
-        elapsed = time.monotonic() - self._started
-        eta = elapsed / self._done_here * max(0, self._total - self._done)
         main = self._objectives[0]
-        value = metrics.get(records.OBJECTIVE_METRIC[main])
-        shown = f"{main} {_fmt(value)}" if outcome == "ok" and value is not None else ""
+        value = metrics.get(records.OBJECTIVE_METRIC[main]) if outcome == "ok" else None
+        if value is not None and (self._best is None or
+                                  (value > self._best[0]) == self._maximize):
+            self._best = (value, number)
+        shown = f"{main} {_fmt(value)}" if value is not None else ""
         if outcome != "ok" and detail:
             shown = detail.strip().splitlines()[-1][:90]
         colour = "green" if outcome == "ok" else "yellow" if outcome != "error" else "red"
-        best = self._best_text(study)
-        self.console.print(
-            f"[{self._done:>{len(str(self._total))}}/{self._total}] #{number:<3} "
-            f"[{colour}]{outcome:<10}[/{colour}] {shown:<20} | {best} | "
-            f"{_clock(elapsed)}, ETA {_clock(eta)}")
+        self._line(f"#{number:<3} [{colour}]{outcome:<10}[/{colour}] {shown:<20}")
 
-    def _best_text(self, study: optuna.Study) -> str:
-        best = best_trials(study)
-        if not best:
-            return "best: none yet"
-        top = best[0]
-        main = self._objectives[0]
-        return f"best {_fmt(top.values[0])} (#{top.number})"
+    def batch_done(self, count: int, ok_values: list[tuple[float, int]]) -> None:
+        """Trials settled in bulk (a simulated grid): one line per batch, not per trial.
+        ``ok_values``: (first objective, trial number) of the batch's ok trials."""
+        self._done += count
+        self._done_here += count
+        for value, number in ok_values:
+            if self._best is None or (value > self._best[0]) == self._maximize:
+                self._best = (value, number)
+        self._line(f"{count} trials estimated ({len(ok_values)} feasible)")
+
+    def _line(self, what: str) -> None:
+        elapsed = time.monotonic() - self._started
+        eta = elapsed / self._done_here * max(0, self._total - self._done)
+        best = (f"best {_fmt(self._best[0])} (#{self._best[1]})" if self._best
+                else "best: none yet")
+        self.console.print(f"[{self._done:>{len(str(self._total))}}/{self._total}] {what} | "
+                           f"{best} | {_clock(elapsed)}, ETA {_clock(eta)}")
 
     def finish(self, study: optuna.Study) -> None:
         counts: dict[str, int] = {}
@@ -121,7 +134,9 @@ def best_table(study: optuna.Study, best: list) -> Table:
     for name in KNOB_NAMES:
         table.add_row(name, *(_fmt(records.knobs_of(t)[name]) for t in shown))
     for name in records.METRICS:
-        table.add_row(name, *(_fmt(t.user_attrs.get(name, "")) for t in shown))
+        cells = [_fmt(t.user_attrs.get(name, "")) for t in shown]
+        if any(cells):  # a simulated trial has no loss, overflow or compile time
+            table.add_row(name, *cells)
     table.add_row("outcome", *(records.outcome_of(t) for t in shown))
     if baseline is not None and baseline.values and best[0] is not baseline:
         maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE

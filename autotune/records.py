@@ -49,28 +49,31 @@ def _json_safe(value):
     return value
 
 
-def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
-           metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> None:
-    """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended."""
+def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = "",
+           extra: dict | None = None) -> tuple[TrialState, list[float] | None, dict]:
+    """How a trial ends in storage: (state, objective values, user attrs)."""
     assert outcome in OUTCOMES, outcome
     metrics = metrics or {}
     values = objective_values(objectives, metrics) if outcome == "ok" else None
     if outcome == "ok" and values is None:
         outcome, detail = "error", "an objective metric is missing or not finite"
-    trial.set_user_attr("outcome", outcome)
+    attrs = {"outcome": outcome}
     if detail:
-        trial.set_user_attr("detail", detail[-4000:])
-    for name in METRICS:
-        if name in metrics:
-            trial.set_user_attr(name, _json_safe(metrics[name]))
-    for key, value in (extra or {}).items():
-        trial.set_user_attr(key, _json_safe(value))
+        attrs["detail"] = detail[-4000:]
+    attrs.update({name: _json_safe(metrics[name]) for name in METRICS if name in metrics})
+    attrs.update({key: _json_safe(value) for key, value in (extra or {}).items()})
     if outcome == "ok":
-        study.tell(trial, values)
-    elif outcome in PRUNED_OUTCOMES:
-        study.tell(trial, state=TrialState.PRUNED)
-    else:
-        study.tell(trial, state=TrialState.FAIL)
+        return TrialState.COMPLETE, values, attrs
+    return (TrialState.PRUNED if outcome in PRUNED_OUTCOMES else TrialState.FAIL), None, attrs
+
+
+def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
+           metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> None:
+    """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended."""
+    state, values, attrs = settle(objectives, outcome, metrics, detail, extra)
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, values, state=state)
 
 
 def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:

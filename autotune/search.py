@@ -10,13 +10,13 @@ Resuming marks the trials a dead driver left RUNNING as ``interrupted`` and runs
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune import costmodel, records
-from autotune.knobs import KNOBS
 from autotune.progress import Progress
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
@@ -88,23 +88,6 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     return numbers
 
 
-def baseline_params(space: SearchSpace) -> dict:
-    """Sampled-knob values of the untuned configuration (each knob's default, or the nearest
-    value the space allows): trial 0 of a new study, so the gain of tuning is measured."""
-    params = {}
-    for name in space.searched():
-        domain, default = space.domains[name], KNOBS[name].default
-        if default in domain or not isinstance(default, int):
-            params[name] = default if default in domain else domain[0]
-        else:
-            params[name] = min(domain, key=lambda v: (abs(v - default), v))
-    if params.get("pp", 1) == 1:
-        params.pop("micro_batches", None)
-    else:
-        params.pop("grad_accum", None)
-    return params
-
-
 def simulated_metrics(estimate) -> dict:
     """A simulate-backend trial: the cost model's estimate stored as the trial's metrics."""
     return {"goodput": estimate.samples_per_s, "throughput": estimate.samples_per_s,
@@ -125,15 +108,17 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     if interrupted:
         progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
     already = [t for t in study.get_trials(deepcopy=False) if records.counted(t)]
-    if spec.search.sampler == "grid":
-        todo = _enqueue_grid(study, space, already)
-        n_trials = len(already) + todo
-    elif not already and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        study.enqueue_trial(baseline_params(space), user_attrs={"baseline": True})
     loop = _Loop(spec, space, study, artifacts / study_name, progress)
-    progress.start(study_name, done=len(already), total=n_trials,
+    if spec.search.sampler == "grid":
+        loop.grid = deque(_grid_params(space, loop.seen))
+        n_trials = len(already) + len(loop.grid)
+    elif not already and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
+    progress.start(study, done=len(already), total=n_trials,
                    objectives=spec.search.objectives, searched=space.searched())
-    if spec.cluster.backend == "simulate":
+    if spec.cluster.backend == "simulate" and loop.grid:
+        loop.run_simulated_grid()
+    elif spec.cluster.backend == "simulate":
         loop.run_simulated(n_trials - len(already))
     else:
         from autotune.dispatch import Dispatcher
@@ -144,21 +129,10 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     return study
 
 
-def _enqueue_grid(study: optuna.Study, space: SearchSpace, already) -> int:
-    """Enqueue every candidate not yet tried; return how many remain to run."""
-    tried = {tuple(sorted(records.knobs_of(t).items())) for t in already}
-    searched = space.searched()
-    todo = 0
-    for candidate in space.candidates():
-        knobs = candidate.as_dict()
-        if tuple(sorted(knobs.items())) in tried:
-            continue
-        params = {k: knobs[k] for k in searched
-                  if not (k == "micro_batches" and candidate.pp == 1)
-                  and not (k == "grad_accum" and candidate.pp > 1)}
-        study.enqueue_trial(params)
-        todo += 1
-    return todo
+def _grid_params(space: SearchSpace, seen) -> list[tuple[Candidate, dict]]:
+    """Every candidate not tried yet, with the params a trial of it suggests."""
+    return [(candidate, space.params_of(candidate)) for candidate in space.candidates()
+            if candidate not in seen]
 
 
 REPEAT, INFEASIBLE = object(), object()
@@ -178,6 +152,7 @@ class _Loop:
         self.profile = costmodel.resolve_profile(spec.cluster)
         self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
         self.repeats = 0      # consecutive re-sampled candidates
+        self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
         self.seen = {Candidate(**records.knobs_of(t)): t.number  # candidate → a finished trial
@@ -188,6 +163,8 @@ class _Loop:
         or a repeat of a finished candidate (answered from storage). Returns
         (trial, candidate, estimate, driver seconds), ``INFEASIBLE`` or ``REPEAT``."""
         started = time.perf_counter()
+        if self.grid:  # enqueued one at a time: Optuna scans every waiting trial on each ask
+            self.study.enqueue_trial(self.grid.popleft()[1])
         trial = self.study.ask()
         candidate, fixed = self.space.sample(trial)
         for name, value in fixed.items():
@@ -202,7 +179,7 @@ class _Loop:
             records.record(self.study, trial, self.objectives, "infeasible", detail=reason,
                            extra={"estimate": estimate.as_dict()})
             self.seen[candidate] = trial.number
-            self.progress.trial_done(self.study, trial.number, "infeasible", {}, reason)
+            self.progress.trial_done(trial.number, "infeasible", {}, reason)
             return INFEASIBLE
         return trial, candidate, estimate, time.perf_counter() - started
 
@@ -238,7 +215,38 @@ class _Loop:
             records.record(self.study, trial, self.objectives, "ok", metrics,
                            extra={"estimate": estimate.as_dict()})
             self.seen[candidate] = trial.number
-            self.progress.trial_done(self.study, trial.number, "ok", metrics)
+            self.progress.trial_done(trial.number, "ok", metrics)
+
+    def run_simulated_grid(self, batch: int = 250) -> None:
+        """Estimate every grid candidate and store the trials in bulk: a grid needs no sampler,
+        so each trial is one storage write instead of an ask, a dozen attrs and a tell."""
+        distributions = {name: optuna.distributions.CategoricalDistribution(list(domain))
+                         for name, domain in self.space.domains.items()}
+        number = len(self.study.get_trials(deepcopy=False))
+        while self.grid:
+            chunk = [self.grid.popleft() for _ in range(min(batch, len(self.grid)))]
+            trials, ok_values = [], []
+            for candidate, params in chunk:
+                reasons = violations(self.spec, candidate)
+                estimate = costmodel.estimate(self.spec, candidate, self.calibration)
+                extra = {"estimate": estimate.as_dict()}
+                extra.update({k: v for k, v in candidate.as_dict().items() if k not in params})
+                if reasons or not estimate.feasible:
+                    settled = records.settle(self.objectives, "infeasible",
+                                             detail="; ".join(reasons) or estimate.reason,
+                                             extra=extra)
+                else:
+                    settled = records.settle(self.objectives, "ok", simulated_metrics(estimate),
+                                             extra=extra)
+                state, values, attrs = settled
+                if values:
+                    ok_values.append((values[0], number + len(trials)))
+                trials.append(optuna.trial.create_trial(
+                    state=state, values=values, params=params, user_attrs=attrs,
+                    distributions={k: distributions[k] for k in params}))
+            self.study.add_trials(trials)
+            number += len(trials)
+            self.progress.batch_done(len(trials), ok_values)
 
     def run_dispatched(self, dispatcher, remaining: int) -> None:
         free = self.spec.cluster.devices
@@ -306,7 +314,7 @@ class _Loop:
                 records.record(self.study, trial, self.objectives, "pruned", detail=detail,
                                extra={"estimate": estimate.as_dict()})
                 self.seen[candidate] = number
-                self.progress.trial_done(self.study, number, "pruned", {}, detail)
+                self.progress.trial_done(number, "pruned", {}, detail)
                 freed += candidate.devices
         return freed
 
@@ -326,7 +334,7 @@ class _Loop:
         self.progress.driver_seconds += time.perf_counter() - started + driver_s
         if result.outcome not in ("error", "interrupted"):  # not the candidate's own result
             self.seen[candidate] = trial.number
-        self.progress.trial_done(self.study, trial.number, result.outcome, result.metrics,
+        self.progress.trial_done(trial.number, result.outcome, result.metrics,
                                  result.detail)
         return candidate.devices
 

@@ -97,6 +97,11 @@ def _range_values(raw: dict, where: str) -> tuple:
     return tuple(range(low, high + 1, step))
 
 
+def is_active(name: str, pp: int) -> bool:
+    """micro_batches only acts with pipeline stages, grad_accum only without."""
+    return not (name == "micro_batches" and pp == 1) and not (name == "grad_accum" and pp > 1)
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """Per-knob allowed values after backend filtering. ``domains[name]`` is a tuple."""
@@ -126,9 +131,7 @@ class SearchSpace:
         values, sampled = {}, set()
         for name in KNOB_NAMES:
             domain = self.domains[name]
-            inactive = (name == "micro_batches" and values["pp"] == 1) or (
-                name == "grad_accum" and values["pp"] > 1)
-            if len(domain) > 1 and not inactive:
+            if len(domain) > 1 and is_active(name, values.get("pp", 1)):  # pp comes before both
                 values[name] = trial.suggest_categorical(name, list(domain))
                 sampled.add(name)
             else:
@@ -136,6 +139,23 @@ class SearchSpace:
         candidate = self._resolve(values)
         fixed = {k: v for k, v in candidate.as_dict().items() if k not in sampled}
         return candidate, fixed
+
+    def params_of(self, candidate: Candidate) -> dict:
+        """The Optuna params a trial sampling ``candidate`` suggests (searched, active knobs)."""
+        return {name: getattr(candidate, name) for name in self.searched()
+                if is_active(name, candidate.pp)}
+
+    def baseline(self) -> Candidate:
+        """The untuned configuration: each knob's default, or the nearest value the space
+        allows (trial 0 of a new study, so the gain of tuning is measured)."""
+        values = {}
+        for name in KNOB_NAMES:
+            domain, default = self.domains[name], KNOBS[name].default
+            if default in domain or not all(isinstance(v, int) for v in domain):
+                values[name] = default if default in domain else domain[0]
+            else:
+                values[name] = min(domain, key=lambda v: (abs(v - default), v))
+        return self._resolve(values)
 
     def first_candidate(self) -> Candidate:
         """Every knob at the first value of its domain (what ``estimate`` shows by default)."""
