@@ -53,11 +53,8 @@ def cmd_search(args) -> int:
     progress = Progress()
     for note in space.notes:
         progress.note(note)
-    storage = resolve_storage(args.storage)
-    if storage.startswith("sqlite:///"):
-        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     try:
-        run_search(spec, space, storage=storage, study_name=spec.study,
+        run_search(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
                    n_trials=spec.search.n_trials, resume=args.resume,
                    artifacts=Path(args.artifacts), ray_address=args.ray_address,
                    progress=progress)

@@ -9,6 +9,7 @@ Resuming marks the trials a dead driver left RUNNING as ``interrupted`` and runs
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections import deque
 from pathlib import Path
@@ -38,13 +39,17 @@ def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
-    try:
-        if name == "cmaes":
-            return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-        return optuna.samplers.GPSampler(seed=seed)
-    except ImportError as exc:
-        raise SpecError(f"search.sampler: {name} needs an extra package ({exc}); "
-                        f"install it with: pip install 'autotune[{name}]'") from None
+    # CMA-ES and GP need packages Optuna imports only once it is sampling (GP after its 10
+    # startup trials): check now, so a missing one is an input error, not a crash mid-study.
+    needs = {"cmaes": ("cmaes",), "gp": ("torch", "scipy")}[name]
+    missing = [pkg for pkg in needs if importlib.util.find_spec(pkg) is None]
+    if missing:
+        raise SpecError(f"search.sampler: {name} needs {', '.join(missing)}; install it with: "
+                        f"pip install 'autotune[{name}]'")
+    if name == "cmaes":
+        # autotune's knobs are categorical, which CMA-ES leaves to its independent sampler.
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    return optuna.samplers.GPSampler(seed=seed)
 
 
 def open_study(spec: Spec, storage: str, study_name: str, resume: bool, sampler) -> optuna.Study:
@@ -54,6 +59,8 @@ def open_study(spec: Spec, storage: str, study_name: str, resume: bool, sampler)
     if exists and not resume:
         raise SpecError(f"--study: study {study_name!r} already exists in {storage}; "
                         "pass --resume to continue it or choose another name")
+    if storage.startswith("sqlite:///"):  # the first study creates trials/ (or its folder)
+        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
     pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
     study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,

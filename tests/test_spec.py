@@ -103,6 +103,16 @@ def test_simulate_keeps_model_parallel_and_fixes_what_it_cannot_estimate(tmp_pat
     assert sorted(n.split(":")[0] for n in space.notes) == ["loss_scale", "warmup_steps"]
 
 
+def test_sampler_with_missing_extra_is_an_input_error(tmp_path, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("cmaes") is not None:
+        pytest.skip("cmaes is installed here")
+    path = write(tmp_path, GOOD.replace("backend: cpu, devices: 2", "backend: simulate, devices: 2"))
+    code, err = run_cli(tmp_path, capsys, "search", str(path), "--sampler", "cmaes")
+    assert code == 2 and "autotune[cmaes]" in err
+
+
 def test_real_process_exits_2_without_traceback(tmp_path):
     path = write(tmp_path, GOOD.replace("devices: 2", "devices: -1"))
     proc = subprocess.run([sys.executable, "-m", "autotune", "search", str(path),
