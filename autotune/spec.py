@@ -20,6 +20,7 @@ from autotune.knobs import BACKENDS
 FAMILIES = ("transformer", "mlp")
 DTYPES = ("float16", "bfloat16", "float32")
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
+TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
 OBJECTIVES = {"goodput": "maximize", "peak_memory": "minimize", "final_loss": "minimize"}
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
 
@@ -39,11 +40,13 @@ class ModelSpec:
     seq_length: int | None
     vocab_size: int | None
     dtype: str
+    tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 
     def as_config(self) -> dict:
         """The ``model`` section a trial program receives: the fields plus an entry's extras."""
         fields = asdict(self)
+        del fields["tp_rules"]  # for export's layout, not for the trainer
         return {**fields.pop("extra"), **fields}
 
 
@@ -205,12 +208,16 @@ def _parse_model(s: _Section, base: Path) -> ModelSpec:
     if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
         dims["ffn_hidden_size"] = 4 * dims["hidden_size"]
     dtype = s.get("dtype", str, default="float32", choices=DTYPES)
+    tp_rules = s.get("tp_rules", dict, default={})
+    for glob, split in tp_rules.items():
+        if not isinstance(glob, str) or split not in TP_SPLITS:
+            s.fail(f"tp_rules.{glob}", f"must be one of {', '.join(TP_SPLITS)}, got {split!r}")
     extra = {}
     if entry is None:
         s.reject_unknown()
     else:  # a user model may take settings of its own; they reach build(config) untouched
         extra = {k: v for k, v in s.data.items() if k not in s.used}
-    return ModelSpec(family, entry, dtype=dtype, **dims, extra=extra)
+    return ModelSpec(family, entry, dtype=dtype, **dims, tp_rules=tp_rules, extra=extra)
 
 
 def _check_entry(entry: str, base: Path, s: _Section) -> str:

@@ -317,3 +317,19 @@ def test_entry_model_uses_mindformers_rules(tmp_path):
     assert layout["lm_head.weight"] == (1, 0)
     merged = build_searched_strategy(str(out / "strategy.ckpt"))
     assert len(merged) == len(params)
+
+
+def test_user_tp_rules_come_before_the_defaults(tmp_path):
+    (tmp_path / "llama.py").write_text(ENTRY)
+    spec = parse_spec({"model": {"entry": "llama.py:build", "num_layers": 4, "hidden_size": 8,
+                                 "num_heads": 2, "seq_length": 8, "vocab_size": 16,
+                                 "tp_rules": {"lm_head.*": "replicated",
+                                              "layers.*.attention.wo.*": "column"}},
+                       "train": {"global_batch_size": 8},
+                       "cluster": {"backend": "simulate", "devices": 8}}, tmp_path / "model.yaml")
+    out = tmp_path / "out"
+    write_export(spec, candidate(micro_batches=2), TRIAL, out)
+    params = json.loads((out / "summary.json").read_text())["parameters"]
+    assert params["lm_head.weight"]["split_dim"] is None
+    assert params["layers.2.attention.wo.weight"]["split_dim"] == 0
+    assert params["layers.1.attention.wq.weight"]["split_dim"] == 0  # default rule still applies

@@ -71,6 +71,14 @@ def test_bad_model_yaml_exits_2_naming_the_field(tmp_path, capsys, patch, field)
     assert "Traceback" not in err
 
 
+def test_bad_tp_rule_names_the_rule(tmp_path):
+    (tmp_path / "m.py").write_text("def build(config):\n    return None\n")
+    path = write(tmp_path, GOOD.replace("model: {family: transformer,",
+                                        "model: {entry: 'm.py:build', tp_rules: {'w.*': diagonal},"))
+    with pytest.raises(SpecError, match=r"model\.tp_rules\.w\.\*: must be one of column"):
+        load_spec(path)
+
+
 def test_no_feasible_candidate_is_an_input_error(tmp_path):
     # 7 devices cannot be split into dp·tp·pp with a global batch of 8 and grad_accum ≥ 1 ... but
     # a batch of 3 on 2 devices is never divisible by dp = 2.

@@ -24,9 +24,8 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
+from autotune.spec import TP_SPLITS as SPLIT_KINDS  # defined with model.tp_rules
 from autotune.spec import SpecError
-
-SPLIT_KINDS = ("column", "row", "replicated")
 
 TRANSFORMER_RULES = {
     "embed.tok.*": "column",          # vocab-parallel token table; the position table stays whole
@@ -71,16 +70,6 @@ class ParamLayout:
     def tensor_map(self) -> list[int]:
         # Entries index the device matrix [dp, tp] from the right: 0 is the tp axis, -1 = whole.
         return [0 if i == self.split_dim else -1 for i in range(len(self.shape))]
-
-
-def check_rules(rules, where: str) -> dict:
-    """Validate a TP-rule mapping (glob → kind); raises SpecError naming ``where`` and the glob."""
-    if not isinstance(rules, dict):
-        raise SpecError(f"{where}: must map parameter-name globs to {' | '.join(SPLIT_KINDS)}")
-    for glob, kind in rules.items():
-        if not isinstance(glob, str) or kind not in SPLIT_KINDS:
-            raise SpecError(f"{where}.{glob}: must be one of {', '.join(SPLIT_KINDS)}, got {kind!r}")
-    return dict(rules)
 
 
 def split_kind(name: str, rules: dict) -> str:

@@ -7,8 +7,8 @@ Contract:
   run's config inside ``mindspore.nn.utils.no_init_parameters`` (shapes without allocating weights);
   the entry may return a Cell, a sequence whose first item is the Cell, or ``{"network": Cell}``.
 - :func:`tp_rules` returns the ordered glob → split mapping :func:`layout.plan_layout` applies.
-  An entry model's rules are ``model.tp_rules`` (when the spec has that field) before the
-  MindFormers defaults. Any failure is a :class:`SpecError` naming ``model.entry`` / ``model.tp_rules``.
+  An entry model's rules are ``model.tp_rules`` (validated with the spec) before the
+  MindFormers defaults. Any failure is a :class:`SpecError` naming ``model.entry``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.export.layout import BUILTIN_RULES, MINDFORMERS_RULES, check_rules
+from autotune.export.layout import BUILTIN_RULES, MINDFORMERS_RULES
 from autotune.spec import Spec, SpecError
 from autotune.train.shapes import parameter_shapes
 
@@ -33,9 +33,8 @@ def model_parameters(spec: Spec, run_config: dict) -> dict:
 def tp_rules(spec: Spec) -> dict:
     if spec.model.family is not None:
         return BUILTIN_RULES[spec.model.family]
-    # model.tp_rules is not a Spec field yet; read it when the spec grows it.
-    user = getattr(spec.model, "tp_rules", None) or {}
-    return {**check_rules(user, f"{spec.source}: model.tp_rules"), **MINDFORMERS_RULES}
+    # the user's rules first: the first matching glob wins
+    return {**spec.model.tp_rules, **MINDFORMERS_RULES}
 
 
 def _load_entry(spec: Spec):
