@@ -76,9 +76,11 @@ class Dispatcher:
         if self._temp_dir:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
 
-    @property
-    def running(self) -> int:
-        return len(self._pending)
+    def capacity(self) -> int:
+        """Devices of this backend's kind in the Ray cluster: how many trial devices fit at once
+        (embedded on CPU: ``pool_devices``, so trials never share the cores they measure)."""
+        kind = {"gpu": "GPU", "ascend": "NPU"}.get(self.backend, "CPU")
+        return int(self._ray.cluster_resources().get(kind, 0))
 
     def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
                timeout_s: float, memory_limit_mb: float | None) -> None:

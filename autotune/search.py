@@ -256,7 +256,10 @@ class _Loop:
             self.progress.batch_done(len(trials), ok_values)
 
     def run_dispatched(self, dispatcher, remaining: int) -> None:
-        free = self.spec.cluster.devices
+        free = dispatcher.capacity()
+        if free < self.spec.cluster.devices:
+            raise SpecError(f"cluster.devices: a trial needs {self.spec.cluster.devices} devices "
+                            f"but the Ray cluster has {free}")
         held = None
         try:
             while remaining > 0 or self.live:

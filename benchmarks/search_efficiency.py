@@ -40,6 +40,7 @@ import optuna
 
 from autotune.costmodel import estimate
 from autotune.knobs import KNOB_NAMES
+from autotune.search import make_sampler
 from autotune.space import build_space
 from autotune.spec import load_spec
 
@@ -57,6 +58,8 @@ SETTINGS = {
     "tpe defaults, naive": (lambda seed: TPE(seed=seed), "naive", 1, 0),
     "tpe defaults": (lambda seed: TPE(seed=seed), "dedupe", 1, 0),
     "tpe startup 5": (lambda seed: TPE(seed=seed, n_startup_trials=5), "dedupe", 1, 0),
+    # exactly what `autotune search` builds for a 30-trial TPE study
+    "autotune tpe (shipped)": (lambda seed: make_sampler("tpe", seed, BUDGET), "dedupe", 1, 0),
     "tpe group": (lambda seed: TPE(seed=seed, multivariate=True, group=True), "dedupe", 1, 0),
     "tpe group, startup 5": (lambda seed: TPE(seed=seed, multivariate=True, group=True,
                                               n_startup_trials=5), "dedupe", 1, 0),

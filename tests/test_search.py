@@ -3,8 +3,10 @@ SQLite Optuna storage; infeasible candidates never run; resume loses nothing."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -148,3 +150,34 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     repeats = frame[frame["repeat_of"].notna()]  # answered from storage, never run twice
     for _, row in repeats.iterrows():
         assert row["goodput"] == frame.loc[int(row["repeat_of"]), "goodput"]
+
+
+ONE_DEVICE = TINY_CPU.replace("devices: 2, devices_per_node: 2", "devices: 1, devices_per_node: 1")
+
+
+def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, monkeypatch):
+    from autotune.runner import free_port
+
+    # a two-CPU Ray cluster on loopback, started the way a user would: `ray start --head`
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = str(Path(sys.executable).with_name("ray"))
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
+    started = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2",
+                              "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+                              f"--temp-dir={temp}"], capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        path = write(tmp_path, ONE_DEVICE)  # one-device trials: two fit side by side
+        storage = f"sqlite:///{tmp_path}/s.db"
+        assert main(["search", str(path), "--storage", storage, "--artifacts",
+                     str(tmp_path / "art"), "--ray-address", f"127.0.0.1:{port}"]) == 0
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True)
+        shutil.rmtree(temp, ignore_errors=True)
+    frame = autotune.trials_frame("tiny", storage)
+    assert list(frame["outcome"]) == ["ok", "ok"], frame["detail"].tolist()
+    assert (frame["dp"] == 1).all()
+    # neither waited for the other: both started before either could have finished
+    assert frame["queued_s"].max() < frame["run_s"].min()
