@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,6 +100,7 @@ def main() -> None:
           f"of a bare run")
     print(f"one-time Ray start-up + shut-down + study setup per search: "
           f"{statistics.median(startup):.1f} s")
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

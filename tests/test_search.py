@@ -81,6 +81,9 @@ def test_real_search_on_cpu(tmp_path, capsys):
         assert metrics["goodput"] == pytest.approx(frame.loc[number, "goodput"])
         assert (folder / "logs").is_dir()
     assert frame["driver_s"].max() < 5  # ask + feasibility + submit is not the bottleneck
+    # every measured trial refits the cost model's correction, stored with the study
+    calibration = optuna.load_study(study_name="tiny", storage=storage).user_attrs["calibration"]
+    assert calibration["n_memory"] == 2 and calibration["memory_factor"] > 0
     assert not ray_processes(), "embedded Ray left processes behind"
 
     # the same name again is refused (exit 2) rather than silently mixed into the old study
@@ -181,3 +184,40 @@ def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, mo
     assert (frame["dp"] == 1).all()
     # neither waited for the other: both started before either could have finished
     assert frame["queued_s"].max() < frame["run_s"].min()
+
+
+def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
+    # graph mode first (sets the best), then PyNative, which runs several times slower
+    text = ONE_DEVICE.replace("objectives: [goodput, final_loss]", "objectives: [goodput]")
+    text = text.replace("jit_level: [O0, O1]", "jit_level: [O1, pynative]")
+    text = text.replace("fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],\n"
+                        "          warmup_steps: [0, 20]",
+                        "fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0")
+    text = text.replace("steps: 8, measure_after: 2", "steps: 200, measure_after: 2")
+    path = write(tmp_path, text)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "grid",
+                 "--artifacts", str(tmp_path / "art")]) == 0
+    frame = autotune.trials_frame("tiny", storage).set_index("jit_level")
+    assert frame.loc["O1", "outcome"] == "ok"
+    assert frame.loc["pynative", "outcome"] == "pruned", frame.loc["pynative", "detail"]
+    assert "below 0.5× the best" in frame.loc["pynative", "detail"]
+    steps = (tmp_path / "art" / "tiny" / str(frame.loc["pynative", "number"]) / "steps.jsonl")
+    assert 3 <= len(steps.read_text().splitlines()) < 200  # stopped early, not run to the end
+    assert not ray_processes()
+
+
+def test_two_objectives_give_a_pareto_front_and_export_takes_a_point_of_it(tmp_path):
+    text = SIMULATE.replace("n_trials: 6\n  seed: 0", "n_trials: 12\n  seed: 0\n"
+                            "  objectives: [goodput, peak_memory]")
+    path = write(tmp_path, text)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
+    study = optuna.load_study(study_name="sim", storage=storage)
+    front = study.best_trials
+    assert len(front) > 1  # faster layouts cost memory: no single best
+    out = tmp_path / "export"
+    assert main(["export", "sim", "--out", str(out), "--storage", storage]) == 0
+    exported = json.loads((out / "summary.json").read_text())["trial"]
+    assert exported in {t.number for t in front}
+    assert exported == max(front, key=lambda t: t.values[0]).number
