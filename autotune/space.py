@@ -204,6 +204,9 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
     for name in raw:
         if name not in KNOBS:
             raise SpecError(f"{source}: {name}: unknown knob (known: {', '.join(KNOB_NAMES)})")
+    for name in overrides or {}:
+        if name not in KNOBS:
+            raise SpecError(f"--set {name}: unknown knob (known: {', '.join(KNOB_NAMES)})")
     defaults = load_yaml(DEFAULT_SPACE)
     raw = {**defaults, **raw, **(overrides or {})}
     backend, notes, domains = spec.cluster.backend, [], {}
