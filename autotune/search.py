@@ -153,9 +153,14 @@ class _Loop:
         self.spec, self.space, self.study, self.progress = spec, space, study, progress
         self.study_dir = study_dir
         self.objectives = spec.search.objectives
-        stored = study.user_attrs.get("calibration")
-        self.calibration = costmodel.Calibration.from_dict(stored) if stored else None
-        self.pairs = []
+        # The calibration refits on every measured trial, those of earlier sessions included
+        # (their estimates are recomputed: the cost model is deterministic).
+        self.pairs = [(costmodel.estimate(spec, Candidate(**records.knobs_of(t))),
+                       t.user_attrs.get("peak_memory_mb"), t.user_attrs.get("step_time_ms"))
+                      for t in study.get_trials(deepcopy=False)
+                      if records.outcome_of(t) == "ok" and records.counted(t)
+                      and spec.cluster.backend != "simulate"]
+        self.calibration = costmodel.Calibration.from_pairs(self.pairs) if self.pairs else None
         self.profile = costmodel.resolve_profile(spec.cluster)
         self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
         self.repeats = 0      # consecutive re-sampled candidates
