@@ -56,7 +56,7 @@ def cmd_search(args) -> int:
     try:
         run_search(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
                    n_trials=spec.search.n_trials, resume=args.resume,
-                   artifacts=Path(args.artifacts), ray_address=args.ray_address,
+                   artifacts=Path(args.artifacts).resolve(), ray_address=args.ray_address,
                    progress=progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted: running trials recorded as interrupted; continue with "

@@ -73,7 +73,7 @@ class Progress:
             self._best = (value, number)
         shown = f"{main} {_fmt(value)}" if value is not None else ""
         if outcome != "ok" and detail:
-            shown = detail.strip().splitlines()[-1][:90]
+            shown = detail.strip().splitlines()[0][:100]  # the reason; the log tail follows
         colour = "green" if outcome == "ok" else "yellow" if outcome != "error" else "red"
         self._line(f"#{number:<3} [{colour}]{outcome:<10}[/{colour}] {shown:<20}")
 

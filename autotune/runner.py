@@ -28,7 +28,7 @@ POLL_S = 0.25
 class TrialResult:
     outcome: str
     metrics: dict = field(default_factory=dict)
-    detail: str = ""          # why it failed: the reason or the log tail
+    detail: str = ""          # why it failed: one line of reason, then the log tail
     run_s: float = 0.0        # subprocess wall time, launch to exit
 
 
@@ -104,6 +104,7 @@ def log_tail(trial_dir: Path, lines: int = 20) -> str:
 def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: float | None,
               workers: int) -> TrialResult:
     """Run the trial program for ``config`` in ``trial_dir`` with ``workers`` ranks."""
+    trial_dir = trial_dir.resolve()  # the program runs with the trial folder as its cwd
     trial_dir.mkdir(parents=True, exist_ok=True)
     config_path = trial_dir / "config.json"
     config_path.write_text(json.dumps(config, indent=2))
@@ -150,7 +151,10 @@ def _classify(returncode: int, trial_dir: Path, run_s: float) -> TrialResult:
         outcome = "diverged" if metrics.get("diverged") else "ok"
         return TrialResult(outcome, metrics, run_s=run_s)
     tail = log_tail(trial_dir)
+    # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue.
+    verdicts = [line for line in tail.splitlines() if line.startswith("autotune.train:")]
+    reason = verdicts[-1] if verdicts else (tail.splitlines() or [""])[-1]
     if returncode in (-signal.SIGKILL, 137) or any(m in tail for m in OOM_MARKERS):
-        return TrialResult("oom", detail=tail, run_s=run_s)
+        return TrialResult("oom", detail=f"{reason}\n{tail}", run_s=run_s)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
-    return TrialResult("error", detail=f"{why}\n{tail}".strip(), run_s=run_s)
+    return TrialResult("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s)

@@ -58,11 +58,13 @@ def write(tmp_path, text):
     return path
 
 
-def test_real_search_on_cpu(tmp_path, capsys):
+def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     path = write(tmp_path, TINY_CPU)
-    storage = f"sqlite:///{tmp_path}/s.db"
+    storage = "sqlite:///trials/autotune.db"  # the defaults a user gets: relative to the cwd
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
     art = tmp_path / "trials"
-    assert main(["search", str(path), "--storage", storage, "--artifacts", str(art)]) == 0
+    assert main(["search", str(path)]) == 0
     out = capsys.readouterr().out
     assert "[2/2]" in out and "best " in out and "ETA" in out
 
@@ -87,7 +89,7 @@ def test_real_search_on_cpu(tmp_path, capsys):
     assert not ray_processes(), "embedded Ray left processes behind"
 
     # the same name again is refused (exit 2) rather than silently mixed into the old study
-    assert main(["search", str(path), "--storage", storage, "--artifacts", str(art)]) == 2
+    assert main(["search", str(path)]) == 2
 
     # export the best trial; its launch.sh trains with the tuned knobs on this machine
     out = tmp_path / "export"
