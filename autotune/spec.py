@@ -124,7 +124,8 @@ class _Section:
         if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
-            self.fail(key, f"must be {kind.__name__ if isinstance(kind, type) else 'a ' + str(kind)}, got {value!r}")
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            self.fail(key, f"must be {names}, got {value!r}")
         if minimum is not None and value < minimum:
             self.fail(key, f"must be ≥ {minimum}, got {value}")
         if choices is not None and value not in choices:
