@@ -64,7 +64,8 @@ def main() -> None:
             config = _config(spec, c, folder)
             (folder / "config.json").write_text(json.dumps(config))
             t = time.monotonic()
-            subprocess.run(command(folder / "config.json", c.devices, folder / "logs", free_port()),
+            subprocess.run(command(folder / "config.json", c.devices, folder / "logs", free_port(),
+                                   bind_cores=True),
                            env=_environment(), cwd=folder, check=True, capture_output=True)
             bare.setdefault(c.fusion_mb, []).append(time.monotonic() - t)
 
