@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.analysis import load_study  # noqa: E402
 from autotune.records import knobs_of, outcome_of  # noqa: E402
+from autotune.spec import SpecError  # noqa: E402
 
 
 def main() -> None:
@@ -24,7 +25,11 @@ def main() -> None:
     parser.add_argument("study")
     parser.add_argument("--storage")
     args = parser.parse_args()
-    study = load_study(args.study, args.storage)
+    try:
+        study = load_study(args.study, args.storage)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     rows = [t for t in study.trials if outcome_of(t) == "ok" and "repeat_of" not in t.user_attrs
             and t.user_attrs.get("estimate")]
     print(f"{'trial':>5} {'jit':>8} {'recompute':>9} {'accum':>5} | {'mem est':>7} {'meas':>6} "
