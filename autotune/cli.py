@@ -128,7 +128,7 @@ def cmd_export(args) -> int:
     from autotune.analysis import load_study
     from autotune.export import write_export
     from autotune.progress import best_trials
-    from autotune.records import knobs_of, outcome_of
+    from autotune.records import knobs_of, metrics_of, outcome_of
     from autotune.space import Candidate
     from autotune.spec import parse_spec
 
@@ -146,8 +146,7 @@ def cmd_export(args) -> int:
             raise SpecError(f"--trial {args.trial}: its outcome is {outcome_of(trial)}, not ok")
     spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]))
     candidate = Candidate(**knobs_of(trial))
-    metrics = {k: v for k, v in trial.user_attrs.items() if k not in candidate.as_dict()}
-    record = {"number": trial.number, "study": study.study_name, "metrics": metrics,
+    record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
               "estimate": trial.user_attrs.get("estimate")}
     files = write_export(spec, candidate, record, Path(args.out), reshard_from=args.reshard,
                          overwrite=args.force)

@@ -89,6 +89,11 @@ def counted(frozen: optuna.trial.FrozenTrial) -> bool:
             and "repeat_of" not in frozen.user_attrs)
 
 
+def metrics_of(frozen: optuna.trial.FrozenTrial) -> dict:
+    """The DESIGN.md metrics a trial stored (a trial that never ran has none)."""
+    return {name: frozen.user_attrs[name] for name in METRICS if name in frozen.user_attrs}
+
+
 def knobs_of(frozen: optuna.trial.FrozenTrial) -> dict:
     """Every knob value of a trial: sampled params, and the rest from user attrs."""
     from autotune.knobs import KNOB_NAMES

@@ -153,22 +153,38 @@ class _Loop:
         self.spec, self.space, self.study, self.progress = spec, space, study, progress
         self.study_dir = study_dir
         self.objectives = spec.search.objectives
-        # The calibration refits on every measured trial, those of earlier sessions included
-        # (their estimates are recomputed: the cost model is deterministic).
-        self.pairs = [(costmodel.estimate(spec, Candidate(**records.knobs_of(t))),
-                       t.user_attrs.get("peak_memory_mb"), t.user_attrs.get("step_time_ms"))
-                      for t in study.get_trials(deepcopy=False)
-                      if records.outcome_of(t) == "ok" and records.counted(t)
-                      and spec.cluster.backend != "simulate"]
-        self.calibration = costmodel.Calibration.from_pairs(self.pairs) if self.pairs else None
         self.profile = costmodel.resolve_profile(spec.cluster)
         self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
         self.repeats = 0      # consecutive re-sampled candidates
         self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
-        self.seen = {Candidate(**records.knobs_of(t)): t.number  # candidate → a finished trial
-                     for t in study.get_trials(deepcopy=False) if records.counted(t)}
+        # candidate → (number, outcome, metrics, detail) of a finished trial: a repeat is
+        # answered from here, without reading storage again
+        self.seen: dict = {}
+        self.pairs = []
+        for t in study.get_trials(deepcopy=False):
+            if not records.counted(t):
+                continue
+            candidate, metrics = Candidate(**records.knobs_of(t)), records.metrics_of(t)
+            self.seen[candidate] = (t.number, records.outcome_of(t), metrics,
+                                    t.user_attrs.get("detail", ""))
+            if records.outcome_of(t) == "ok" and spec.cluster.backend != "simulate":
+                # earlier sessions' measurements refit the calibration too (their estimates
+                # are recomputed: the cost model is deterministic)
+                self.pairs.append((costmodel.estimate(spec, candidate),
+                                   metrics.get("peak_memory_mb"), metrics.get("step_time_ms")))
+        self.calibration = costmodel.Calibration.from_pairs(self.pairs) if self.pairs else None
+
+    def _verdict(self, candidate) -> tuple:
+        """(estimate, reason): the reason is empty when the candidate may run."""
+        reasons = violations(self.spec, candidate)
+        estimate = costmodel.estimate(self.spec, candidate, self.calibration)
+        infeasible = reasons or not estimate.feasible
+        return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
+
+    def _remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
+        self.seen[candidate] = (number, outcome, metrics or {}, detail)
 
     def _ask(self):
         """Ask one candidate and settle it at once when it needs no run: infeasible (recorded),
@@ -182,27 +198,22 @@ class _Loop:
         for name, value in fixed.items():
             trial.set_user_attr(name, value)
         if candidate in self.seen:
-            self._repeat(trial, self.seen[candidate])
+            self._repeat(trial, *self.seen[candidate])
             return REPEAT
-        reasons = violations(self.spec, candidate)
-        estimate = costmodel.estimate(self.spec, candidate, self.calibration)
-        if reasons or not estimate.feasible:
-            reason = "; ".join(reasons) or estimate.reason
+        estimate, reason = self._verdict(candidate)
+        if reason:
             records.record(self.study, trial, self.objectives, "infeasible", detail=reason,
                            extra={"estimate": estimate.as_dict()})
-            self.seen[candidate] = trial.number
+            self._remember(candidate, trial.number, "infeasible", detail=reason)
             self.progress.trial_done(trial.number, "infeasible", {}, reason)
             return INFEASIBLE
         return trial, candidate, estimate, time.perf_counter() - started
 
-    def _repeat(self, trial, number: int) -> None:
+    def _repeat(self, trial, number: int, outcome: str, metrics: dict, detail: str) -> None:
         """Tell a re-sampled candidate the result it already has, so the sampler learns it
         without spending a run (such trials don't count toward n_trials)."""
-        earlier = self.study.get_trials(deepcopy=False)[number]
-        outcome = records.outcome_of(earlier)
-        metrics = {k: earlier.user_attrs[k] for k in records.METRICS if k in earlier.user_attrs}
-        records.record(self.study, trial, self.objectives, outcome, metrics,
-                       earlier.user_attrs.get("detail", ""), extra={"repeat_of": number})
+        records.record(self.study, trial, self.objectives, outcome, metrics, detail,
+                       extra={"repeat_of": number})
         self.repeats += 1
         if self.repeats == MAX_REPEATS:
             self.progress.note(f"the sampler proposed {MAX_REPEATS} tried candidates in a row: "
@@ -226,7 +237,7 @@ class _Loop:
             metrics = simulated_metrics(estimate)
             records.record(self.study, trial, self.objectives, "ok", metrics,
                            extra={"estimate": estimate.as_dict()})
-            self.seen[candidate] = trial.number
+            self._remember(candidate, trial.number, "ok", metrics)
             self.progress.trial_done(trial.number, "ok", metrics)
 
     def run_simulated_grid(self, batch: int = 250) -> None:
@@ -239,13 +250,11 @@ class _Loop:
             chunk = [self.grid.popleft() for _ in range(min(batch, len(self.grid)))]
             trials, ok_values = [], []
             for candidate, params in chunk:
-                reasons = violations(self.spec, candidate)
-                estimate = costmodel.estimate(self.spec, candidate, self.calibration)
+                estimate, reason = self._verdict(candidate)
                 extra = {"estimate": estimate.as_dict()}
                 extra.update({k: v for k, v in candidate.as_dict().items() if k not in params})
-                if reasons or not estimate.feasible:
-                    settled = records.settle(self.objectives, "infeasible",
-                                             detail="; ".join(reasons) or estimate.reason,
+                if reason:
+                    settled = records.settle(self.objectives, "infeasible", detail=reason,
                                              extra=extra)
                 else:
                     settled = records.settle(self.objectives, "ok", simulated_metrics(estimate),
@@ -328,7 +337,7 @@ class _Loop:
                           f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
                 records.record(self.study, trial, self.objectives, "pruned", detail=detail,
                                extra={"estimate": estimate.as_dict()})
-                self.seen[candidate] = number
+                self._remember(candidate, number, "pruned", detail=detail)
                 self.progress.trial_done(number, "pruned", {}, detail)
                 freed += candidate.devices
         return freed
@@ -348,7 +357,8 @@ class _Loop:
                        result.detail, extra)
         self.progress.driver_seconds += time.perf_counter() - started + driver_s
         if result.outcome not in ("error", "interrupted"):  # not the candidate's own result
-            self.seen[candidate] = trial.number
+            self._remember(candidate, trial.number, result.outcome, result.metrics,
+                           result.detail)
         self.progress.trial_done(trial.number, result.outcome, result.metrics,
                                  result.detail)
         return candidate.devices
