@@ -16,7 +16,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore.parallel import build_searched_strategy, merge_pipeline_strategys  # noqa: E402
 
 from autotune.export import write_export  # noqa: E402
-from autotune.export.layout import rank_coords  # noqa: E402
+from autotune.layout import rank_coords  # noqa: E402
 from autotune.space import Candidate  # noqa: E402
 from autotune.spec import SpecError, parse_spec  # noqa: E402
 

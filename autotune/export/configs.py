@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from autotune.export.layout import ParamLayout
+from autotune.layout import ParamLayout
 from autotune.train.config import trial_config
 from autotune.knobs import KNOBS
 from autotune.space import Candidate

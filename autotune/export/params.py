@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.export.layout import BUILTIN_RULES, MINDFORMERS_RULES
+from autotune.layout import BUILTIN_RULES, MINDFORMERS_RULES
 from autotune.spec import Spec, SpecError
 from autotune.train.shapes import parameter_shapes
 

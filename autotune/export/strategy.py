@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.export.layout import ParamLayout
+from autotune.layout import ParamLayout
 
 STRATEGY_FILE = "strategy.ckpt"
 STAGES_DIR = "strategy_stages"

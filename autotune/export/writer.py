@@ -20,7 +20,7 @@ import yaml
 
 from autotune.export import configs
 from autotune.export.launch_sh import launch_script
-from autotune.export.layout import plan_layout
+from autotune.layout import plan_layout
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies

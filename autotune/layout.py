@@ -1,0 +1,217 @@
+"""Where every parameter lives under a (dp, tp, pp) layout: the one definition that the trainer's
+parallel engine, the export's strategy files and the cost model's memory estimate all read.
+
+Contract (pure Python, no MindSpore):
+- :func:`plan_layout` maps ``{name: shape}`` (in the network's parameter order) to
+  ``{name: ParamLayout}`` and returns the reasons the layout is impossible (empty = valid). It
+  never raises on a bad layout, so the caller can report every problem at once.
+  :func:`builtin_layout` does the same for a built-in family from its ``model`` section.
+- Tensor parallelism follows *TP rules*: an ordered mapping of parameter-name globs (fnmatch, ``*``
+  crosses dots) to ``column`` (split dim 0: column-parallel dense, vocab-parallel embedding and
+  head), ``row`` (split dim 1 of a weight; a 1-D bias stays whole) or ``replicated``. The first
+  matching glob wins; unmatched parameters are replicated. Built-in families have fixed rules
+  (Megatron-style); an ``entry`` model uses the user's rules followed by :data:`MINDFORMERS_RULES`.
+  A split is always contiguous (all a strategy file can express): tp rank ``t`` holds block ``t``
+  of ``tp`` equal blocks of the split dimension (:meth:`ParamLayout.local_slice`).
+- Pipeline stages: a parameter whose name carries a layer index (``layers.N.``, ``blocks.N.``,
+  ``layer.N.``, ``h.N.``) goes to stage ``N // (layers / pp)`` (:func:`stage_layers`); any other
+  parameter goes to stage 0 if it comes before the first layer in parameter order (embeddings),
+  else to the last stage (final norm, head).
+- Ranks, as MindSpore's strategy files and ``transform_checkpoints`` define them: each stage's
+  device matrix is ``[dp, tp]`` (row-major, so the tp index varies fastest) and
+  ``rank = stage·(dp·tp) + dp_index·tp + tp_index`` (:func:`rank_coords`). So a tp group is
+  ``tp`` adjacent ranks, a dp group strides by ``tp``, and pipeline neighbours are ``dp·tp`` apart.
+- The trainer's checkpoints hold, per rank, its slice of every parameter of its stage and of the
+  Adam moments of each (:data:`OPTIMIZER_STATES`, laid out like their parameter):
+  :func:`with_optimizer_states` adds those, so a strategy file describes exactly what is saved.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+# The fused QKV weight is stored head-major — rows (heads, [q, k, v], head_dim) — so that the
+# contiguous dim-0 split gives each tp rank whole heads with their own Q, K and V.
+TRANSFORMER_RULES = {
+    "embed.tok.*": "column",          # vocab-parallel token table; the position table stays whole
+    "blocks.*.attn.qkv.*": "column",
+    "blocks.*.attn.proj.*": "row",
+    "blocks.*.mlp.fc_in.*": "column",
+    "blocks.*.mlp.fc_out.*": "row",
+    "head.*": "column",               # vocab-parallel logits
+}
+MLP_RULES = {
+    "blocks.*.fc_in.*": "column",
+    "blocks.*.fc_out.*": "row",
+    "head.*": "column",
+}
+# MindFormers naming (llama and friends); a user's model.tp_rules come first and can override these.
+MINDFORMERS_RULES = {
+    "*attention.wq.*": "column",
+    "*attention.wk.*": "column",
+    "*attention.wv.*": "column",
+    "*attention.w_qkv.*": "column",
+    "*attention.wo.*": "row",
+    "*feed_forward.w1.*": "column",
+    "*feed_forward.w3.*": "column",
+    "*feed_forward.w2.*": "row",
+    "*tok_embeddings.*": "column",
+    "*lm_head.*": "column",
+}
+BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES}
+# Prefixes of the optimizer's per-parameter state (MindSpore's AdamWeightDecay: first and second
+# moments, cloned from the parameters as "<prefix>.<parameter name>").
+OPTIMIZER_STATES = ("adam_m", "adam_v")
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|layer|h)\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """One parameter: full shape, pipeline stage, and the dimension split across tp (or None)."""
+
+    name: str
+    shape: tuple[int, ...]
+    stage: int
+    split_dim: int | None
+
+    def tensor_map(self) -> list[int]:
+        # Entries index the device matrix [dp, tp] from the right: 0 is the tp axis, -1 = whole.
+        return [0 if i == self.split_dim else -1 for i in range(len(self.shape))]
+
+    def local_shape(self, tp: int) -> tuple[int, ...]:
+        """The shape one tp rank holds."""
+        if self.split_dim is None:
+            return self.shape
+        return tuple(d // tp if i == self.split_dim else d for i, d in enumerate(self.shape))
+
+    def local_slice(self, tp_index: int, tp: int) -> tuple[slice, ...]:
+        """The index of tp rank ``tp_index``'s block in the full tensor."""
+        index = [slice(None)] * len(self.shape)
+        if self.split_dim is not None:
+            size = self.shape[self.split_dim] // tp
+            index[self.split_dim] = slice(tp_index * size, (tp_index + 1) * size)
+        return tuple(index)
+
+
+def split_kind(name: str, rules: dict) -> str:
+    for glob, kind in rules.items():
+        if fnmatch.fnmatchcase(name, glob):
+            return kind
+    return "replicated"
+
+
+def _split_dim(kind: str, ndim: int) -> int | None:
+    if kind == "column" and ndim >= 1:
+        return 0
+    if kind == "row" and ndim >= 2:
+        return 1
+    return None
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> range:
+    """The layer indices pipeline stage ``stage`` runs (pp must divide num_layers)."""
+    per_stage = num_layers // pp
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
+    """Stage of every name, and the reasons stages cannot be assigned."""
+    index = {n: int(m.group(1)) for n in names if (m := _LAYER_INDEX.search(n))}
+    if pp == 1:
+        return dict.fromkeys(names, 0), []
+    if not index:
+        return {}, [f"pp = {pp}: no parameter name carries a layer index "
+                    "(layers.N. / blocks.N. / layer.N. / h.N.), so stages cannot be assigned"]
+    layers = max(index.values()) + 1
+    if layers % pp:
+        return {}, [f"pp = {pp} does not divide the model's {layers} layers"]
+    first_layer = next(i for i, n in enumerate(names) if n in index)
+    stages = {}
+    for position, name in enumerate(names):
+        if name in index:
+            stages[name] = index[name] // (layers // pp)
+        else:
+            stages[name] = 0 if position < first_layer else pp - 1
+    return stages, []
+
+
+def plan_layout(shapes: dict, tp: int, pp: int, rules: dict) -> tuple[dict, list[str]]:
+    """``({name: ParamLayout}, reasons)``; ``shapes`` must be in the network's parameter order."""
+    names = list(shapes)
+    reasons = [f"parameter name {n!r} contains '-', which MindSpore's merged pipeline strategy "
+               "format reserves for '<stage>-<name>'" for n in names if "-" in n]
+    stages, stage_reasons = _stages(names, pp)
+    reasons += stage_reasons
+    layouts = {}
+    for name in names:
+        shape = tuple(int(d) for d in shapes[name])
+        split = _split_dim(split_kind(name, rules), len(shape)) if tp > 1 else None
+        if split is not None and shape[split] % tp:
+            reasons.append(f"tp = {tp} does not divide {name} dim {split} ({shape[split]})")
+        layouts[name] = ParamLayout(name, shape, stages.get(name, 0), split)
+    return layouts, reasons
+
+
+def builtin_layout(model_cfg: dict, tp: int, pp: int) -> tuple[dict, list[str]]:
+    """:func:`plan_layout` of a built-in family (``model_cfg["family"]``), shapes and rules
+    included. The trainer builds exactly these local shapes; a test checks it on real networks."""
+    from autotune.train.shapes import parameter_shapes
+
+    return plan_layout(parameter_shapes(model_cfg), tp, pp, BUILTIN_RULES[model_cfg["family"]])
+
+
+@lru_cache(maxsize=256)
+def _builtin_reasons(frozen_model: tuple, tp: int, pp: int) -> tuple[str, ...]:
+    return tuple(builtin_layout(dict(frozen_model), tp, pp)[1])
+
+
+def builtin_layout_reasons(model_cfg: dict, tp: int, pp: int) -> list[str]:
+    """Why a built-in family cannot be laid out with (tp, pp); cached (the search asks often)."""
+    frozen = tuple(sorted((k, v) for k, v in model_cfg.items() if isinstance(v, (int, str))))
+    return list(_builtin_reasons(frozen, tp, pp))
+
+
+def with_optimizer_states(layouts: dict) -> dict:
+    """``layouts`` plus the Adam moments of every parameter, each laid out like its parameter."""
+    states = {f"{prefix}.{name}": replace(p, name=f"{prefix}.{name}")
+              for prefix in OPTIMIZER_STATES for name, p in layouts.items()}
+    return {**layouts, **states}
+
+
+def rank_elements(layouts: dict, tp: int, stage: int) -> int:
+    """Elements of the parameters one rank of ``stage`` holds (the cost model's count)."""
+    return sum(math.prod(p.local_shape(tp)) for p in layouts.values() if p.stage == stage)
+
+
+def rank_coords(rank: int, dp: int, tp: int) -> tuple[int, int, int]:
+    """``(stage, dp_index, tp_index)`` of a global rank (MindSpore's pipeline rank order)."""
+    stage, local = divmod(rank, dp * tp)
+    return (stage, *divmod(local, tp))
+
+
+def rank_of(stage: int, dp_index: int, tp_index: int, dp: int, tp: int) -> int:
+    return stage * dp * tp + dp_index * tp + tp_index
+
+
+def tp_group(rank: int, dp: int, tp: int) -> list[int]:
+    """The ranks that split tensors with ``rank`` (same stage and dp index)."""
+    stage, d, _ = rank_coords(rank, dp, tp)
+    return [rank_of(stage, d, t, dp, tp) for t in range(tp)]
+
+
+def dp_group(rank: int, dp: int, tp: int) -> list[int]:
+    """The ranks that hold the same slices as ``rank`` and average gradients with it."""
+    stage, _, t = rank_coords(rank, dp, tp)
+    return [rank_of(stage, d, t, dp, tp) for d in range(dp)]
+
+
+def pipeline_peers(rank: int, dp: int, tp: int, pp: int) -> tuple[int | None, int | None]:
+    """``(previous stage's rank, next stage's rank)`` that ``rank`` exchanges activations with."""
+    stage = rank_coords(rank, dp, tp)[0]
+    step = dp * tp
+    return (rank - step if stage > 0 else None, rank + step if stage < pp - 1 else None)
