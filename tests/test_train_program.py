@@ -101,9 +101,10 @@ def test_user_entry_model(tmp_path):
 
 
 def test_bad_config_exits_2_with_one_line(tmp_path):
-    code, _, err = run([sys.executable, "-m", "autotune.train", make_config(tmp_path, knobs={"tp": 2})])
+    code, _, err = run([sys.executable, "-m", "autotune.train", make_config(tmp_path, knobs={"tp": 3})])
     assert code == 2
-    assert err.strip().splitlines()[-1].startswith("autotune.train: ConfigError: knobs.tp/pp")
+    assert err.strip().splitlines()[-1] == ("autotune.train: ConfigError: knobs: tp = 3 does not divide "
+                                            "embed.tok.embedding_table dim 0 (64)")
 
 
 def test_failure_exits_1_with_one_line(tmp_path):

@@ -82,16 +82,16 @@ def test_data_is_deterministic_and_sharded():
 def test_grad_accumulation_equals_full_batch(ms):
     """K=4 micro-batches give the same update as one batch of 4× (fp32, SGD so the update is the gradient)."""
     from mindspore import nn
-    from autotune.train import models, step
+    from autotune.train import models, step, tp_layers, weights
     x, y = data.TokenChains(16, 8, 64, seed=1)(0)
     updates, losses = {}, {}
     for k in (1, 4):
-        ms.set_seed(0)
         network = models.build_network(TRANSFORMER)
+        weights.initialize(network, TRANSFORMER, models.SINGLE, seed=0)
         before = {n: p.asnumpy().copy() for n, p in network.parameters_and_names()}
         # a large rate makes the update dominate the weights' float32 rounding
         optimizer = nn.SGD(network.trainable_params(), learning_rate=100.0)
-        accumulate, apply = step.build_steps(network, models.TokenCrossEntropy(), optimizer, accum_steps=k, dp=1,
+        accumulate, apply = step.build_steps(network, tp_layers.TokenCrossEntropy(), optimizer, accum_steps=k,
                                              scaling=False, loss_scale=1)
         micro = len(x) // k
         for j in range(k):

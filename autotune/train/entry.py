@@ -41,7 +41,9 @@ import sys
 
 from mindspore import nn
 
-from autotune.train import data, models
+from autotune.train import data, models, tp_layers, weights
+from autotune.train.models import SINGLE
+from autotune.train.parallel import Placement
 
 
 USER_MODULE = "autotune_user_model"  # module name of an entry loaded from a file path
@@ -76,27 +78,32 @@ def load_entry(spec: str):
     return func
 
 
-def build_builtin(config: dict):
-    """``(network, loss_fn, dataset)`` of a built-in family, following the user contract."""
+def build_builtin(config: dict, placement: Placement = SINGLE):
+    """``(network, loss_fn, dataset)`` of a built-in family for one rank of a layout: the rank's
+    stage and tensor-parallel block, initialised layout-independently (`autotune.train.weights`),
+    and the loss of a head split over tp."""
     model, seed = config["model"], config.get("seed", 0)
     batch = config["train"]["global_batch_size"]
-    network = models.build_network(model)
+    network = models.build_network(model, placement)
+    weights.initialize(network, model, placement, seed)
+    loss_fn = tp_layers.cross_entropy(model["vocab_size"], placement.tp, placement.tp_index, placement.tp_group)
     if model["family"] == "transformer":
         dataset = data.TokenChains(batch, model["seq_length"], model["vocab_size"], seed=seed)
     else:
         dataset = data.TeacherClasses(batch, model["hidden_size"], model["vocab_size"], seed=seed)
-    return network, models.TokenCrossEntropy(), dataset
+    return network, loss_fn, dataset
 
 
-def build(config: dict):
-    """``(network, loss_fn, dataset)`` for the trial's config: the user's entry or a built-in family."""
+def build(config: dict, placement: Placement = SINGLE):
+    """``(network, loss_fn, dataset)`` for one rank of the trial's config: the user's entry (one
+    stage, no tensor parallelism) or a built-in family."""
     spec = config["model"].get("entry")
     if not spec:
         family = config["model"].get("family")
         if family not in models.FAMILIES:
             raise EntryError(f"model.family: {family!r} is not a built-in family ({', '.join(models.FAMILIES)}) "
                              "and model.entry is not set")
-        return build_builtin(config)
+        return build_builtin(config, placement)
     result = load_entry(spec)(config)
     if not isinstance(result, tuple) or len(result) != 3:
         raise EntryError(f"model.entry: {spec} must return (network, loss_fn, dataset), got {type(result).__name__}")

@@ -78,12 +78,13 @@ def write_json_atomic(path, payload) -> None:
 
 
 class StepLog:
-    """Collects per-step records; appends each to ``steps.jsonl`` when ``path`` is given."""
+    """Collects per-step records; appends each to ``steps.jsonl`` when ``path`` is given (a
+    resumed run adds to the file, ``append``)."""
 
-    def __init__(self, path, measure_after, samples_per_step):
+    def __init__(self, path, measure_after, samples_per_step, append=False):
         self.measure_after, self.samples_per_step = measure_after, samples_per_step
         self.records = []
-        self._file = open(path, "w") if path else None
+        self._file = open(path, "a" if append else "w") if path else None
 
     def add(self, step, seconds, loss, overflow, loss_scale):
         record = {"step": step, "step_time_ms": seconds * 1000.0, "loss": loss, "overflow": overflow,

@@ -1,49 +1,49 @@
 """Built-in model families a trial trains: ``transformer`` (GPT-style decoder) and ``mlp``.
 
-Both map a batch of inputs to logits and implement ``apply_recompute(mode)`` for the
-``recompute`` knob. Parameter names are fixed by the attribute names below and must match
-`autotune.train.shapes.parameter_shapes` (the export module relies on them; a test checks).
+A network is built for one rank of a layout (`autotune.train.parallel.Placement`; by default the
+whole model on one rank): the layers of its pipeline stage, each holding its tensor-parallel
+block. Parameter names are the whole model's (``blocks.2.attn.qkv.weight`` on the stage that runs
+layer 2), with the full shapes of `autotune.train.shapes`, split as `autotune.layout` says (a test
+checks every rank of every layout against it). Both families implement
+``apply_recompute(mode)`` for the ``recompute`` knob.
 
-- transformer: inputs int32 token ids (batch, seq) → logits (batch, seq, vocab).
-  Token + position embedding, ``num_layers`` pre-LayerNorm blocks (causal multi-head attention
-  with a fused QKV Dense, MLP h→ffn→h with GELU), final LayerNorm, untied LM head.
-- mlp: inputs float32 (batch, hidden) → logits (batch, vocab_size classes).
-  Input Dense h→h, ``num_layers`` residual blocks (LayerNorm, Dense h→ffn, GELU, Dense ffn→h),
-  head Dense h→classes.
+- transformer: token ids (batch, seq) → logits (batch, seq, vocab / tp). Token + position
+  embedding (first stage), pre-LayerNorm blocks (causal multi-head attention with a fused QKV
+  projection, MLP h→ffn→h with GELU), final LayerNorm and untied LM head (last stage). A middle
+  or last stage maps the hidden state (batch, seq, h) instead of ids, a non-last stage returns it.
+  The fused QKV weight is head-major: its rows are (heads, [q, k, v], head_dim), so tp rank t's
+  contiguous block is heads [t·heads/tp, (t+1)·heads/tp) with their own Q, K and V.
+- mlp: features (batch, hidden) → logits (batch, classes / tp). Input Dense h→h (first stage),
+  residual blocks (LayerNorm, Dense h→ffn, GELU, Dense ffn→h), head Dense h→classes (last stage).
 
-Recompute modes: ``full`` recomputes every block; ``selective`` recomputes only the
-activation-heavy part: the attention core (scores, mask, softmax, ·V — the (seq × seq) tensors,
-as Megatron-LM's selective recompute) for the transformer, the GELU for the mlp.
+Recompute modes: ``full`` recomputes every block; ``selective`` only the activation-heavy part:
+the attention core (scores, mask, softmax, ·V — the (seq × seq) tensors, as Megatron-LM's
+selective recompute) for the transformer, the GELU for the mlp.
 """
+
+from collections import OrderedDict
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import nn, ops
 
-from autotune.train.shapes import FAMILIES, parameter_shapes  # noqa: F401  (parameter_shapes re-exported here)
+from autotune.layout import stage_layers
+from autotune.train.parallel import Placement
+from autotune.train.shapes import FAMILIES
+from autotune.train.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
 
 LN_EPS = 1e-5
 MASK_VALUE = -1.0e4  # large enough to zero a softmax term, small enough to stay finite in float16
-
-
-class TokenCrossEntropy(nn.Cell):
-    """Mean cross-entropy of logits (..., classes) against integer labels (...)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-    def construct(self, logits, labels):
-        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+SINGLE = Placement.of(0, 1, 1, 1)
 
 
 class Embedding(nn.Cell):
-    """Token embedding plus learned position embedding (inputs must be ``seq_length`` long)."""
+    """Vocab-parallel token embedding plus a learned position embedding (inputs ``seq`` long)."""
 
-    def __init__(self, vocab, seq, hidden):
+    def __init__(self, vocab, seq, hidden, p: Placement):
         super().__init__()
-        self.tok = nn.Embedding(vocab, hidden)
+        self.tok = VocabParallelEmbedding(vocab, hidden, p.tp, p.tp_index, p.tp_group)
         self.pos = nn.Embedding(seq, hidden)
         self.positions = ms.Tensor(np.arange(seq, dtype=np.int32)[None, :])
 
@@ -74,29 +74,29 @@ class CausalAttentionCore(nn.Cell):
 
 
 class Attention(nn.Cell):
-    """Causal multi-head self-attention with one fused QKV projection."""
+    """Causal self-attention over this rank's heads: QKV column-parallel, output row-parallel."""
 
-    def __init__(self, hidden, heads, seq):
+    def __init__(self, hidden, heads, seq, p: Placement):
         super().__init__()
-        self.heads, self.head_dim = heads, hidden // heads
-        self.qkv = nn.Dense(hidden, 3 * hidden)
-        self.proj = nn.Dense(hidden, hidden)
+        self.heads, self.head_dim = heads // p.tp, hidden // heads
+        self.qkv = ColumnParallelDense(hidden, 3 * hidden, p.tp, p.tp_group)
+        self.proj = RowParallelDense(hidden, hidden, p.tp, p.tp_group)
         self.core = CausalAttentionCore(seq, self.head_dim)
 
     def construct(self, x):
-        b, s, h = x.shape
-        qkv = self.qkv(x).reshape(b, s, 3, self.heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        b, s, _ = x.shape
+        qkv = self.qkv(x).reshape(b, s, self.heads, 3, self.head_dim).transpose(3, 0, 2, 1, 4)
         ctx = self.core(qkv[0], qkv[1], qkv[2])
-        return self.proj(ctx.transpose(0, 2, 1, 3).reshape(b, s, h))
+        return self.proj(ctx.transpose(0, 2, 1, 3).reshape(b, s, self.heads * self.head_dim))
 
 
 class FeedForward(nn.Cell):
-    """Dense h→ffn, GELU, Dense ffn→h."""
+    """Dense h→ffn (column-parallel), GELU, Dense ffn→h (row-parallel)."""
 
-    def __init__(self, hidden, ffn):
+    def __init__(self, hidden, ffn, p: Placement):
         super().__init__()
-        self.fc_in = nn.Dense(hidden, ffn)
-        self.fc_out = nn.Dense(ffn, hidden)
+        self.fc_in = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group)
+        self.fc_out = RowParallelDense(ffn, hidden, p.tp, p.tp_group)
         self.gelu = ops.GeLU()
 
     def construct(self, x):
@@ -106,38 +106,49 @@ class FeedForward(nn.Cell):
 class DecoderBlock(nn.Cell):
     """Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
-    def __init__(self, hidden, heads, ffn, seq):
+    def __init__(self, hidden, heads, ffn, seq, p: Placement):
         super().__init__()
         self.ln1 = nn.LayerNorm((hidden,), epsilon=LN_EPS)
-        self.attn = Attention(hidden, heads, seq)
+        self.attn = Attention(hidden, heads, seq, p)
         self.ln2 = nn.LayerNorm((hidden,), epsilon=LN_EPS)
-        self.mlp = FeedForward(hidden, ffn)
+        self.mlp = FeedForward(hidden, ffn, p)
 
     def construct(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
+def _stage_blocks(num_layers, p: Placement, make) -> nn.SequentialCell:
+    """The stage's blocks, named by their layer index in the whole model (``blocks.<i>.``)."""
+    return nn.SequentialCell(OrderedDict((str(i), make()) for i in stage_layers(num_layers, p.pp, p.stage)))
+
+
 class GPT(nn.Cell):
-    """The ``transformer`` family: token ids (batch, seq) → logits (batch, seq, vocab)."""
+    """The ``transformer`` family (see the module doc)."""
 
-    def __init__(self, num_layers, hidden_size, num_heads, ffn_hidden_size, seq_length, vocab_size):
+    def __init__(self, num_layers, hidden_size, num_heads, ffn_hidden_size, seq_length, vocab_size,
+                 p: Placement = SINGLE):
         super().__init__()
-        self.embed = Embedding(vocab_size, seq_length, hidden_size)
-        self.blocks = nn.CellList(
-            [DecoderBlock(hidden_size, num_heads, ffn_hidden_size, seq_length) for _ in range(num_layers)])
-        self.ln_f = nn.LayerNorm((hidden_size,), epsilon=LN_EPS)
-        self.head = nn.Dense(hidden_size, vocab_size)
+        self.first, self.last = p.first, p.last
+        if p.first:
+            self.embed = Embedding(vocab_size, seq_length, hidden_size, p)
+        self.blocks = _stage_blocks(
+            num_layers, p, lambda: DecoderBlock(hidden_size, num_heads, ffn_hidden_size, seq_length, p))
+        if p.last:
+            self.ln_f = nn.LayerNorm((hidden_size,), epsilon=LN_EPS)
+            self.head = ColumnParallelDense(hidden_size, vocab_size, p.tp, p.tp_group)
 
-    def construct(self, ids):
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+    def construct(self, x):
+        if self.first:
+            x = self.embed(x)
+        x = self.blocks(x)
+        if self.last:
+            x = self.head(self.ln_f(x))
+        return x
 
     def apply_recompute(self, mode):
         """none | full (each block) | selective (each attention core)."""
-        for block in self.blocks:
+        for block in self.blocks.cells():
             if mode == "full":
                 block.recompute()
             elif mode == "selective":
@@ -145,13 +156,13 @@ class GPT(nn.Cell):
 
 
 class ResidualBlock(nn.Cell):
-    """x + fc_out(gelu(fc_in(norm(x))))."""
+    """x + fc_out(gelu(fc_in(norm(x)))), fc_in column- and fc_out row-parallel."""
 
-    def __init__(self, hidden, ffn):
+    def __init__(self, hidden, ffn, p: Placement):
         super().__init__()
         self.norm = nn.LayerNorm((hidden,), epsilon=LN_EPS)
-        self.fc_in = nn.Dense(hidden, ffn)
-        self.fc_out = nn.Dense(ffn, hidden)
+        self.fc_in = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group)
+        self.fc_out = RowParallelDense(ffn, hidden, p.tp, p.tp_group)
         self.gelu = ops.GeLU()
 
     def construct(self, x):
@@ -159,38 +170,44 @@ class ResidualBlock(nn.Cell):
 
 
 class ResidualMLP(nn.Cell):
-    """The ``mlp`` family: features (batch, hidden) → logits (batch, classes)."""
+    """The ``mlp`` family (see the module doc)."""
 
-    def __init__(self, num_layers, hidden_size, ffn_hidden_size, vocab_size):
+    def __init__(self, num_layers, hidden_size, ffn_hidden_size, vocab_size, p: Placement = SINGLE):
         super().__init__()
-        self.inp = nn.Dense(hidden_size, hidden_size)
-        self.blocks = nn.CellList([ResidualBlock(hidden_size, ffn_hidden_size) for _ in range(num_layers)])
-        self.head = nn.Dense(hidden_size, vocab_size)
+        self.first, self.last = p.first, p.last
+        if p.first:
+            self.inp = ColumnParallelDense(hidden_size, hidden_size)  # replicated: whole on every rank
+        self.blocks = _stage_blocks(num_layers, p, lambda: ResidualBlock(hidden_size, ffn_hidden_size, p))
+        if p.last:
+            self.head = ColumnParallelDense(hidden_size, vocab_size, p.tp, p.tp_group)
 
     def construct(self, x):
-        x = self.inp(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        if self.first:
+            x = self.inp(x)
+        x = self.blocks(x)
+        if self.last:
+            x = self.head(x)
+        return x
 
     def apply_recompute(self, mode):
         """none | full (each block) | selective (each GELU: a primitive, so its own output is recomputed)."""
-        for block in self.blocks:
+        for block in self.blocks.cells():
             if mode == "full":
                 block.recompute()
             elif mode == "selective":
                 block.gelu.recompute()
 
 
-def build_network(model_cfg: dict) -> nn.Cell:
-    """The network of a built-in family from the config's ``model`` section (float32 parameters)."""
+def build_network(model_cfg: dict, placement: Placement = SINGLE) -> nn.Cell:
+    """The network one rank of a built-in family runs (float32 parameters, zeros until
+    `autotune.train.weights.initialize` fills them)."""
     family = model_cfg["family"]
     if family == "transformer":
         if model_cfg["hidden_size"] % model_cfg["num_heads"]:
             raise ValueError("model.hidden_size: must be a multiple of model.num_heads")
         return GPT(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["num_heads"],
-                   model_cfg["ffn_hidden_size"], model_cfg["seq_length"], model_cfg["vocab_size"])
+                   model_cfg["ffn_hidden_size"], model_cfg["seq_length"], model_cfg["vocab_size"], placement)
     if family == "mlp":
         return ResidualMLP(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["ffn_hidden_size"],
-                           model_cfg["vocab_size"])
+                           model_cfg["vocab_size"], placement)
     raise ValueError(f"model.family: unknown built-in family {family!r} (expected one of {', '.join(FAMILIES)})")

@@ -1,34 +1,43 @@
 """The trial program: train ``trial.steps`` optimizer steps with every knob applied, write metrics.
 
-``run(config)`` is what ``python -m autotune.train CONFIG_JSON`` (one process, dp = 1) or
-``msrun … autotune/train/__main__.py CONFIG_JSON`` (dp processes) executes; the config format is
-the driver's (see the package docstring). Knobs as applied here:
+``run(config)`` is what ``python -m autotune.train CONFIG_JSON`` (one process) or ``msrun …
+autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes; the config format is the
+driver's (see the package docstring). Knobs as applied here:
 
-- ``dp`` > 1: ``communication.init()`` and DATA_PARALLEL with ``gradients_mean`` and
-  ``comm_fusion`` allreduce by size = ``fusion_mb``; each rank trains on its shard of every
-  global batch. dp = 1 runs stand-alone (no init).
-- ``grad_accum``: true accumulation (`autotune.train.step`): one all-reduce and one update
-  per K micro-batches.
+- the layout (``dp``, ``tp``, ``pp``): ``communication.init()``, then each rank builds its part of
+  the model (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
+  explicit collectives in its tp group (`autotune.train.tp_layers`), pipeline stages driven by a
+  1F1B schedule over ``micro_batches`` (`autotune.train.pipeline`). Each dp replica trains on its
+  shard of every global batch. One process runs stand-alone (no init).
+- ``fusion_mb``: the parallel context's ``comm_fusion`` allreduce size threshold, which buckets
+  the DP gradient all-reduce (`autotune.train.step`).
+- ``grad_accum`` (pp = 1) / ``micro_batches`` (pp > 1): true accumulation, one DP all-reduce and
+  one update per step.
 - ``model.dtype`` float16: float16 compute, float32 parameters, dynamic loss scaling from
-  ``loss_scale`` (factor 2, window `SCALE_WINDOW`); float32: no loss scaling.
-- ``warmup_steps``: warmup + cosine compressed onto the trial (`autotune.train.schedule`).
+  ``loss_scale`` (factor 2, window `SCALE_WINDOW`); float32 and bfloat16: no loss scaling.
+- ``warmup_steps``: warmup + cosine (`autotune.train.schedule`), compressed onto the trial unless
+  ``trial.schedule`` is ``"full"`` (an exported run).
 - ``jit_level``: GRAPH_MODE with that JitConfig, or PYNATIVE_MODE for ``pynative``.
-- ``recompute``: ``network.apply_recompute(mode)``.
-- ``tp``/``pp`` > 1 are refused: this program runs data parallelism only (MindSpore cannot run
-  operator or pipeline sharding on CPU); ``micro_batches`` only matters with pp > 1.
+- ``recompute``: ``network.apply_recompute(mode)`` on each rank's stage.
+
+Optional ``checkpoint`` section (exported runs; trials save nothing): ``dir`` (per-rank folders,
+`autotune.train.checkpoint`), ``save_every`` (steps; null = only at the end), ``resume`` (continue
+from the latest checkpoint in ``dir``), ``init_from`` (a folder of per-rank checkpoints whose
+weights a fresh run starts from).
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
-memory and a sha256 of its final weights (DP ranks must agree).
+memory and a sha256 of its final weights (the ranks of a dp group must agree).
 """
 
-import hashlib
 import os
 import sys
 import time
 
 import numpy as np
 
+from autotune import layout
+from autotune.knobs import COMPUTE_DTYPES
 from autotune.train import metrics as metrics_mod
 
 SCALE_WINDOW = 1000  # MindFormers' default scale_window for DynamicLossScaleUpdateCell
@@ -45,8 +54,14 @@ REQUIRED = {
     "model": ("family",),
     "train": ("global_batch_size", "learning_rate", "total_steps"),
     "trial": ("steps", "measure_after"),
-    "knobs": ("dp", "fusion_mb", "grad_accum", "loss_scale", "warmup_steps", "jit_level", "recompute"),
+    "knobs": ("dp", "tp", "pp", "micro_batches", "fusion_mb", "grad_accum", "loss_scale", "warmup_steps",
+              "jit_level", "recompute"),
 }
+
+
+def micro_steps(knobs: dict) -> int:
+    """Micro-batches per optimizer step: ``micro_batches`` with pipeline stages, else ``grad_accum``."""
+    return knobs["micro_batches"] if knobs["pp"] > 1 else knobs["grad_accum"]
 
 
 def check_config(cfg: dict) -> None:
@@ -60,18 +75,28 @@ def check_config(cfg: dict) -> None:
             if key not in cfg[section]:
                 raise ConfigError(f"{section}.{key}: missing")
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
-    if cfg.get("backend", "cpu") not in DEVICE_TARGETS:
-        raise ConfigError(f"backend: {cfg.get('backend')!r} cannot run a training program")
-    if knobs.get("tp", 1) != 1 or knobs.get("pp", 1) != 1:
-        raise ConfigError("knobs.tp/pp: the trial program runs data parallelism only (tp = pp = 1)")
+    backend = cfg.get("backend", "cpu")
+    if backend not in DEVICE_TARGETS:
+        raise ConfigError(f"backend: {backend!r} cannot run a training program")
     if knobs["jit_level"] not in JIT_LEVELS:
         raise ConfigError(f"knobs.jit_level: {knobs['jit_level']!r} is not one of {', '.join(JIT_LEVELS)}")
     if knobs["recompute"] not in RECOMPUTE:
         raise ConfigError(f"knobs.recompute: {knobs['recompute']!r} is not one of {', '.join(RECOMPUTE)}")
-    if model.get("dtype", "float32") not in ("float16", "float32"):
-        raise ConfigError(f"model.dtype: {model.get('dtype')!r} is not float16 or float32")
-    if train["global_batch_size"] % (knobs["dp"] * knobs["grad_accum"]):
-        raise ConfigError("train.global_batch_size: must be a multiple of dp * grad_accum")
+    dtype = model.get("dtype", "float32")
+    if dtype not in COMPUTE_DTYPES[backend]:
+        raise ConfigError(f"model.dtype: {dtype!r} does not run on backend {backend!r} "
+                          f"(it runs {', '.join(COMPUTE_DTYPES[backend])})")
+    if (knobs["tp"] > 1 or knobs["pp"] > 1) and model.get("entry"):
+        raise ConfigError("knobs.tp/pp: a model.entry network runs with tp = pp = 1")
+    if model.get("entry") is None:
+        reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"])
+        if reasons:
+            raise ConfigError(f"knobs: {reasons[0]}")
+    split = knobs["dp"] * micro_steps(knobs)
+    if train["global_batch_size"] % split:
+        raise ConfigError(f"train.global_batch_size: must be a multiple of dp × micro-batches = {split}")
+    if knobs["pp"] > 1 and knobs["micro_batches"] < knobs["pp"]:
+        raise ConfigError("knobs.micro_batches: must be ≥ pp")
     if not 0 <= trial["measure_after"] < trial["steps"]:
         raise ConfigError("trial.measure_after: must be >= 0 and < trial.steps")
 
@@ -101,22 +126,29 @@ def numpy2_workaround(ms) -> None:
 
 
 def _setup(cfg, ms):
-    """Context, parallel context and communication; returns (rank, dp)."""
+    """Context, communication, process groups and parallel context; returns this rank's Placement."""
+    from autotune.train.parallel import Placement, create_groups
+
     knobs = cfg["knobs"]
     ms.set_device(DEVICE_TARGETS[cfg.get("backend", "cpu")])
     ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
     numpy2_workaround(ms)
-    dp = knobs["dp"]
-    if dp == 1:
-        return 0, 1
+    dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
+    if dp * tp * pp == 1:
+        return Placement.of(0, 1, 1, 1)
     from mindspore import communication
     communication.init()
     size = communication.get_group_size()
-    if size != dp:
-        raise ConfigError(f"knobs.dp: {dp} but the launcher started {size} processes")
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, device_num=dp,
-                                 comm_fusion={"allreduce": {"mode": "size", "config": int(knobs["fusion_mb"])}})
-    return communication.get_rank(), dp
+    if size != dp * tp * pp:
+        raise ConfigError(f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started {size} processes")
+    placement = Placement.of(communication.get_rank(), dp, tp, pp)
+    create_groups(placement)
+    if dp > 1:
+        # The DP gradient reducer buckets its all-reduces by this threshold, over any group.
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
+                                     device_num=size,
+                                     comm_fusion={"allreduce": {"mode": "size", "config": int(knobs["fusion_mb"])}})
+    return placement
 
 
 def make_optimizer(network, learning_rate):
@@ -129,19 +161,10 @@ def make_optimizer(network, learning_rate):
                               beta2=0.95, eps=1e-8)
 
 
-def weights_digest(network) -> str:
-    """sha256 over the parameters' names and bytes (bit-identical weights ⇔ equal digests)."""
-    digest = hashlib.sha256()
-    for name, param in network.parameters_and_names():
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(param.asnumpy()).tobytes())
-    return digest.hexdigest()
+def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:
+    """Max of ``value`` across all ranks: one tiny compiled AllReduce at the end of the trial.
 
-
-def _max_over_ranks(ms, value: float, rank: int, dp: int) -> float:
-    """Max of ``value`` across DP ranks: one tiny compiled AllReduce at the end of the trial.
-
-    CPU AllReduce only sums, so each rank contributes its value at its own index of a zero vector.
+    The all-reduce sums, so each rank contributes its value at its own index of a zero vector.
     """
     from mindspore import nn, ops
 
@@ -153,31 +176,33 @@ def _max_over_ranks(ms, value: float, rank: int, dp: int) -> float:
         def construct(self, x):
             return self.op(x)
 
-    mine = np.zeros(dp, np.float32)
+    mine = np.zeros(world, np.float32)
     mine[rank] = value
     return float(AllSum()(ms.Tensor(mine)).asnumpy().max())
 
 
-def _build(cfg, ms, dp):
-    """``(network, dataset, accumulate_cell, apply_cell)`` with the model's knobs applied."""
-    from autotune.train import entry, schedule, step
-    knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
-    ms.set_seed(cfg.get("seed", 0))  # every rank builds identical initial weights
-    network, loss_fn, dataset = entry.build(cfg)
-    fp16 = model.get("dtype", "float32") == "float16"
-    if fp16:
-        step.set_compute_dtype(network, ms.float16)
-    if knobs["recompute"] != "none":
-        if not hasattr(network, "apply_recompute"):
-            raise ConfigError("knobs.recompute: the network has no apply_recompute(mode) method")
-        network.apply_recompute(knobs["recompute"])
-    warmup, total = schedule.trial_schedule(knobs["warmup_steps"], train["total_steps"], trial["steps"])
-    optimizer = make_optimizer(network, schedule.WarmupCosineLR(train["learning_rate"], warmup, total))
-    accumulate, apply = step.build_steps(
-        network, loss_fn, optimizer, accum_steps=knobs["grad_accum"], dp=dp, scaling=fp16,
-        loss_scale=knobs["loss_scale"], scale_window=SCALE_WINDOW,
-        jit_level=None if knobs["jit_level"] == "pynative" else knobs["jit_level"])
-    return network, dataset, accumulate, apply
+def _checkpoints(cfg, engine, placement, ms):
+    """``(tensors, folder, save_every, first step)``: what a checkpoint holds, where it goes, and
+    the step this run starts at (after resuming, or loading given weights)."""
+    from autotune.train import checkpoint
+
+    section = cfg.get("checkpoint") or {}
+    counter = ms.Parameter(ms.Tensor(0, ms.int32), name="step", requires_grad=False)
+    tensors = checkpoint.state_tensors(engine.network, engine.optimizer, engine.state, counter)
+    folder, rank = section.get("dir"), placement.rank
+    if section.get("resume"):
+        path = checkpoint.latest(folder, rank) if folder else None
+        if path is None:
+            raise ConfigError(f"checkpoint.resume: no checkpoint in {checkpoint.rank_dir(folder, rank)}")
+        checkpoint.restore(path, tensors)
+        return tensors, folder, section.get("save_every"), int(counter.asnumpy())
+    if section.get("init_from"):
+        path = checkpoint.latest(section["init_from"], rank)
+        if path is None:
+            raise ConfigError(f"checkpoint.init_from: no checkpoint in "
+                              f"{checkpoint.rank_dir(section['init_from'], rank)}")
+        checkpoint.restore(path, {p.name: p for p in engine.network.get_parameters()})
+    return tensors, folder, section.get("save_every"), 0
 
 
 def run(cfg: dict, started: float) -> dict:
@@ -191,39 +216,51 @@ def run(cfg: dict, started: float) -> dict:
     # (grad_accum changed). Every trial must compile its own candidate.
     os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
     import mindspore as ms
+    from autotune.train import checkpoint
+    from autotune.train.engine import build_engine
 
-    rank, dp = _setup(cfg, ms)
+    placement = _setup(cfg, ms)
+    engine = build_engine(cfg, placement, SCALE_WINDOW)
+    tensors, folder, save_every, first_step = _checkpoints(cfg, engine, placement, ms)
+    train, trial, rank, dp = cfg["train"], cfg["trial"], placement.rank, placement.dp
+    if first_step >= trial["steps"]:
+        raise ConfigError(f"trial.steps: the checkpoint is at step {first_step}, nothing left of "
+                          f"{trial['steps']} steps")
+    # the peak counts what training adds to the built model, not the full tensors drawn to slice it
     metrics_mod.reset_peak_memory()
-    network, dataset, accumulate, apply = _build(cfg, ms, dp)
-    train, trial, accum = cfg["train"], cfg["trial"], cfg["knobs"]["grad_accum"]
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     log = metrics_mod.StepLog(os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
-                              trial["measure_after"], train["global_batch_size"])
+                              trial["measure_after"], train["global_batch_size"], append=first_step > 0)
     shard_size = train["global_batch_size"] // dp
-    micro = shard_size // accum
     compile_s = None
-    for i in range(trial["steps"]):
-        inputs, labels = dataset(i, rank, dp)
+    for i in range(first_step, trial["steps"]):
+        inputs, labels = engine.dataset(i, placement.dp_index, dp)
         if len(inputs) != shard_size or len(labels) != shard_size:
-            raise ValueError(f"dataset({i}, {rank}, {dp}) returned {len(inputs)} samples, expected {shard_size}")
-        # timed: the K micro-steps and the host sync, not the dataset call (a real input pipeline overlaps it)
+            raise ValueError(f"dataset({i}, {placement.dp_index}, {dp}) returned {len(inputs)} samples, "
+                             f"expected {shard_size}")
+        # timed: the step's micro-batches and the host sync, not the dataset call (a real input
+        # pipeline overlaps it)
         t0 = time.perf_counter()
-        for j in range(accum):
-            x, y = ms.Tensor(inputs[j * micro:(j + 1) * micro]), ms.Tensor(labels[j * micro:(j + 1) * micro])
-            out = accumulate(x, y) if j < accum - 1 else apply(x, y)
-        loss, overflow, scale = (o.asnumpy() for o in out)
+        loss, overflow, scale = engine.step(inputs, labels)
         seconds = time.perf_counter() - t0
         if compile_s is None:
             compile_s = time.time() - started
         log.add(i, seconds, float(loss), bool(overflow), float(scale))
+        done = i + 1
+        if folder and (done == trial["steps"] or (save_every and done % save_every == 0)):
+            tensors["step"].set_data(ms.Tensor(done, ms.int32))
+            checkpoint.save(folder, rank, done, tensors)
     log.close()
 
     own_peak = metrics_mod.peak_memory_mb()
-    peak = _max_over_ranks(ms, own_peak, rank, dp) if dp > 1 else own_peak
-    result = log.summary(compile_s, peak, float(apply.state.scale.asnumpy()))
+    world = placement.world
+    peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
+    result = log.summary(compile_s, peak, float(engine.state.scale.asnumpy()))
+    from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
-        "rank": rank, "peak_memory_mb": own_peak, "weights_sha256": weights_digest(network),
+        "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
+        "peak_memory_mb": own_peak, "weights_sha256": digest(engine.network),
         "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"]})
     if rank == 0:
         metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), result)

@@ -1,27 +1,29 @@
-"""The compiled training step: true gradient accumulation, DP all-reduce, dynamic loss scaling.
+"""The compiled training step: true gradient accumulation, the DP all-reduce, dynamic loss scaling.
 
-One optimizer step over K = ``grad_accum`` micro-batches is K calls: K-1 calls of the
-*accumulate* cell (forward + backward, ``grad/K`` added into accumulators, no communication) and
-one call of the *apply* cell (forward + backward of the last micro-batch added in the same way,
-one all-reduce of the accumulators (mean over DP ranks), unscale, overflow check, optimizer,
-accumulators zeroed). With K = 1
-only the apply cell exists. The update equals one step over the concatenated micro-batches
-(the loss is a mean, so the full-batch gradient is the mean of the micro-batch gradients).
+One optimizer step over K micro-batches (K = ``grad_accum``, or ``micro_batches`` under pipeline
+stages) adds each micro-batch's ``grad/K`` into float32 accumulators and then *updates*: one
+all-reduce of the gradients over the dp group (mean), unscale, overflow check, optimizer,
+accumulators zeroed. The update equals one step over the concatenated micro-batches (the loss is a
+mean, so the full-batch gradient is the mean of the micro-batch gradients).
 
-Both cells are ordinary ``nn.Cell`` s, so they compile as graphs in GRAPH_MODE and run op by op
-in PYNATIVE_MODE. (``nn.GradAccumulationCell`` sums K losses in one graph on CPU: K× the work
-and no memory saving; it is not used.)
+Without pipeline stages a step is K calls of :class:`TrainStep`: K−1 *accumulate* calls
+(forward + backward, added into the accumulators, no communication) and one *apply* call that adds
+the last micro-batch the same way and updates; with K = 1 only the apply cell exists and nothing
+is accumulated. Under pipeline stages the stage's forward/backward cells
+(`autotune.train.pipeline`) accumulate, and :class:`ApplyStep` updates.
+
+The DP all-reduce is MindSpore's ``nn.DistributedGradReducer``: over the world group under pure
+data parallelism, over the rank's dp group otherwise; either way its all-reduces are bucketed by
+the ``comm_fusion`` threshold of the parallel context (``fusion_mb``).
 
 Loss scaling (float16 compute): gradients come from ``loss * scale``; after the all-reduce they
-are unscaled and checked with ``isfinite``. The stock ``TrainOneStepWithLossScaleCell`` check
-uses FloatStatus, which CPU lacks. The check runs on the *reduced* gradients, which are
-identical on every rank, so ranks always agree on overflow without another all-reduce. An
-overflowed step skips the optimizer; ``nn.DynamicLossScaleUpdateCell`` halves the scale on
-overflow and doubles it after ``scale_window`` clean steps. With float32 compute loss scaling is
-a no-op: scale 1, no check, never an overflow.
-
-The loss returned by the apply cell is the mean over the whole global batch (it rides along in
-the gradient all-reduce, so it costs no extra communication op).
+are unscaled and checked with ``isfinite`` (the stock FloatStatus check has no CPU kernel). Under
+pure data parallelism the reduced gradients are identical on every rank, so ranks agree without
+more communication. With tensor or pipeline parallelism each rank checks its own gradients, and
+one all-reduce over the world sums the non-finite counts — together with the loss, which only the
+last stage knows — so every rank skips the same steps. ``nn.DynamicLossScaleUpdateCell`` halves
+the scale on overflow and doubles it after ``scale_window`` clean steps. Float32 and bfloat16
+compute need no loss scaling: scale 1, no check, never an overflow.
 """
 
 import mindspore as ms
@@ -42,7 +44,7 @@ def _mul_tensor(factor, grad):
 
 @_accumulate.register("Tensor", "Tensor")
 def _accumulate_tensor(acc, grad):
-    return ops.assign_add(acc, grad)
+    return ops.assign_add(acc, ops.cast(grad, acc.dtype))
 
 
 @_add.register("Tensor", "Tensor")
@@ -86,7 +88,7 @@ class NetWithLoss(nn.Cell):
 
 
 class TrainState(nn.Cell):
-    """State shared by the accumulate and apply cells: accumulators, loss sum, loss scale."""
+    """State shared by a step's cells: accumulators, loss sum, loss scale and its updater."""
 
     def __init__(self, weights, accum_steps, loss_scale, scale_window):
         super().__init__(auto_prefix=False)
@@ -96,29 +98,81 @@ class TrainState(nn.Cell):
         self.updater = nn.DynamicLossScaleUpdateCell(float(loss_scale), scale_factor=2, scale_window=scale_window)
 
 
-class TrainStep(nn.Cell):
-    """One micro-step; ``apply`` selects the accumulate-only or the apply variant (see module doc).
+class Parallelism:
+    """How a step's update communicates: ``dp`` replicas (``dp_group`` None: the world group),
+    and whether ranks must agree over the world (tensor or pipeline parallelism), in which case
+    ``loss_weight`` is this rank's share of the reported loss (1/(dp·tp) on the last stage, 0
+    elsewhere)."""
+
+    def __init__(self, dp=1, dp_group=None, agree=False, loss_weight=1.0):
+        self.dp, self.dp_group, self.agree, self.loss_weight = dp, dp_group, agree, loss_weight
+
+
+class _Update(nn.Cell):
+    """Reduce over dp, unscale, agree on overflow, update, zero the accumulators."""
+
+    def __init__(self, optimizer, state, *, accum_steps, scaling, parallel: Parallelism):
+        super().__init__(auto_prefix=False)
+        self.weights = optimizer.parameters
+        self.optimizer = optimizer
+        self.state = state
+        self.hyper_map = ops.HyperMap()
+        self.accum_steps, self.scaling = accum_steps, scaling
+        self.inv_k = ms.Tensor(1.0 / accum_steps, ms.float32)
+        self.reducer = None
+        self.loss_rides = not parallel.agree
+        if parallel.dp > 1:
+            group = {"group": parallel.dp_group} if parallel.dp_group else {}
+            # Pure DP: the loss sum rides along as one more "gradient" of the fused all-reduce.
+            reduced = tuple(self.weights) + ((state.loss_sum,) if self.loss_rides else ())
+            self.reducer = nn.DistributedGradReducer(ParameterTuple(reduced), mean=True,
+                                                     degree=parallel.dp, **group)
+        self.agree = ops.AllReduce() if parallel.agree else None
+        self.loss_weight = ms.Tensor(parallel.loss_weight, ms.float32)
+
+    def update(self, grads, loss, scale):
+        """Returns ``(loss, overflow)`` once the update (or the skip) is done."""
+        if self.reducer is not None:
+            if self.loss_rides:
+                reduced = self.reducer(grads + (loss,))
+                grads, loss = reduced[:-1], reduced[-1]
+            else:
+                grads = self.reducer(grads)
+        finite = ops.ones((), ms.bool_)
+        if self.scaling:
+            grads = self.hyper_map(ops.partial(_mul, ops.reciprocal(scale)), grads)
+            finite = ops.stack(self.hyper_map(_finite, grads)).all()
+        if self.agree is not None:
+            verdict = self.agree(ops.stack((1.0 - ops.cast(finite, ms.float32), loss * self.loss_weight)))
+            finite, loss = verdict[0] < 0.5, verdict[1]
+        if self.scaling:
+            overflow = self.state.updater(self.state.scale, ops.logical_not(finite))
+        else:
+            overflow = ops.zeros((), ms.bool_)
+        if finite:
+            loss = ops.depend(loss, self.optimizer(grads))
+        if self.accum_steps > 1:
+            # zero the accumulators for the next step, after the update has consumed them
+            zeroed = self.hyper_map(_zero, self.state.accum)
+            loss = ops.depend(loss, ops.assign(self.state.loss_sum, ops.zeros_like(loss)))
+            loss = ops.depend(loss, zeroed)
+        return loss, overflow
+
+
+class TrainStep(_Update):
+    """One micro-step without pipeline stages; ``apply`` selects the accumulate-only or the apply
+    variant (see the module doc).
 
     Accumulate returns the micro-batch loss; apply returns ``(loss, overflow, loss_scale)``: the
     global-batch mean loss, whether the update was skipped, and the scale this step used.
     """
 
-    def __init__(self, net_with_loss, optimizer, state, *, accum_steps, apply, dp, scaling):
-        super().__init__(auto_prefix=False)
+    def __init__(self, net_with_loss, optimizer, state, *, accum_steps, apply, scaling, parallel):
+        super().__init__(optimizer, state, accum_steps=accum_steps, scaling=scaling, parallel=parallel)
         self.network = net_with_loss
         self.network.set_grad()
-        self.weights = optimizer.parameters
-        self.optimizer = optimizer
-        self.state = state
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.hyper_map = ops.HyperMap()
-        self.accum_steps, self.apply, self.scaling = accum_steps, apply, scaling
-        self.inv_k = ms.Tensor(1.0 / accum_steps, ms.float32)
-        self.reducer = None
-        if apply and dp > 1:
-            # the loss sum rides along as one more "gradient" of the fused all-reduce
-            self.reducer = nn.DistributedGradReducer(
-                ParameterTuple(tuple(self.weights) + (state.loss_sum,)), mean=True, degree=dp)
+        self.apply = apply
 
     def construct(self, inputs, labels):
         scale = self.state.scale + 0.0  # a copy: the value this step uses, before any update
@@ -133,37 +187,36 @@ class TrainStep(nn.Cell):
             # fresh sums, not assign_add: its result aliases the accumulator zeroed below
             grads = self.hyper_map(_add, self.state.accum, grads)
             loss = loss + self.state.loss_sum
-        if self.reducer is not None:
-            reduced = self.reducer(grads + (loss,))
-            grads, loss = reduced[:-1], reduced[-1]
-        if self.scaling:
-            grads = self.hyper_map(ops.partial(_mul, ops.reciprocal(scale)), grads)
-            finite = ops.stack(self.hyper_map(_finite, grads)).all()
-            overflow = self.state.updater(self.state.scale, ops.logical_not(finite))
-            if finite:
-                loss = ops.depend(loss, self.optimizer(grads))
-        else:
-            overflow = ops.zeros((), ms.bool_)
-            loss = ops.depend(loss, self.optimizer(grads))
-        if self.accum_steps > 1:
-            # zero the accumulators for the next step, after the update has consumed them
-            zeroed = self.hyper_map(_zero, self.state.accum)
-            loss = ops.depend(loss, ops.assign(self.state.loss_sum, ops.zeros_like(loss)))
-            loss = ops.depend(loss, zeroed)
+        loss, overflow = self.update(grads, loss, scale)
         return loss, overflow, scale
 
 
-def build_steps(network, loss_fn, optimizer, *, accum_steps, dp, scaling, loss_scale, scale_window=1000,
-                jit_level=None):
-    """``(accumulate_cell or None, apply_cell)`` for ``network`` trained by ``optimizer``.
+class ApplyStep(_Update):
+    """The update after a pipeline step's micro-batches were accumulated: returns
+    ``(loss, overflow, loss_scale)`` as the apply variant of :class:`TrainStep` does."""
+
+    def construct(self):
+        scale = self.state.scale + 0.0
+        ones = ops.ones((), ms.float32)
+        # copies: the accumulators themselves are zeroed once the update has consumed them
+        grads = self.hyper_map(ops.partial(_mul, ones), self.state.accum)
+        loss, overflow = self.update(grads, self.state.loss_sum + 0.0, scale)
+        return loss, overflow, scale
+
+
+def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale, scale_window=1000,
+                jit_level=None, parallel: Parallelism | None = None):
+    """``(accumulate_cell or None, apply_cell)`` for ``network`` trained by ``optimizer`` without
+    pipeline stages.
 
     ``scaling`` turns dynamic loss scaling on (float16 compute), starting at ``loss_scale``.
     ``jit_level`` (O0/O1/O2) is set on both cells when given (GRAPH_MODE only).
     """
+    parallel = parallel or Parallelism()
     net_with_loss = NetWithLoss(network, loss_fn)
     state = TrainState(optimizer.parameters, accum_steps, loss_scale if scaling else 1.0, scale_window)
-    cells = [TrainStep(net_with_loss, optimizer, state, accum_steps=accum_steps, apply=apply, dp=dp,
-                       scaling=scaling) for apply in ((False, True) if accum_steps > 1 else (True,))]
+    cells = [TrainStep(net_with_loss, optimizer, state, accum_steps=accum_steps, apply=apply, scaling=scaling,
+                       parallel=parallel) for apply in ((False, True) if accum_steps > 1 else (True,))]
     for cell in cells:
         cell.set_train()
         if jit_level:

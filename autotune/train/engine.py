@@ -1,0 +1,97 @@
+"""One rank's trainer for its place in the layout: the network part, optimizer and step function.
+
+Contract: :func:`build_engine` returns an :class:`Engine` whose ``step(inputs, labels)`` runs one
+optimizer step on this rank's shard of a global batch (``inputs``/``labels``: the dp shard as numpy
+arrays, split here into the step's micro-batches) and returns ``(loss, overflow, loss_scale)`` as
+numpy values: the global-batch mean loss (the same on every rank), whether the update was skipped,
+and the scale the step used. Without pipeline stages a step is `autotune.train.step`'s
+accumulate/apply cells; with them, `autotune.train.pipeline`'s 1F1B schedule and apply cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mindspore as ms
+
+from autotune.train import entry, pipeline, schedule, step
+from autotune.train.parallel import Placement
+
+COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32}
+
+
+@dataclass
+class Engine:
+    network: object
+    optimizer: object
+    state: object          # autotune.train.step.TrainState: loss scale, accumulators
+    dataset: object
+    run_micro: object      # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors
+    micro: int
+
+    def step(self, inputs, labels):
+        n = len(inputs) // self.micro
+        xs = [ms.Tensor(inputs[j * n:(j + 1) * n]) for j in range(self.micro)]
+        ys = [ms.Tensor(labels[j * n:(j + 1) * n]) for j in range(self.micro)]
+        return tuple(o.asnumpy() for o in self.run_micro(xs, ys))
+
+
+def _boundary(model: dict, micro_batch: int) -> tuple:
+    """Shape of the hidden state one micro-batch sends between pipeline stages."""
+    if model["family"] == "transformer":
+        return (micro_batch, model["seq_length"], model["hidden_size"])
+    return (micro_batch, model["hidden_size"])
+
+
+def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
+    from autotune.train.program import ConfigError, make_optimizer, micro_steps
+
+    knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
+    ms.set_seed(cfg.get("seed", 0))  # an entry model draws its own weights: identical on every rank
+    network, loss_fn, dataset = entry.build(cfg, placement)
+    dtype = model.get("dtype", "float32")
+    if dtype != "float32":
+        step.set_compute_dtype(network, COMPUTE[dtype])
+    if knobs["recompute"] != "none":
+        if not hasattr(network, "apply_recompute"):
+            raise ConfigError("knobs.recompute: the network has no apply_recompute(mode) method")
+        network.apply_recompute(knobs["recompute"])
+    if trial.get("schedule", "compressed") == "full":
+        warmup, total = knobs["warmup_steps"], train["total_steps"]
+    else:
+        warmup, total = schedule.trial_schedule(knobs["warmup_steps"], train["total_steps"], trial["steps"])
+    optimizer = make_optimizer(network, schedule.WarmupCosineLR(train["learning_rate"], warmup, total))
+    scaling = dtype == "float16"
+    p, micro = placement, micro_steps(knobs)
+    parallel = step.Parallelism(p.dp, p.dp_group, agree=p.tp > 1 or p.pp > 1,
+                                loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0)
+    jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
+    loss_scale = knobs["loss_scale"] if scaling else 1.0
+    if p.pp == 1:
+        accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
+                                             loss_scale=loss_scale, scale_window=scale_window,
+                                             jit_level=jit_level, parallel=parallel)
+
+        def run_micro(xs, ys):
+            for j in range(micro - 1):
+                accumulate(xs[j], ys[j])
+            return apply(xs[-1], ys[-1])
+
+        return Engine(network, optimizer, apply.state, dataset, run_micro, micro)
+
+    weights = optimizer.parameters
+    state = step.TrainState(weights, micro, loss_scale, scale_window)
+    cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel)}
+    if p.last:
+        cells["last"] = pipeline.LastStageStep(step.NetWithLoss(network, loss_fn), weights, state, micro)
+    else:
+        cells["forward"] = pipeline.StageForward(network, COMPUTE[dtype])
+        cells["backward"] = pipeline.StageBackward(pipeline.StageForward(network, COMPUTE[dtype]), weights,
+                                                   state, micro, p.first)
+    for cell in cells.values():
+        cell.set_train()
+        if jit_level:
+            cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
+    micro_batch = train["global_batch_size"] // (p.dp * micro)
+    stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
+    return Engine(network, optimizer, state, dataset, stage.step, micro)

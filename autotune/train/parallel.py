@@ -1,0 +1,164 @@
+"""The parallel engine's plumbing: where this rank sits in the layout, its process groups, and the
+collective operators tensor and pipeline parallelism are built from.
+
+Everything here is explicit collectives on named groups, so the same code runs on CPU, GPU and
+Ascend (MindSpore's own operator and pipeline sharding, SEMI_AUTO_PARALLEL, refuses the CPU
+backend). What the CPU backend offers, measured (docs/parallel-engine.md): ``AllReduce`` (sum) on
+any group, also inside Cells with a custom ``bprop``; ``AllGather`` on the world group only; no
+``Send``/``Receive`` kernels. So:
+
+- a gather over a sub-group is an all-reduce of zero-padded rows (:class:`GatherMax`);
+- a point-to-point transfer is an all-reduce over the two ranks in which the receiver contributes
+  zeros (:class:`Exchange`, :class:`ExchangePair`) — one path for every backend.
+
+Contract: :class:`Placement` (pure) says what a rank runs; :func:`create_groups` creates the
+MindSpore groups a placement names (call it after ``communication.init()``, on every rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from autotune import layout
+
+
+def _group_name(kind: str, ranks: list[int]) -> str:
+    return f"{kind}-" + "-".join(map(str, ranks))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One rank of a (dp, tp, pp) layout: its coordinates and the groups it communicates in.
+
+    A group name is None where no communication is needed (a group of one rank). ``dp_group``
+    is None for pure data parallelism too: the world group is the dp group then.
+    """
+
+    rank: int
+    dp: int
+    tp: int
+    pp: int
+    stage: int
+    dp_index: int
+    tp_index: int
+    tp_group: str | None
+    dp_group: str | None
+    prev_link: str | None   # pipeline link to the previous stage's rank
+    next_link: str | None   # ... and to the next stage's
+
+    @classmethod
+    def of(cls, rank: int, dp: int, tp: int, pp: int) -> "Placement":
+        stage, dp_index, tp_index = layout.rank_coords(rank, dp, tp)
+        prev_rank, next_rank = layout.pipeline_peers(rank, dp, tp, pp)
+        tp_ranks, dp_ranks = layout.tp_group(rank, dp, tp), layout.dp_group(rank, dp, tp)
+        return cls(rank, dp, tp, pp, stage, dp_index, tp_index,
+                   _group_name("tp", tp_ranks) if tp > 1 else None,
+                   _group_name("dp", dp_ranks) if dp > 1 and dp < dp * tp * pp else None,
+                   _group_name("pp", [prev_rank, rank]) if prev_rank is not None else None,
+                   _group_name("pp", [rank, next_rank]) if next_rank is not None else None)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.pp - 1
+
+    def groups(self) -> dict:
+        """``{name: ranks}`` of every group this rank belongs to (besides the world)."""
+        named = [self.tp_group, self.dp_group, self.prev_link, self.next_link]
+        return {name: [int(r) for r in name.split("-")[1:]] for name in named if name}
+
+
+def create_groups(placement: Placement) -> None:
+    from mindspore.communication import create_group
+
+    for name, ranks in placement.groups().items():
+        create_group(name, ranks)
+
+
+class CopyToGroup(nn.Cell):
+    """Megatron's *f*: identity forward; backward, the gradient is summed over the group (each
+    rank's part of the graph contributed a partial gradient of the replicated input)."""
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (self.all_reduce(dout),)
+
+
+class ReduceFromGroup(nn.Cell):
+    """Megatron's *g*: forward, the partial results are summed over the group; backward, the
+    (replicated) gradient passes unchanged. MindSpore's AllReduce would all-reduce it again."""
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+
+    def construct(self, x):
+        return self.all_reduce(x)
+
+    def bprop(self, x, out, dout):
+        return (dout,)
+
+
+class GatherMax(nn.Cell):
+    """Element-wise maximum of ``x`` over the group; no gradient flows back through it.
+
+    Each rank writes ``x`` into its own row of zeros and the rows are summed over the group
+    (a gather by all-reduce), then the maximum over the rows is taken.
+    """
+
+    def __init__(self, group: str, size: int, index: int):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+        self.own_row = ms.Tensor(np.eye(size, dtype=np.float32)[index])
+        self.size = size
+
+    def construct(self, x):
+        rows = self.own_row.reshape((self.size,) + (1,) * x.ndim).astype(x.dtype) * x.expand_dims(0)
+        return self.all_reduce(rows).max(axis=0)
+
+    def bprop(self, x, out, dout):
+        return (ops.zeros_like(x),)
+
+
+class Exchange(nn.Cell):
+    """A point-to-point transfer between the two ranks of a pipeline link: the sender passes the
+    tensor, the receiver zeros of its shape, and both get the sender's tensor back."""
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+
+    def construct(self, x):
+        return self.all_reduce(x)
+
+
+class ExchangePair(nn.Cell):
+    """Both directions of a pipeline link in one transfer: the earlier stage passes
+    ``(activation, zeros)``, the later one ``(zeros, gradient)``; both get ``(activation,
+    gradient)``. 1F1B's steady phase sends one way while it receives the other."""
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(group=group)
+
+    def construct(self, forward, backward):
+        both = self.all_reduce(ops.stack((forward, backward)))
+        return both[0], both[1]
