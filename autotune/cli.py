@@ -70,7 +70,8 @@ def cmd_estimate(args) -> int:
     from autotune.space import violations
 
     spec, space = _load(args)
-    candidate = space.first_candidate()
+    # Knobs not --set take the baseline: the candidate a study on this file runs first.
+    candidate = space.baseline()
     est = costmodel.estimate(spec, candidate)
     reasons = violations(spec, candidate)
     if args.json:
@@ -179,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     estimate = verbs.add_parser("estimate", help="the cost model's verdict for one candidate")
     estimate.add_argument("model_yaml")
-    estimate.add_argument("--set", action="append", metavar="KNOB=VALUE")
+    estimate.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                          help="fix a knob (repeatable); the others take the study's baseline")
     estimate.add_argument("--json", action="store_true")
     estimate.set_defaults(run=cmd_estimate)
 

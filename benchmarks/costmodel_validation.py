@@ -14,6 +14,13 @@ the large models), 4 without (it only affects memory there). The papers' interle
 sequence parallelism, and scatter/gather pipeline sends are not modelled; neither is the
 DeepSpeed pipeline engine of MT-NLG.
 
+Every run is priced with ``engine="megatron"``: the physics (compute rates, tensor-parallel,
+pipeline and data-parallel collectives, node boundaries) is the one autotune's trainer is
+priced with, but the facts that are the trainer's own are replaced by Megatron-LM's: 16-bit
+parameters and gradients with fp32 master weights and moments (so a 16-bit gradient
+all-reduce and no separate accumulators), and a 1F1B pipeline that keeps activations where the
+trainer's stages run each forward a second time.
+
 Sources:
   N21-T1  Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
           Using Megatron-LM", Table 1 (weak scaling, full activation recompute).
@@ -40,6 +47,8 @@ from pathlib import Path
 from autotune.costmodel import PROFILES, estimate
 from autotune.space import Candidate
 from autotune.spec import parse_spec
+
+ENGINE = "megatron"  # the published runs used Megatron-LM (see the module doc)
 
 # (source, label, heads, hidden, layers, tp, pp, gpus, batch, recompute, metric, reported,
 #  tune, vocab)
@@ -92,7 +101,7 @@ def make_candidate(tp, pp, gpus, batch, recompute, fusion_mb=64):
 def predict(row, device="a100-80g"):
     _, _, heads, hidden, layers, tp, pp, gpus, batch, recompute, metric, _, _, vocab = row
     est = estimate(make_spec(heads, hidden, layers, gpus, batch, vocab, device),
-                   make_candidate(tp, pp, gpus, batch, recompute))
+                   make_candidate(tp, pp, gpus, batch, recompute), engine=ENGINE)
     return est, (est.tflops_per_device if metric == "tflops" else est.mfu * 100)
 
 
@@ -145,7 +154,7 @@ def ranking_table(gpus: int, batch: int) -> None:
         for pp in (1, 2, 4, 8, 16, 32):
             if gpus % (tp * pp) or 96 % pp or batch % (gpus // (tp * pp)):
                 continue
-            est = estimate(spec, make_candidate(tp, pp, gpus, batch, "full"))
+            est = estimate(spec, make_candidate(tp, pp, gpus, batch, "full"), engine=ENGINE)
             (rows if est.feasible else infeasible).append((tp, pp, est))
     rows.sort(key=lambda r: -r[2].samples_per_s)
     print(f"{'rank':>4}{'tp':>4}{'pp':>4}{'dp':>5}{'samples/s':>11}{'TFLOP/s':>9}{'mem GB':>8}"

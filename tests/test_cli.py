@@ -25,6 +25,20 @@ def test_estimate_json_has_the_contracted_keys(capsys):
             "recompute"} <= set(out["breakdown"]["time_s"])
 
 
+def test_estimate_fills_the_knobs_not_set_with_the_studys_baseline(capsys):
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+    assert main(["estimate", LLAMA, "--set", "tp=8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # each knob's default (fusion 64 MB, O1, no recompute, no accumulation, one stage), not the
+    # first value of its domain (fusion 1 MB, O0)
+    assert out["candidate"] == {"dp": 8, "tp": 8, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
+                                "grad_accum": 1, "loss_scale": 65536, "warmup_steps": 2000,
+                                "jit_level": "O1", "recompute": "none"}
+    baseline = build_space(load_spec(LLAMA), {"tp": 8}).baseline()
+    assert out["candidate"] == baseline.as_dict()
+
+
 def test_estimate_reports_an_infeasible_layout_with_its_reason(capsys):
     # tp = 1, pp = 1: a 7B model's activations at sequence 4096 cannot fit one 64 GB device
     assert main(["estimate", LLAMA, "--set", "tp=1", "--set", "pp=1", "--set", "recompute=none",

@@ -12,13 +12,16 @@ import pytest
 
 from autotune.costmodel import (NOT_ESTIMATED, PROFILES, Calibration, estimate, format_estimate,
                                 resolve_profile)
+from autotune.costmodel.memory import memory_per_stage
 from autotune.costmodel.timing import allreduce_time
+from autotune.costmodel.workload import workload_for
+from autotune.layout import builtin_layout, rank_elements
 from autotune.space import Candidate
 from autotune.spec import SpecError, parse_spec
 
 GIB = 2**30
 TIME_KEYS = {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host"}
-MEMORY_KEYS = {"params", "grads", "optimizer_states", "activations", "overhead"}
+MEMORY_KEYS = {"params", "grads", "accumulators", "optimizer_states", "activations", "overhead"}
 
 
 def spec_of(model=None, batch=8, cluster=None):
@@ -41,7 +44,7 @@ def states_bytes(est):
     return (m["params"] + m["grads"] + m["optimizer_states"]) * GIB
 
 
-# -- model states: ZeRO's 16 bytes per parameter ------------------------------------------------
+# -- model states: the trainer's float32 parameters, gradients and Adam moments ---------------
 
 def test_sixteen_bytes_per_parameter_for_a_known_parameter_count():
     # shapes.py layout, L=2, h=64, ffn=256, s=32, V=256:
@@ -50,14 +53,18 @@ def test_sixteen_bytes_per_parameter_for_a_known_parameter_count():
     # embeddings 256·64 = 16384, positions 32·64 = 2048, final norm 128, head 256·64+256 = 16640
     params = 2 * 49984 + 16384 + 2048 + 128 + 16640
     assert params == 135168
-    est = estimate(spec_of(), cand())
-    assert states_bytes(est) == pytest.approx(16 * params)
-    m = est.breakdown["memory_gb"]  # mixed precision: 2 + 2 + 12 (fp32 master, momentum, variance)
-    assert m["params"] * GIB == pytest.approx(2 * params)
-    assert m["optimizer_states"] * GIB == pytest.approx(12 * params)
-    fp32 = estimate(spec_of({"dtype": "float32"}), cand()).breakdown["memory_gb"]
-    assert (fp32["params"] * GIB, fp32["grads"] * GIB, fp32["optimizer_states"] * GIB) == \
-        pytest.approx((4 * params, 4 * params, 8 * params))
+    # The trainer keeps float32 parameters and gradients whatever the compute dtype, and
+    # AdamWeightDecay's two float32 moments: 4 + 4 + 8 in float16 as in float32.
+    for dtype in ("float16", "float32"):
+        m = estimate(spec_of({"dtype": dtype}), cand()).breakdown["memory_gb"]
+        assert (m["params"] * GIB, m["grads"] * GIB, m["optimizer_states"] * GIB) == \
+            pytest.approx((4 * params, 4 * params, 8 * params))
+        assert m["accumulators"] == 0  # one micro-batch per step: no accumulators
+    # Megatron-LM's mixed precision (ZeRO §3.1): 16-bit parameters and gradients, fp32 master
+    # weights, momentum and variance: 2 + 2 + 12
+    m = estimate(spec_of(), cand(grad_accum=2), engine="megatron").breakdown["memory_gb"]
+    assert (m["params"] * GIB, m["grads"] * GIB, m["accumulators"],
+            m["optimizer_states"] * GIB) == pytest.approx((2 * params, 2 * params, 0, 12 * params))
 
 
 def test_parameter_count_matches_the_trial_programs_shapes():
@@ -75,6 +82,39 @@ def test_tensor_parallel_splits_matrices_and_keeps_norms_and_row_biases_whole():
     per_device = 2 * (24800 + 384) + 16384 / 2 + 2048 + (16384 + 256) / 2 + 128
     est = estimate(spec_of(cluster={"devices": 2}), cand(tp=2))
     assert states_bytes(est) == pytest.approx(16 * per_device)
+
+
+@pytest.mark.parametrize("family", ["transformer", "mlp"])
+@pytest.mark.parametrize("tp, pp", [(1, 2), (2, 1), (2, 2)])
+def test_model_states_per_device_are_the_layouts_elements(family, tp, pp):
+    cfg = {"family": family, "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+           "ffn_hidden_size": 256, "seq_length": 32, "vocab_size": 256}
+    layouts, reasons = builtin_layout(cfg, tp, pp)
+    assert not reasons
+    spec = spec_of({"family": family}, cluster={"devices": tp * pp})
+    c = cand(tp=tp, pp=pp, micro_batches=2 if pp > 1 else 1)
+    stages = memory_per_stage(workload_for(spec.model), c, 4, 2 if pp > 1 else 1, "float16", 0.0)
+    for stage, parts in enumerate(stages):
+        elements = rank_elements(layouts, tp, stage)
+        states = (parts["params"] + parts["grads"] + parts["optimizer_states"]) * GIB
+        assert states == pytest.approx(16 * elements)
+        # pp > 1 means several micro-batches per step: a float32 accumulator per parameter
+        assert parts["accumulators"] * GIB == pytest.approx(4 * elements if pp > 1 else 0)
+
+
+def test_gradient_accumulation_adds_a_float32_accumulator_per_parameter():
+    spec = spec_of(batch=8)  # 135168 parameters (counted above)
+    one, two = (estimate(spec, cand(grad_accum=k)).breakdown["memory_gb"] for k in (1, 2))
+    assert one["accumulators"] == 0
+    assert two["accumulators"] * GIB == pytest.approx(4 * 135168)
+    states = ("params", "grads", "accumulators", "optimizer_states", "overhead")
+    assert sum(two[k] - one[k] for k in states) * GIB == pytest.approx(4 * 135168)
+
+
+def test_a_layout_the_trainer_cannot_build_is_infeasible():
+    est = estimate(spec_of({"vocab_size": 255}, cluster={"devices": 2}), cand(tp=2))
+    assert not est.feasible and "tp = 2 does not divide embed.tok.embedding_table" in est.reason
+    assert math.isnan(est.memory_gb_per_device)
 
 
 # -- activations: Korthikanti et al. 2022 -------------------------------------------------------
@@ -96,14 +136,33 @@ def test_activation_memory_per_recompute_mode(mode, per_layer, working):
     assert est.breakdown["memory_gb"]["activations"] * GIB == pytest.approx(expected)
 
 
-def test_first_pipeline_stage_holds_pp_micro_batches_in_flight():
-    spec = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
-                    "seq_length": 1024, "vocab_size": 1024}, batch=8,
-                   cluster={"devices": 4})
-    est = estimate(spec, cand(pp=4, micro_batches=8, recompute="selective"))
+PIPELINE_MODEL = {"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                  "seq_length": 1024, "vocab_size": 1024}
+
+
+def test_megatron_first_pipeline_stage_holds_pp_micro_batches_in_flight():
+    spec = spec_of(PIPELINE_MODEL, batch=8, cluster={"devices": 4})
+    est = estimate(spec, cand(pp=4, micro_batches=8, recompute="selective"), engine="megatron")
     # first stage: 4 in flight × micro-batch 1 × 2 layers × 34·s·h, plus 4 embedding masks
     expected = 4 * 2 * 34 * 1024**2 + 4 * 1024**2
     assert est.breakdown["memory_gb"]["activations"] * GIB == pytest.approx(expected)
+    with pytest.raises(ValueError, match="engine"):
+        estimate(spec, cand(pp=4, micro_batches=8), engine="gpipe")
+
+
+def test_trainer_pipeline_keeps_only_stage_inputs_between_forward_and_backward():
+    spec = spec_of(PIPELINE_MODEL, batch=8, cluster={"devices": 4})
+    c = cand(pp=4, micro_batches=8, recompute="selective")
+    stages = memory_per_stage(workload_for(spec.model), c, 1, 8, "float16", 0.0)
+    sh = 1024 * 1024
+    one = 2 * 34 * sh  # one micro-batch's activations of a stage's 2 layers, in its backward
+    expected = [
+        one + sh,              # stage 0: 4 in flight, but the waiting ones keep token ids only
+        2 * (2 * sh) + one,    # stage 1: 3 in flight, 2 waiting keep their input s·h·2 bytes
+        1 * (2 * sh) + one,    # stage 2: 2 in flight
+        one + 4 * sh * 2,      # last: one in flight, plus the head's 4·s·h·(1 + V/h)
+    ]
+    assert [parts["activations"] * GIB for parts in stages] == pytest.approx(expected)
 
 
 # -- time: pipeline bubble, ring all-reduce, recompute, placement -------------------------------
@@ -134,14 +193,67 @@ def test_tensor_parallel_group_crossing_a_node_pays_the_inter_node_link():
              "seq_length": 1024}
     inside = estimate(spec_of(model, cluster={"devices": 16, "devices_per_node": 16}), cand(tp=16))
     across = estimate(spec_of(model, cluster={"devices": 16, "devices_per_node": 8}), cand(tp=16))
-    ratio = across.breakdown["time_s"]["tp_comm"] / inside.breakdown["time_s"]["tp_comm"]
-    # one all-reduce of the hidden state, micro-batch 8: S = 8·1024·1024·2 bytes over 16 ranks,
-    # α = 20 µs + 2·15·2 µs; NVLink 300 GB/s vs InfiniBand 25 GB/s, both at 80% efficiency
-    size, alpha = 8 * 1024 * 1024 * 2, 20e-6 + 2 * 15 * 2e-6
-    nvlink = alpha + 2 * 15 / 16 * size / (300e9 * 0.8)
-    infiniband = alpha + 2 * 15 / 16 * size / (25e9 * 0.8)
-    assert ratio == pytest.approx(infiniband / nvlink)  # ≈ 7.8
+    # micro-batch 8 over 16 ranks, α = 20 µs + 2·15·2 µs; NVLink 300 GB/s vs InfiniBand 25 GB/s,
+    # both at 80% efficiency. 4 layers × 4 all-reduces of the hidden state S = 8·1024·1024·2
+    # bytes, 1 more for the vocab-parallel embedding (forward), 1 for the head (backward); the
+    # vocab-parallel cross-entropy's float32 max (16·N), sum (N) and target logit (N), N = 8·1024.
+    alpha, tokens = 20e-6 + 2 * 15 * 2e-6, 8 * 1024
+
+    def allreduce(size, gbps):
+        return alpha + 2 * 15 / 16 * size / (gbps * 1e9 * 0.8)
+
+    for est, gbps in ((inside, 300), (across, 25)):
+        expected = (18 * allreduce(8 * 1024 * 1024 * 2, gbps) + allreduce(16 * tokens * 4, gbps)
+                    + 2 * allreduce(tokens * 4, gbps))
+        assert est.breakdown["time_s"]["tp_comm"] == pytest.approx(expected)
     assert across.samples_per_s < inside.samples_per_s
+
+
+def test_pipeline_sends_are_two_rank_allreduces_inter_node_only_across_a_node_boundary():
+    model = {"num_layers": 4, "vocab_size": 50000}  # a heavy head: the last stage sets the pace
+    message = 32 * 64 * 2  # one sample's hidden state, s·h in float16
+
+    def pp_comm_per_micro_batch(dp, pp, per_node):
+        spec = spec_of(model, batch=4 * dp, cluster={"devices": dp * pp,
+                                                      "devices_per_node": per_node})
+        est = estimate(spec, cand(dp=dp, pp=pp, micro_batches=4))
+        assert est.feasible
+        return est.breakdown["time_s"]["pp_comm"] / 4
+
+    def two_transfers(gbps):  # forward activation + backward gradient, n = 2 all-reduces
+        return 2 * (20e-6 + 2 * 2e-6 + message / (gbps * 1e9 * 0.8))
+
+    # 16 devices, 8 per node, dp·tp = 8, pp = 2: every stage-0 rank's neighbour is on node 1
+    assert pp_comm_per_micro_batch(8, 2, 8) == pytest.approx(two_transfers(25))
+    # dp·tp = 4, pp = 4 on 2 nodes: only the boundary between stages 1 and 2 (ranks 4–7 → 8–11)
+    # crosses; the last stage, the slowest, sends to stage 2 inside node 1
+    assert pp_comm_per_micro_batch(4, 4, 8) == pytest.approx(two_transfers(300))
+    assert pp_comm_per_micro_batch(2, 4, 8) == pytest.approx(two_transfers(300))  # one node
+
+
+def test_stages_before_the_last_run_each_forward_twice_and_the_slowest_stage_sets_the_pace():
+    # 4 layers, pp 2: a stage has 2 layers. Forward FLOPs per layer and sample:
+    # s·(8h² + 4h·ffn) + 4s²h = 1024·(8 + 16)·2^20 + 4·2^30 = 28·2^30; the head 6·s·h·V = 6·2^30.
+    model = {"num_layers": 4, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+             "seq_length": 1024, "vocab_size": 1024}
+    # memory-bound kernels made free, so time is FLOPs over 312 TFLOP/s × 0.74
+    fast = {"base": "a100-80g", "hbm_gbps": 1e12}
+    spec = spec_of(model, batch=8, cluster={"devices": 2, "device": fast})
+    c = cand(pp=2, micro_batches=4)  # micro-batch 2
+    rate, fwd = 312e12 * 0.74, 28 * 2**30
+    trainer, megatron = estimate(spec, c), estimate(spec, c, engine="megatron")
+    t = trainer.breakdown["time_s"]
+    # stage 0 (2 layers × 3 forwards + 1 more = 8 forwards) outruns the last (6 forwards + head)
+    assert t["compute"] == pytest.approx(4 * 2 * 2 * 3 * fwd / rate, rel=1e-6)
+    assert t["recompute"] == pytest.approx(4 * 2 * 2 * fwd / rate, rel=1e-6)
+    model_flops = 8 * (4 * 3 * fwd + 6 * 2**30)
+    assert trainer.mfu * trainer.step_time_s * 2 * 312e12 == pytest.approx(model_flops)
+    executed = model_flops + 8 * 2 * fwd  # stage 0's 2 layers, once more per sample
+    assert trainer.tflops_per_device * 1e12 * trainer.step_time_s * 2 == pytest.approx(executed)
+    m = megatron.breakdown["time_s"]
+    assert m["recompute"] == 0  # Megatron keeps the activations: the last stage sets the pace
+    assert m["compute"] == pytest.approx(4 * 2 * (2 * 3 * fwd + 6 * 2**30) / rate, rel=1e-6)
+    assert megatron.step_time_s < trainer.step_time_s
 
 
 def test_full_recompute_trades_a_third_of_compute_for_activation_memory():
@@ -180,15 +292,30 @@ def test_gradient_accumulation_reduces_once_per_step():
 def test_one_fusion_bucket_hides_nothing_and_tiny_buckets_pay_latency():
     spec = spec_of(batch=64, cluster={"devices": 8})
     one_bucket = estimate(spec, cand(dp=8, fusion_mb=512))
-    # 135168 params × 2 bytes over 8 ranks on NVLink (300 GB/s × 0.8): α + 2·7/8·S/B
-    grads = 135168 * 2
+    # 135168 params × 4 bytes (float32 gradients, though the model computes in float16) over
+    # 8 ranks on NVLink (300 GB/s × 0.8): α + 2·7/8·S/B
+    grads = 135168 * 4
     expected = 20e-6 + 2 * 7 * 2e-6 + 2 * 7 / 8 * grads / (300e9 * 0.8)
     assert one_bucket.breakdown["time_s"]["dp_comm"] == pytest.approx(expected)
-    big = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096},
-                  batch=64, cluster={"devices": 8})
+    # 400 MB of float32 gradients against a backward of 8 sequences of 128 tokens
+    big = spec_of({"num_layers": 8, "hidden_size": 1024, "num_heads": 16, "ffn_hidden_size": 4096,
+                   "seq_length": 128}, batch=64, cluster={"devices": 8})
     comm = {mb: estimate(big, cand(dp=8, fusion_mb=mb)).breakdown["time_s"]["dp_comm"]
             for mb in (1, 64, 4096)}
     assert comm[64] < comm[1] and comm[64] < comm[4096]
+
+
+def test_pipeline_stages_reduce_gradients_after_the_last_micro_batch():
+    # dp 2 × pp 2, 4 micro-batches of 4; stage 0 holds the most parameters: per layer 49984,
+    # token embeddings 16384, positions 2048 (the last stage: final norm 128 and head 16640)
+    spec = spec_of(batch=16, cluster={"devices": 4})
+    c = cand(dp=2, pp=2, micro_batches=4, fusion_mb=1)  # 256 KiB buckets
+    grads = (49984 + 16384 + 2048) * 4  # float32: 273664 bytes → 2 buckets
+    alpha = 20e-6 + 2 * 2e-6  # 2 ranks on NVLink
+    whole = 2 * alpha + grads / (300e9 * 0.8)
+    # the trainer's update is a graph of its own: nothing overlaps the backward
+    assert estimate(spec, c).breakdown["time_s"]["dp_comm"] == pytest.approx(whole)
+    assert estimate(spec, c, engine="megatron").breakdown["time_s"]["dp_comm"] < whole
 
 
 def test_jit_level_scales_compute_and_loss_scale_warmup_do_nothing():
@@ -201,15 +328,47 @@ def test_jit_level_scales_compute_and_loss_scale_warmup_do_nothing():
     assert estimate(spec, other).as_dict() == o1.as_dict()
 
 
+# -- the MLP family: one row per sample ------------------------------------------------------
+
+MLP_MODEL = {"family": "mlp", "num_layers": 2, "hidden_size": 64, "num_heads": 2,
+             "ffn_hidden_size": 256, "vocab_size": 10}
+
+
+def test_mlp_prices_one_row_per_sample():
+    short, long = (estimate(spec_of({**MLP_MODEL, "seq_length": s}, batch=8), cand())
+                   for s in (4, 4096))
+    assert short.as_dict() == long.as_dict()  # seq_length plays no part
+    # per sample: 2 layers × 3 × 2·(2·h·ffn), plus the head and input projection 6·h·(V + h)
+    flops = 8 * (2 * 3 * 2 * 2 * 64 * 256 + 6 * 64 * (10 + 64))
+    assert short.mfu * short.step_time_s * 312e12 == pytest.approx(flops)
+    # kept per row: 2 layers × (2h + 2·ffn) at 2 bytes, the head 4·h·(1 + V/h) (16-bit count)
+    rows = 8 * (2 * (2 * 64 + 2 * 256) * 2 + 4 * 64 * (1 + 10 / 64))
+    assert short.breakdown["memory_gb"]["activations"] * GIB == pytest.approx(rows)
+
+
+def test_mlp_tensor_parallel_messages_are_one_row_per_sample():
+    est = estimate(spec_of({**MLP_MODEL, "vocab_size": 16}, batch=8, cluster={"devices": 2}),
+                   cand(tp=2))
+
+    def allreduce(size):  # 2 ranks on NVLink: α = 20 + 2·2 µs, 2·(1/2)·S/B
+        return 24e-6 + size / (300e9 * 0.8)
+
+    # per layer 1 forward + 1 backward, the head's backward: (8 rows × 64) in float16; the
+    # cross-entropy's float32 max (2·8), sum (8) and target logit (8)
+    expected = 5 * allreduce(8 * 64 * 2) + allreduce(2 * 8 * 4) + 2 * allreduce(8 * 4)
+    assert est.breakdown["time_s"]["tp_comm"] == pytest.approx(expected)
+
+
 # -- CPU profile against MINDSPORE_CPU.md's measurements ---------------------------------------
 
 @pytest.mark.parametrize("mode, measured_mb, measured_s", [("none", 1938, 7.35),
                                                            ("full", 1019, 9.50)])
 def test_cpu_profile_reproduces_the_measured_mlp(mode, measured_mb, measured_s):
-    # 8 residual MLP blocks, d 256, batch 64 × 256 tokens, fp32, GRAPH_MODE, one process
+    # 8 residual MLP blocks, d 256, 64 × 256 = 16384 rows of d features, fp32, GRAPH_MODE, one
+    # process. An MLP sample is one row, so the batch is 16384.
     spec = spec_of({"family": "mlp", "num_layers": 8, "hidden_size": 256, "num_heads": 1,
                     "ffn_hidden_size": 1024, "seq_length": 256, "vocab_size": 256,
-                    "dtype": "float32"}, batch=64,
+                    "dtype": "float32"}, batch=64 * 256,
                    cluster={"backend": "cpu", "devices_per_node": 1, "device": None,
                             "device_memory_gb": 16})
     est = estimate(spec, cand(jit="O1", recompute=mode))

@@ -2,16 +2,17 @@
 
 API (what the search loop and the CLI call):
 
-- ``estimate(spec, candidate, calibration=None) -> Estimate`` — the verdict on one candidate
-  (feasible or why not, memory per device, step time, samples/s, TFLOP/s per device, MFU and a
-  breakdown); ``Estimate.as_dict()`` is its strict-JSON form.
+- ``estimate(spec, candidate, calibration=None, engine="trainer") -> Estimate`` — the verdict
+  on one candidate (feasible or why not, memory per device, step time, samples/s, TFLOP/s per
+  device, MFU and a breakdown) as autotune's trainer runs it (``engine="megatron"``: as
+  Megatron-LM would); ``Estimate.as_dict()`` is its strict-JSON form.
 - ``format_estimate(estimate) -> str`` — the same as a readable table.
 - ``resolve_profile(cluster) -> DeviceProfile`` — the hardware numbers a cluster section means
   (``PROFILES`` lists the named ones).
 - ``Calibration.from_pairs([(estimate, peak_memory_mb, step_time_ms), ...])`` — per-study
   multiplicative corrections from measured trials; ``as_dict()`` / ``from_dict()``.
 
-Modules: ``workload`` (per-sample FLOPs, parameters, activations of a model family),
+Modules: ``workload`` (per-sample FLOPs, activations, messages of a model family),
 ``profiles`` (devices), ``memory`` and ``timing`` (the physics), ``calibration``, ``estimate``.
 """
 

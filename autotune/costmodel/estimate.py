@@ -3,21 +3,29 @@
 
 Contract:
 
-- ``estimate(spec, candidate, calibration=None) -> Estimate`` never runs anything. It is
-  infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks a hard
-  constraint (:func:`autotune.space.violations`, numbers NaN), asks for ``O2`` on a device that
-  is not Ascend, or needs more than ``device memory × SAFETY_MARGIN`` per device (the reason
-  carries the predicted memory). A model without dimensions (an ``entry`` that gives none) is
-  ``feasible=True`` with reason ``"no dimensions given: not estimated"`` and NaN numbers: nothing
-  is known against it, so the real trial decides. Bad ``cluster.device`` input raises
-  :class:`~autotune.spec.SpecError`.
+- ``estimate(spec, candidate, calibration=None, engine="trainer") -> Estimate`` never runs
+  anything. It is infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks
+  a hard constraint (:func:`autotune.space.violations`, the layout's included; numbers NaN),
+  asks for ``O2`` on a device that is not Ascend, or needs more than ``device memory ×
+  SAFETY_MARGIN`` per device (the reason carries the predicted memory). A model without
+  dimensions (an ``entry`` that gives none) is ``feasible=True`` with reason ``"no dimensions
+  given: not estimated"`` and NaN numbers: nothing is known against it, so the real trial
+  decides. Bad ``cluster.device`` input raises :class:`~autotune.spec.SpecError`.
+- ``engine`` says what executes the step: ``"trainer"`` (default) is autotune's trainer (float32
+  parameters, gradients and accumulators; pipeline stages that run each forward twice);
+  ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
+  parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
+  published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
+  ValueError.
 - ``Estimate.as_dict()`` has exactly the keys ``feasible, reason, memory_gb_per_device,
   step_time_s, samples_per_s, tflops_per_device, mfu, breakdown``; NaN becomes ``None`` so the
   dict is strict JSON. ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
-  dp_comm, bubble, optimizer, host}, "memory_gb": {params, grads, optimizer_states,
-  activations, overhead}}`` for the device with the most memory (the parts sum to the totals).
-- ``tflops_per_device`` counts executed FLOPs (recompute included, as Megatron-LM reports);
-  ``mfu`` counts model FLOPs only, over the device's peak for the compute dtype.
+  dp_comm, bubble, optimizer, host}, "memory_gb": {params, grads, accumulators,
+  optimizer_states, activations, overhead}}`` for the device with the most memory (the parts
+  sum to the totals).
+- ``tflops_per_device`` counts executed FLOPs (recompute and repeated forwards included, as
+  Megatron-LM reports); ``mfu`` counts model FLOPs only, over the device's peak for the compute
+  dtype.
 - ``loss_scale`` and ``warmup_steps`` change numerics, not work: they never change an estimate.
 """
 
@@ -27,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from autotune.costmodel.calibration import Calibration
-from autotune.costmodel.memory import memory_per_stage, stage_params
+from autotune.costmodel.memory import ENGINES, memory_per_stage, rank_params
 from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.timing import step_time
 from autotune.costmodel.workload import workload_for
@@ -67,8 +75,11 @@ def _unknown(feasible: bool, reason: str) -> Estimate:
     return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
 
 
-def estimate(spec, candidate, calibration: Calibration | None = None) -> Estimate:
+def estimate(spec, candidate, calibration: Calibration | None = None,
+             engine: str = "trainer") -> Estimate:
     """The verdict on ``candidate`` for ``spec`` (see the module doc)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     profile = resolve_profile(spec.cluster)
     broken = violations(spec, candidate)
     if broken:
@@ -83,12 +94,11 @@ def estimate(spec, candidate, calibration: Calibration | None = None) -> Estimat
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
     n_micro = candidate.micro_batches if candidate.pp > 1 else candidate.grad_accum
     micro_batch = max(1, batch // (candidate.dp * n_micro))
-    stages = memory_per_stage(work, candidate, micro_batch, n_micro, dtype, profile.framework_gb)
+    stages = memory_per_stage(work, candidate, micro_batch, n_micro, dtype, profile.framework_gb,
+                              engine)
     memory = max(stages, key=lambda parts: sum(parts.values()))
-    params_per_device = max(stage_params(work, candidate.tp, candidate.pp, stage)
-                            for stage in range(candidate.pp))
     times, flops = step_time(work, candidate, profile, spec.cluster, micro_batch, n_micro,
-                             dtype, params_per_device)
+                             dtype, max(rank_params(work, candidate.tp, candidate.pp)), engine)
     if calibration is not None:
         memory = {k: v * calibration.memory_factor for k, v in memory.items()}
         times = {k: v * calibration.time_factor for k, v in times.items()}

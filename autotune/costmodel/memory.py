@@ -2,98 +2,121 @@
 
 Contract: :func:`memory_per_stage` returns, for every pipeline stage, the memory one device of
 that stage needs; the estimate reports the largest. Parts (the breakdown keys): ``params``,
-``grads``, ``optimizer_states``, ``activations``, ``overhead``.
+``grads``, ``accumulators``, ``optimizer_states``, ``activations``, ``overhead``.
+:func:`rank_params` is the parameter count per stage, cached;
+:func:`state_bytes` the bytes per parameter by part. ``engine`` (one of :data:`ENGINES`) names
+what executes the step: ``"trainer"``, autotune's trainer, or ``"megatron"``, Megatron-LM as the
+published runs that ``benchmarks/costmodel_validation.py`` prices used it.
 
 Model (sources in the docstrings below and in ``workload.py``):
 
-- Model states, Adam: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
-  Trillion Parameter Models", §3.1: mixed precision keeps 2 bytes of 16-bit parameters, 2 of
-  16-bit gradients and 12 of fp32 master weights, momentum and variance = 16 bytes/parameter.
-  In float32 the same is 4 + 4 + 8 = 16. Tensor parallelism splits the weight matrices
-  (layer norms and row-parallel biases stay whole); pipeline stages hold their layers, the first
-  the embeddings, the last the head. Optimizer-state sharding (MindSpore
-  ``enable_parallel_optimizer``) is not a knob here and is not modelled.
+- Parameters per device: :func:`autotune.layout.rank_elements` of
+  :func:`autotune.layout.builtin_layout` — the layout the trainer builds and the export writes
+  (Megatron-style TP splits; the first stage holds the embeddings, the last the final norm and
+  head). An ``entry`` model with transformer dimensions is laid out as the built-in transformer.
+- Model states, as the trainer keeps them: float32 parameters whatever the compute dtype, float32
+  gradients, AdamWeightDecay's two float32 moments = 4 + 4 + 8 = 16 bytes per local parameter.
+  When a step has more than one micro-batch (``grad_accum`` > 1, or pp > 1 with
+  ``micro_batches`` > 1) the trainer adds one float32 accumulator per parameter: 4 more.
+  Megatron-LM in 16-bit mixed precision keeps what Rajbhandari et al. 2020 ("ZeRO", §3.1)
+  count: 16-bit parameters and gradients (accumulated in place) and fp32 master weights,
+  momentum and variance = 2 + 2 + 12. Optimizer-state sharding is not a knob here and is not
+  modelled.
 - Activations per layer and sample by recompute mode: Korthikanti et al. 2022 (``workload.py``).
-  1F1B pipelining (Narayanan et al. 2021 §2.2): stage i keeps up to ``pp − i`` micro-batches in
-  flight, so the first stage holds ``pp`` and the last one. Without pipelining, gradient
-  accumulation keeps one micro-batch at a time. Under full recompute the layer being
-  back-propagated is rebuilt whole, so one layer of un-recomputed activations comes on top
-  (gradient buffers reuse the memory of freed activations). Against MINDSPORE_CPU.md's 8 MLP
-  blocks (1,938 → 1,019 MB, −47%) this predicts 1,973 → 981 MB (+2% / −4%).
+  Under full recompute the layer being back-propagated is rebuilt whole, so one layer of
+  un-recomputed activations comes on top (gradient buffers reuse the memory of freed
+  activations). Against MINDSPORE_CPU.md's 8 MLP blocks (1,938 → 1,019 MB, −47%) this predicts
+  1,973 → 981 MB (+2% / −4%). Without pipelining one micro-batch is alive at a time.
+- Pipelines, 1F1B (Narayanan et al. 2021 §2.2): stage i has up to ``pp − i`` micro-batches
+  between their forward and their backward. What each of them keeps depends on the engine.
+  The trainer (MindSpore compiles forward and backward as one graph, so a stage other than the
+  last runs a forward-only graph to send its activation and later a forward+backward graph fed
+  the received gradient) keeps only the stage's input per waiting micro-batch — the hidden
+  state; the first stage's input is token ids, counted as nothing — and one micro-batch's full
+  activations during a backward; its last stage runs each micro-batch's forward and backward
+  back to back (one in flight). Megatron-LM's non-interleaved 1F1B keeps every in-flight
+  micro-batch's activations.
 - Overhead: the device profile's runtime baseline, plus one AllReduce fusion buffer when data
   parallel (a bigger ``fusion_mb`` costs memory).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from autotune.costmodel.workload import DTYPE_BYTES, Workload
+from autotune.layout import builtin_layout, rank_elements
 
 GIB = 2**30
 MIB = 2**20
 
-# ZeRO §3.1 byte counts per parameter: (parameters, gradients, optimizer states).
-STATE_BYTES = {"half": (2, 2, 12), "float32": (4, 4, 8)}
+ENGINES = ("trainer", "megatron")
+STATE_PARTS = ("params", "grads", "accumulators", "optimizer_states")
 
 # MINDSPORE_CPU.md: with comm_fusion mode "size", buckets come out near a quarter of the
 # configured threshold.
 FUSION_FILL = 0.25
 
 
-def state_bytes(dtype: str) -> tuple[int, int, int]:
-    return STATE_BYTES["float32" if dtype == "float32" else "half"]
+def state_bytes(engine: str, dtype: str, n_micro: int) -> dict:
+    """Bytes per local parameter of each model-state part (see the module doc). ``grads`` is
+    also what the data-parallel all-reduce moves per parameter."""
+    if engine == "megatron":
+        half = dtype != "float32"
+        return dict(zip(STATE_PARTS, (2, 2, 0, 12) if half else (4, 4, 0, 8)))
+    return dict(zip(STATE_PARTS, (4, 4, 4 if n_micro > 1 else 0, 8)))
 
 
-def stage_params(work: Workload, tp: int, pp: int, stage: int) -> float:
-    """Parameters one device of pipeline stage ``stage`` holds."""
-    split, whole = work.layer_params()
-    layers = -(-work.layers // pp)  # ceil: an uneven split is a violation, priced pessimistically
-    params = layers * (split / tp + whole)
-    if stage == 0:
-        first_split, first_whole = work.first_stage_params()
-        params += first_split / tp + first_whole
-    if stage == pp - 1:
-        last_split, last_whole = work.last_stage_params()
-        params += last_split / tp + last_whole
-    return params
+@lru_cache(maxsize=1024)
+def rank_params(work: Workload, tp: int, pp: int) -> tuple[int, ...]:
+    """Parameters one device of each stage holds. The layout must be valid (the search space's
+    constraints check it); cached per (model, tp, pp): a simulated grid estimates thousands of
+    candidates that share a handful of layouts, and laying out a model walks every parameter."""
+    layouts, _ = builtin_layout(work.layout_config(), tp, pp)
+    return tuple(rank_elements(layouts, tp, stage) for stage in range(pp))
 
 
-def stage_activations(work: Workload, tp: int, pp: int, stage: int, micro_batch: int,
-                      n_micro: int, recompute: str, dtype: str) -> float:
-    """Activation bytes one device of ``stage`` holds at its peak (1F1B, see module doc);
+def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n_micro: int,
+                      dtype: str, engine: str) -> float:
+    """Activation bytes one device of ``stage`` holds at its peak (see the module doc);
     ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step."""
+    tp, pp, recompute = candidate.tp, candidate.pp, candidate.recompute
     nbytes = DTYPE_BYTES[dtype]
-    layers = -(-work.layers // pp)
+    layers = work.layers // pp
     in_flight = max(1, min(pp - stage, n_micro))
-    kept = in_flight * micro_batch * layers * work.layer_activations(tp, recompute, nbytes)
+    first, last = stage == 0, stage == pp - 1
+    one = micro_batch * layers * work.layer_activations(tp, recompute, nbytes)
+    if first:  # the embedding's own activations, with the layers' of the same micro-batch
+        one += micro_batch * work.first_stage_activations(tp, nbytes)
     # Under full recompute the layer being back-propagated is rebuilt whole for a moment.
-    working = 0.0
-    if recompute == "full":
-        working = micro_batch * work.layer_activations(tp, "none", nbytes)
-    extra = 0.0
-    if stage == 0:
-        extra += in_flight * micro_batch * work.first_stage_activations(tp, nbytes)
-    if stage == pp - 1:
-        extra += micro_batch * work.last_stage_activations(tp, nbytes)
-    return kept + working + extra
+    working = micro_batch * work.layer_activations(tp, "none", nbytes) \
+        if recompute == "full" else 0.0
+    if last:
+        working += micro_batch * work.last_stage_activations(tp, nbytes)
+    if last or engine == "megatron":
+        # Each in-flight micro-batch keeps its activations (the last stage has one in flight).
+        kept = in_flight * one
+    else:
+        # The trainer's non-last stage: the waiting micro-batches keep their input (the
+        # previous stage's hidden state), the one in its backward everything.
+        waiting_input = 0.0 if first else micro_batch * work.hidden_state_bytes(nbytes)
+        kept = (in_flight - 1) * waiting_input + one
+    return kept + working
 
 
 def memory_per_stage(work: Workload, candidate, micro_batch: int, n_micro: int, dtype: str,
-                     framework_gb: float) -> list[dict]:
+                     framework_gb: float, engine: str = "trainer") -> list[dict]:
     """One breakdown dict (GiB by part) per pipeline stage."""
-    p_bytes, g_bytes, o_bytes = state_bytes(dtype)
+    params_per_stage = rank_params(work, candidate.tp, candidate.pp)
+    per_param = state_bytes(engine, dtype, n_micro)
     stages = []
-    for stage in range(candidate.pp):
-        params = stage_params(work, candidate.tp, candidate.pp, stage)
+    for stage, params in enumerate(params_per_stage):
         fusion = 0.0
         if candidate.dp > 1:
-            fusion = min(candidate.fusion_mb * MIB * FUSION_FILL, params * g_bytes)
-        stages.append({
-            "params": params * p_bytes / GIB,
-            "grads": params * g_bytes / GIB,
-            "optimizer_states": params * o_bytes / GIB,
-            "activations": stage_activations(work, candidate.tp, candidate.pp, stage,
-                                             micro_batch, n_micro, candidate.recompute,
-                                             dtype) / GIB,
-            "overhead": framework_gb + fusion / GIB,
-        })
+            fusion = min(candidate.fusion_mb * MIB * FUSION_FILL, params * per_param["grads"])
+        parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
+        parts["activations"] = stage_activations(work, candidate, stage, micro_batch, n_micro,
+                                                 dtype, engine) / GIB
+        parts["overhead"] = framework_gb + fusion / GIB
+        stages.append(parts)
     return stages

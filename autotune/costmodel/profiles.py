@@ -111,11 +111,24 @@ CPU_BASE = DeviceProfile(
     peak_tflops=CPU_MACHINE_PEAK_TFLOPS_FP32 / CPU_HALF_SLOWDOWN,
     peak_tflops_fp32=CPU_MACHINE_PEAK_TFLOPS_FP32,
     hbm_gbps=20.0,               # assumption: a 2-vCPU share of a server's DRAM bandwidth
-    intra_node_gbps=2.0,         # assumption: worker-to-worker copies through host memory
-    inter_node_gbps=1.25,        # assumption: 10 GbE between machines
-    # MINDSPORE_CPU.md: 82 AllReduce → 1 saved ≈22 ms (0.27 ms each); 10.5 MB in 11 buckets vs
-    # 1 cost ≈13 ms more (1.3 ms each). 0.5 ms taken.
-    collective_latency_us=500.0, hop_latency_us=0.0,
+    # All-reduce between the two pinned msrun workers of this machine, measured with
+    # `.venv/bin/python benchmarks/collectives_cpu.py` (a 2-rank create_group group, AllReduce
+    # inside a compiled Cell, 4 B – 64 MB) and fitted to allreduce_time's n = 2 form
+    # α + S / (intra_node_gbps × link_efficiency) over 16 KB – 4 MB, the trainer's messages.
+    # Four runs on a quieter machine: α = 301 / 173 / 222 / 207 µs, B_eff = 0.35 / 0.33 / 0.39 /
+    # 0.37 GB/s; medians taken: α = 215 µs, B_eff = 0.36 GB/s → intra_node_gbps = 0.36 / 0.8 =
+    # 0.45. Against the three cleaner runs these price every size from 16 B to 16 MB within
+    # ±19% (but one 4 MB point measured 2× slow); 4 B measured 0.10–0.12 ms (α over-prices it
+    # 2×, harmless: scalars), 64 MB ≈0.23 GB/s (priced ≈35% fast; only a fusion bucket that
+    # large is). Two runs while a neighbour loaded the cores gave α = 605 / 546 µs,
+    # B_eff = 0.21 / 0.16 GB/s: a busy machine doubles communication (the per-study calibration
+    # absorbs that). Two ranks cannot separate the launch from the per-hop term: all of α is
+    # taken as launch.
+    intra_node_gbps=0.45,
+    # Assumption: between machines the same collective library over 10 GbE (1.25 GB/s); the
+    # library's own rate above is the lower bound, so it is taken for the wire too.
+    inter_node_gbps=0.45,
+    collective_latency_us=215.0, hop_latency_us=0.0,
     # MINDSPORE_CPU.md: RSS 0.8/1.5/4.1/7.6 GB at batch 32/128/512/1024 extrapolates to ≈0.55 GB
     # at batch 0: MindSpore's runtime plus a small model.
     framework_gb=0.55,

@@ -3,7 +3,9 @@
 Contract: :func:`step_time` returns ``(breakdown, flops)``: breakdown keys ``compute``,
 ``recompute``, ``tp_comm``, ``pp_comm``, ``dp_comm``, ``bubble``, ``optimizer``, ``host``
 (seconds per training step; their sum is the step time), and ``flops`` with ``model`` (without
-recompute) and ``executed`` (with it), per step for the whole job.
+recompute) and ``executed`` (with every repeated forward), per step for the whole job.
+:func:`crossings` says which communication groups and stage boundaries of a layout span two
+nodes.
 
 Model:
 
@@ -12,38 +14,59 @@ Model:
   ``hbm × hbm_efficiency``: forward traffic ≈ reading and writing each kept activation once
   (2 × the un-recomputed activation bytes), backward twice that. The memory-bound share is what
   makes narrow models less efficient than wide ones. Both scale by the jit level's factor.
-  The last pipeline stage (it also runs the head) sets the pace.
 - Recompute: full repeats each layer's forward (×4/3 of the layer compute, Narayanan et al.);
-  selective repeats only QKᵀ·V and the softmax (Korthikanti et al. 2022 §5).
-- Tensor parallel: Megatron's 2 all-reduces per layer forward and 2 backward (+2 under full
-  recompute) of the s·b·h hidden state, not overlapped (Shoeybi et al. 2019).
+  selective repeats only QKᵀ·V and the softmax (Korthikanti et al. 2022 §5). Under the
+  ``"trainer"`` engine every pipeline stage but the last also runs each micro-batch's forward
+  twice (a forward-only graph to send the activation, then forward+backward; see
+  ``memory.py``): one more forward of its layers, on top of the ``recompute`` knob, priced under
+  ``recompute`` too. ``"megatron"`` runs no such forward.
+- Tensor parallel (Megatron, Shoeybi et al. 2019, not overlapped), each an all-reduce over the
+  tp group: per layer 2 in forward and 2 in backward of the hidden state (1 and 1 for the MLP;
+  repeated forwards repeat theirs); the first stage's vocab-parallel embedding 1 in forward; the
+  last stage's vocab-parallel head 1 in backward, and its cross-entropy 3 small float32 ones per
+  micro-batch (tp·N floats for the max, N for the sum of exponentials, N for the target logit;
+  N = tokens in the micro-batch).
 - Ring all-reduce of S bytes over n ranks: 2(n−1)/n · S/B + 2(n−1)·α_hop + α_launch (Patarasuk &
-  Yuan 2009; Thakur et al. 2005). B is the intra-node link when the group fits in a node and the
-  per-device inter-node link when it spans nodes. Rank order is TP innermost, then DP, then PP
-  (Megatron/MindSpore device matrix), so a TP group crosses nodes when tp > devices_per_node and
-  a DP group when tp·dp > devices_per_node.
+  Yuan 2009; Thakur et al. 2005). B is the intra-node link unless some group of that kind spans
+  two nodes (node = rank // devices_per_node, ranks as :mod:`autotune.layout` numbers them: tp
+  innermost, then dp, then stage), then the per-device inter-node link.
 - Pipeline (1F1B, Narayanan et al. 2021 §2.2): m micro-batches take (m + p − 1) micro-batch
-  times; the bubble is the (p − 1) extra, i.e. a fraction (p − 1)/(m + p − 1) of the step. Each
-  micro-batch sends its activation forward and its gradient back (point-to-point).
+  times of the slowest stage (the last runs the head; the others, under the trainer, the
+  second forward; a stage next to a node boundary sends slower); the bubble is the (p − 1)
+  extra, a fraction (p − 1)/(m + p − 1) of the step. Each micro-batch's activation goes forward
+  and its gradient back; the trainer sends each as a 2-rank all-reduce (the receiver adds
+  zeros), so a stage pays two such all-reduces of the hidden state (compute dtype) per
+  micro-batch, at the slower of its own boundaries: inter-node only if some pair of
+  neighbours across it (``dp·tp`` ranks apart) sits on two nodes. (With nodes and stages both
+  contiguous rank blocks, a pipeline over several nodes always has such a boundary somewhere;
+  the stages away from it send at the intra-node rate.)
 - Gradient accumulation (pp = 1): m = grad_accum micro-steps of compute, one DP all-reduce.
-- Data-parallel all-reduce: grads in buckets of ``fusion_mb × FUSION_FILL``; each bucket pays the
-  α terms, all pay the bandwidth term once. Buckets are reduced while the last micro-batch's
-  backward (⅔ of its compute) still runs: with k buckets, (k−1)/k of that window hides
-  communication, the last bucket never hides. One bucket hides nothing; many pay latency.
+- Data-parallel all-reduce of the gradients (``memory.state_bytes``: the trainer's are
+  float32, 4 bytes per local parameter of the stage with most; Megatron's 16-bit ones 2), in
+  buckets of ``fusion_mb × FUSION_FILL``; each bucket pays the α terms, all pay the bandwidth
+  term once. Buckets are reduced while the last micro-batch's backward (⅔ of its compute and
+  knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
+  (k−1)/k of that window hides communication, the last bucket never hides. One bucket hides
+  nothing; many pay latency. The trainer's pipeline stages reduce in a graph of their own after
+  the last micro-batch (``ApplyStep``), so with pp > 1 nothing hides.
 - Optimizer: Adam is memory-bound: ≈ 32 bytes per local parameter moved (read and write its
-  16 bytes of ZeRO state) at device memory bandwidth.
+  16 bytes of state) at device memory bandwidth.
 - Host: the profile's per-step overhead. Loss scale and warmup steps have no effect on step time
   or memory (they change numerics, not work), so the model ignores them.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from autotune.costmodel.memory import FUSION_FILL, MIB, state_bytes
 from autotune.costmodel.profiles import DeviceProfile
 from autotune.costmodel.workload import DTYPE_BYTES, Workload
+from autotune.layout import rank_of
 
-OPTIMIZER_BYTES_PER_PARAM = 32  # read + write of the 16 bytes/param of Adam state (ZeRO §3.1)
+OPTIMIZER_BYTES_PER_PARAM = 32  # read + write of the 16 bytes/param of Adam state
 BACKWARD_SHARE = 2 / 3          # backward = 2 × forward FLOPs (Narayanan et al. 2021)
+FLOAT32 = 4                     # the cross-entropy's all-reduces are float32 whatever the dtype
 
 
 def allreduce_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -> float:
@@ -54,56 +77,47 @@ def allreduce_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -
     return alpha + 2 * (n - 1) / n * nbytes / (gbps * 1e9 * profile.link_efficiency)
 
 
-def p2p_time(nbytes: float, gbps: float, profile: DeviceProfile) -> float:
-    """One point-to-point send of ``nbytes``."""
-    return (profile.collective_latency_us * 1e-6
-            + nbytes / (gbps * 1e9 * profile.link_efficiency))
+@lru_cache(maxsize=1024)
+def crossings(dp: int, tp: int, pp: int, per_node: int) -> tuple[bool, bool, tuple[bool, ...]]:
+    """``(some tp group spans two nodes, some dp group does, per stage boundary s → s+1: some
+    pair of neighbours across it does)``.
 
+    Ranks of a group grow with its index, so a group spans nodes exactly when its first and
+    last rank are on different nodes."""
+    def node(stage, d, t):
+        return rank_of(stage, d, t, dp, tp) // per_node
 
-def group_gbps(span: int, devices: int, per_node: int, profile: DeviceProfile) -> float:
-    """Link bandwidth of a communication group whose ranks span ``span`` consecutive ranks."""
-    return profile.inter_node_gbps if span > per_node and devices > per_node \
-        else profile.intra_node_gbps
+    tp_crosses = any(node(s, d, 0) != node(s, d, tp - 1) for s in range(pp) for d in range(dp))
+    dp_crosses = any(node(s, 0, t) != node(s, dp - 1, t) for s in range(pp) for t in range(tp))
+    boundaries = tuple(any(node(s, d, t) != node(s + 1, d, t)
+                           for d in range(dp) for t in range(tp)) for s in range(pp - 1))
+    return tp_crosses, dp_crosses, boundaries
 
 
 def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: int,
-              n_micro: int, dtype: str, params_per_device: float) -> tuple[dict, dict]:
+              n_micro: int, dtype: str, params_per_device: float,
+              engine: str = "trainer") -> tuple[dict, dict]:
     """Seconds per step by part, and FLOPs per step (see module doc)."""
-    nbytes = DTYPE_BYTES[dtype]
-    devices, per_node = cluster.devices, cluster.devices_per_node
-    rate = profile.peak(dtype) * profile.achievable / profile.jit_factor(c.jit_level)
-    hbm = profile.hbm_gbps * 1e9 * profile.hbm_efficiency / profile.jit_factor(c.jit_level)
-    layers = -(-work.layers // c.pp)
+    tp_crosses, dp_crosses, boundaries = crossings(c.dp, c.tp, c.pp, cluster.devices_per_node)
 
-    def kernels(flops_per_sample: float, traffic_per_sample: float) -> float:
-        return micro_batch * (flops_per_sample / c.tp / rate + traffic_per_sample / hbm)
+    def gbps(crossed: bool) -> float:
+        return profile.inter_node_gbps if crossed else profile.intra_node_gbps
 
-    act_full = work.layer_activations(c.tp, "none", nbytes)
-    forward_traffic = 2 * act_full
-    compute_mb = kernels(layers * work.layer_flops() + work.last_stage_flops(),
-                         3 * layers * forward_traffic)
-    act_selective = work.layer_activations(c.tp, "selective", nbytes)
-    redone_traffic = {"full": forward_traffic, "selective": 2 * (act_full - act_selective),
-                      "none": 0.0}[c.recompute]
-    recompute_mb = kernels(layers * work.recompute_flops(c.recompute), layers * redone_traffic)
-
-    tp_gbps = group_gbps(c.tp, devices, per_node, profile)
-    message = micro_batch * work.tp_message_bytes(nbytes)
-    tp_mb = (layers * work.tp_allreduces(c.recompute)
-             * allreduce_time(message, c.tp, tp_gbps, profile))
-    pp_mb = 0.0
-    if c.pp > 1:
-        pp_mb = 2 * p2p_time(message, group_gbps(devices, devices, per_node, profile), profile)
-
-    per_mb = compute_mb + recompute_mb + tp_mb + pp_mb
+    stages = {}  # stages that differ only in their index cost the same: price each kind once
+    for stage in range(c.pp):
+        crossed = any(boundaries[max(0, stage - 1):stage + 1])  # its own one or two boundaries
+        kind = (stage == 0, stage == c.pp - 1, crossed)
+        if kind not in stages:
+            stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses), gbps(crossed),
+                                              micro_batch, dtype, stage, engine)
+    pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
+    if engine == "trainer" and c.pp > 1:
+        window = 0.0  # the update (and its all-reduce) runs after the pipeline has drained
+    grad_bytes = params_per_device * state_bytes(engine, dtype, n_micro)["grads"]
     breakdown = {
-        "compute": n_micro * compute_mb,
-        "recompute": n_micro * recompute_mb,
-        "tp_comm": n_micro * tp_mb,
-        "pp_comm": n_micro * pp_mb,
-        "bubble": (c.pp - 1) * per_mb,
-        "dp_comm": _dp_exposed(c, profile, cluster, params_per_device, dtype,
-                               BACKWARD_SHARE * (compute_mb + recompute_mb)),
+        **{part: n_micro * seconds for part, seconds in pace.items()},
+        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window),
+        "bubble": (c.pp - 1) * sum(pace.values()),
         "optimizer": params_per_device * OPTIMIZER_BYTES_PER_PARAM
                      / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
         "host": profile.step_overhead_ms * 1e-3,
@@ -111,18 +125,66 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     batch = micro_batch * n_micro * c.dp
     model = batch * (work.layers * work.layer_flops() + work.last_stage_flops())
     executed = model + batch * work.layers * work.recompute_flops(c.recompute)
+    if _forwards_twice(engine, c.pp):  # each of the pp − 1 stages but the last, once more
+        executed += batch * (c.pp - 1) * (work.layers // c.pp) * work.forward_layer_flops()
     return breakdown, {"model": model, "executed": executed}
 
 
-def _dp_exposed(c, profile: DeviceProfile, cluster, params: float, dtype: str,
+def _forwards_twice(engine: str, pp: int) -> bool:
+    """Whether the stages before the last run each micro-batch's forward twice."""
+    return engine == "trainer" and pp > 1
+
+
+def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float,
+                       pp_gbps: float, micro_batch: int, dtype: str, stage: int,
+                       engine: str) -> tuple[dict, float]:
+    """``({compute, recompute, tp_comm, pp_comm}, backward window)``: seconds one micro-batch
+    costs a device of ``stage``, and how long its backward runs (DP overlap)."""
+    nbytes = DTYPE_BYTES[dtype]
+    rate = profile.peak(dtype) * profile.achievable / profile.jit_factor(c.jit_level)
+    hbm = profile.hbm_gbps * 1e9 * profile.hbm_efficiency / profile.jit_factor(c.jit_level)
+    layers = work.layers // c.pp
+    first, last = stage == 0, stage == c.pp - 1
+    twice = _forwards_twice(engine, c.pp) and not last
+
+    def kernels(flops_per_sample: float, traffic_per_sample: float) -> float:
+        return micro_batch * (flops_per_sample / c.tp / rate + traffic_per_sample / hbm)
+
+    act_full = work.layer_activations(c.tp, "none", nbytes)
+    forward_traffic = 2 * act_full
+    compute = kernels(layers * work.layer_flops() + (work.last_stage_flops() if last else 0.0),
+                      3 * layers * forward_traffic)
+    act_selective = work.layer_activations(c.tp, "selective", nbytes)
+    redone_traffic = {"full": forward_traffic, "selective": 2 * (act_full - act_selective),
+                      "none": 0.0}[c.recompute]
+    knob_recompute = kernels(layers * work.recompute_flops(c.recompute), layers * redone_traffic)
+    second_forward = kernels(layers * work.forward_layer_flops(), layers * forward_traffic) \
+        if twice else 0.0
+
+    message = micro_batch * work.hidden_state_bytes(nbytes)
+    count = layers * (work.tp_allreduces(c.recompute)
+                      + (work.tp_forward_allreduces() if twice else 0))
+    if first and work.vocab_parallel_embedding:
+        count += 2 if twice else 1
+    tp_comm = count * allreduce_time(message, c.tp, tp_gbps, profile)
+    if last:
+        tokens = micro_batch * work.tokens
+        tp_comm += (allreduce_time(message, c.tp, tp_gbps, profile)  # head, backward
+                    + allreduce_time(c.tp * tokens * FLOAT32, c.tp, tp_gbps, profile)
+                    + 2 * allreduce_time(tokens * FLOAT32, c.tp, tp_gbps, profile))
+    pp_comm = 2 * allreduce_time(message, 2, pp_gbps, profile) if c.pp > 1 else 0.0
+    times = {"compute": compute, "recompute": knob_recompute + second_forward,
+             "tp_comm": tp_comm, "pp_comm": pp_comm}
+    return times, BACKWARD_SHARE * (compute + knob_recompute)
+
+
+def _dp_exposed(c, profile: DeviceProfile, gbps: float, grad_bytes: float,
                 window: float) -> float:
     """Data-parallel gradient all-reduce time left after overlap with the last backward."""
     if c.dp <= 1:
         return 0.0
-    grad_bytes = params * state_bytes(dtype)[1]
     bucket = max(1.0, c.fusion_mb * MIB * FUSION_FILL)
     buckets = max(1, -(-int(grad_bytes) // int(bucket)))
-    gbps = group_gbps(c.tp * c.dp, cluster.devices, cluster.devices_per_node, profile)
     alpha = allreduce_time(0.0, c.dp, gbps, profile)
     total = buckets * alpha + allreduce_time(grad_bytes, c.dp, gbps, profile) - alpha
     return max(total - window * (buckets - 1) / buckets, total / buckets)
