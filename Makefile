@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install search test clean
+.PHONY: install search test test-slow clean
 
 install: $(STAMP)
 
@@ -19,7 +19,11 @@ search: $(STAMP)
 	$(BIN)/autotune search examples/quickstart.yaml --study quickstart-$$(date +%Y%m%d-%H%M%S)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# Slower proofs (4-worker layouts, exported runs that train and resume); CI runs them after make test.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
 
 clean:
 	rm -rf $(VENV) trials/*/ trials/*.db .pytest_cache

@@ -121,6 +121,10 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
         n_trials = len(already) + len(loop.grid)
     elif not already and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
+        # then one trial per other layout, as many as the budget holds: the sampler's random
+        # start could miss a layout, and the layout is the knob that matters most
+        for candidate in space.layout_openers(spec)[:max(0, n_trials - 1)]:
+            study.enqueue_trial(space.params_of(candidate))
     progress.start(study, done=len(already), total=n_trials,
                    objectives=spec.search.objectives, searched=space.searched())
     if spec.cluster.backend == "simulate" and loop.grid:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
-from autotune.knobs import JIT_LEVELS, KNOB_NAMES, KNOBS, RECOMPUTE_MODES
+from autotune.knobs import JIT_LEVELS, KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, RECOMPUTE_MODES
+from autotune.layout import builtin_layout_reasons
 from autotune.spec import Spec, SpecError
 
 
@@ -157,9 +158,27 @@ class SearchSpace:
                 values[name] = min(domain, key=lambda v: (abs(v - default), v))
         return self._resolve(values)
 
-    def first_candidate(self) -> Candidate:
-        """Every knob at the first value of its domain (what ``estimate`` shows by default)."""
-        return self._resolve({n: self.domains[n][0] for n in KNOB_NAMES})
+    def layout_openers(self, spec: Spec) -> list[Candidate]:
+        """One feasible candidate per (tp, pp) layout of the space other than the baseline's:
+        the baseline with that layout, and the smallest micro-batch or accumulation count that
+        makes it valid. A study runs them right after the baseline, so every layout is measured
+        before the sampler takes over."""
+        base = self.baseline()
+        openers = []
+        for tp, pp in itertools.product(self.domains["tp"], self.domains["pp"]):
+            if (tp, pp) == (base.tp, base.pp):
+                continue
+            splits = "micro_batches" if pp > 1 else "grad_accum"
+            options = sorted(self.domains[splits], key=lambda v: (v != getattr(base, splits), v))
+            for value in options:
+                values = base.as_dict() | {"dp": self.domains["dp"][0], "tp": tp, "pp": pp, splits: value}
+                if "auto" not in self.domains["dp"] and len(self.domains["dp"]) > 1:
+                    values["dp"] = spec.cluster.devices // (tp * pp)
+                candidate = self._resolve(values)
+                if not violations(spec, candidate):
+                    openers.append(candidate)
+                    break
+        return openers
 
     def candidates(self):
         """Every distinct candidate of the space (conditional knobs collapsed)."""
@@ -191,6 +210,9 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
                        f"{c.dp * c.micro_batches}")
     if c.pp > 1 and c.micro_batches < c.pp:
         reasons.append(f"micro_batches = {c.micro_batches} < pp = {c.pp}")
+    if not reasons and m.family is not None and (c.tp > 1 or c.pp > 1):
+        # the rest of what the layout needs: the vocabulary and the FFN width split too
+        reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp)
     return reasons
 
 
@@ -225,25 +247,62 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
             notes.append(f"{name}: fixed to {kept[0]} on simulate: the cost model cannot tell "
                          "its values apart")
         domains[name] = kept
+    notes += _fix_for_model(spec, domains, source)
+    notes += _keep_feasible_layouts(spec, domains, source)
     # micro_batches only acts with pipeline stages and grad_accum only without: collapse the
     # one that cannot act so the space (and a grid) has no duplicate candidates.
     if domains["pp"] == (1,):
         domains["micro_batches"] = (1,)
     if 1 not in domains["pp"]:
         domains["grad_accum"] = (1,)
-    space = SearchSpace(domains, spec.cluster.devices, tuple(notes))
-    _require_feasible(spec, space, source)
-    return space
+    return SearchSpace(domains, spec.cluster.devices, tuple(notes))
 
 
-def _require_feasible(spec: Spec, space: SearchSpace, source: str) -> None:
-    """Fail early when no combination of the structural knobs satisfies the constraints."""
+def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
+    """Fix the knobs the model gives nothing to choose (in ``domains``); returns the notes."""
+    notes = []
+    if spec.model.entry is not None:
+        for name in ("tp", "pp"):
+            if domains[name] == (1,):
+                continue
+            if 1 not in domains[name]:
+                raise SpecError(f"{source}: {name}: a model.entry network runs with {name} = 1 "
+                                "(see the user-model contract in autotune/train/entry.py)")
+            domains[name] = (1,)
+            notes.append(f"{name}: fixed to 1: a model.entry network is not written for tensor "
+                         "or pipeline parallelism")
+    dtype = spec.model.dtype
+    if dtype not in LOSS_SCALED_DTYPES and len(domains["loss_scale"]) > 1:
+        default = KNOBS["loss_scale"].default
+        domains["loss_scale"] = (default if default in domains["loss_scale"] else domains["loss_scale"][0],)
+        notes.append(f"loss_scale: fixed to {domains['loss_scale'][0]}: {dtype} compute is not "
+                     "loss-scaled, so the value changes nothing")
+    return notes
+
+
+def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
+    """Drop the tp and pp values that no feasible candidate uses (the sampler could only have them
+    recorded infeasible); returns the notes. SpecError when no candidate is feasible at all."""
     structural = ("dp", "tp", "pp", "micro_batches", "grad_accum")
+    space = SearchSpace(domains, spec.cluster.devices)
+    used = {"tp": set(), "pp": set()}
     first_reasons = None
-    for combo in itertools.product(*(space.domains[n] for n in structural)):
-        values = {n: space.domains[n][0] for n in KNOB_NAMES} | dict(zip(structural, combo))
-        reasons = violations(spec, space._resolve(values))
-        if not reasons:
-            return
-        first_reasons = first_reasons or reasons
-    raise SpecError(f"{source}: no feasible candidate in the space, e.g. {first_reasons[0]}")
+    for combo in itertools.product(*(domains[n] for n in structural)):
+        values = {n: domains[n][0] for n in KNOB_NAMES} | dict(zip(structural, combo))
+        candidate = space._resolve(values)
+        reasons = violations(spec, candidate)
+        if reasons:
+            first_reasons = first_reasons or reasons
+            continue
+        used["tp"].add(candidate.tp)
+        used["pp"].add(candidate.pp)
+    if not used["tp"]:
+        raise SpecError(f"{source}: no feasible candidate in the space, e.g. {first_reasons[0]}")
+    notes = []
+    for name in ("tp", "pp"):
+        dropped = [v for v in domains[name] if v not in used[name]]
+        if dropped:
+            domains[name] = tuple(v for v in domains[name] if v in used[name])
+            notes.append(f"{name}: {', '.join(map(str, dropped))} removed: no feasible layout of "
+                         f"this model on {spec.cluster.devices} devices uses them")
+    return notes

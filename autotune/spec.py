@@ -15,10 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from autotune.knobs import BACKENDS
+from autotune.knobs import BACKENDS, COMPUTE_DTYPES, DTYPES
 
 FAMILIES = ("transformer", "mlp")
-DTYPES = ("float16", "bfloat16", "float32")
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
 TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
 OBJECTIVES = {"goodput": "maximize", "peak_memory": "minimize", "final_loss": "minimize"}
@@ -55,6 +54,7 @@ class TrainSpec:
     global_batch_size: int
     learning_rate: float
     total_steps: int
+    save_every: int = 1000  # steps between checkpoints of the exported run
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,9 @@ def parse_spec(data: dict, path: Path) -> Spec:
     top.used.add("train")
     cluster = _parse_cluster(_Section(data.get("cluster"), "cluster", source))
     top.used.add("cluster")
+    if model.dtype not in COMPUTE_DTYPES[cluster.backend]:
+        raise SpecError(f"{source}: model.dtype: {model.dtype} does not run on backend "
+                        f"{cluster.backend} (it runs {', '.join(COMPUTE_DTYPES[cluster.backend])})")
     search = _parse_search(_Section(data.get("search"), "search", source), path.parent)
     top.used.add("search")
     trial = _parse_trial(_Section(data.get("trial"), "trial", source))
@@ -254,7 +257,8 @@ def _check_entry(entry: str, base: Path, s: _Section) -> str:
 def _parse_train(s: _Section) -> TrainSpec:
     t = TrainSpec(s.get("global_batch_size", int, minimum=1),
                   s.get("learning_rate", float, default=1e-3),
-                  s.get("total_steps", int, default=10000, minimum=1))
+                  s.get("total_steps", int, default=10000, minimum=1),
+                  s.get("save_every", int, default=1000, minimum=1))
     if not t.learning_rate > 0:
         s.fail("learning_rate", f"must be > 0, got {t.learning_rate}")
     s.reject_unknown()

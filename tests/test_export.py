@@ -46,6 +46,7 @@ def expected_params():
 
 
 def expected_stage(name, pp):
+    name = name.removeprefix("adam_m.").removeprefix("adam_v.")  # a moment sits with its parameter
     if name.startswith("blocks."):
         return int(name.split(".")[1]) // (LAYERS // pp)
     return 0 if name.startswith("embed.") else pp - 1
@@ -95,15 +96,17 @@ def test_strategy_loads_and_covers_every_parameter(export_222, tmp_path):
     out, files = export_222
     params = expected_params()
     merged = build_searched_strategy(str(out / "strategy.ckpt"))
-    assert set(merged) == {f"{expected_stage(n, 2)}-{n}" for n in params}
+    # parameters and their Adam moments: what the trainer's per-rank checkpoints hold
+    saved = {f"{prefix}{n}" for n in params for prefix in ("", "adam_m.", "adam_v.")}
+    assert set(merged) == {f"{expected_stage(n, 2)}-{n}" for n in saved}
     for key, layout in merged.items():
-        name = key.split("-", 1)[1]
+        name = key.split("-", 1)[1].removeprefix("adam_m.").removeprefix("adam_v.")
         shape, split = params[name]
         assert list(layout.dev_matrix[0].dim) == [2, 2]
         assert list(layout.tensor_map[0].dim) == [0 if d == split else -1 for d in range(len(shape))]
     for k in range(2):
         stage = build_searched_strategy(str(out / "strategy_stages" / f"stage{k}.ckpt"))
-        assert set(stage) == {n for n in params if expected_stage(n, 2) == k}
+        assert set(stage) == {n for n in saved if expected_stage(n, 2) == k}
     # The stage files are what MindSpore merges into strategy.ckpt.
     merge_pipeline_strategys(str(out / "strategy_stages"), str(tmp_path / "again.ckpt"))
     assert set(build_searched_strategy(str(tmp_path / "again.ckpt"))) == set(merged)
@@ -170,7 +173,9 @@ def test_summary_and_configs_agree_with_the_candidate(export_222):
     assert mf["recompute_config"] == {"recompute": False, "select_recompute": True}
 
     config = json.loads((out / "train_config.json").read_text())
-    assert config["trial"] == {"steps": 500, "measure_after": 2}
+    assert config["trial"] == {"steps": 500, "measure_after": 2, "schedule": "full"}
+    assert config["checkpoint"] == {"dir": "run/checkpoint", "save_every": 1000, "resume": False,
+                                    "init_from": None}
     assert config["knobs"] == candidate().as_dict() and config["trial_number"] == 7
 
 
@@ -178,7 +183,8 @@ def test_data_parallel_export(tmp_path):
     c = candidate(dp=2, tp=1, pp=1, micro_batches=1, grad_accum=4, jit_level="pynative")
     out = tmp_path / "dp"
     write_export(make_spec(tmp_path, devices=2, backend="cpu"), c, TRIAL, out)
-    assert set(build_searched_strategy(str(out / "strategy.ckpt"))) == set(expected_params())
+    assert set(build_searched_strategy(str(out / "strategy.ckpt"))) == {
+        f"{prefix}{n}" for n in expected_params() for prefix in ("", "adam_m.", "adam_v.")}
     assert not (out / "strategy_stages").exists()
     launch = yaml.safe_load((out / "launch.yaml").read_text())
     assert launch["auto_parallel_context"]["parallel_mode"] == "data_parallel"
@@ -251,8 +257,15 @@ def test_launch_sh_is_valid_and_runs_msrun(export_222, tmp_path):
                         "--join=True"]
     assert args[7:10] == ["python", "-m", "autotune.train"]
     config = json.loads(Path(args[10]).read_text())
-    assert config["trial"] == {"steps": 5, "measure_after": 2}
+    assert config["trial"] == {"steps": 5, "measure_after": 2, "schedule": "full"}
     assert config["out_dir"] == str(tmp_path / "run")
+    # the export's own checkpoint/ (from --reshard) is where a new run starts
+    assert config["checkpoint"] == {"dir": str(tmp_path / "run" / "checkpoint"), "save_every": 1000,
+                                    "resume": False, "init_from": str(out / "checkpoint")}
+    subprocess.run(["bash", str(script), "--steps", "5", "--out", str(tmp_path / "run"), "--resume"],
+                   check=True, env=env)
+    config = json.loads(Path((tmp_path / "args").read_text().split("\n")[10]).read_text())
+    assert config["checkpoint"]["resume"] is True and config["checkpoint"]["init_from"] is None
     bad = subprocess.run(["bash", str(script), "--steps", "x"], env=env, capture_output=True)
     assert bad.returncode == 2
 
@@ -316,7 +329,7 @@ def test_entry_model_uses_mindformers_rules(tmp_path):
     assert layout["norm_out.gamma"] == (1, None)
     assert layout["lm_head.weight"] == (1, 0)
     merged = build_searched_strategy(str(out / "strategy.ckpt"))
-    assert len(merged) == len(params)
+    assert len(merged) == 3 * len(params)  # each parameter and its two Adam moments
 
 
 def test_user_tp_rules_come_before_the_defaults(tmp_path):

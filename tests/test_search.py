@@ -19,7 +19,7 @@ from autotune.knobs import KNOB_NAMES
 
 TINY_CPU = """
 study: tiny
-model: {family: transformer, num_layers: 1, hidden_size: 32, num_heads: 2, seq_length: 16,
+model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 2, seq_length: 16,
         vocab_size: 64, dtype: float16}
 train: {global_batch_size: 8, learning_rate: 5.0e-3, total_steps: 200}
 cluster: {backend: cpu, devices: 2, devices_per_node: 2, device_memory_gb: 8}
@@ -64,28 +64,30 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
     art = tmp_path / "trials"
-    assert main(["search", str(path)]) == 0
+    assert main(["search", str(path), "--trials", "3"]) == 0
     out = capsys.readouterr().out
-    assert "[2/2]" in out and "best " in out and "ETA" in out
+    assert "[3/3]" in out and "best " in out and "ETA" in out
 
     frame = autotune.trials_frame("tiny", storage)
-    assert len(frame) == 2
-    assert list(frame["outcome"]) == ["ok", "ok"], frame["detail"].tolist()
+    assert len(frame) == 3
+    assert list(frame["outcome"]) == ["ok", "ok", "ok"], frame["detail"].tolist()
     assert (frame["goodput"] > 0).all() and frame["baseline"].iloc[0]
     for knob in KNOB_NAMES:
         assert frame[knob].notna().all(), knob
-    assert (frame["dp"] == 2).all()
+    # the baseline (dp2), then one trial per other layout, each a real 2-worker MindSpore run
+    assert list(zip(frame["dp"], frame["tp"], frame["pp"])) == [(2, 1, 1), (1, 1, 2), (1, 2, 1)]
     for number in frame["number"]:
         folder = art / "tiny" / str(number)
         config = json.loads((folder / "config.json").read_text())
-        assert config["knobs"]["dp"] == 2
+        assert config["knobs"]["dp"] == frame.loc[number, "dp"]
+        assert sorted(p.name for p in (folder / "logs").glob("worker_*.log")) == ["worker_0.log", "worker_1.log"]
         metrics = json.loads((folder / "metrics.json").read_text())
         assert metrics["goodput"] == pytest.approx(frame.loc[number, "goodput"])
         assert (folder / "logs").is_dir()
     assert frame["driver_s"].max() < 5  # ask + feasibility + submit is not the bottleneck
     # every measured trial refits the cost model's correction, stored with the study
     calibration = optuna.load_study(study_name="tiny", storage=storage).user_attrs["calibration"]
-    assert calibration["n_memory"] == 2 and calibration["memory_factor"] > 0
+    assert calibration["n_memory"] == 3 and calibration["memory_factor"] > 0
     assert not ray_processes(), "embedded Ray left processes behind"
 
     # the same name again is refused (exit 2) rather than silently mixed into the old study
@@ -103,7 +105,7 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     assert used["knobs"] == best["knobs"] and used["trial"]["steps"] == 3
     metrics = json.loads((out / "run" / "metrics.json").read_text())
     assert metrics["steps"] == 3 and metrics["goodput"] > 0
-    assert (out / "run" / "logs" / "worker_1.log").exists()  # msrun ran both dp ranks
+    assert (out / "run" / "logs" / "worker_1.log").exists()  # msrun ran both ranks
 
 
 def test_predicted_oom_is_infeasible_and_never_runs(tmp_path):
@@ -119,16 +121,21 @@ def test_predicted_oom_is_infeasible_and_never_runs(tmp_path):
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
 
 
-def test_constraint_violations_are_recorded_with_reason(tmp_path):
+def test_constraint_violations_are_recorded_with_reason(tmp_path, capsys):
     text = SIMULATE.replace("n_trials: 6", "n_trials: 40").replace("tp: [1, 2, 4]", "tp: [1, 2, 4, 8]")
+    text = text.replace("pp: [1, 2]", "pp: [1, 2, 4]")
     text = text.replace("num_heads: 16", "num_heads: 12")  # tp = 8 cannot divide 12 heads
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
+    # a value no layout can use is removed from the space, with one line saying so ...
+    assert "tp: 8 removed: no feasible layout of this model on 8 devices uses them" in capsys.readouterr().out
     frame = autotune.trials_frame("sim", storage)
-    bad = frame[frame["tp"] == 8]
+    assert 8 not in set(frame["tp"])
+    # ... a combination that breaks a constraint is recorded with the reason and never runs
+    bad = frame[(frame["pp"] == 4) & (frame["micro_batches"] == 2)]
     assert len(bad) and (bad["outcome"] == "infeasible").all()
-    assert bad["detail"].str.contains("does not divide num_heads").all()
+    assert bad["detail"].str.contains("micro_batches = 2 < pp = 4").all()
 
 
 def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):

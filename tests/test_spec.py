@@ -58,6 +58,9 @@ def run_cli(tmp_path, capsys, *argv):
     ("model: {entry: 'missing_file.py:build'}", "model.entry"),
     ("model: {entry: 'no_such_module_xyz:build'}", "model.entry"),
     ("color: blue", "color"),
+    # MindSpore 2.10 has no bfloat16 MatMul on CPU (test_train_program measures it)
+    ("model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,"
+     " vocab_size: 64, dtype: bfloat16}", "model.dtype: bfloat16 does not run on backend cpu"),
 ])
 def test_bad_model_yaml_exits_2_naming_the_field(tmp_path, capsys, patch, field):
     import yaml
@@ -80,33 +83,49 @@ def test_bad_tp_rule_names_the_rule(tmp_path):
 
 
 def test_no_feasible_candidate_is_an_input_error(tmp_path):
-    # 7 devices cannot be split into dp·tp·pp with a global batch of 8 and grad_accum ≥ 1 ... but
-    # a batch of 3 on 2 devices is never divisible by dp = 2.
-    path = write(tmp_path, GOOD.replace("global_batch_size: 8", "global_batch_size: 3"))
+    # dp = 2 is the only layout left, and a batch of 3 never splits over 2 replicas
+    path = write(tmp_path, GOOD.replace("global_batch_size: 8", "global_batch_size: 3")
+                 + "search: {space: {tp: 1, pp: 1}}\n")
     with pytest.raises(SpecError, match="no feasible candidate"):
         build_space(load_spec(path))
 
 
-def test_cpu_filters_model_parallel_and_o2_with_a_note(tmp_path):
+def test_cpu_keeps_the_layouts_that_fit_and_filters_o2_with_a_note(tmp_path):
     space = build_space(load_spec(write(tmp_path, GOOD)))
-    assert space.domains["tp"] == (1,) and space.domains["pp"] == (1,)
+    # 2 devices: tp and pp of 1 or 2 (the engine runs them on CPU); 4 and 8 fit no layout
+    assert space.domains["tp"] == (1, 2) and space.domains["pp"] == (1, 2)
+    assert "tp: 4, 8 removed: no feasible layout of this model on 2 devices uses them" in space.notes
     assert "O2" not in space.domains["jit_level"]
-    assert space.domains["micro_batches"] == (1,)  # collapses without pipeline stages
-    assert any(n.startswith("tp:") for n in space.notes)
     assert any("O2" in n for n in space.notes)
+    openers = space.layout_openers(load_spec(write(tmp_path, GOOD)))
+    assert {(c.dp, c.tp, c.pp) for c in openers} == {(1, 2, 1), (1, 1, 2)}
+    assert all(c.micro_batches >= c.pp for c in openers)
 
 
 def test_ranges_expand(tmp_path):
-    space = build_space(load_spec(write(tmp_path, GOOD)))
+    space = build_space(load_spec(write(tmp_path, GOOD.replace("vocab_size: 64}", "vocab_size: 64, dtype: float16}"))))
     assert space.domains["fusion_mb"] == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     assert space.domains["loss_scale"][0] == 2**8 and space.domains["loss_scale"][-1] == 2**24
     assert space.domains["warmup_steps"][:3] == (0, 100, 200)
 
 
+def test_loss_scale_is_fixed_when_nothing_is_scaled(tmp_path):
+    space = build_space(load_spec(write(tmp_path, GOOD)))  # float32
+    assert space.domains["loss_scale"] == (2**16,)
+    assert "loss_scale: fixed to 65536: float32 compute is not loss-scaled, so the value changes nothing" in space.notes
+
+
+def test_entry_model_keeps_tp_and_pp_at_one(tmp_path):
+    (tmp_path / "m.py").write_text("def build(config):\n    return None\n")
+    space = build_space(load_spec(write(tmp_path, GOOD.replace("model: {family: transformer,", "model: {entry: 'm.py:build',"))))
+    assert space.domains["tp"] == (1,) and space.domains["pp"] == (1,)
+    assert "tp: fixed to 1: a model.entry network is not written for tensor or pipeline parallelism" in space.notes
+
+
 def test_simulate_keeps_model_parallel_and_fixes_what_it_cannot_estimate(tmp_path):
     text = GOOD.replace("backend: cpu, devices: 2", "backend: simulate, devices: 8")
     space = build_space(load_spec(write(tmp_path, text)))
-    assert space.domains["tp"] == (1, 2, 4, 8) and "O2" in space.domains["jit_level"]
+    assert space.domains["tp"] == (1, 2, 4) and "O2" in space.domains["jit_level"]  # 8 ∤ 4 heads
     assert space.domains["loss_scale"] == (2**16,) and space.domains["warmup_steps"] == (0,)
     assert sorted(n.split(":")[0] for n in space.notes) == ["loss_scale", "warmup_steps"]
 

@@ -35,9 +35,10 @@ def make_config(out_dir, *, model=None, knobs=None, steps=30, lr=0.01, batch=16)
     return path
 
 
-def run(cmd, timeout=180):
-    """Run in a new session; on timeout kill the whole group so no worker outlives the test."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+def run(cmd, timeout=180, env=None):
+    """Run in a new session (this venv's python and msrun first on PATH, the project importable);
+    on timeout kill the whole group so no worker outlives the test."""
+    env = {**(env or os.environ), "PYTHONPATH": str(ROOT), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     try:
@@ -144,3 +145,37 @@ def test_data_parallel_under_msrun(tmp_path):
     single, _ = train(tmp_path, "dp1", knobs={"loss_scale": 2 ** 20, "grad_accum": 4}, steps=8)
     assert single["overflow_steps"] == metrics["overflow_steps"]
     assert math.isclose(single["loss_last"], metrics["loss_last"], rel_tol=1e-3)
+
+
+BF16_STEP = """
+import sys
+import mindspore as ms
+from autotune.train import entry, program, step
+ms.set_device(sys.argv[1])
+ms.set_context(mode=ms.GRAPH_MODE)
+program.numpy2_workaround(ms)
+config = {"seed": 0, "train": {"global_batch_size": 4},
+          "model": {"family": "transformer", "entry": None, "num_layers": 1, "hidden_size": 16, "num_heads": 2,
+                    "ffn_hidden_size": 32, "seq_length": 8, "vocab_size": 32}}
+network, loss_fn, dataset = entry.build(config)
+step.set_compute_dtype(network, ms.bfloat16)
+optimizer = program.make_optimizer(network, 1e-3)
+_, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=1, scaling=False, loss_scale=1)
+x, y = dataset(0)
+loss, _, _ = apply(ms.Tensor(x), ms.Tensor(y))
+print("loss", float(loss.asnumpy()))
+"""
+
+
+def test_bfloat16_follows_the_backend_rule(tmp_path):
+    """One bfloat16 training step on every backend this machine has (CPU): whether it runs is
+    what knobs.COMPUTE_DTYPES (and so model.yaml validation) must say."""
+    from autotune.knobs import COMPUTE_DTYPES
+
+    script = tmp_path / "bf16.py"
+    script.write_text(BF16_STEP)
+    code, out, err = run([sys.executable, script, "CPU"])
+    ran = code == 0 and out.startswith("loss ")
+    assert ran == ("bfloat16" in COMPUTE_DTYPES["cpu"]), (out + err)[-2000:]
+    if not ran:  # and it fails for the reason the rule states
+        assert "Unsupported data type" in err

@@ -3,8 +3,10 @@ summary.json.
 
 Contract (all pure functions of spec, candidate and trial; nothing here touches the disk):
 - :func:`train_config` is the trial program's config format (``python -m autotune.train CONFIG``)
-  set up for the real run: ``trial.steps = train.total_steps``; ``out_dir`` is relative to the
-  export folder (``launch.sh`` resolves it, and can override the steps).
+  set up for the real run: ``trial.steps = train.total_steps`` on the run's own (uncompressed)
+  schedule, per-rank checkpoints every ``train.save_every`` steps; ``out_dir`` and the checkpoint
+  folder are relative to the export folder (``launch.sh`` resolves them, and can override the
+  steps, resume, and start from the export's ``checkpoint/``).
 - :func:`launch_yaml` states every setting as the MindSpore call argument it becomes.
 - :func:`mindformers_yaml` is the same as a MindFormers config overlay. MindFormers derives the
   global batch as batch_size × dp × micro_batch_num with pipeline stages (accumulation ignored)
@@ -52,9 +54,13 @@ def parallel_mode(c: Candidate) -> str:
 
 def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
-    return trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
-                        steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
-                        backend=run_backend(spec))
+    config = trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
+                          steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
+                          backend=run_backend(spec))
+    config["trial"]["schedule"] = "full"
+    config["checkpoint"] = {"dir": f"{RUN_DIR}/checkpoint", "save_every": spec.train.save_every,
+                            "resume": False, "init_from": None}
+    return config
 
 
 def _loss_scale(c: Candidate) -> dict:

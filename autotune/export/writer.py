@@ -20,7 +20,7 @@ import yaml
 
 from autotune.export import configs
 from autotune.export.launch_sh import launch_script
-from autotune.layout import plan_layout
+from autotune.layout import plan_layout, with_optimizer_states
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
@@ -115,8 +115,10 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
     staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         staged.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary folder
-        write_strategies(layouts, c.dp, c.tp, c.pp, staged)
-        check_coverage(staged / STRATEGY_FILE, layouts, c.pp)
+        # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments
+        saved = with_optimizer_states(layouts)
+        write_strategies(saved, c.dp, c.tp, c.pp, staged)
+        check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}
         _write_documents(staged, spec, c, trial, run_config, layouts, extra)
         if plan:

@@ -55,7 +55,8 @@ def save(folder, rank: int, step: int, tensors: dict) -> Path:
     target = rank_dir(folder, rank)
     target.mkdir(parents=True, exist_ok=True)
     path = target / f"step_{step:08d}.ckpt"
-    tmp = target / f".{path.name}.tmp{os.getpid()}"
+    # beside the rank folders, not in one: a half-written file there would look like the latest
+    tmp = Path(folder) / f".rank_{rank}.tmp{os.getpid()}.ckpt"
     ms.save_checkpoint([{"name": name, "data": p} for name, p in tensors.items()], str(tmp))
     os.replace(tmp, path)
     return path

@@ -59,7 +59,7 @@ class CausalAttentionCore(nn.Cell):
 
     def __init__(self, seq, head_dim):
         super().__init__()
-        self.mask = ms.Tensor(np.triu(np.full((seq, seq), MASK_VALUE, np.float32), k=1)[None, None])
+        self.seq = seq
         self.scale = 1.0 / float(np.sqrt(head_dim))
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
@@ -68,7 +68,11 @@ class CausalAttentionCore(nn.Cell):
     def construct(self, q, k, v):
         scores = self.qk(q, k) * self.scale
         # softmax in float32 whatever the compute dtype: float16 exp() overflows easily
-        scores = ops.cast(scores, ms.float32) + self.mask
+        # The mask is made here, not kept as a tensor attribute: mixed precision casts a cell's
+        # tensor attributes to its compute dtype by constant folding through numpy, which has no
+        # bfloat16 under numpy 2 (MindSpore was built against numpy 1).
+        mask = ops.triu(ops.full((self.seq, self.seq), MASK_VALUE, dtype=ms.float32), 1)
+        scores = ops.cast(scores, ms.float32) + mask
         probs = ops.cast(self.softmax(scores), q.dtype)
         return self.pv(probs, v)
 

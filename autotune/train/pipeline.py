@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import numpy as np
-
 import mindspore as ms
 from mindspore import nn, ops
 
@@ -121,7 +119,7 @@ class PipelineStage:
 
     def __init__(self, placement: Placement, cells: dict, micro: int, boundary: tuple, dtype):
         self.p, self.cells, self.micro = placement, cells, micro
-        self.zeros = ms.Tensor(np.zeros(boundary, np.float32)).astype(dtype)
+        self.zeros = ops.zeros(boundary, dtype)
         self.links = {side: (Exchange(group), ExchangePair(group))
                       for side, group in (("prev", placement.prev_link), ("next", placement.next_link)) if group}
         self.order = schedule(placement.stage, placement.pp, micro)

@@ -1,0 +1,111 @@
+"""Exported tp2 and pp2 layouts train through their own launch.sh (real msrun, 2 workers): the
+per-rank checkpoints hold exactly the slices summary.json promises, MindSpore's
+transform_checkpoints merges them with the exported strategy.ckpt into the whole model, which
+computes the sharded run's loss, and --resume continues a run exactly."""
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+from mindspore.parallel import transform_checkpoints  # noqa: E402
+
+from autotune.export import write_export  # noqa: E402
+from autotune.layout import rank_coords  # noqa: E402
+from autotune.space import Candidate  # noqa: E402
+from autotune.spec import parse_spec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train_program import _free_port, run  # noqa: E402
+
+MODEL = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4,
+         "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 64, "dtype": "float32"}
+SCALARS = {"global_step", "loss_scale", "loss_scale.cur_iter", "loss_scale.last_overflow_iter", "step"}
+
+
+def export(tmp_path, tp, pp, dtype="float32", loss_scale=1024) -> Path:
+    spec = parse_spec({"study": "runs", "model": {**MODEL, "dtype": dtype},
+                       "train": {"global_batch_size": 16, "learning_rate": 0.01, "total_steps": 100,
+                                 "save_every": 2},
+                       "cluster": {"backend": "cpu", "devices": 2, "devices_per_node": 2},
+                       "trial": {"steps": 10, "measure_after": 1}}, tmp_path / "model.yaml")
+    c = Candidate(dp=2 // (tp * pp), tp=tp, pp=pp, micro_batches=2 if pp > 1 else 1, fusion_mb=16,
+                  grad_accum=1 if pp > 1 else 2, loss_scale=loss_scale, warmup_steps=10, jit_level="O1",
+                  recompute="none")
+    out = tmp_path / f"tp{tp}pp{pp}"
+    write_export(spec, c, {"number": 1, "study": "runs", "metrics": {}, "estimate": None}, out)
+    return out
+
+
+def launch(out: Path, *args) -> list[dict]:
+    """``bash launch.sh ARGS`` as a user runs it, with this venv's python and msrun first on PATH."""
+    env = {**os.environ, "MASTER_PORT": str(_free_port()), "GLOG_v": "3"}
+    run_dir = Path(args[args.index("--out") + 1]) if "--out" in args else out / "run"
+    code, _, err = run(["bash", out / "launch.sh", *args], timeout=400, env=env)
+    logs = "".join(p.read_text()[-1500:] for p in sorted((run_dir / "logs").glob("*.log")))
+    assert code == 0, (err + logs)[-4000:]
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def whole_model_loss(merged: dict, step: int) -> float:
+    """The tp1·pp1 model with the merged weights, on the global batch of ``step``."""
+    from autotune.train import data, models, program, tp_layers
+    ms.set_context(mode=ms.GRAPH_MODE)
+    program.numpy2_workaround(ms)
+    network = models.build_network(MODEL)
+    not_loaded, _ = ms.load_param_into_net(network, merged, strict_load=True)
+    assert not not_loaded
+    x, y = data.TokenChains(16, MODEL["seq_length"], MODEL["vocab_size"], seed=0)(step)
+    logits = ms.ops.cast(network(ms.Tensor(x)), ms.float32)
+    return float(tp_layers.TokenCrossEntropy()(logits, ms.Tensor(y)).asnumpy())
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow)], ids=["tp2", "pp2"])
+def test_checkpoints_hold_the_promised_slices_and_merge_into_the_whole_model(tmp_path, tp, pp):
+    out = export(tmp_path, tp, pp)
+    steps = launch(out, "--steps", "3")
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    for rank in range(2):
+        saved = sorted((out / "run" / "checkpoint" / f"rank_{rank}").glob("*.ckpt"))
+        assert [p.name for p in saved] == ["step_00000002.ckpt", "step_00000003.ckpt"]  # save_every 2, end
+        held = ms.load_checkpoint(str(saved[0]))
+        stage, _, tp_index = rank_coords(rank, 2 // (tp * pp), tp)
+        promised = {}
+        for name, p in summary["parameters"].items():
+            if p["stage"] != stage:
+                continue
+            shape = list(p["shape"])
+            if p["split_dim"] is not None:
+                shape[p["split_dim"]] //= tp
+            promised.update({f"{prefix}{name}": shape for prefix in ("", "adam_m.", "adam_v.")})
+        assert set(held) == set(promised) | SCALARS, f"rank {rank} (stage {stage}, tp {tp_index})"
+        for name, shape in promised.items():
+            assert list(held[name].shape) == shape, f"rank {rank} {name}"
+    # merge the step-2 checkpoints: their weights computed the loss the run logged for step 2
+    source = tmp_path / "step2"
+    for rank in range(2):
+        (source / f"rank_{rank}").mkdir(parents=True)
+        shutil.copy(out / "run" / "checkpoint" / f"rank_{rank}" / "step_00000002.ckpt", source / f"rank_{rank}")
+    transform_checkpoints(str(source), str(tmp_path / "merged"), "whole_", str(out / "strategy.ckpt"), None)
+    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "whole_0.ckpt"))
+    assert whole_model_loss(merged, 2) == pytest.approx(steps[2]["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path, tp, pp):
+    """float16 from a loss scale that overflows: the scaler's state must survive the resume too."""
+    out = export(tmp_path, tp, pp, dtype="float16", loss_scale=2**20)
+    launch(out, "--steps", "3")
+    resumed = launch(out, "--steps", "5", "--resume")
+    assert [s["step"] for s in resumed] == [0, 1, 2, 3, 4]
+    straight = launch(out, "--steps", "5", "--out", str(tmp_path / "straight"))
+    np.testing.assert_allclose([s["loss"] for s in resumed], [s["loss"] for s in straight], rtol=1e-5)
+    assert [s["loss_scale"] for s in resumed] == [s["loss_scale"] for s in straight]
+    assert resumed[0]["overflow"] and len({s["loss_scale"] for s in resumed}) > 1
