@@ -97,7 +97,9 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     out = tmp_path / "export"
     assert main(["export", "tiny", "--out", str(out), "--storage", storage]) == 0
     best = json.loads((out / "summary.json").read_text())
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    from autotune.runner import free_port
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "MASTER_PORT": str(free_port())}  # msrun's default 8118 may be taken on a shared machine
     run = subprocess.run(["bash", str(out / "launch.sh"), "--steps", "3"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
