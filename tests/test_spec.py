@@ -127,7 +127,7 @@ def test_simulate_keeps_model_parallel_and_fixes_what_it_cannot_estimate(tmp_pat
     space = build_space(load_spec(write(tmp_path, text)))
     assert space.domains["tp"] == (1, 2, 4) and "O2" in space.domains["jit_level"]  # 8 ∤ 4 heads
     assert space.domains["loss_scale"] == (2**16,) and space.domains["warmup_steps"] == (0,)
-    assert sorted(n.split(":")[0] for n in space.notes) == ["loss_scale", "tp", "warmup_steps"]
+    assert sorted(n.split(":")[0] for n in space.notes) == ["loss_scale", "pp", "tp", "warmup_steps"]
 
 
 def test_sampler_with_missing_extra_is_an_input_error(tmp_path, capsys):
