@@ -25,13 +25,24 @@ trial's whole resolved config (``model``, ``train``, ``trial``, ``knobs``, ``see
     ``dataset(step, shard, num_shards)`` → ``(inputs, labels)``: numpy arrays whose first axis is
     the sample axis, holding shard ``shard`` (0 ≤ shard < num_shards) of the global batch of
     optimizer step ``step`` — ``train.global_batch_size / num_shards`` samples. autotune calls it
-    with ``shard = rank``, ``num_shards = dp`` and splits the result into ``grad_accum``
-    micro-batches along the first axis. Return the same shapes and dtypes every call (graphs
+    with ``shard = the rank's dp index``, ``num_shards = dp`` and splits the result into
+    ``grad_accum`` micro-batches along the first axis. Return the same shapes and dtypes every call (graphs
     compile once). Recommended: derive the global batch from (seed, step) and slice it, as the
     built-in data does, so candidates with different dp train on the same samples.
 
+Layout: a user network runs with tp = pp = 1 (the search space fixes both, with a note, and the
+trial program refuses anything else); ``dp`` applies as above. What a network would have to
+provide to be split over tensor and pipeline ranks — what the built-in families do — is a build
+*per rank*: given the rank's `autotune.train.parallel.Placement`, only the layers of its pipeline
+stage, each from `autotune.train.tp_layers` (or equivalent explicit collectives in the
+placement's tp group), parameters named as in the whole model with the local shapes
+`autotune.layout` derives from ``model.tp_rules``, weights filled layout-independently
+(`autotune.train.weights`), a stage input/output of one fixed shape, and a loss for a
+vocabulary-split head. The entry interface does not pass a placement yet.
+
 Built-in families (``model.family`` = ``transformer`` | ``mlp``, ``entry`` null) come from
-`autotune.train.models` with synthetic data from `autotune.train.data`.
+`autotune.train.models`, built for one rank of the layout, with synthetic data from
+`autotune.train.data`.
 """
 
 import importlib

@@ -3,7 +3,7 @@ collective operators tensor and pipeline parallelism are built from.
 
 Everything here is explicit collectives on named groups, so the same code runs on CPU, GPU and
 Ascend (MindSpore's own operator and pipeline sharding, SEMI_AUTO_PARALLEL, refuses the CPU
-backend). What the CPU backend offers, measured (docs/parallel-engine.md): ``AllReduce`` (sum) on
+backend). What the CPU backend offers, measured (docs/parallel.md): ``AllReduce`` (sum) on
 any group, also inside Cells with a custom ``bprop``; ``AllGather`` on the world group only; no
 ``Send``/``Receive`` kernels. So:
 
