@@ -150,7 +150,7 @@ def test_data_parallel_under_msrun(tmp_path):
 BF16_STEP = """
 import sys
 import mindspore as ms
-from autotune.train import entry, program, step
+from autotune.train import engine, entry, program, step
 ms.set_device(sys.argv[1])
 ms.set_context(mode=ms.GRAPH_MODE)
 program.numpy2_workaround(ms)
@@ -159,7 +159,7 @@ config = {"seed": 0, "train": {"global_batch_size": 4},
                     "ffn_hidden_size": 32, "seq_length": 8, "vocab_size": 32}}
 network, loss_fn, dataset = entry.build(config)
 step.set_compute_dtype(network, ms.bfloat16)
-optimizer = program.make_optimizer(network, 1e-3)
+optimizer = engine.make_optimizer(network, 1e-3)
 _, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=1, scaling=False, loss_scale=1)
 x, y = dataset(0)
 loss, _, _ = apply(ms.Tensor(x), ms.Tensor(y))

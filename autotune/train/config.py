@@ -2,12 +2,23 @@
 
 Contract: :func:`trial_config` is the one writer of the ``config.json`` format described in
 this package's docstring; the search loop uses it for trials and export for the full-length run.
+A config the program cannot run raises :class:`ConfigError`; :func:`micro_steps` is how many
+micro-batches one optimizer step of a config's knobs takes.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """The config cannot be run by the trial program (exit code 2)."""
+
+
+def micro_steps(knobs: dict) -> int:
+    """Micro-batches per optimizer step: ``micro_batches`` with pipeline stages, else ``grad_accum``."""
+    return knobs["micro_batches"] if knobs["pp"] > 1 else knobs["grad_accum"]
 
 
 def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,

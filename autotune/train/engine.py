@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mindspore as ms
+from mindspore import nn
 
 from autotune.train import entry, pipeline, schedule, step
+from autotune.train.config import ConfigError, micro_steps
 from autotune.train.parallel import Placement
 
 COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32}
@@ -36,6 +38,15 @@ class Engine:
         return tuple(o.asnumpy() for o in self.run_micro(xs, ys))
 
 
+def make_optimizer(network, learning_rate):
+    """AdamW (β 0.9/0.95, GPT-style), weight decay 0.1 on matrices only (not norms, biases)."""
+    params = network.trainable_params()
+    groups = [{"params": [p for p in params if len(p.shape) > 1], "weight_decay": 0.1},
+              {"params": [p for p in params if len(p.shape) <= 1], "weight_decay": 0.0}]
+    return nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=learning_rate, beta1=0.9,
+                              beta2=0.95, eps=1e-8)
+
+
 def _boundary(model: dict, micro_batch: int) -> tuple:
     """Shape of the hidden state one micro-batch sends between pipeline stages."""
     if model["family"] == "transformer":
@@ -44,8 +55,6 @@ def _boundary(model: dict, micro_batch: int) -> tuple:
 
 
 def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
-    from autotune.train.program import ConfigError, make_optimizer, micro_steps
-
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
     ms.set_seed(cfg.get("seed", 0))  # an entry model draws its own weights: identical on every rank
     network, loss_fn, dataset = entry.build(cfg, placement)

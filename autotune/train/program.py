@@ -39,15 +39,12 @@ import numpy as np
 from autotune import layout
 from autotune.knobs import COMPUTE_DTYPES
 from autotune.train import metrics as metrics_mod
+from autotune.train.config import ConfigError, micro_steps
 
 SCALE_WINDOW = 1000  # MindFormers' default scale_window for DynamicLossScaleUpdateCell
 JIT_LEVELS = ("O0", "O1", "O2", "pynative")
 RECOMPUTE = ("none", "selective", "full")
 DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
-
-
-class ConfigError(ValueError):
-    """The config cannot be run by this program (exit code 2)."""
 
 
 REQUIRED = {
@@ -57,11 +54,6 @@ REQUIRED = {
     "knobs": ("dp", "tp", "pp", "micro_batches", "fusion_mb", "grad_accum", "loss_scale", "warmup_steps",
               "jit_level", "recompute"),
 }
-
-
-def micro_steps(knobs: dict) -> int:
-    """Micro-batches per optimizer step: ``micro_batches`` with pipeline stages, else ``grad_accum``."""
-    return knobs["micro_batches"] if knobs["pp"] > 1 else knobs["grad_accum"]
 
 
 def check_config(cfg: dict) -> None:
@@ -149,16 +141,6 @@ def _setup(cfg, ms):
                                      device_num=size,
                                      comm_fusion={"allreduce": {"mode": "size", "config": int(knobs["fusion_mb"])}})
     return placement
-
-
-def make_optimizer(network, learning_rate):
-    """AdamW (β 0.9/0.95, GPT-style), weight decay 0.1 on matrices only (not norms, biases)."""
-    from mindspore import nn
-    params = network.trainable_params()
-    groups = [{"params": [p for p in params if len(p.shape) > 1], "weight_decay": 0.1},
-              {"params": [p for p in params if len(p.shape) <= 1], "weight_decay": 0.0}]
-    return nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=learning_rate, beta1=0.9,
-                              beta2=0.95, eps=1e-8)
 
 
 def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:

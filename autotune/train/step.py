@@ -26,6 +26,8 @@ the scale on overflow and doubles it after ``scale_window`` clean steps. Float32
 compute need no loss scaling: scale 1, no check, never an overflow.
 """
 
+from dataclasses import dataclass
+
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common.parameter import ParameterTuple
@@ -98,14 +100,17 @@ class TrainState(nn.Cell):
         self.updater = nn.DynamicLossScaleUpdateCell(float(loss_scale), scale_factor=2, scale_window=scale_window)
 
 
+@dataclass(frozen=True)
 class Parallelism:
     """How a step's update communicates: ``dp`` replicas (``dp_group`` None: the world group),
     and whether ranks must agree over the world (tensor or pipeline parallelism), in which case
     ``loss_weight`` is this rank's share of the reported loss (1/(dp·tp) on the last stage, 0
     elsewhere)."""
 
-    def __init__(self, dp=1, dp_group=None, agree=False, loss_weight=1.0):
-        self.dp, self.dp_group, self.agree, self.loss_weight = dp, dp_group, agree, loss_weight
+    dp: int = 1
+    dp_group: str | None = None
+    agree: bool = False
+    loss_weight: float = 1.0
 
 
 class _Update(nn.Cell):
