@@ -2,7 +2,8 @@
 
 Contract: the driver is the only writer. Each trial carries the user attrs ``outcome`` (ok,
 infeasible, oom, diverged, timeout, pruned, error, interrupted), ``detail`` (reason or log tail, not for
-ok), every metric of DESIGN.md under its own name, ``estimate`` (the cost model's dict) and the
+ok), every metric of :data:`METRICS` (the trial's ``metrics.json``, defined in
+``autotune/train/metrics.py``) under its own name, ``estimate`` (the cost model's dict) and the
 knobs that were not sampled (under their knob names). Only ``ok`` trials get objective values
 (state COMPLETE). A bad candidate (infeasible, oom, diverged, timeout, pruned) is PRUNED so the sampler
 learns to avoid its region; an error or interruption is FAIL (not the candidate's fault).
@@ -90,7 +91,7 @@ def counted(frozen: optuna.trial.FrozenTrial) -> bool:
 
 
 def metrics_of(frozen: optuna.trial.FrozenTrial) -> dict:
-    """The DESIGN.md metrics a trial stored (a trial that never ran has none)."""
+    """The :data:`METRICS` a trial stored (a trial that never ran has none)."""
     return {name: frozen.user_attrs[name] for name in METRICS if name in frozen.user_attrs}
 
 

@@ -191,7 +191,10 @@ class SearchSpace:
 
 
 def violations(spec: Spec, c: Candidate) -> list[str]:
-    """The hard constraints of DESIGN.md that ``c`` breaks, as readable reasons."""
+    """The hard constraints (the README's "Search spaces") that ``c`` breaks, as readable reasons:
+    dp·tp·pp = cluster.devices; tp divides num_heads and hidden_size; pp divides num_layers; the
+    global batch divides by dp·grad_accum (pp = 1) or by dp·micro_batches with micro_batches ≥ pp
+    (pp > 1); and for a built-in family split by tp or pp, what its layout needs besides."""
     reasons = []
     m, batch = spec.model, spec.train.global_batch_size
     if c.devices != spec.cluster.devices:

@@ -25,8 +25,10 @@ Model (sources in the docstrings below and in ``workload.py``):
 - Activations per layer and sample by recompute mode: Korthikanti et al. 2022 (``workload.py``).
   Under full recompute the layer being back-propagated is rebuilt whole, so one layer of
   un-recomputed activations comes on top (gradient buffers reuse the memory of freed
-  activations). Against MINDSPORE_CPU.md's 8 MLP blocks (1,938 → 1,019 MB, −47%) this predicts
-  1,973 → 981 MB (+2% / −4%). Without pipelining one micro-batch is alive at a time.
+  activations). Against the 8 residual MLP blocks of docs/mindspore-cpu.md ("Activation
+  recompute"; 64×256 rows) this predicts 1,973 → 981 MB: first measured 1,938 → 1,019 MB (−47%;
+  model +2% / −4%), on 2026-11-29 2,139 → 1,104 MB (−48%; model −8% / −11%). Without pipelining
+  one micro-batch is alive at a time.
 - Pipelines, 1F1B (Narayanan et al. 2021 §2.2): stage i has up to ``pp − i`` micro-batches
   between their forward and their backward. What each of them keeps depends on the engine.
   The trainer (MindSpore compiles forward and backward as one graph, so a stage other than the
@@ -53,8 +55,9 @@ MIB = 2**20
 ENGINES = ("trainer", "megatron")
 STATE_PARTS = ("params", "grads", "accumulators", "optimizer_states")
 
-# MINDSPORE_CPU.md: with comm_fusion mode "size", buckets come out near a quarter of the
-# configured threshold.
+# docs/mindspore-cpu.md, "Fusion buckets": with comm_fusion mode "size", a bucket closes once it
+# holds more than a quarter of the configured threshold (graph_build IR of 2 msrun workers: full
+# buckets 0.38 / 0.28 / 0.26 × the threshold at 1 / 4 / 16 MB, 128 KB gradients).
 FUSION_FILL = 0.25
 
 

@@ -73,8 +73,9 @@ class DeviceProfile:
 # - step overhead 2 ms: host-side launch and bookkeeping per step in graph mode.
 # - jit factors (MindSpore publishes no ratios): O1 (kernel fusion) is the reference;
 #   O0 (kernel by kernel, no fusion) 1.15×; O2 (whole graph sunk by CANN, Ascend) 0.92×;
-#   PyNative 1.5× on an accelerator (host dispatch per op; MINDSPORE_CPU.md measured 6–8× on
-#   CPU, where host overhead is a larger share).
+#   PyNative 1.5× on an accelerator (host dispatch per op; on this CPU, where host overhead is
+#   a larger share, docs/mindspore-cpu.md "PyNative vs GRAPH_MODE" measures several times more
+#   for a small model).
 _ACCEL = dict(collective_latency_us=20.0, hop_latency_us=2.0, framework_gb=2.0, achievable=0.74,
               hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0,
               jit_o0=1.15, jit_o1=1.0, jit_o2=0.92, jit_pynative=1.5)
@@ -100,11 +101,14 @@ PROFILES: dict[str, DeviceProfile] = {
                                  **_ACCEL),
 }
 
-# The CPU class this project runs on (MINDSPORE_CPU.md; lscpu here: 2 vCPUs of an AVX-512 Intel
-# Xeon at 2.6 GHz). Peak FP32 = 2 cores × 2.6 GHz × 64 FLOP/cycle (two 512-bit FMA units ×
-# 16 lanes × 2) = 333 GFLOP/s for the machine, shared by the workers of a node.
+# The CPU class this project runs on (docs/mindspore-cpu.md; lscpu here: 2 vCPUs of an AVX-512
+# Intel Xeon at 2.6 GHz). Peak FP32 = 2 cores × 2.6 GHz × 64 FLOP/cycle (two 512-bit FMA units ×
+# 16 lanes × 2) = 333 GFLOP/s for the machine, shared by the workers of a node (a 1024³ fp32
+# MatMul reaches 271–278 GFLOP/s: the doc's "Half precision").
 CPU_MACHINE_PEAK_TFLOPS_FP32 = 0.333
-# MINDSPORE_CPU.md: fp16 steps took 23–34 ms vs 11–13 ms in fp32 → half precision ≈2.4× slower.
+# Half precision ≈2.4× slower: set from fp16 steps of 23–34 ms vs 11–13 ms in fp32 (model not
+# recorded). docs/mindspore-cpu.md "Half precision" re-measures it; on 2026-11-29 the fp16 MatMul
+# kernel was 1.4–1.6× slower and MLP training steps 0.9–1.2× — see there before relying on 2.4.
 CPU_HALF_SLOWDOWN = 2.4
 CPU_BASE = DeviceProfile(
     "cpu", "cpu", memory_gb=16.0,  # replaced by cluster.device_memory_gb
@@ -129,16 +133,23 @@ CPU_BASE = DeviceProfile(
     # library's own rate above is the lower bound, so it is taken for the wire too.
     inter_node_gbps=0.45,
     collective_latency_us=215.0, hop_latency_us=0.0,
-    # MINDSPORE_CPU.md: RSS 0.8/1.5/4.1/7.6 GB at batch 32/128/512/1024 extrapolates to ≈0.55 GB
-    # at batch 0: MindSpore's runtime plus a small model.
+    # MindSpore's runtime plus a small model: RSS 0.8/1.5/4.1/7.6 GB at batch 32/128/512/1024
+    # extrapolated to ≈0.55 GB at batch 0. docs/mindspore-cpu.md "Peak memory and the runtime
+    # baseline" (2026-11-29): runtime alone 0.51 GB, a small model's peak 0.55 GB.
     framework_gb=0.55,
-    # Fitted to MINDSPORE_CPU.md's 8 residual MLP blocks (d 256, 64×256 tokens, fp32,
-    # GRAPH_MODE): 7.35 s per step (model 7.31 s; full recompute 9.50 s, model 9.68 s). The
-    # measurement does not state ffn or vocabulary: 4·d and 256 assumed (the head is <1%).
+    # Fitted to the 8 residual MLP blocks of docs/mindspore-cpu.md "Activation recompute" (d 256,
+    # 64×256 rows, fp32, GRAPH_MODE) as first measured: 7.35 s per step (model 7.31 s; full
+    # recompute 9.50 s, model 9.68 s), ffn 4·d and 256 classes assumed (the head is <1%). The
+    # doc's re-measurement (2026-11-29) is slower: 9.38 s under load, and 2.50–2.55 s at 4,096
+    # rows where the model says 1.84 s.
     achievable=0.19,
     hbm_efficiency=0.7, link_efficiency=0.8,
-    step_overhead_ms=5.0,        # MINDSPORE_CPU.md: a small DP model steps in 7–12 ms in total
-    # MINDSPORE_CPU.md: O0/O1/O2 give the same CPU kernel graph; PyNative is 6–8× slower.
+    # A small DP model steps in 7–12 ms in total (docs/mindspore-cpu.md "Step overhead and
+    # fusing small gradients": 6 ms on 2026-11-29, gradients fused).
+    step_overhead_ms=5.0,
+    # docs/mindspore-cpu.md "Jit levels": O0/O1/O2 give the same CPU kernel graph. PyNative: set
+    # from "6–8× slower"; the doc's "PyNative vs GRAPH_MODE" measured 3.4–3.6× on a small MLP and
+    # ≈1–1.4× on a compute-bound one (2026-11-29).
     jit_o0=1.0, jit_o1=1.0, jit_o2=1.0, jit_pynative=7.0)
 
 DEFAULT_BY_BACKEND = {"gpu": "a100-80g", "simulate": "a100-80g", "ascend": "ascend-910b"}
