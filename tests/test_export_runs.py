@@ -33,7 +33,7 @@ def export(tmp_path, tp, pp, dtype="float32", loss_scale=1024) -> Path:
                        "train": {"global_batch_size": 16, "learning_rate": 0.01, "total_steps": 100,
                                  "save_every": 2},
                        "cluster": {"backend": "cpu", "devices": 2, "devices_per_node": 2},
-                       "trial": {"steps": 10, "measure_after": 1}}, tmp_path / "model.yaml")
+                       "trial": {"steps": 10, "measure_after": 4}}, tmp_path / "model.yaml")
     c = Candidate(dp=2 // (tp * pp), tp=tp, pp=pp, micro_batches=2 if pp > 1 else 1, fusion_mb=16,
                   grad_accum=1 if pp > 1 else 2, loss_scale=loss_scale, warmup_steps=10, jit_level="O1",
                   recompute="none")

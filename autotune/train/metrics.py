@@ -100,7 +100,8 @@ class StepLog:
 
     def summary(self, compile_s, peak_mb, final_loss_scale) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far."""
-        measured = self.records[self.measure_after:]
+        # a resumed run may record fewer steps than measure_after: time at least its last one
+        measured = self.records[min(self.measure_after, len(self.records) - 1):]
         seconds = sum(r["step_time_ms"] for r in measured) / 1000.0
         applied_measured = sum(not r["overflow"] for r in measured)
         losses = [r["loss"] for r in self.records]
