@@ -318,6 +318,25 @@ def test_pipeline_stages_reduce_gradients_after_the_last_micro_batch():
     assert estimate(spec, c, engine="megatron").breakdown["time_s"]["dp_comm"] < whole
 
 
+def test_cpu_does_not_hide_the_gradient_all_reduce_behind_the_backward():
+    """MindSpore's CPU backend runs a graph's kernels in turn (profile comm_overlap 0): with many
+    buckets the whole all-reduce is exposed, where an accelerator hides all but the last one."""
+    model = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "ffn_hidden_size": 2048,
+             "seq_length": 64}
+    c = cand(dp=2, fusion_mb=1)
+    cpu = estimate(spec_of(model, batch=16, cluster={"backend": "cpu", "devices": 2,
+                                                      "devices_per_node": 2, "device": None}), c)
+    grads = rank_elements(builtin_layout(spec_of(model).model.as_config(), 1, 1)[0], 1, 0) * 4
+    buckets = -(-grads // (2**20 // 4))
+    exposed = buckets * 215e-6 + grads / (0.45e9 * 0.8)
+    assert cpu.breakdown["time_s"]["dp_comm"] == pytest.approx(exposed)
+    def gpu(overlap):
+        spec = spec_of(model, batch=16, cluster={"devices": 2, "device": {"base": "a100-80g",
+                                                                           "comm_overlap": overlap}})
+        return estimate(spec, c).breakdown["time_s"]["dp_comm"]
+    assert gpu(1.0) < gpu(0.0)  # an accelerator hides part of it behind the backward
+
+
 def test_jit_level_scales_compute_and_loss_scale_warmup_do_nothing():
     spec = spec_of()
     o1 = estimate(spec, cand(jit="O1"))

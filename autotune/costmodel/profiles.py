@@ -47,6 +47,7 @@ class DeviceProfile:
     hbm_efficiency: float        # fraction of hbm_gbps that memory-bound kernels sustain
     link_efficiency: float       # fraction of link bandwidth collectives sustain
     step_overhead_ms: float      # host work per training step (launch, data, bookkeeping)
+    comm_overlap: float          # share of the backward window that hides the DP all-reduce
     jit_o0: float                # compute-time factor per jit level, relative to O1
     jit_o1: float
     jit_o2: float
@@ -77,7 +78,7 @@ class DeviceProfile:
 #   a larger share, docs/mindspore-cpu.md "PyNative vs GRAPH_MODE" measures several times more
 #   for a small model).
 _ACCEL = dict(collective_latency_us=20.0, hop_latency_us=2.0, framework_gb=2.0, achievable=0.74,
-              hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0,
+              hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0, comm_overlap=1.0,
               jit_o0=1.15, jit_o1=1.0, jit_o2=0.92, jit_pynative=1.5)
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -147,6 +148,12 @@ CPU_BASE = DeviceProfile(
     # A small DP model steps in 7–12 ms in total (docs/mindspore-cpu.md "Step overhead and
     # fusing small gradients": 6 ms on 2026-11-29, gradients fused).
     step_overhead_ms=5.0,
+    # MindSpore's CPU backend runs a graph's kernels in turn: the DP all-reduce does not overlap
+    # the backward. Measured by `.venv/bin/python benchmarks/layouts_cpu.py
+    # examples/memory_bound_cpu.yaml` (2026-11-29): dp2 1,700 ms per step against tp2 754 ms at
+    # the same FLOPs per worker — the 200 MB of float32 gradients (≈0.55 s at the rate above)
+    # fully exposed, plus dp2's double optimizer work. Accelerators reduce on their own streams.
+    comm_overlap=0.0,
     # docs/mindspore-cpu.md "Jit levels": O0/O1/O2 give the same CPU kernel graph. PyNative: set
     # from "6–8× slower"; the doc's "PyNative vs GRAPH_MODE" measured 3.4–3.6× on a small MLP and
     # ≈1–1.4× on a compute-bound one (2026-11-29).
@@ -154,7 +161,8 @@ CPU_BASE = DeviceProfile(
 
 DEFAULT_BY_BACKEND = {"gpu": "a100-80g", "simulate": "a100-80g", "ascend": "ascend-910b"}
 _NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind"))
-_MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms")
+_MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms",
+                "comm_overlap")
 
 
 def resolve_profile(cluster) -> DeviceProfile:

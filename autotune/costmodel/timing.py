@@ -48,7 +48,9 @@ Model:
   knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
   (k−1)/k of that window hides communication, the last bucket never hides. One bucket hides
   nothing; many pay latency. The trainer's pipeline stages reduce in a graph of their own after
-  the last micro-batch (``ApplyStep``), so with pp > 1 nothing hides.
+  the last micro-batch (``ApplyStep``), so with pp > 1 nothing hides. The profile's
+  ``comm_overlap`` scales the window: 1 where collectives run on their own streams
+  (accelerators), 0 on the CPU backend, which runs a graph's kernels in turn.
 - Optimizer: Adam is memory-bound: ≈ 32 bytes per local parameter moved (read and write its
   16 bytes of state) at device memory bandwidth.
 - Host: the profile's per-step overhead. Loss scale and warmup steps have no effect on step time
@@ -187,4 +189,5 @@ def _dp_exposed(c, profile: DeviceProfile, gbps: float, grad_bytes: float,
     buckets = max(1, -(-int(grad_bytes) // int(bucket)))
     alpha = allreduce_time(0.0, c.dp, gbps, profile)
     total = buckets * alpha + allreduce_time(grad_bytes, c.dp, gbps, profile) - alpha
+    window *= profile.comm_overlap
     return max(total - window * (buckets - 1) / buckets, total / buckets)
