@@ -141,3 +141,21 @@ def test_layouts_train_to_the_same_losses(tmp_path, reference, name):
 def test_tensor_and_pipeline_together_on_four_workers(tmp_path, reference):
     losses, _ = _launch(tmp_path / "tp2pp2", dict(dp=1, tp=2, pp=2, micro_batches=2))
     np.testing.assert_allclose(losses, reference, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knobs", [dict(dp=1, tp=2, pp=1, grad_accum=2, recompute="full"),
+                                   dict(dp=1, tp=1, pp=2, micro_batches=2, recompute="selective"),
+                                   dict(dp=1, tp=1, pp=2, micro_batches=2, jit_level="pynative")],
+                         ids=["tp2-full-recompute", "pp2-selective-recompute", "pp2-pynative"])
+def test_float16_overflows_are_agreed_and_knobs_act_under_every_layout(tmp_path, knobs):
+    """float16 from a loss scale of 2^20: every rank skips the same steps (or the run would hang
+    or diverge between ranks), with the same scale and losses as one process."""
+    common = dict(steps=6, dtype="float16")
+    single, _ = _launch(tmp_path / "one", dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=2**20), **common)
+    split, _ = _launch(tmp_path / "split", dict(loss_scale=2**20, **knobs), **common)
+    steps = lambda folder: [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]  # noqa: E731
+    one, many = steps(tmp_path / "one"), steps(tmp_path / "split")
+    assert [s["overflow"] for s in many] == [s["overflow"] for s in one] and one[0]["overflow"]
+    assert [s["loss_scale"] for s in many] == [s["loss_scale"] for s in one]
+    np.testing.assert_allclose(split, single, rtol=2e-3)  # float16 sums in another order
