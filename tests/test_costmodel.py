@@ -337,6 +337,16 @@ def test_cpu_does_not_hide_the_gradient_all_reduce_behind_the_backward():
     assert gpu(1.0) < gpu(0.0)  # an accelerator hides part of it behind the backward
 
 
+def test_cpu_prices_16_bit_hidden_state_messages_slower():
+    """benchmarks/allreduce_in_graph.py: a float16 all-reduce costs ≈3.5× its α–β price on CPU."""
+    def pp_comm(factor=None):
+        device = {"half_collective_factor": factor} if factor else None
+        spec = spec_of(batch=8, cluster={"backend": "cpu", "devices": 2, "devices_per_node": 2,
+                                         "device": device})
+        return estimate(spec, cand(pp=2, micro_batches=2)).breakdown["time_s"]["pp_comm"]
+    assert pp_comm() == pytest.approx(3.5 * pp_comm(1.0))
+
+
 def test_jit_level_scales_compute_and_loss_scale_warmup_do_nothing():
     spec = spec_of()
     o1 = estimate(spec, cand(jit="O1"))

@@ -48,6 +48,7 @@ class DeviceProfile:
     link_efficiency: float       # fraction of link bandwidth collectives sustain
     step_overhead_ms: float      # host work per training step (launch, data, bookkeeping)
     comm_overlap: float          # share of the backward window that hides the DP all-reduce
+    half_collective_factor: float  # time of a 16-bit all-reduce over the α–β price (float32's)
     jit_o0: float                # compute-time factor per jit level, relative to O1
     jit_o1: float
     jit_o2: float
@@ -79,6 +80,7 @@ class DeviceProfile:
 #   for a small model).
 _ACCEL = dict(collective_latency_us=20.0, hop_latency_us=2.0, framework_gb=2.0, achievable=0.74,
               hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0, comm_overlap=1.0,
+              half_collective_factor=1.0,
               jit_o0=1.15, jit_o1=1.0, jit_o2=0.92, jit_pynative=1.5)
 
 PROFILES: dict[str, DeviceProfile] = {
@@ -154,6 +156,11 @@ CPU_BASE = DeviceProfile(
     # the same FLOPs per worker — the 200 MB of float32 gradients (≈0.55 s at the rate above)
     # fully exposed, plus dp2's double optimizer work. Accelerators reduce on their own streams.
     comm_overlap=0.0,
+    # A float16 all-reduce inside a compute graph costs 3.3–3.8 ms per 256 KB where the α–β fit
+    # above prices 0.94 ms (float32: 2.0–2.7 ms per 512 KB, priced 1.67): the CPU collective sums
+    # half precision slowly. `.venv/bin/python benchmarks/allreduce_in_graph.py` (2026-11-29,
+    # three runs). Tensor- and pipeline-parallel messages travel in the compute dtype.
+    half_collective_factor=3.5,
     # docs/mindspore-cpu.md "Jit levels": O0/O1/O2 give the same CPU kernel graph. PyNative: set
     # from "6–8× slower"; the doc's "PyNative vs GRAPH_MODE" measured 3.4–3.6× on a small MLP and
     # ≈1–1.4× on a compute-bound one (2026-11-29).

@@ -164,17 +164,19 @@ def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float
         if twice else 0.0
 
     message = micro_batch * work.hidden_state_bytes(nbytes)
+    # hidden states travel in the compute dtype; a 16-bit reduction may be slower (profile)
+    slower = profile.half_collective_factor if nbytes == 2 else 1.0
     count = layers * (work.tp_allreduces(c.recompute)
                       + (work.tp_forward_allreduces() if twice else 0))
     if first and work.vocab_parallel_embedding:
         count += 2 if twice else 1
-    tp_comm = count * allreduce_time(message, c.tp, tp_gbps, profile)
+    tp_comm = count * slower * allreduce_time(message, c.tp, tp_gbps, profile)
     if last:
         tokens = micro_batch * work.tokens
-        tp_comm += (allreduce_time(message, c.tp, tp_gbps, profile)  # head, backward
+        tp_comm += (slower * allreduce_time(message, c.tp, tp_gbps, profile)  # head, backward
                     + allreduce_time(c.tp * tokens * FLOAT32, c.tp, tp_gbps, profile)
                     + 2 * allreduce_time(tokens * FLOAT32, c.tp, tp_gbps, profile))
-    pp_comm = 2 * allreduce_time(message, 2, pp_gbps, profile) if c.pp > 1 else 0.0
+    pp_comm = 2 * slower * allreduce_time(message, 2, pp_gbps, profile) if c.pp > 1 else 0.0
     times = {"compute": compute, "recompute": knob_recompute + second_forward,
              "tp_comm": tp_comm, "pp_comm": pp_comm}
     return times, BACKWARD_SHARE * (compute + knob_recompute)
