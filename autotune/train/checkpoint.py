@@ -26,6 +26,8 @@ from pathlib import Path
 
 import mindspore as ms
 
+from autotune.layout import OPTIMIZER_STATES
+
 STEP = "step"
 
 
@@ -41,7 +43,8 @@ def state_tensors(network, optimizer, state, step_counter) -> dict:
     """``{name: Parameter}`` of everything a checkpoint holds (see the module doc)."""
     tensors = {p.name: p for p in network.get_parameters()}
     for p in optimizer.get_parameters():
-        if p.name.startswith(("adam_m.", "adam_v.")) or p.name == "global_step":
+        # the moments strategy.ckpt lays out (one name rule: autotune.layout), and the step
+        if p.name.startswith(tuple(f"{prefix}." for prefix in OPTIMIZER_STATES)) or p.name == "global_step":
             tensors[p.name] = p
     tensors["loss_scale"] = state.scale
     tensors["loss_scale.cur_iter"] = state.updater.cur_iter
