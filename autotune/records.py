@@ -84,10 +84,20 @@ def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
 
 
 def counted(frozen: optuna.trial.FrozenTrial) -> bool:
-    """Whether a trial counts toward the study's N finished trials: interrupted ones rerun, and
-    a repeat of an earlier candidate (``repeat_of``) was answered from storage, not run."""
+    """Whether a trial counts toward the study's N finished trials: interrupted ones rerun, a
+    repeat of an earlier candidate (``repeat_of``) was answered from storage, not run, and a
+    confirm-phase re-run (``confirm_of``) measures a trial again."""
     return (frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
-            and "repeat_of" not in frozen.user_attrs)
+            and not {"repeat_of", "confirm_of"} & set(frozen.user_attrs))
+
+
+ROLES = ("baseline", "confirm_of")  # user attrs that say what a trial is for, kept on a re-run
+
+
+def role_of(trial) -> dict:
+    """The role attrs of a trial, frozen or live (``baseline``, ``confirm_of``), for the trial
+    that re-runs it."""
+    return {key: trial.user_attrs[key] for key in ROLES if key in trial.user_attrs}
 
 
 def metrics_of(frozen: optuna.trial.FrozenTrial) -> dict:

@@ -22,6 +22,7 @@ from autotune.progress import Progress
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
 from autotune.spec import Spec, SpecError
+from autotune.study import open_study, recover_interrupted, requeue
 from autotune.train.config import trial_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -52,49 +53,6 @@ def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.
     return optuna.samplers.GPSampler(seed=seed)
 
 
-def open_study(spec: Spec, storage: str, study_name: str, resume: bool, sampler) -> optuna.Study:
-    """Create the study, or load it when resuming. Refuses to silently reuse a name."""
-    directions = records.directions(spec.search.objectives)
-    exists = study_name in optuna.get_all_study_names(storage) if _storage_exists(storage) else False
-    if exists and not resume:
-        raise SpecError(f"--study: study {study_name!r} already exists in {storage}; "
-                        "pass --resume to continue it or choose another name")
-    if storage.startswith("sqlite:///"):  # the first study creates trials/ (or its folder)
-        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
-    pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
-    study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
-                                directions=directions, load_if_exists=True, pruner=pruner)
-    if exists and [d.name.lower() for d in study.directions] != directions:
-        raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
-    if not exists:
-        study.set_user_attr("model_yaml", spec.raw)
-        study.set_user_attr("model_yaml_path", spec.source)
-        study.set_user_attr("objectives", list(spec.search.objectives))
-        study.set_user_attr("backend", spec.cluster.backend)
-    return study
-
-
-def _storage_exists(storage: str) -> bool:
-    if storage.startswith("sqlite:///"):
-        return Path(storage.removeprefix("sqlite:///")).exists()
-    return True
-
-
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Fail the trials a dead driver left RUNNING (outcome ``interrupted``) and re-enqueue their
-    candidates, so a resumed study loses nothing. RDB heartbeats do not cover ask/tell."""
-    numbers = []
-    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial = optuna.Trial(study, frozen._trial_id)
-        trial.set_user_attr("outcome", "interrupted")
-        study.tell(frozen.number, state=TrialState.FAIL)
-        if frozen.params:
-            study.enqueue_trial(frozen.params, skip_if_exists=True)
-        numbers.append(frozen.number)
-    return numbers
-
-
 def simulated_metrics(estimate) -> dict:
     """A simulate-backend trial: the cost model's estimate stored as the trial's metrics."""
     return {"goodput": estimate.samples_per_s, "throughput": estimate.samples_per_s,
@@ -109,7 +67,9 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
     if spec.cluster.backend == "simulate" and "final_loss" in spec.search.objectives:
         raise SpecError("search.objectives: final_loss cannot be estimated on backend simulate")
-    study = open_study(spec, storage, study_name, resume, sampler)
+    # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
+    pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
+    study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     progress = progress or Progress()
     interrupted = recover_interrupted(study)
     if interrupted:
@@ -308,7 +268,7 @@ class _Loop:
             raise
 
     def _interrupt(self, trial) -> None:
-        self.study.enqueue_trial(trial.params, skip_if_exists=True)
+        requeue(self.study, trial.params, records.role_of(trial))
         records.record(self.study, trial, self.objectives, "interrupted",
                        detail="the driver stopped before this trial finished")
 

@@ -141,9 +141,11 @@ class _Section:
 def load_yaml(path: Path) -> dict:
     """safe_load a YAML mapping, turning I/O and syntax problems into a SpecError naming the file."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a text (UTF-8) file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -208,6 +210,9 @@ def _parse_model(s: _Section, base: Path) -> ModelSpec:
     required = ... if family is not None else None
     dims = {key: s.get(key, int, minimum=1, default=required)
             for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")}
+    if dims["hidden_size"] and dims["num_heads"] and dims["hidden_size"] % dims["num_heads"]:
+        s.fail("hidden_size", f"{dims['hidden_size']} is not a multiple of model.num_heads = "
+                              f"{dims['num_heads']} (each head gets hidden_size / num_heads)")
     dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
     if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
         dims["ffn_hidden_size"] = 4 * dims["hidden_size"]

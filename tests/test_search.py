@@ -153,11 +153,18 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     # TPE study; a driver that dies leaves a RUNNING trial; --resume reruns it and reaches N
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3"]) == 0
     study = optuna.load_study(study_name="tpe", storage=storage)
-    orphan = study.ask({"tp": optuna.distributions.CategoricalDistribution([1, 2, 4])})
+    C = optuna.distributions.CategoricalDistribution
+    orphan = study.ask({"tp": C([1, 2, 4]), "pp": C([1, 2]), "micro_batches": C([2, 4]),
+                        "fusion_mb": C([16, 256]), "recompute": C(["none", "full"])})
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "5",
                  "--resume"]) == 0
     frame = autotune.trials_frame("tpe", storage)
     assert frame.loc[orphan.number, "outcome"] == "interrupted"
+    # the interrupted candidate ran again, under a new number, and was not just counted
+    study = optuna.load_study(study_name="tpe", storage=storage)
+    rerun = [t for t in study.trials if t.params == orphan.params and t.number > orphan.number
+             and "repeat_of" not in t.user_attrs]
+    assert len(rerun) == 1 and rerun[0].user_attrs["outcome"] in ("ok", "infeasible")
     counted = frame[(frame["outcome"] != "interrupted") & frame["repeat_of"].isna()]
     assert len(counted) == 5
     assert (counted["number"] > orphan.number).sum() == 2
@@ -232,3 +239,21 @@ def test_two_objectives_give_a_pareto_front_and_export_takes_a_point_of_it(tmp_p
     exported = json.loads((out / "summary.json").read_text())["trial"]
     assert exported in {t.number for t in front}
     assert exported == max(front, key=lambda t: t.values[0]).number
+
+
+def test_resume_refuses_a_changed_study_and_accepts_a_new_budget(tmp_path, capsys):
+    path = write(tmp_path, SIMULATE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--trials", "2"]) == 0
+    # more trials, another seed or sampler: the same study, continued
+    assert main(["search", str(path), "--storage", storage, "--trials", "3", "--seed", "5",
+                 "--resume"]) == 0
+    capsys.readouterr()
+    # another model or space is another study: refused, naming what changed, nothing run
+    changed = write(tmp_path, SIMULATE.replace("hidden_size: 1024", "hidden_size: 2048")
+                    .replace("recompute: [none, full]", "recompute: full"))
+    before = len(autotune.trials_frame("sim", storage))
+    assert main(["search", str(changed), "--storage", storage, "--trials", "5", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "was run with other model, space" in err
+    assert len(autotune.trials_frame("sim", storage)) == before

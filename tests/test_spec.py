@@ -58,6 +58,8 @@ def run_cli(tmp_path, capsys, *argv):
     ("model: {entry: 'missing_file.py:build'}", "model.entry"),
     ("model: {entry: 'no_such_module_xyz:build'}", "model.entry"),
     ("color: blue", "color"),
+    ("model: {family: transformer, num_layers: 2, hidden_size: 30, num_heads: 4, seq_length: 16,"
+     " vocab_size: 64}", "model.hidden_size: 30 is not a multiple of model.num_heads = 4"),
     # MindSpore 2.10 has no bfloat16 MatMul on CPU (test_train_program measures it)
     ("model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,"
      " vocab_size: 64, dtype: bfloat16}", "model.dtype: bfloat16 does not run on backend cpu"),
@@ -72,6 +74,15 @@ def test_bad_model_yaml_exits_2_naming_the_field(tmp_path, capsys, patch, field)
     assert code == 2
     assert field in err and err.startswith("error: ")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)) * 4, b"\x00\x01\x02", b"\xff\xfe"],
+                         ids=["binary", "nul-bytes", "not-utf8"])
+def test_a_file_that_is_not_yaml_text_exits_2(tmp_path, capsys, content):
+    path = tmp_path / "model.yaml"
+    path.write_bytes(content)
+    code, err = run_cli(tmp_path, capsys, "search", str(path))
+    assert code == 2 and str(path) in err and "Traceback" not in err
 
 
 def test_bad_tp_rule_names_the_rule(tmp_path):

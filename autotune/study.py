@@ -1,0 +1,100 @@
+"""Opening a study: create or resume it, check that a resume continues the same study, recover
+what a dead driver left behind, and put a candidate back in the queue.
+
+Contract:
+- :func:`open_study` creates the study (storing the spec, objectives, backend and the study's
+  :func:`fingerprint`), or loads it with ``resume``; it refuses to reuse a name without
+  ``resume`` and refuses a resume whose fingerprint differs, naming what changed (SpecError).
+- :func:`fingerprint` is what makes two runs the same study: the ``model`` and ``train``
+  sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb), the
+  resolved search space, the objectives and ``trial.steps``/``measure_after``. Not ``n_trials``,
+  the sampler, the seed or the timeout: those may change between runs of one study.
+- :func:`recover_interrupted` fails the trials a dead driver left RUNNING (outcome
+  ``interrupted``) and queues each candidate again (:func:`requeue`): a resumed study runs it
+  again under a new trial number. RDB heartbeats do not cover ask/tell.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import records
+from autotune.spec import Spec, SpecError
+
+
+def fingerprint(spec: Spec, space) -> dict:
+    """The parts of a study that must not change when it is resumed, as plain JSON values."""
+    c = spec.cluster
+    parts = {
+        "model": asdict(spec.model),
+        "train": asdict(spec.train),
+        "cluster": {"backend": c.backend, "devices": c.devices, "devices_per_node": c.devices_per_node,
+                    "device": c.device, "device_memory_gb": c.device_memory_gb},
+        "space": {name: list(values) for name, values in space.domains.items()},
+        "objectives": list(spec.search.objectives),
+        "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
+    }
+    return json.loads(json.dumps(parts, default=str))  # what storage gives back
+
+
+def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, sampler,
+               pruner=None) -> optuna.Study:
+    """Create the study, or load it when resuming (see the module doc)."""
+    directions = records.directions(spec.search.objectives)
+    exists = study_name in optuna.get_all_study_names(storage) if _storage_exists(storage) else False
+    if exists and not resume:
+        raise SpecError(f"--study: study {study_name!r} already exists in {storage}; "
+                        "pass --resume to continue it or choose another name")
+    mine = fingerprint(spec, space)
+    if exists:
+        stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get("fingerprint")
+        changed = [part for part in mine if stored is not None and stored.get(part) != mine[part]]
+        if changed:
+            raise SpecError(f"--resume: {study_name!r} was run with other {', '.join(changed)} "
+                            f"({spec.source} changed since); resume it with the file it was "
+                            "created with, or start a new study")
+    if storage.startswith("sqlite:///"):  # the first study creates trials/ (or its folder)
+        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
+                                directions=directions, load_if_exists=True, pruner=pruner)
+    if exists and [d.name.lower() for d in study.directions] != directions:
+        raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
+    if not exists:
+        study.set_user_attr("model_yaml", spec.raw)
+        study.set_user_attr("model_yaml_path", spec.source)
+        study.set_user_attr("objectives", list(spec.search.objectives))
+        study.set_user_attr("backend", spec.cluster.backend)
+        study.set_user_attr("fingerprint", mine)
+    return study
+
+
+def _storage_exists(storage: str) -> bool:
+    if storage.startswith("sqlite:///"):
+        return Path(storage.removeprefix("sqlite:///")).exists()
+    return True
+
+
+def requeue(study: optuna.Study, params: dict, user_attrs: dict | None = None) -> None:
+    """Queue ``params`` to run again, unless they already wait. (Optuna's own
+    ``skip_if_exists`` also skips params that merely *ran* before — the very trial being
+    re-run — so it cannot be used here.)"""
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if params and not any(t.params == params for t in waiting):
+        study.enqueue_trial(params, user_attrs=user_attrs)
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Fail the trials a dead driver left RUNNING and queue their candidates again."""
+    numbers = []
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        trial = optuna.Trial(study, frozen._trial_id)
+        trial.set_user_attr("outcome", "interrupted")
+        study.tell(frozen.number, state=TrialState.FAIL)
+        requeue(study, frozen.params, records.role_of(frozen))
+        numbers.append(frozen.number)
+    return numbers
