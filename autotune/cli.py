@@ -45,6 +45,8 @@ def _load(args, extra_overrides: dict | None = None):
 
 
 def cmd_search(args) -> int:
+    if args.confirm < 0 or args.confirm_runs < 1:
+        raise SpecError("--confirm K needs K ≥ 0 and --confirm-runs R needs R ≥ 1")
     spec, space = _load(args)
     from autotune.analysis import resolve_storage
     from autotune.progress import Progress
@@ -57,7 +59,7 @@ def cmd_search(args) -> int:
         run_search(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
                    n_trials=spec.search.n_trials, resume=args.resume,
                    artifacts=Path(args.artifacts).resolve(), ray_address=args.ray_address,
-                   progress=progress)
+                   progress=progress, confirm_top=args.confirm, confirm_runs=args.confirm_runs)
     except KeyboardInterrupt:
         print(f"\ninterrupted: running trials recorded as interrupted; continue with "
               f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
@@ -128,19 +130,21 @@ def cmd_compare(args) -> int:
 def cmd_export(args) -> int:
     from autotune.analysis import load_study
     from autotune.export import write_export
-    from autotune.progress import best_trials
+    from autotune.confirm import best_confirmed, best_trials
     from autotune.records import knobs_of, metrics_of, outcome_of
     from autotune.space import Candidate
     from autotune.spec import parse_spec
 
     study = load_study(args.study, args.storage)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if args.trial is None:
-        best = best_trials(study)
+        confirmed = best_confirmed(study)  # the best mean of the confirm phase, when it ran
+        best = [trials[confirmed.number]] if confirmed else best_trials(study)
         if not best:
             raise SpecError(f"study {args.study!r} has no ok trial to export")
         trial = best[0]  # one objective: the best; several: the Pareto point best on the first
     else:
-        trial = next((t for t in study.get_trials(deepcopy=False) if t.number == args.trial), None)
+        trial = trials.get(args.trial)
         if trial is None:
             raise SpecError(f"--trial {args.trial}: study {args.study!r} has no such trial")
         if outcome_of(trial) != "ok":
@@ -176,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="continue the named study until it has N finished trials")
     search.add_argument("--ray-address", help="join an existing Ray cluster")
     search.add_argument("--artifacts", default="trials", help="folder of per-trial artefacts")
+    search.add_argument("--confirm", type=int, default=2, metavar="K",
+                        help="after the search, run the top K trials and the baseline again "
+                             "(real backends; default 2)")
+    search.add_argument("--no-confirm", dest="confirm", action="store_const", const=0,
+                        help="no confirm phase")
+    search.add_argument("--confirm-runs", type=int, default=2, metavar="R",
+                        help="re-runs of each confirmed trial (default 2)")
     search.set_defaults(run=cmd_search)
 
     estimate = verbs.add_parser("estimate", help="the cost model's verdict for one candidate")

@@ -7,6 +7,7 @@ through the ``optuna.Study`` it is handed.
 
 from __future__ import annotations
 
+import math
 import time
 
 import optuna
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import records
+from autotune.confirm import baseline_of, best_confirmed, best_trials, noise_floor, summarize
 from autotune.knobs import KNOB_NAMES
 
 
@@ -43,6 +45,8 @@ class Progress:
         self._searched: tuple = ()
         self._best: tuple | None = None  # (value of the first objective, trial number)
         self._maximize = True
+        self._confirm_total = self._confirm_done = 0
+        self._confirm_started = 0.0
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]·[/dim] {message}")
@@ -63,19 +67,36 @@ class Progress:
         knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items() if k in self._searched)
         self.console.print(f"[dim]      #{number:<3} running: {knobs}[/dim]")
 
-    def trial_done(self, number: int, outcome: str, metrics: dict, detail: str = "") -> None:
-        self._done += 1
-        self._done_here += 1
+    def trial_done(self, number: int, outcome: str, metrics: dict, detail: str = "",
+                   again_of: int | None = None) -> None:
+        """A trial ended; ``again_of``: it was a confirm-phase re-run of that trial."""
         main = self._objectives[0]
         value = metrics.get(records.OBJECTIVE_METRIC[main]) if outcome == "ok" else None
-        if value is not None and (self._best is None or
-                                  (value > self._best[0]) == self._maximize):
-            self._best = (value, number)
         shown = f"{main} {_fmt(value)}" if value is not None else ""
         if outcome != "ok" and detail:
             shown = detail.strip().splitlines()[0][:100]  # the reason; the log tail follows
         colour = "green" if outcome == "ok" else "yellow" if outcome != "error" else "red"
+        if again_of is not None:
+            self._confirm_done += 1
+            elapsed = time.monotonic() - self._confirm_started
+            eta = elapsed / self._confirm_done * (self._confirm_total - self._confirm_done)
+            self.console.print(f"confirm [{self._confirm_done}/{self._confirm_total}] #{number:<3} "
+                               f"again #{again_of:<3} [{colour}]{outcome:<10}[/{colour}] "
+                               f"{shown:<20} | {_clock(elapsed)}, ETA {_clock(eta)}")
+            return
+        self._done += 1
+        self._done_here += 1
+        if value is not None and (self._best is None or
+                                  (value > self._best[0]) == self._maximize):
+            self._best = (value, number)
         self._line(f"#{number:<3} [{colour}]{outcome:<10}[/{colour}] {shown:<20}")
+
+    def start_confirm(self, total: int, top: int, runs: int) -> None:
+        """The confirm phase begins: ``total`` re-runs of the top ``top`` and the baseline."""
+        self._confirm_total, self._confirm_done = total, 0
+        self._confirm_started = time.monotonic()
+        self.console.print(f"confirm phase: the top {top} and the baseline again, {runs} more "
+                           f"run{'s' if runs > 1 else ''} each, interleaved ({total} trials)")
 
     def batch_done(self, count: int, ok_values: list[tuple[float, int]]) -> None:
         """Trials settled in bulk (a simulated grid): one line per batch, not per trial.
@@ -108,22 +129,13 @@ class Progress:
             self.console.print("[red]no trial finished ok[/red]")
             return
         self.console.print(best_table(study, best))
-
-
-def best_trials(study: optuna.Study) -> list:
-    """The best trial (one objective) or the Pareto front sorted by the first objective."""
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()
-                and t.values is not None]
-    if not complete:
-        return []
-    maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-    front = study.best_trials if len(study.directions) > 1 else [study.best_trial]
-    return sorted(front, key=lambda t: t.values[0], reverse=maximize)
+        confirmed = summarize(study)
+        if confirmed:
+            self.console.print(confirmed_lines(study, confirmed))
 
 
 def best_table(study: optuna.Study, best: list) -> Table:
-    baseline = next((t for t in study.get_trials(deepcopy=False)
-                     if t.user_attrs.get("baseline")), None)
+    baseline = baseline_of(study)
     title = "best configuration" if len(best) == 1 else "Pareto front (best first objective first)"
     table = Table(title=title)
     shown = best[:5] + ([baseline] if baseline is not None and baseline not in best[:5] else [])
@@ -138,10 +150,39 @@ def best_table(study: optuna.Study, best: list) -> Table:
         if any(cells):  # a simulated trial has no loss, overflow or compile time
             table.add_row(name, *cells)
     table.add_row("outcome", *(records.outcome_of(t) for t in shown))
-    if baseline is not None and baseline.values and best[0] is not baseline:
+    if baseline is not None and baseline.values and best[0] is not baseline and not summarize(study):
         maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
         ratio = best[0].values[0] / baseline.values[0] if baseline.values[0] else float("nan")
         table.caption = (f"#{best[0].number} vs baseline #{baseline.number}: "
                          f"{ratio:.2f}× {'higher' if maximize else 'of the'} "
-                         f"{study.user_attrs.get('objectives', ['objective'])[0]}")
+                         f"{study.user_attrs.get('objectives', ['objective'])[0]} (single runs, "
+                         "unconfirmed)")
     return table
+
+
+def confirmed_lines(study: optuna.Study, confirmed: list) -> str:
+    """The confirmed configurations as mean ± sample std, the best against the baseline with
+    its spread, and the noise floor."""
+    objective = study.user_attrs.get("objectives", ["objective"])[0]
+    lines = [f"confirmed {objective} (mean ± sd over the original and its re-runs):"]
+    for c in confirmed:
+        label = " baseline" if c.baseline else ""
+        lines.append(f"  #{c.number}{label}: {_fmt(c.mean)} ± {_fmt(c.std)} (n={len(c.values)})")
+    best, baseline = best_confirmed(study), next((c for c in confirmed if c.baseline), None)
+    same = best is not None and baseline is not None and best.number == baseline.number
+    if best is not None and baseline is not None and not same and baseline.mean:
+        ratio = best.mean / baseline.mean
+        spread = ratio * math.hypot(_relative_spread(best), _relative_spread(baseline))
+        lines.append(f"best confirmed #{best.number} vs baseline #{baseline.number}: "
+                     f"{ratio:.2f}× ± {spread:.2f}")
+    elif same:
+        lines.append(f"the baseline #{baseline.number} is the best confirmed configuration")
+    floor = noise_floor(confirmed)
+    if floor is not None:
+        lines.append(f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}")
+    return "\n".join(lines)
+
+
+def _relative_spread(c) -> float:
+    """Relative spread of a confirmed mean (0 with a single value)."""
+    return c.std / c.mean if len(c.values) > 1 and c.mean else 0.0

@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune import costmodel, records
+from autotune import confirm, costmodel, records
 from autotune.progress import Progress
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
@@ -62,8 +62,11 @@ def simulated_metrics(estimate) -> dict:
 
 def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
                resume: bool, artifacts: Path, ray_address: str | None = None,
-               progress: Progress | None = None) -> optuna.Study:
-    """Run (or resume) the study to ``n_trials`` finished trials and return it."""
+               progress: Progress | None = None, confirm_top: int = 2,
+               confirm_runs: int = 2) -> optuna.Study:
+    """Run (or resume) the study to ``n_trials`` finished trials and return it. On a real
+    backend, then re-run the ``confirm_top`` best trials and the baseline ``confirm_runs`` times
+    each (0: no confirm phase) and store the noise floor (`autotune.confirm`)."""
     sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
     if spec.cluster.backend == "simulate" and "final_loss" in spec.search.objectives:
         raise SpecError("search.objectives: final_loss cannot be estimated on backend simulate")
@@ -85,17 +88,26 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
         # start could miss a layout, and the layout is the knob that matters most
         for candidate in space.layout_openers(spec)[:max(0, n_trials - 1)]:
             study.enqueue_trial(space.params_of(candidate))
-    progress.start(study, done=len(already), total=n_trials,
+    # every queued candidate runs, even past N (an interrupted one on a finished study)
+    to_run = max(n_trials - len(already), len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
+    progress.start(study, done=len(already), total=len(already) + to_run,
                    objectives=spec.search.objectives, searched=space.searched())
     if spec.cluster.backend == "simulate" and loop.grid:
         loop.run_simulated_grid()
     elif spec.cluster.backend == "simulate":
-        loop.run_simulated(n_trials - len(already))
+        loop.run_simulated(to_run)
     else:
         from autotune.dispatch import Dispatcher
 
         with Dispatcher(spec.cluster.backend, spec.cluster.devices, ray_address) as dispatcher:
-            loop.run_dispatched(dispatcher, n_trials - len(already))
+            loop.run_dispatched(dispatcher, to_run)
+            originals = confirm.plan(study, confirm_top, confirm_runs) if confirm_top else []
+            if originals:
+                progress.start_confirm(len(originals), confirm_top, confirm_runs)
+                loop.run_confirm(dispatcher, originals)
+        floor = confirm.noise_floor(confirm.summarize(study))
+        if floor is not None:
+            study.set_user_attr("noise_floor", floor)
     progress.finish(study)
     return study
 
@@ -234,28 +246,58 @@ class _Loop:
             self.progress.batch_done(len(trials), ok_values)
 
     def run_dispatched(self, dispatcher, remaining: int) -> None:
+        """Ask, run and tell until ``remaining`` trials have been asked (repeats excepted)."""
+        def next_job():
+            nonlocal remaining
+            while remaining > 0 and self.repeats < MAX_REPEATS:
+                asked = self._ask()
+                if self._settled(asked):
+                    remaining -= asked is INFEASIBLE
+                    continue
+                remaining -= 1
+                return asked
+            return None
+
+        self._drive(dispatcher, next_job)
+
+    def run_confirm(self, dispatcher, originals: list) -> None:
+        """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
+        queue = deque(originals)
+        self._drive(dispatcher, lambda: self._ask_again(queue.popleft()) if queue else None)
+
+    def _ask_again(self, original):
+        """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
+        started = time.perf_counter()
+        self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
+        trial = self.study.ask()
+        candidate, fixed = self.space.sample(trial)
+        for name, value in fixed.items():
+            trial.set_user_attr(name, value)
+        estimate, _ = self._verdict(candidate)
+        return trial, candidate, estimate, time.perf_counter() - started
+
+    def _drive(self, dispatcher, next_job) -> None:
+        """Submit ``next_job()``s while devices are free, tell results, until it returns None
+        and nothing runs."""
         free = dispatcher.capacity()
         if free < self.spec.cluster.devices:
             raise SpecError(f"cluster.devices: a trial needs {self.spec.cluster.devices} devices "
                             f"but the Ray cluster has {free}")
-        held = None
+        held, exhausted = None, False
         try:
-            while remaining > 0 or self.live:
-                if self.repeats >= MAX_REPEATS:
-                    remaining = 0
-                while remaining > 0 and free > 0:
-                    held = held or self._ask()
-                    if self._settled(held):
-                        remaining -= held is INFEASIBLE
-                        held = None
-                        continue
-                    trial, candidate, estimate, driver_s = held
-                    if candidate.devices > free:
+            while True:
+                while free > 0 and (held is not None or not exhausted):
+                    held = held or next_job()
+                    if held is None:
+                        exhausted = True
+                        break
+                    if held[1].devices > free:
                         break  # wait for devices to free up
-                    self._submit(dispatcher, trial, candidate, estimate, driver_s)
-                    free -= candidate.devices
-                    remaining -= 1
+                    self._submit(dispatcher, *held)
+                    free -= held[1].devices
                     held = None
+                if exhausted and held is None and not self.live:
+                    return
                 for finished in dispatcher.wait(timeout_s=1.0):
                     free += self._tell(finished)
                 free += self._prune_slow(dispatcher)
@@ -283,7 +325,7 @@ class _Loop:
         dispatcher.submit(trial.number, config, trial_dir, candidate.devices,
                           self.spec.trial.timeout_s, memory_mb)
         self.live[trial.number] = (trial, candidate, estimate, driver_s)
-        if self.prunable:
+        if self.prunable and "confirm_of" not in trial.user_attrs:  # a re-run is measured whole
             self.watchers[trial.number] = StepWatcher(
                 trial, trial_dir, self.spec.train.global_batch_size, self.spec.trial.measure_after)
         self.progress.trial_started(trial.number, candidate)
@@ -320,11 +362,13 @@ class _Loop:
         records.record(self.study, trial, self.objectives, result.outcome, result.metrics,
                        result.detail, extra)
         self.progress.driver_seconds += time.perf_counter() - started + driver_s
-        if result.outcome not in ("error", "interrupted"):  # not the candidate's own result
+        again_of = trial.user_attrs.get("confirm_of")
+        if result.outcome not in ("error", "interrupted") and again_of is None:
+            # a candidate's own result (an error may be the machine's); a re-run adds a sample
             self._remember(candidate, trial.number, result.outcome, result.metrics,
                            result.detail)
         self.progress.trial_done(trial.number, result.outcome, result.metrics,
-                                 result.detail)
+                                 result.detail, again_of=again_of)
         return candidate.devices
 
     def _calibrate(self, estimate, metrics: dict) -> None:

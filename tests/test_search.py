@@ -64,7 +64,7 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
     art = tmp_path / "trials"
-    assert main(["search", str(path), "--trials", "3"]) == 0
+    assert main(["search", str(path), "--trials", "3", "--no-confirm"]) == 0  # confirm: its own test
     out = capsys.readouterr().out
     assert "[3/3]" in out and "best " in out and "ETA" in out
 
@@ -153,9 +153,14 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     # TPE study; a driver that dies leaves a RUNNING trial; --resume reruns it and reaches N
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3"]) == 0
     study = optuna.load_study(study_name="tpe", storage=storage)
-    C = optuna.distributions.CategoricalDistribution
-    orphan = study.ask({"tp": C([1, 2, 4]), "pp": C([1, 2]), "micro_batches": C([2, 4]),
-                        "fusion_mb": C([16, 256]), "recompute": C(["none", "full"])})
+    # a driver that asked a candidate none of the 3 trials ran (the baseline and the layout
+    # openers have recompute none), then died
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+    study.enqueue_trial({"tp": 4, "pp": 2, "micro_batches": 4, "fusion_mb": 256, "recompute": "full"})
+    orphan = study.ask()
+    build_space(load_spec(path)).sample(orphan)
+    orphan = study.trials[orphan.number]
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "5",
                  "--resume"]) == 0
     frame = autotune.trials_frame("tpe", storage)
@@ -193,7 +198,7 @@ def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, mo
         path = write(tmp_path, ONE_DEVICE)  # one-device trials: two fit side by side
         storage = f"sqlite:///{tmp_path}/s.db"
         assert main(["search", str(path), "--storage", storage, "--artifacts",
-                     str(tmp_path / "art"), "--ray-address", f"127.0.0.1:{port}"]) == 0
+                     str(tmp_path / "art"), "--ray-address", f"127.0.0.1:{port}", "--no-confirm"]) == 0
     finally:
         subprocess.run([ray, "stop", "--force"], capture_output=True)
         shutil.rmtree(temp, ignore_errors=True)
@@ -215,7 +220,7 @@ def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid",
-                 "--artifacts", str(tmp_path / "art")]) == 0
+                 "--artifacts", str(tmp_path / "art"), "--no-confirm"]) == 0
     frame = autotune.trials_frame("tiny", storage).set_index("jit_level")
     assert frame.loc["O1", "outcome"] == "ok"
     assert frame.loc["pynative", "outcome"] == "pruned", frame.loc["pynative", "detail"]
@@ -257,3 +262,36 @@ def test_resume_refuses_a_changed_study_and_accepts_a_new_budget(tmp_path, capsy
     err = capsys.readouterr().err
     assert "was run with other model, space" in err
     assert len(autotune.trials_frame("sim", storage)) == before
+
+
+def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_confirmed_best(tmp_path, capsys):
+    text = ONE_DEVICE.replace("objectives: [goodput, final_loss]", "objectives: [goodput]")
+    path = write(tmp_path, text)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--artifacts", str(tmp_path / "art"),
+                 "--trials", "3", "--confirm", "1", "--confirm-runs", "2"]) == 0
+    out = capsys.readouterr().out
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    trials = study.trials
+    originals = [t for t in trials if "confirm_of" not in t.user_attrs]
+    reruns = [t for t in trials if "confirm_of" in t.user_attrs]
+    assert sum(autotune.records.counted(t) for t in trials) == 3  # re-runs don't count toward N
+    best = max((t for t in originals if t.values), key=lambda t: t.values[0])
+    baseline = next(t for t in originals if t.user_attrs.get("baseline"))
+    confirmed = {best.number, baseline.number}
+    # each confirmed trial ran twice more, with its own knobs; round by round
+    assert sorted(t.user_attrs["confirm_of"] for t in reruns) == sorted(list(confirmed) * 2)
+    assert all(t.params == study.trials[t.user_attrs["confirm_of"]].params for t in reruns)
+    assert len({t.user_attrs["confirm_of"] for t in reruns[:len(confirmed)]}) == len(confirmed)
+    # mean ± sd printed, the noise floor stored and printed
+    floor = study.user_attrs["noise_floor"]
+    assert 0 <= floor < 1 and f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}" in out
+    assert f"#{baseline.number} baseline: " in out and "(n=3)" in out
+    assert "confirm [1/" in out
+    # export takes the best confirmed mean, not the best single run
+    values = {n: [study.trials[n].values[0]] + [t.values[0] for t in reruns
+                                                if t.user_attrs["confirm_of"] == n and t.values]
+              for n in confirmed}
+    expected = max(values, key=lambda n: sum(values[n]) / len(values[n]))
+    assert main(["export", "tiny", "--out", str(tmp_path / "export"), "--storage", storage]) == 0
+    assert json.loads((tmp_path / "export" / "summary.json").read_text())["trial"] == expected
