@@ -126,7 +126,8 @@ def test_predicted_oom_is_infeasible_and_never_runs(tmp_path):
 def test_constraint_violations_are_recorded_with_reason(tmp_path, capsys):
     text = SIMULATE.replace("n_trials: 6", "n_trials: 40").replace("tp: [1, 2, 4]", "tp: [1, 2, 4, 8]")
     text = text.replace("pp: [1, 2]", "pp: [1, 2, 4]")
-    text = text.replace("num_heads: 16", "num_heads: 12")  # tp = 8 cannot divide 12 heads
+    # tp = 8 cannot divide 12 heads (hidden 1152 keeps 96 per head)
+    text = text.replace("hidden_size: 1024, num_heads: 16", "hidden_size: 1152, num_heads: 12")
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
