@@ -55,10 +55,13 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
         for name, value in zip(objectives, t.values or [None] * len(objectives)):
             row[f"value_{name}"] = value
         row["repeat_of"] = t.user_attrs.get("repeat_of")
+        row["retry_of"] = t.user_attrs.get("retry_of")  # ran again after an infrastructure failure
+        row["infrastructure"] = records.is_infrastructure(t)
         row["detail"] = t.user_attrs.get("detail", "")
         rows.append(row)
     columns = (["study", "number", "state", "outcome", "baseline", *KNOB_NAMES, *records.METRICS,
-                *(f"value_{o}" for o in objectives), *TIMING, "repeat_of", "detail"])
+                *(f"value_{o}" for o in objectives), *TIMING, "repeat_of", "retry_of",
+                "infrastructure", "detail"])
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -11,7 +11,8 @@ Contract (reads storage only, through the ``optuna.Study`` it is given):
 - :func:`baseline_of`: the baseline trial that ran (a re-run of an interrupted baseline counts).
 - :func:`plan`: the trials to confirm — the top ``top`` of :func:`best_trials` (one objective:
   the ``top`` best ``ok`` trials) and the baseline — each with how many re-runs it still needs
-  to have ``runs``; in the order to run them: round by round, so machine noise hits all alike.
+  to have ``runs`` (a re-run lost to the infrastructure and retried is not one); in the order to
+  run them: round by round, so machine noise hits all alike.
 - :func:`summarize`: for every trial with confirm re-runs (user attr ``confirm_of``), its first
   objective over the original and its ``ok`` re-runs: mean and sample standard deviation.
 - :func:`noise_floor`: the median over confirmed trials of std / mean (None below two).
@@ -65,7 +66,8 @@ def plan(study: optuna.Study, top: int, runs: int) -> list:
         chosen.append(baseline)
     done = {}
     for t in study.get_trials(deepcopy=False):
-        if "confirm_of" in t.user_attrs and t.state.is_finished() and records.outcome_of(t) != "interrupted":
+        if ("confirm_of" in t.user_attrs and t.state.is_finished()
+                and records.outcome_of(t) != "interrupted" and not records.retried(t)):
             done[t.user_attrs["confirm_of"]] = done.get(t.user_attrs["confirm_of"], 0) + 1
     return [t for round_ in range(runs) for t in chosen if done.get(t.number, 0) <= round_]
 

@@ -3,6 +3,10 @@
 Contract: a :class:`Dispatcher` runs :func:`autotune.runner.run_trial` as a Ray task holding
 ``devices`` CPUs, GPUs or Ascend NPUs (by backend). It decides nothing about what to try: the
 search loop submits, and collects :class:`Finished` records with :meth:`Dispatcher.wait`.
+A trial Ray could not finish — the worker running it died, its result was lost, any error of
+Ray or of the runner itself — comes back as an ``error`` with ``infrastructure`` set: not the
+candidate's fault. Ray does not retry tasks itself (``max_retries=0``): the search loop does,
+once, as a trial of its own (`autotune.failures`).
 An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close.
 """
 
@@ -85,9 +89,10 @@ class Dispatcher:
     def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
                timeout_s: float, memory_limit_mb: float | None) -> None:
         options = resource_options(self.backend, devices)
-        # max_retries covers only system failures (a node or worker dying), never a trial
-        # that failed on its own: that is an outcome, recorded once.
-        ref = self._remote.options(max_retries=1, **options).remote(
+        # No Ray retries: a task whose worker died comes back as an infrastructure error, and
+        # the search loop runs the candidate again under a new trial number, with the failed
+        # attempt on record (a Ray retry would rerun it unseen, into the same trial folder).
+        ref = self._remote.options(max_retries=0, **options).remote(
             config, str(trial_dir), timeout_s, memory_limit_mb, devices)
         self._pending[ref] = (number, time.time())
 
@@ -102,9 +107,10 @@ class Dispatcher:
             now = time.time()
             try:
                 started, result = self._ray.get(ref)
-            except Exception as exc:  # Ray lost the task (node died after retries, ...)
+            except Exception as exc:  # Ray lost the task: its worker or node died, ...
                 started = submitted
-                result = TrialResult("error", detail=f"Ray: {type(exc).__name__}: {exc}")
+                result = TrialResult("error", detail=f"infrastructure: Ray: {type(exc).__name__}: "
+                                     f"{exc}", infrastructure=True)
             done.append(Finished(number, result, max(0.0, started - submitted), now - submitted))
         return done
 

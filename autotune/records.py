@@ -6,7 +6,10 @@ ok), every metric of :data:`METRICS` (the trial's ``metrics.json``, defined in
 ``autotune/train/metrics.py``) under its own name, ``estimate`` (the cost model's dict) and the
 knobs that were not sampled (under their knob names). Only ``ok`` trials get objective values
 (state COMPLETE). A bad candidate (infeasible, oom, diverged, timeout, pruned) is PRUNED so the sampler
-learns to avoid its region; an error or interruption is FAIL (not the candidate's fault).
+learns to avoid its region; an error or interruption is FAIL. An error that was not the
+candidate's own (`autotune.runner`) also has ``infrastructure: true``; a trial that runs a
+candidate again after such a failure has ``retry_of`` = the failed trial's number
+(`autotune.failures`).
 """
 
 from __future__ import annotations
@@ -85,10 +88,21 @@ def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
 
 def counted(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial counts toward the study's N finished trials: interrupted ones rerun, a
-    repeat of an earlier candidate (``repeat_of``) was answered from storage, not run, and a
-    confirm-phase re-run (``confirm_of``) measures a trial again."""
+    repeat of an earlier candidate (``repeat_of``) was answered from storage, not run, a
+    confirm-phase re-run (``confirm_of``) measures a trial again, and a first infrastructure
+    failure is retried (only a retry's, ``retry_of``, counts)."""
     return (frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
-            and not {"repeat_of", "confirm_of"} & set(frozen.user_attrs))
+            and not {"repeat_of", "confirm_of"} & set(frozen.user_attrs) and not retried(frozen))
+
+
+def is_infrastructure(frozen) -> bool:
+    """Whether a trial failed by no fault of its candidate (a lost worker, a failed launch)."""
+    return bool(frozen.user_attrs.get("infrastructure"))
+
+
+def retried(frozen) -> bool:
+    """A first infrastructure failure: a new trial (``retry_of``) runs its candidate again."""
+    return is_infrastructure(frozen) and "retry_of" not in frozen.user_attrs
 
 
 ROLES = ("baseline", "confirm_of")  # user attrs that say what a trial is for, kept on a re-run

@@ -4,6 +4,14 @@ Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launch
 program (directly for one worker, under ``msrun`` for several), enforces the wall-clock timeout
 and the per-device memory budget, and returns a :class:`TrialResult` whose ``outcome`` is one of
 ``ok``, ``diverged``, ``oom``, ``timeout``, ``error``. It never touches study storage.
+
+An ``error`` says whose failure it is (``TrialResult.infrastructure``). It is the candidate's own
+once the trial program got to run the candidate: a rank printed ``CANDIDATE_STARTED`` (the launch
+was done), or the program gave a verdict other than ``LaunchError`` (a config error, a bad model
+entry, an exception while building, compiling or training). It is the infrastructure's when the
+program never got there: msrun or the process launch failed before any verdict, or the verdict is
+``LaunchError`` (communication init, the cluster join). The search remembers the first kind and
+retries the second (`autotune.failures`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ class TrialResult:
     outcome: str
     metrics: dict = field(default_factory=dict)
     detail: str = ""          # why it failed: one line of reason, then the log tail
+    infrastructure: bool = False  # an error not the candidate's own (see the module doc)
     run_s: float = 0.0        # subprocess wall time, launch to exit
 
 
@@ -164,4 +173,21 @@ def _classify(returncode: int, trial_dir: Path, run_s: float) -> TrialResult:
     if returncode in (-signal.SIGKILL, 137) or any(m in tail for m in OOM_MARKERS):
         return TrialResult("oom", detail=f"{reason}\n{tail}", run_s=run_s)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
-    return TrialResult("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s)
+    infrastructure = not _candidate_ran(trial_dir)
+    if infrastructure:
+        why = f"infrastructure: {why}, before the candidate ran"
+    return TrialResult("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s,
+                       infrastructure=infrastructure)
+
+
+def _candidate_ran(trial_dir: Path) -> bool:
+    """Whether any rank got to run the candidate: it said it started it, or gave a verdict
+    that is not a failed launch (config errors are the candidate's too)."""
+    from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, VERDICT
+
+    for log in trial_dir.glob("**/*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(CANDIDATE_STARTED) or (line.startswith(VERDICT)
+                                                      and not line.startswith(LAUNCH_FAILED)):
+                return True
+    return False

@@ -5,6 +5,8 @@ Contract: :func:`run_search` asks the sampler for candidates, rejects the infeas
 the ``simulate`` backend, takes the cost model's estimate as the trial), and tells each result,
 until the study has ``n_trials`` finished trials (a grid: until every candidate was tried once).
 Resuming marks the trials a dead driver left RUNNING as ``interrupted`` and runs them again.
+A candidate's own failure is remembered, an infrastructure failure retried once
+(`autotune.failures`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune import confirm, costmodel, records
+from autotune import confirm, costmodel, failures, records
 from autotune.progress import Progress
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
@@ -132,6 +134,7 @@ class _Loop:
         self.profile = costmodel.resolve_profile(spec.cluster)
         self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
         self.repeats = 0      # consecutive re-sampled candidates
+        self.retries = 0      # infrastructure failures queued again and not asked yet
         self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
@@ -140,7 +143,7 @@ class _Loop:
         self.seen: dict = {}
         self.pairs = []
         for t in study.get_trials(deepcopy=False):
-            if not records.counted(t):
+            if not failures.remembered_after_restart(t):
                 continue
             candidate, metrics = Candidate(**records.knobs_of(t)), records.metrics_of(t)
             self.seen[candidate] = (t.number, records.outcome_of(t), metrics,
@@ -249,7 +252,10 @@ class _Loop:
         """Ask, run and tell until ``remaining`` trials have been asked (repeats excepted)."""
         def next_job():
             nonlocal remaining
-            while remaining > 0 and self.repeats < MAX_REPEATS:
+            retrying, self.retries = self.retries, 0  # a retried failure did not count toward
+            remaining += retrying                     # N: one more ask, even past MAX_REPEATS
+            while remaining > 0 and (self.repeats < MAX_REPEATS or retrying):
+                retrying = 0
                 asked = self._ask()
                 if self._settled(asked):
                     remaining -= asked is INFEASIBLE
@@ -263,12 +269,23 @@ class _Loop:
     def run_confirm(self, dispatcher, originals: list) -> None:
         """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
         queue = deque(originals)
-        self._drive(dispatcher, lambda: self._ask_again(queue.popleft()) if queue else None)
+
+        def next_job():
+            if self.retries:  # a re-run lost to the infrastructure, queued again
+                self.retries -= 1
+                return self._ask_queued()
+            return self._ask_again(queue.popleft()) if queue else None
+
+        self._drive(dispatcher, next_job)
 
     def _ask_again(self, original):
         """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
-        started = time.perf_counter()
         self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
+        return self._ask_queued()
+
+    def _ask_queued(self):
+        """Ask the queued trial and run it as it is (no repeat or feasibility check)."""
+        started = time.perf_counter()
         trial = self.study.ask()
         candidate, fixed = self.space.sample(trial)
         for name, value in fixed.items():
@@ -300,6 +317,7 @@ class _Loop:
                     return
                 for finished in dispatcher.wait(timeout_s=1.0):
                     free += self._tell(finished)
+                exhausted = exhausted and not self.retries  # a retry is one more job
                 free += self._prune_slow(dispatcher)
         except BaseException:
             # Ctrl-C or a crash: the running trials are cancelled and recorded as interrupted
@@ -357,18 +375,21 @@ class _Loop:
             self._calibrate(estimate, result.metrics)
         extra = {"estimate": estimate.as_dict(), "run_s": round(result.run_s, 3),
                  "wall_s": round(finished.wall_s, 3), "queued_s": round(finished.queued_s, 3),
-                 "driver_s": round(driver_s, 4)}
+                 "driver_s": round(driver_s, 4), **failures.attrs(result)}
         started = time.perf_counter()
         records.record(self.study, trial, self.objectives, result.outcome, result.metrics,
                        result.detail, extra)
         self.progress.driver_seconds += time.perf_counter() - started + driver_s
-        again_of = trial.user_attrs.get("confirm_of")
-        if result.outcome not in ("error", "interrupted") and again_of is None:
-            # a candidate's own result (an error may be the machine's); a re-run adds a sample
+        if failures.needs_retry(trial, result):  # not counted: its candidate runs once more
+            failures.retry(self.study, trial)
+            self.retries += 1
+            self.progress.note(failures.retry_note(trial.number, result))
+            return candidate.devices
+        if failures.remembered(trial, result):
             self._remember(candidate, trial.number, result.outcome, result.metrics,
                            result.detail)
-        self.progress.trial_done(trial.number, result.outcome, result.metrics,
-                                 result.detail, again_of=again_of)
+        self.progress.trial_done(trial.number, result.outcome, result.metrics, result.detail,
+                                 again_of=trial.user_attrs.get("confirm_of"))
         return candidate.devices
 
     def _calibrate(self, estimate, metrics: dict) -> None:

@@ -3,6 +3,7 @@ failing, one worker (no msrun) to stay fast."""
 
 from pathlib import Path
 
+from autotune import runner
 from autotune.runner import run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,9 +52,29 @@ def test_failing_user_code_is_an_error_with_its_own_reason(tmp_path):
     entry = tmp_path / "failing.py"
     entry.write_text(FAILING_ENTRY.format(examples=str(ROOT / "examples")))
     result = run_trial(config(tmp_path, f"{entry}:build"), tmp_path / "t", 300, None, 1)
-    assert result.outcome == "error"
+    assert result.outcome == "error" and not result.infrastructure  # the candidate's own
     first = result.detail.splitlines()[0]
     assert first.startswith("exit code 1: autotune.train: RuntimeError: the data pipeline broke")
+
+
+def test_a_config_the_program_refuses_is_the_candidates_own_failure(tmp_path):
+    cfg = config(tmp_path)
+    cfg["knobs"]["recompute"] = "everything"  # refused before the launch: still the candidate's
+    result = run_trial(cfg, tmp_path / "t", 300, None, 1)
+    assert result.outcome == "error" and not result.infrastructure
+    assert "autotune.train: ConfigError: knobs.recompute" in result.detail.splitlines()[0]
+
+
+def test_a_launch_that_cannot_form_its_cluster_is_an_infrastructure_failure(tmp_path, monkeypatch):
+    # msrun given a master port no socket can bind: its workers never join the cluster
+    monkeypatch.setattr(runner, "free_port", lambda: 99999)
+    cfg = config(tmp_path)
+    cfg["knobs"]["dp"] = 2
+    result = run_trial(cfg, tmp_path / "t", 120, None, 2)
+    assert result.outcome == "error" and result.infrastructure, result.detail
+    first = result.detail.splitlines()[0]
+    assert first.startswith("infrastructure: exit code 1, before the candidate ran: "
+                            "autotune.train: LaunchError: communication init failed"), first
 
 
 def test_a_worker_over_the_memory_budget_is_oom(tmp_path):

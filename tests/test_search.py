@@ -296,3 +296,159 @@ def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_con
     expected = max(values, key=lambda n: sum(values[n]) / len(values[n]))
     assert main(["export", "tiny", "--out", str(tmp_path / "export"), "--storage", storage]) == 0
     assert json.loads((tmp_path / "export" / "summary.json").read_text())["trial"] == expected
+
+
+# Failure memory (autotune.failures): a candidate's own failure is remembered, an
+# infrastructure failure is retried once. A user model on one device keeps the trials short.
+ROOT = Path(__file__).resolve().parent.parent
+USER_MODEL = """
+study: fail
+model: {entry: "{entry}", dtype: float32, input_size: 4, num_classes: 3}
+train: {global_batch_size: 8, learning_rate: 1.0e-2, total_steps: 100}
+cluster: {backend: cpu, devices: 1, devices_per_node: 1, device_memory_gb: 8}
+search:
+  space: {fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0, jit_level: [O0, O1],
+          recompute: none}
+  n_trials: 2
+  sampler: random
+  seed: 0
+trial: {steps: 4, measure_after: 1, timeout_s: 120}
+"""
+
+BROKEN_MODEL = '''
+def build(config):
+    raise RuntimeError("this network does not build")
+'''
+
+
+def ran(study) -> list:
+    """The trials that ran a candidate (not answered from memory)."""
+    return [t for t in study.trials if "repeat_of" not in t.user_attrs]
+
+
+def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr("autotune.search.MAX_REPEATS", 6)  # the space is exhausted after two
+    (tmp_path / "broken.py").write_text(BROKEN_MODEL)
+    path = write(tmp_path, USER_MODEL.replace("{entry}", "broken.py:build"))
+    storage, art = f"sqlite:///{tmp_path}/s.db", tmp_path / "art"
+    args = ["search", str(path), "--storage", storage, "--artifacts", str(art), "--no-confirm"]
+    assert main(args + ["--trials", "4"]) == 0
+    study = optuna.load_study(study_name="fail", storage=storage)
+    # two candidates (jit_level O0, O1), each run once: every later proposal of either is
+    # answered from memory, with the candidate's own error
+    assert sorted(t.params["jit_level"] for t in ran(study)) == ["O0", "O1"]
+    for t in ran(study):
+        assert t.user_attrs["outcome"] == "error" and not t.user_attrs.get("infrastructure")
+        assert "RuntimeError: this network does not build" in t.user_attrs["detail"]
+    repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
+    assert len(repeats) >= 6  # the last 6 in a row stopped the run
+    for t in repeats:
+        original = study.trials[t.user_attrs["repeat_of"]]
+        assert t.params == original.params and t.user_attrs["outcome"] == "error"
+    assert sorted(p.name for p in (art / "fail").iterdir()) == sorted(str(t.number) for t in ran(study))
+
+    # a restart remembers them too: nothing runs again
+    assert main(args + ["--trials", "5", "--resume"]) == 0
+    study = optuna.load_study(study_name="fail", storage=storage)
+    assert len(ran(study)) == 2 and len(study.trials) == 2 + len(repeats) + 6
+    assert len(list((art / "fail").iterdir())) == 2
+
+
+def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
+    """SIGKILL the Ray worker that runs each trial of ``trial_dirs``, as soon as its trial
+    program starts: the parent of the process whose config is that trial's. Only processes
+    descending from this test's own are candidates. Returns the pids killed."""
+    import signal
+    import time
+
+    def parent(pid):
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def descends_from_us(pid):
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parent(pid)
+        return False
+
+    killed, todo = [], [str(d / "config.json") for d in trial_dirs]
+    while todo and not stop.is_set():
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().decode().split("\0")
+            except OSError:
+                continue
+            if todo and argv[-2:-1] == [todo[0]] and descends_from_us(int(entry.name)):
+                worker = parent(int(entry.name))
+                os.kill(worker, signal.SIGKILL)
+                killed.append(worker)
+                todo.pop(0)
+        time.sleep(0.05)
+    return killed
+
+
+def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resume(tmp_path, capsys):
+    import threading
+
+    path = write(tmp_path, USER_MODEL.replace("{entry}", str(ROOT / "examples" / "user_model.py")
+                                              + ":build"))
+    storage, art = f"sqlite:///{tmp_path}/s.db", tmp_path.resolve() / "art"
+    args = ["search", str(path), "--storage", storage, "--artifacts", str(art), "--no-confirm"]
+    # the Ray worker running the baseline dies, and so does the one running its retry
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=lambda: killed.extend(
+        kill_runners_of([art / "fail" / "0", art / "fail" / "1"], stop)))
+    killer.start()
+    try:
+        assert main(args) == 0
+    finally:
+        stop.set()
+        killer.join()
+    assert len(killed) == 2
+    out = capsys.readouterr().out
+    assert "#0 failed by infrastructure, not by its candidate (infrastructure: Ray: " in out
+    study = optuna.load_study(study_name="fail", storage=storage)
+    first, retry = study.trials[0], study.trials[1]
+    # the failed attempt is on record, not counted; its params ran again once, as the baseline
+    assert first.user_attrs["outcome"] == "error" and first.user_attrs["infrastructure"] is True
+    assert "WorkerCrashedError" in first.user_attrs["detail"] or "died" in first.user_attrs["detail"]
+    assert not autotune.records.counted(first)
+    assert retry.params == first.params and retry.user_attrs["retry_of"] == 0
+    assert retry.user_attrs["baseline"] is True
+    # the retry failed by infrastructure too: that counts, and no third run of it this run
+    assert retry.user_attrs["outcome"] == "error" and retry.user_attrs["infrastructure"] is True
+    assert autotune.records.counted(retry)
+    assert [t.number for t in ran(study) if t.params == first.params] == [0, 1]
+    assert sum(autotune.records.counted(t) for t in study.trials) == 2  # exactly N
+    other = [t for t in ran(study) if t.params != first.params]
+    assert [t.user_attrs["outcome"] for t in other] == ["ok"]
+
+    # after a restart an infrastructure failure is not remembered: the candidate runs again
+    assert main(args + ["--trials", "3", "--resume"]) == 0
+    study = optuna.load_study(study_name="fail", storage=storage)
+    again = [t for t in ran(study) if t.params == first.params and t.number > 1]
+    assert [t.user_attrs["outcome"] for t in again] == ["ok"]
+    assert sum(autotune.records.counted(t) for t in study.trials) == 3
+
+
+def test_which_failures_count_and_which_a_restart_remembers():
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune import failures, records
+
+    def stored(**attrs):
+        return create_trial(state=TrialState.FAIL, params={"jit_level": "O1"},
+                            distributions={"jit_level": CategoricalDistribution(["O0", "O1"])},
+                            user_attrs={"outcome": "error", **attrs})
+
+    own, lost = stored(detail="autotune.train: RuntimeError: ..."), stored(infrastructure=True)
+    lost_twice = stored(infrastructure=True, retry_of=3)
+    assert records.counted(own) and failures.remembered_after_restart(own)
+    assert not records.counted(lost) and not failures.remembered_after_restart(lost)
+    assert records.counted(lost_twice) and not failures.remembered_after_restart(lost_twice)

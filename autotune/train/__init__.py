@@ -13,6 +13,12 @@ with PYTHONPATH set to the project root. CONFIG_JSON is the driver's trial confi
 jit_level, recompute). Outputs and exit codes: `autotune.train.program`,
 `autotune.train.metrics`, and ``__main__``. The user-model contract: `autotune.train.entry`.
 
+What a failed run says on stderr (read by `autotune.runner`): once the launch is done — the
+processes joined the cluster (``communication.init``), groups made — each rank prints one line
+starting with `CANDIDATE_STARTED`; a failure ends with the one-line verdict
+``autotune.train: <ExceptionType>: <message>``, which starts with `LAUNCH_FAILED` when the
+launch itself failed (the candidate's own code never ran).
+
 Importing this package does not import MindSpore.
 """
 
@@ -21,5 +27,8 @@ import os
 from autotune.train.shapes import parameter_shapes
 
 PROGRAM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+VERDICT = "autotune.train:"  # the program's last word on stderr
+LAUNCH_FAILED = "autotune.train: LaunchError:"  # ... when the launch failed, not the candidate
+CANDIDATE_STARTED = "autotune.train running the candidate"  # launch done (not a verdict)
 
-__all__ = ["PROGRAM_PATH", "parameter_shapes"]
+__all__ = ["CANDIDATE_STARTED", "LAUNCH_FAILED", "PROGRAM_PATH", "VERDICT", "parameter_shapes"]

@@ -1,9 +1,12 @@
 """``python -m autotune.train CONFIG_JSON``, or this file's path as msrun's program.
 
 Exit codes: 0 done (metrics written); 2 the config cannot be run (bad field, bad model entry);
-1 the run failed. On failure the last stderr line is one line,
+1 the run failed; 3 the launch failed before the candidate ran (``LaunchError``: communication
+init, the cluster join). On failure the last stderr line is one line,
 ``autotune.train: <ExceptionType>: <message>`` (after the traceback), so a driver reading the
-log tail sees e.g. ``MemoryError`` for an out-of-memory trial.
+log tail sees e.g. ``MemoryError`` for an out-of-memory trial, and ``autotune.train: LaunchError:``
+(`autotune.train.LAUNCH_FAILED`) for a failure that is not the candidate's. Exit codes 1 and 2
+with their verdict, or any failure after the ``CANDIDATE_STARTED`` line, are the candidate's.
 """
 
 import os
@@ -49,6 +52,11 @@ def main(argv=None) -> int:
     except (program.ConfigError, EntryError) as exc:
         print(_fail(exc), file=sys.stderr)
         return 2
+    except program.LaunchError as exc:
+        traceback.print_exc()
+        sys.stderr.flush()
+        print(_fail(exc), file=sys.stderr)
+        return 3
     except Exception as exc:  # noqa: BLE001  (any failure must become an exit code and one clear line)
         traceback.print_exc()
         sys.stderr.flush()

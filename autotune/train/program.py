@@ -4,8 +4,8 @@
 autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes; the config format is the
 driver's (see the package docstring). Knobs as applied here:
 
-- the layout (``dp``, ``tp``, ``pp``): ``communication.init()``, then each rank builds its part of
-  the model (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
+- the layout (``dp``, ``tp``, ``pp``): ``communication.init()`` (a failure there is the launch's,
+  :class:`LaunchError`, not the candidate's), then each rank builds its part of the model (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
   explicit collectives in its tp group (`autotune.train.tp_layers`), pipeline stages driven by a
   1F1B schedule over ``micro_batches`` (`autotune.train.pipeline`). Each dp replica trains on its
   shard of every global batch. One process runs stand-alone (no init).
@@ -19,6 +19,9 @@ driver's (see the package docstring). Knobs as applied here:
   ``trial.schedule`` is ``"full"`` (an exported run).
 - ``jit_level``: GRAPH_MODE with that JitConfig, or PYNATIVE_MODE for ``pynative``.
 - ``recompute``: ``network.apply_recompute(mode)`` on each rank's stage.
+
+Once the launch is done (communication and groups; at once for one process) each rank prints
+``autotune.train.CANDIDATE_STARTED`` on stderr: from there on a failure is the candidate's own.
 
 Optional ``checkpoint`` section (exported runs; trials save nothing): ``dir`` (per-rank folders,
 `autotune.train.checkpoint`), ``save_every`` (steps; null = only at the end), ``resume`` (continue
@@ -38,6 +41,7 @@ import numpy as np
 
 from autotune import layout
 from autotune.knobs import COMPUTE_DTYPES
+from autotune.train import CANDIDATE_STARTED
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
 
@@ -45,6 +49,11 @@ SCALE_WINDOW = 1000  # MindFormers' default scale_window for DynamicLossScaleUpd
 JIT_LEVELS = ("O0", "O1", "O2", "pynative")
 RECOMPUTE = ("none", "selective", "full")
 DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+
+
+class LaunchError(RuntimeError):
+    """This process could not join the launch (``communication.init``: the cluster, the
+    launcher's environment): nothing of the candidate ran. Exit code 3."""
 
 
 REQUIRED = {
@@ -129,11 +138,15 @@ def _setup(cfg, ms):
     if dp * tp * pp == 1:
         return Placement.of(0, 1, 1, 1)
     from mindspore import communication
-    communication.init()
-    size = communication.get_group_size()
+    try:
+        communication.init()
+        size, rank = communication.get_group_size(), communication.get_rank()
+    except Exception as exc:  # noqa: BLE001  (whatever the cluster says, it is the launch's)
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise LaunchError(f"communication init failed: {type(exc).__name__}: {first}") from exc
     if size != dp * tp * pp:
         raise ConfigError(f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started {size} processes")
-    placement = Placement.of(communication.get_rank(), dp, tp, pp)
+    placement = Placement.of(rank, dp, tp, pp)
     create_groups(placement)
     if dp > 1:
         # The DP gradient reducer buckets its all-reduces by this threshold, over any group.
@@ -202,6 +215,8 @@ def run(cfg: dict, started: float) -> dict:
     from autotune.train.engine import build_engine
 
     placement = _setup(cfg, ms)
+    print(f"{CANDIDATE_STARTED}: rank {placement.rank} of {placement.world}", file=sys.stderr,
+          flush=True)
     engine = build_engine(cfg, placement, SCALE_WINDOW)
     tensors, folder, save_every, first_step = _checkpoints(cfg, engine, placement, ms)
     train, trial, rank, dp = cfg["train"], cfg["trial"], placement.rank, placement.dp
