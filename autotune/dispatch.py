@@ -7,7 +7,11 @@ A trial Ray could not finish — the worker running it died, its result was lost
 Ray or of the runner itself — comes back as an ``error`` with ``infrastructure`` set: not the
 candidate's fault. Ray does not retry tasks itself (``max_retries=0``): the search loop does,
 once, as a trial of its own (`autotune.failures`).
-An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close.
+An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close. If the
+driver dies instead (SIGKILL included), nothing of the study outlives it by more than a few
+seconds: Ray ends its raylet and GCS with the driver, a running trial's processes die with the
+Ray worker that launched them (`autotune.runner`), and an `autotune.processes.Guard` ends the
+rest — Ray's agents, which otherwise wait 60 s on the dead GCS — and removes Ray's temp folder.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.processes import Guard
 from autotune.runner import TrialResult, run_trial
 
 
@@ -52,6 +57,7 @@ class Dispatcher:
         self.backend, self.pool_devices, self.address = backend, pool_devices, address
         self._pending: dict = {}   # ObjectRef → (number, submitted_at)
         self._temp_dir: str | None = None
+        self._guard: Guard | None = None
 
     def __enter__(self) -> "Dispatcher":
         # Ray reads these at import and init: no auth-token file or warning, no log spam.
@@ -69,14 +75,27 @@ class Dispatcher:
             ray.init(address=self.address, **common)
         else:
             self._temp_dir = tempfile.mkdtemp(prefix="autotune-ray-")
+            self._guard = Guard(remove=[self._temp_dir]).__enter__()
             pool = {"num_cpus": self.pool_devices} if self.backend == "cpu" else {}
-            ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
+            try:
+                ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
+            except BaseException:
+                self._close_embedded()
+                raise
         self._remote = ray.remote(_task)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.cancel_all()
-        self._ray.shutdown()
+        try:
+            self.cancel_all()
+            self._ray.shutdown()
+        finally:
+            self._close_embedded()
+
+    def _close_embedded(self) -> None:
+        if self._guard:
+            self._guard.__exit__(None, None, None)
+            self._guard = None
         if self._temp_dir:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
 

@@ -12,6 +12,13 @@ entry, an exception while building, compiling or training). It is the infrastruc
 program never got there: msrun or the process launch failed before any verdict, or the verdict is
 ``LaunchError`` (communication init, the cluster join). The search remembers the first kind and
 retries the second (`autotune.failures`).
+
+It owns the trial's whole process tree (`autotune.processes`): msrun starts each worker in a
+session of its own, out of reach of a process-group kill, so every descendant of the launched
+process is tracked while it runs. The budget is the largest RSS of any of them (msrun itself
+aside: it is no device), and however the trial ends — done, timeout, over budget, cancelled
+(a prune, Ctrl-C) — none of them outlives :func:`run_trial`. Should the runner itself be killed,
+the launched process dies with it (``PR_SET_PDEATHSIG``) and msrun's workers die with msrun.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.processes import ProcessTree, die_with_parent_hook
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Out of memory", "out of memory",
                "Memory not enough", "Allocate memory failed")
 POLL_S = 0.25
+STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, a cancel)
 
 
 @dataclass
@@ -38,7 +48,8 @@ class TrialResult:
     metrics: dict = field(default_factory=dict)
     detail: str = ""          # why it failed: one line of reason, then the log tail
     infrastructure: bool = False  # an error not the candidate's own (see the module doc)
-    run_s: float = 0.0        # subprocess wall time, launch to exit
+    run_s: float = 0.0        # wall time, launch to the last process of the trial gone
+    stop_s: float | None = None  # launch → when the runner decided to stop it (timeout, oom)
 
 
 def free_port() -> int:
@@ -52,7 +63,9 @@ def command(config_path: Path, workers: int, log_dir: Path, port: int,
             bind_cores: bool = False) -> list[str]:
     """The argument list that runs the trial program with ``workers`` ranks. ``bind_cores``
     pins each msrun worker to its own cores: measured on the 2-core CPU, unpinned dp = 2 step
-    times jump between ~46 and ~75 ms from run to run; pinned they stay within 44–47 ms."""
+    times jump between ~46 and ~75 ms from run to run; pinned they stay within 44–47 ms.
+    ``--tail_worker_log`` names no rank: msrun would otherwise copy each worker's log into its
+    own through a ``tail -f`` per worker, processes that outlive a killed msrun forever."""
     from autotune.train import PROGRAM_PATH
 
     if workers == 1:
@@ -60,7 +73,8 @@ def command(config_path: Path, workers: int, log_dir: Path, port: int,
     msrun = Path(sys.executable).with_name("msrun")
     return [str(msrun), f"--worker_num={workers}", f"--local_worker_num={workers}",
             "--master_addr=127.0.0.1", f"--master_port={port}", f"--log_dir={log_dir}",
-            "--join=True", "--cluster_time_out=120", *(["--bind_core=True"] if bind_cores else []),
+            "--join=True", "--cluster_time_out=120", f"--tail_worker_log={workers}",
+            *(["--bind_core=True"] if bind_cores else []),
             str(PROGRAM_PATH), str(config_path)]
 
 
@@ -73,45 +87,19 @@ def _environment() -> dict:
     return env
 
 
-def _group_rss_mb(pgid: int) -> float:
-    """Largest resident set of any process in the group: one process is one device on CPU."""
-    largest = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:  # field 5 of stat: process group id
-                continue
-            largest = max(largest, int(fields[21]))  # field 24: rss in pages
-        except (OSError, IndexError, ValueError):
-            continue
-    return largest * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def log_tail(trial_dir: Path, lines: int = 20) -> str:
-    """The last lines of the trial's logs, worker 0 first (that is where errors surface)."""
-    logs = sorted(trial_dir.glob("**/*.log"), key=lambda p: ("worker_0" not in p.name, p.name))
-    chunks = []
-    for log in logs[:2]:
-        text = log.read_text(errors="replace").strip().splitlines()
-        if text:
-            chunks.append(f"[{log.name}] " + "\n".join(text[-lines:]))
-    return "\n".join(chunks)
+    """The last lines of two of the trial's logs: worker 0's (that is where errors surface),
+    then another that holds the trial program's verdict, else another worker's, else msrun's."""
+    texts = {log: log.read_text(errors="replace").strip().splitlines()
+             for log in trial_dir.glob("**/*.log")}
+
+    def rank(log):
+        verdict = any(line.startswith("autotune.train:") for line in texts[log])
+        return (log.name != "worker_0.log", not verdict, not log.name.startswith("worker_"), log.name)
+
+    chunks = [f"[{log.name}] " + "\n".join(texts[log][-lines:])
+              for log in sorted(texts, key=rank) if texts[log]]
+    return "\n".join(chunks[:2])
 
 
 def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: float | None,
@@ -129,35 +117,51 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
                    bind_cores=config.get("backend") == "cpu")
     started = time.monotonic()
     with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
+        # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
+        # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
-                                env=_environment(), start_new_session=True)
+                                env=_environment(), start_new_session=True,
+                                preexec_fn=die_with_parent_hook())
+        tree = ProcessTree(proc.pid)
         try:
-            outcome, detail = _supervise(proc, started, timeout_s, memory_limit_mb)
+            outcome, detail, stop_s = _supervise(proc, tree, started, timeout_s, memory_limit_mb,
+                                                 launcher=proc.pid if workers > 1 else None)
         except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
-            _kill_group(proc)
+            tree.stop(STOP_GRACE_S, reap=proc.poll)
+            proc.wait()
             raise
     run_s = time.monotonic() - started
     if outcome:
-        return TrialResult(outcome, detail=detail, run_s=run_s)
+        return TrialResult(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
     return _classify(proc.returncode, trial_dir, run_s)
 
 
-def _supervise(proc, started, timeout_s, memory_limit_mb) -> tuple[str, str]:
-    """Wait for exit; kill the group on timeout or when a worker exceeds the memory budget."""
-    while proc.poll() is None:
-        if time.monotonic() - started > timeout_s:
-            _kill_group(proc)
-            return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)"
+def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,
+               memory_limit_mb: float | None, launcher: int | None) -> tuple[str, str, float | None]:
+    """Wait for exit; stop the tree on timeout or when a worker exceeds the memory budget.
+    Returns (outcome, detail, seconds from launch to the decision) for a stopped trial."""
+    while True:
+        exited = proc.poll() is not None
+        tree.refresh()
+        now = time.monotonic() - started
+        if exited:
+            break
+        if now > timeout_s:
+            tree.stop(STOP_GRACE_S, reap=proc.poll)
+            proc.wait()
+            return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)", now
         if memory_limit_mb:
-            rss = _group_rss_mb(proc.pid)
+            pid, rss = tree.largest_rss(exclude=launcher)
             if rss > memory_limit_mb:
-                _kill_group(proc)
+                tree.stop(0, reap=proc.poll)  # over its memory: no grace
+                proc.wait()
                 return "oom", (f"a worker reached {rss:.0f} MB, over the "
-                               f"{memory_limit_mb:.0f} MB device budget")
+                               f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
+                               f"{now:.1f} s in)"), now
         time.sleep(POLL_S)
-    # Workers msrun left behind (it exits when the scheduler does) must not outlive the trial.
-    _kill_group(proc)
-    return "", ""
+    # Processes msrun left behind (it exits when the scheduler does) must not outlive the trial.
+    tree.stop(STOP_GRACE_S)
+    return "", "", None
 
 
 def _classify(returncode: int, trial_dir: Path, run_s: float) -> TrialResult:

@@ -25,6 +25,7 @@ if not __package__:
 import json  # noqa: E402  (after the sys.path repair above)
 import traceback  # noqa: E402
 
+from autotune.processes import die_with_parent  # noqa: E402
 from autotune.train.metrics import process_start_time  # noqa: E402
 
 
@@ -67,4 +68,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MS_ROLE"):  # started by msrun: end with it, even when it is SIGKILLed
+        die_with_parent()
     sys.exit(main())

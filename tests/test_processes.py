@@ -1,0 +1,202 @@
+"""No process of a trial outlives it, however it ends: real two-worker msrun trials stopped by
+the memory budget, the timeout and Ctrl-C, and a real `autotune search` driver SIGKILLed in the
+middle of its trial. Processes are found here straight from /proc, not with the code under test."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.runner import run_trial
+
+BIN = Path(sys.executable).parent
+# On this CPU a worker holds ~415 MB once MindSpore is imported (the scheduler, which runs the
+# same program, stays there) and ~540 MB once its graph compiles and it trains.
+BUDGET_MB = 480
+
+
+def processes() -> dict[int, tuple[int, int, str]]:
+    """pid → (ppid, start time, command line) of every live process (zombies left out)."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if fields[0] not in (b"Z", b"X"):
+            found[int(entry.name)] = (int(fields[1]), int(fields[19]), cmdline)
+    return found
+
+
+def processes_mentioning(text) -> dict[int, str]:
+    """Live processes whose command line contains ``text`` (a trial folder, a study name)."""
+    return {pid: cmd for pid, (_, _, cmd) in processes().items() if str(text) in cmd}
+
+
+def descendants(root: int) -> dict[tuple[int, int], str]:
+    """(pid, start time) → command line of every live process descended from ``root``."""
+    procs = processes()
+    children = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = {}, [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found[(child, procs[child][1])] = procs[child][2]
+            stack.append(child)
+    return found
+
+
+def still_alive(known: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
+    procs = processes()
+    return {key: cmd for key, cmd in known.items()
+            if key[0] in procs and procs[key[0]][1] == key[1]}
+
+
+def config(folder: Path, steps: int) -> dict:
+    """A 2-layer transformer, data parallel over two msrun workers."""
+    return {"study": "p", "trial_number": 0, "backend": "cpu", "seed": 0, "out_dir": str(folder),
+            "model": {"family": "transformer", "entry": None, "num_layers": 2, "hidden_size": 32,
+                      "num_heads": 2, "ffn_hidden_size": 128, "seq_length": 16, "vocab_size": 64,
+                      "dtype": "float16"},
+            "train": {"global_batch_size": 8, "learning_rate": 5e-3, "total_steps": 200},
+            "trial": {"steps": steps, "measure_after": 2},
+            "knobs": {"dp": 2, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
+                      "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0, "jit_level": "O1",
+                      "recompute": "none"}}
+
+
+class Watcher(threading.Thread):
+    """Counts the trial's processes while it runs; ``then`` runs 2 s after msrun, its scheduler
+    and both workers are up (the workers are importing MindSpore by then)."""
+
+    def __init__(self, folder: Path, then=None):
+        super().__init__(daemon=True)
+        self.needle, self.then, self.most, self.done = f"{folder}/", then, 0, False
+
+    def run(self):
+        while not self.done:
+            self.most = max(self.most, len(processes_mentioning(self.needle)))
+            if self.most >= 4 and self.then:
+                time.sleep(2)
+                self.then()
+                self.then = None
+            time.sleep(0.1)
+
+
+def test_dp2_trial_over_its_memory_budget_ends_oom_within_2_s(tmp_path):
+    folder = tmp_path / "t"
+    called = time.monotonic()
+    result = run_trial(config(folder, steps=1000), folder, 180, BUDGET_MB, 2)
+    returned = time.monotonic()
+    assert result.outcome == "oom", result.detail
+    reached = float(re.search(r"a worker reached (\d+) MB, over the 480 MB", result.detail)[1])
+    assert reached > BUDGET_MB
+    # from when the runner saw a worker over the budget to run_trial's return (every process gone)
+    print(f"over the budget {result.stop_s:.1f} s in; every process gone "
+          f"{result.run_s - result.stop_s:.2f} s later, run_trial returned "
+          f"{returned - called - result.stop_s:.2f} s later")
+    assert returned - called - result.stop_s < 2
+    assert not processes_mentioning(f"{folder}/")
+
+
+def test_dp2_trial_past_its_time_leaves_no_process(tmp_path):
+    folder = tmp_path / "t"
+    watcher = Watcher(folder)
+    watcher.start()
+    result = run_trial(config(folder, steps=100000), folder, 6, None, 2)
+    watcher.done = True
+    assert result.outcome == "timeout" and result.run_s < 15
+    assert watcher.most >= 4  # msrun, the scheduler and both workers were running
+    assert not processes_mentioning(f"{folder}/")
+
+
+def test_dp2_trial_interrupted_by_ctrl_c_leaves_no_process(tmp_path):
+    # Ctrl-C, and Ray's cancel of a pruned trial, raise KeyboardInterrupt in run_trial's thread
+    folder = tmp_path / "t"
+    watcher = Watcher(folder, then=lambda: os.kill(os.getpid(), signal.SIGINT))
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_trial(config(folder, steps=100000), folder, 180, None, 2)
+    watcher.done = True
+    assert watcher.most >= 4
+    assert not processes_mentioning(f"{folder}/")
+
+
+MODEL = """
+study: {study}
+model: {{family: transformer, num_layers: 2, hidden_size: 32, num_heads: 2, seq_length: 16,
+        vocab_size: 64, dtype: float16}}
+train: {{global_batch_size: 8, learning_rate: 5.0e-3, total_steps: 200}}
+cluster: {{backend: cpu, devices: 2, devices_per_node: 2, device_memory_gb: 8}}
+search:
+  space: {{fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0, jit_level: O1,
+          recompute: none}}
+  n_trials: 1
+  objectives: [goodput, final_loss]
+trial: {{steps: 100000, measure_after: 2, timeout_s: 600}}
+"""
+
+
+def test_sigkill_of_the_driver_leaves_no_process_of_the_study(tmp_path):
+    study = f"killed-{os.getpid()}"
+    (tmp_path / "model.yaml").write_text(textwrap.dedent(MODEL.format(study=study)))
+    trial = tmp_path / "art" / study / "0"
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(
+            [str(BIN / "autotune"), "search", "model.yaml", "--storage",
+             f"sqlite:///{tmp_path}/s.db", "--artifacts", str(tmp_path / "art")],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: dict = {}
+    try:
+        deadline = time.monotonic() + 150
+        while not ((trial / "steps.jsonl").exists() and (trial / "steps.jsonl").stat().st_size):
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the trial never started training"
+            time.sleep(0.2)
+        seen = descendants(driver.pid)  # Ray's processes, the Ray worker, msrun and its workers
+        names = " ".join(seen.values())
+        assert "raylet" in names and "gcs_server" in names, names
+        # msrun, its scheduler and both workers
+        assert sum(f"{trial}/config.json" in cmd for cmd in seen.values()) == 4, names
+        ray_temp = re.search(r"--log_dir=(\S*/autotune-ray-[^/\s]+)/", names)[1]
+
+        os.kill(driver.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        driver.wait()
+        left = {}
+        while time.monotonic() - killed < 10:
+            left = still_alive(seen) | {(pid, 0): cmd for pid, cmd in
+                                        {**processes_mentioning(tmp_path),
+                                         **processes_mentioning(study)}.items()}
+            if not left:
+                break
+            time.sleep(0.1)
+        gone_s = time.monotonic() - killed
+        print(f"every process of the study gone {gone_s:.1f} s after the driver's SIGKILL")
+        assert not left, f"alive {gone_s:.0f} s after the driver's SIGKILL: {left}"
+        deadline = time.monotonic() + 5
+        while os.path.exists(ray_temp) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(ray_temp)  # the guard removed Ray's temp folder too
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid, _ in still_alive(seen):  # a failed run must not leave them to the next test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
