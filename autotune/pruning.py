@@ -45,7 +45,10 @@ class StepWatcher:
         self.samples_per_step, self.measure_after = samples_per_step, measure_after
         self._offset = 0
         self._seconds = 0.0
-        self._applied = 0
+        self._measured = 0
+        self._settled = 0       # measured steps after the scaler's initial back-off
+        self._overflowed = 0    # ... of which overflowed
+        self._backing_off = True  # no update applied yet: overflows so far are the back-off
         self.last: tuple[int, float] | None = None  # (step, goodput so far) last reported
 
     def _new_steps(self) -> list[dict]:
@@ -60,15 +63,26 @@ class StepWatcher:
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def report(self) -> bool:
-        """Report new measured steps; True when the pruner says this trial should stop."""
+        """Report new measured steps; True when the pruner says this trial should stop.
+
+        Goodput so far follows the metric's rule (`autotune.train.metrics`) without the parts
+        only the finished trial knows: measured throughput × (1 − overflow rate after the initial
+        back-off). The back-off itself is charged once per full run, so a high initial loss scale
+        is not stopped for the steps it takes to settle; nothing is reported until it has."""
         reported = False
         for step in self._new_steps():
+            overflow = bool(step.get("overflow"))
+            self._backing_off = self._backing_off and overflow
             if step["step"] < self.measure_after:
                 continue
             self._seconds += step["step_time_ms"] / 1000
-            self._applied += 0 if step.get("overflow") else 1
-            if self._seconds > 0:
-                self.last = (step["step"], self._applied * self.samples_per_step / self._seconds)
+            self._measured += 1
+            if not self._backing_off:
+                self._settled += 1
+                self._overflowed += overflow
+            if self._seconds > 0 and self._settled:
+                throughput = self._measured * self.samples_per_step / self._seconds
+                self.last = (step["step"], throughput * (1 - self._overflowed / self._settled))
                 self.trial.report(self.last[1], self.last[0])
                 reported = True
         return reported and self.trial.should_prune()

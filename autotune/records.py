@@ -22,7 +22,8 @@ from optuna.trial import TrialState
 from autotune.spec import OBJECTIVES
 
 METRICS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps",
-           "loss_first", "loss_last", "diverged", "compile_s")
+           "backoff_steps", "overflow_rate", "underflow_share", "loss_first", "loss_last", "diverged",
+           "compile_s")
 OBJECTIVE_METRIC = {"goodput": "goodput", "peak_memory": "peak_memory_mb", "final_loss": "loss_last"}
 # pruned: stopped while running because it was clearly slower than the best (autotune.pruning)
 PRUNED_OUTCOMES = ("infeasible", "oom", "diverged", "timeout", "pruned")

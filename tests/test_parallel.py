@@ -159,3 +159,30 @@ def test_float16_overflows_are_agreed_and_knobs_act_under_every_layout(tmp_path,
     assert [s["overflow"] for s in many] == [s["overflow"] for s in one] and one[0]["overflow"]
     assert [s["loss_scale"] for s in many] == [s["loss_scale"] for s in one]
     np.testing.assert_allclose(split, single, rtol=2e-3)  # float16 sums in another order
+
+
+@pytest.fixture(scope="module")
+def underflow_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("u") / "one"
+    _launch(out, dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=1), steps=3, dtype="float16")
+    return json.loads((out / "metrics.json").read_text())["underflow_share"]
+
+
+# micro-batches of 8 samples, as in the reference (dp2 with accumulation would halve them)
+UNDERFLOW_LAYOUTS = {"dp2": dict(dp=2, tp=1, pp=1), "pp2": LAYOUTS["pp2"], "tp2": LAYOUTS["tp2"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", UNDERFLOW_LAYOUTS)
+def test_underflow_share_is_counted_once_under_every_layout(tmp_path, underflow_reference, name):
+    """dp replicas count their own micro-batches, pipeline stages run the probe through the
+    1F1B schedule: the same float16 backward as one process, the same share. Tensor parallelism
+    sums partial products in float16 on each rank before its all-reduce, which rounds and flushes
+    differently: the same order of magnitude, replicated parameters counted once."""
+    _launch(tmp_path / name, dict(UNDERFLOW_LAYOUTS[name], loss_scale=1), steps=3, dtype="float16")
+    share = json.loads((tmp_path / name / "metrics.json").read_text())["underflow_share"]
+    assert underflow_reference > 0
+    if name == "tp2":
+        assert underflow_reference / 2 < share < underflow_reference * 2
+    else:
+        assert share == pytest.approx(underflow_reference, rel=1e-9)

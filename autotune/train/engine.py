@@ -6,6 +6,10 @@ arrays, split here into the step's micro-batches) and returns ``(loss, overflow,
 numpy values: the global-batch mean loss (the same on every rank), whether the update was skipped,
 and the scale the step used. Without pipeline stages a step is `autotune.train.step`'s
 accumulate/apply cells; with them, `autotune.train.pipeline`'s 1F1B schedule and apply cell.
+
+Under float16 compute ``underflow(inputs, labels, scale)`` runs `autotune.train.probe` on a dp
+shard (this rank's ``(kept, elements)`` counts; the probe is built on first use, so a run that
+never asks pays nothing); without float16 it is None.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore import nn
 
-from autotune.train import entry, pipeline, schedule, step
+from autotune import layout
+from autotune.train import entry, models, pipeline, schedule, step
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.parallel import Placement
 
@@ -30,12 +35,21 @@ class Engine:
     dataset: object
     run_micro: object      # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors
     micro: int
+    make_probe: object = None  # () → autotune.train.probe.UnderflowProbe (float16 only)
+    _probe: object = None
 
     def step(self, inputs, labels):
         n = len(inputs) // self.micro
         xs = [ms.Tensor(inputs[j * n:(j + 1) * n]) for j in range(self.micro)]
         ys = [ms.Tensor(labels[j * n:(j + 1) * n]) for j in range(self.micro)]
         return tuple(o.asnumpy() for o in self.run_micro(xs, ys))
+
+    @property
+    def underflow(self):
+        """This rank's underflow probe, ``(inputs, labels, scale) → (kept, elements)``, or None."""
+        if self.make_probe is not None and self._probe is None:
+            self._probe = self.make_probe()
+        return self._probe
 
 
 def make_optimizer(network, learning_rate):
@@ -52,6 +66,28 @@ def _boundary(model: dict, micro_batch: int) -> tuple:
     if model["family"] == "transformer":
         return (micro_batch, model["seq_length"], model["hidden_size"])
     return (micro_batch, model["hidden_size"])
+
+
+def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int, jit_level):
+    """What builds the rank's underflow probe: its float32 twin (the same network without float16
+    compute) and the parameters it counts (those a tp group replicates on tp index 0 only)."""
+    model = cfg["model"]
+
+    def make():
+        from autotune.train import probe
+
+        if model.get("entry"):
+            twin = entry.build(cfg, placement)[0]
+            owned = {p.name for p in network.trainable_params()}
+        else:
+            twin = models.build_network(model, placement)
+            plan, _ = layout.builtin_layout(model, placement.tp, placement.pp)
+            owned = {name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0}
+        micro_batch = cfg["train"]["global_batch_size"] // (placement.dp * micro)
+        return probe.UnderflowProbe(network, twin, loss_fn, placement, micro=micro, owned=owned,
+                                    boundary=_boundary(model, micro_batch), jit_level=jit_level)
+
+    return make
 
 
 def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
@@ -76,6 +112,7 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                                 loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0)
     jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
     loss_scale = knobs["loss_scale"] if scaling else 1.0
+    make_probe = _probe_factory(cfg, p, network, loss_fn, micro, jit_level) if scaling else None
     if p.pp == 1:
         accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
                                              loss_scale=loss_scale, scale_window=scale_window,
@@ -86,7 +123,7 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                 accumulate(xs[j], ys[j])
             return apply(xs[-1], ys[-1])
 
-        return Engine(network, optimizer, apply.state, dataset, run_micro, micro)
+        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, make_probe)
 
     weights = optimizer.parameters
     state = step.TrainState(weights, micro, loss_scale, scale_window)
@@ -103,4 +140,4 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
     micro_batch = train["global_batch_size"] // (p.dp * micro)
     stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
-    return Engine(network, optimizer, state, dataset, stage.step, micro)
+    return Engine(network, optimizer, state, dataset, stage.step, micro, make_probe)

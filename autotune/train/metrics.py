@@ -11,17 +11,34 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 - ``steps``: optimizer steps run; ``samples_per_step``: the global batch size (one step =
   grad_accum micro-steps on each of dp ranks).
 - ``step_time_ms``: median wall time of the measured steps (steps ``measure_after`` … end).
-- ``throughput``: measured steps × samples_per_step / measured time (samples/s).
-- ``goodput``: the same counting only measured steps whose update was applied (an
-  overflow-skipped step costs its time and contributes no samples).
+- ``throughput``: measured steps × samples_per_step / measured time (samples/s), every measured
+  step counted, applied or skipped.
+- ``backoff_steps`` (k): the loss scaler's initial back-off, the run of overflowed steps from the
+  first recorded step up to the first applied one. A start above what the gradients allow halves
+  the scale once per such step; the full run pays them once.
+- ``overflow_rate`` (r): overflowed / all among the measured steps after the back-off (steps
+  max(``measure_after``, k) … end). A trial in which no update was ever applied has no settled
+  scale: r = 1.
+- ``underflow_share`` (u): the share of gradient elements that are exactly zero in the float16
+  backward at the scale the run settled at (the final scale) but non-zero in a float32 backward of
+  the same micro-batches, measured once, after the last step, by `autotune.train.probe`. 0 when the
+  compute dtype is not float16 (nothing underflows that a scale could save).
+- ``goodput``: samples per second the full run will see, the default objective:
+  ``throughput × (1 − r) × (1 − k / train.total_steps) × (1 − u)``. A skipped step costs its time
+  and adds no samples, but the initial back-off is charged once over the run, not once per trial;
+  a scale small enough to flush gradients to zero is charged by the share it loses.
 - ``overflow_steps`` / ``applied_steps``: steps skipped by the loss scaler / applied, over all
   steps.
 - ``loss_first``: loss of step 0 (before any update); ``loss_last``: mean loss of the last
   `LAST_WINDOW` steps (fewer if the trial is shorter).
-- ``diverged``: any non-finite loss, or loss_last > loss_first.
+- ``diverged``: any non-finite loss, or a rising loss over the measured steps (`rising`): a
+  least-squares slope with a t-statistic above `TREND_T` whose fitted rise over the window is more
+  than `TREND_RISE` of its fitted start. Noise is judged by the fit's own residuals, so a tiny batch
+  whose step-0 loss happened to be low does not trip it.
 - ``compile_s``: process start → first step done (imports, communication init, compile).
 - ``peak_memory_mb``: peak resident memory (VmHWM) of one process = one CPU "device", max over
-  ranks; ``final_loss_scale``: the scaler's value after the last step.
+  ranks, read before the underflow probe; ``final_loss_scale``: the scaler's value after the last
+  step.
 """
 
 import json
@@ -31,10 +48,13 @@ import statistics
 import time
 
 LAST_WINDOW = 5
+TREND_T = 3.0        # the slope's t-statistic above which a rise is not noise
+TREND_RISE = 0.05    # ... and the fitted rise over the window, relative to the fitted start
+TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-finite loss diverges)
 
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
-               "final_loss_scale")
+               "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share")
 
 
 def process_start_time() -> float:
@@ -77,12 +97,40 @@ def write_json_atomic(path, payload) -> None:
     os.replace(tmp, path)
 
 
+def rising(losses) -> bool:
+    """Whether ``losses`` (one per step, finite) trend upwards beyond noise: the least-squares
+    slope over the steps has a t-statistic above `TREND_T` and the fitted line rises by more than
+    `TREND_RISE` × its fitted start. False for fewer than `TREND_MIN_STEPS` losses."""
+    n = len(losses)
+    if n < TREND_MIN_STEPS:
+        return False
+    mean_x, mean_y = (n - 1) / 2.0, sum(losses) / n
+    sxx = sum((x - mean_x) ** 2 for x in range(n))
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(losses)) / sxx
+    if slope <= 0:
+        return False
+    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in enumerate(losses))
+    stderr = math.sqrt(residual / (n - 2) / sxx)
+    significant = stderr == 0 or slope / stderr > TREND_T
+    start = mean_y - slope * mean_x
+    return significant and slope * (n - 1) > TREND_RISE * abs(start)
+
+
+def backoff_steps(overflows) -> int:
+    """The leading run of overflowed steps: the scaler's initial back-off."""
+    k = 0
+    while k < len(overflows) and overflows[k]:
+        k += 1
+    return k
+
+
 class StepLog:
     """Collects per-step records; appends each to ``steps.jsonl`` when ``path`` is given (a
-    resumed run adds to the file, ``append``)."""
+    resumed run adds to the file, ``append``). ``total_steps``: the full run's length
+    (``train.total_steps``), over which the initial back-off is charged."""
 
-    def __init__(self, path, measure_after, samples_per_step, append=False):
-        self.measure_after, self.samples_per_step = measure_after, samples_per_step
+    def __init__(self, path, measure_after, samples_per_step, total_steps, append=False):
+        self.measure_after, self.samples_per_step, self.total_steps = measure_after, samples_per_step, total_steps
         self.records = []
         self._file = open(path, "a" if append else "w") if path else None
 
@@ -98,30 +146,40 @@ class StepLog:
         if self._file:
             self._file.close()
 
-    def summary(self, compile_s, peak_mb, final_loss_scale) -> dict:
-        """The metrics dict (`METRIC_KEYS`) of the steps recorded so far."""
+    def summary(self, compile_s, peak_mb, final_loss_scale, underflow_share=0.0) -> dict:
+        """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; ``underflow_share`` is
+        the probe's (`autotune.train.probe`), 0 without float16."""
         # a resumed run may record fewer steps than measure_after: time at least its last one
-        measured = self.records[min(self.measure_after, len(self.records) - 1):]
+        first = min(self.measure_after, len(self.records) - 1)
+        measured = self.records[first:]
         seconds = sum(r["step_time_ms"] for r in measured) / 1000.0
-        applied_measured = sum(not r["overflow"] for r in measured)
+        throughput = len(measured) * self.samples_per_step / seconds
+        overflows = [r["overflow"] for r in self.records]
+        k = backoff_steps(overflows)
+        settled = overflows[max(first, k):]  # the measured steps after the back-off
+        rate = sum(settled) / len(settled) if settled else 1.0
+        once = min(1.0, k / self.total_steps)
         losses = [r["loss"] for r in self.records]
         loss_first = losses[0]
         tail = losses[-LAST_WINDOW:]
         loss_last = sum(tail) / len(tail)
-        overflow_steps = sum(r["overflow"] for r in self.records)
+        overflow_steps = sum(overflows)
         finite = all(math.isfinite(x) for x in losses)
         return {
-            "goodput": applied_measured * self.samples_per_step / seconds,
-            "throughput": len(measured) * self.samples_per_step / seconds,
+            "goodput": throughput * (1.0 - rate) * (1.0 - once) * (1.0 - underflow_share),
+            "throughput": throughput,
             "step_time_ms": statistics.median(r["step_time_ms"] for r in measured),
             "peak_memory_mb": peak_mb,
             "overflow_steps": overflow_steps,
             "loss_first": loss_first,
             "loss_last": loss_last,
-            "diverged": (not finite) or loss_last > loss_first,
+            "diverged": (not finite) or rising(losses[first:]),
             "compile_s": compile_s,
             "steps": len(self.records),
             "samples_per_step": self.samples_per_step,
             "applied_steps": len(self.records) - overflow_steps,
             "final_loss_scale": final_loss_scale,
+            "backoff_steps": k,
+            "overflow_rate": rate,
+            "underflow_share": underflow_share,
         }

@@ -28,9 +28,14 @@ Optional ``checkpoint`` section (exported runs; trials save nothing): ``dir`` (p
 from the latest checkpoint in ``dir``), ``init_from`` (a folder of per-rank checkpoints whose
 weights a fresh run starts from).
 
+After the last step (untimed, outside every step, the training state left as it is), a float16
+run measures ``underflow_share`` with `autotune.train.probe` on the last step's batch at the
+final loss scale; each rank counts its part and one all-reduce sums the counts.
+
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
-memory and a sha256 of its final weights (the ranks of a dp group must agree).
+memory (read before the probe), a sha256 of its final weights (the ranks of a dp group must
+agree) and ``probe_s``, the probe's wall time.
 """
 
 import os
@@ -156,11 +161,9 @@ def _setup(cfg, ms):
     return placement
 
 
-def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:
-    """Max of ``value`` across all ranks: one tiny compiled AllReduce at the end of the trial.
-
-    The all-reduce sums, so each rank contributes its value at its own index of a zero vector.
-    """
+def _sum_over_ranks(ms, values) -> np.ndarray:
+    """Element-wise sum of ``values`` (float32: the CPU AllReduce has no integer or float64
+    kernel) across all ranks: one tiny compiled AllReduce."""
     from mindspore import nn, ops
 
     class AllSum(nn.Cell):
@@ -171,9 +174,27 @@ def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:
         def construct(self, x):
             return self.op(x)
 
+    return AllSum()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
+
+
+def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:
+    """Max of ``value`` across all ranks: each rank contributes its value at its own index of a
+    zero vector, which the all-reduce sums."""
     mine = np.zeros(world, np.float32)
     mine[rank] = value
-    return float(AllSum()(ms.Tensor(mine)).asnumpy().max())
+    return float(_sum_over_ranks(ms, mine).max())
+
+
+def _underflow_share(ms, engine, placement, step: int, scale: float) -> float:
+    """The world's underflow share on step ``step``'s global batch at loss scale ``scale``
+    (`autotune.train.probe`); 0 when the compute dtype is not float16."""
+    if engine.underflow is None:
+        return 0.0
+    inputs, labels = engine.dataset(step, placement.dp_index, placement.dp)
+    kept, elements = engine.underflow(inputs, labels, scale)
+    if placement.world > 1:
+        kept, elements = _sum_over_ranks(ms, [kept, elements])
+    return float(kept) / float(elements)
 
 
 def _checkpoints(cfg, engine, placement, ms):
@@ -228,7 +249,8 @@ def run(cfg: dict, started: float) -> dict:
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     log = metrics_mod.StepLog(os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
-                              trial["measure_after"], train["global_batch_size"], append=first_step > 0)
+                              trial["measure_after"], train["global_batch_size"], train["total_steps"],
+                              append=first_step > 0)
     shard_size = train["global_batch_size"] // dp
     compile_s = None
     for i in range(first_step, trial["steps"]):
@@ -250,15 +272,19 @@ def run(cfg: dict, started: float) -> dict:
             checkpoint.save(folder, rank, done, tensors)
     log.close()
 
-    own_peak = metrics_mod.peak_memory_mb()
+    own_peak = metrics_mod.peak_memory_mb()  # training's peak: before the probe builds anything
     world = placement.world
     peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
-    result = log.summary(compile_s, peak, float(engine.state.scale.asnumpy()))
+    final_scale = float(engine.state.scale.asnumpy())
+    probe_started = time.perf_counter()
+    underflow = _underflow_share(ms, engine, placement, trial["steps"] - 1, final_scale)
+    probe_s = time.perf_counter() - probe_started
+    result = log.summary(compile_s, peak, final_scale, underflow)
     from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
         "peak_memory_mb": own_peak, "weights_sha256": digest(engine.network),
-        "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"]})
+        "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"], "probe_s": probe_s})
     if rank == 0:
         metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), result)
     return result

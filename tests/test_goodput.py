@@ -1,0 +1,98 @@
+"""Goodput scores what the full run will see: the initial back-off is charged once over
+train.total_steps, overflows after it by their rate, underflow by the share of gradient elements
+float16 flushes to zero (measured by the real probe); a diverged run is a rising loss trend."""
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.pruning import SlowTrialPruner, StepWatcher
+from autotune.train.metrics import StepLog, backoff_steps, rising
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train_program import train  # noqa: E402
+
+
+def test_rising_needs_a_trend_beyond_noise():
+    rng = random.Random(0)
+    flat = [4.0 + rng.gauss(0, 0.3) for _ in range(28)]
+    assert not rising(flat)
+    # a tiny batch whose first step happened to be low: the old "last 5 above the first" rule
+    # called this diverged
+    assert not rising([3.2] + [4.0 + rng.gauss(0, 0.3) for _ in range(27)])
+    assert not rising([4.0 - 0.05 * i + rng.gauss(0, 0.1) for i in range(28)])  # learning
+    assert rising([4.0 + 0.1 * i + rng.gauss(0, 0.1) for i in range(28)])
+    assert rising([1.0, 1.2, 1.4, 1.6, 1.8])  # no noise at all: any real rise
+    assert not rising([1.0, 5.0, 9.0])  # too few steps to judge a trend
+
+
+def test_backoff_is_the_leading_run_of_overflows():
+    assert backoff_steps([True, True, False, True, False]) == 2
+    assert backoff_steps([False, True]) == 0
+    assert backoff_steps([True, True]) == 2
+
+
+def records(overflows, ms=100.0):
+    return [{"step": i, "loss": 4.0 - 0.01 * i, "overflow": o, "step_time_ms": ms, "loss_scale": 1.0}
+            for i, o in enumerate(overflows)]
+
+
+def summary(overflows, total_steps=1000, underflow=0.0):
+    log = StepLog(None, measure_after=2, samples_per_step=10, total_steps=total_steps)
+    log.records = records(overflows)
+    return log.summary(compile_s=1.0, peak_mb=1.0, final_loss_scale=1.0, underflow_share=underflow)
+
+
+def test_goodput_charges_the_backoff_once_per_run_and_overflows_by_their_rate():
+    # 6 steps of back-off then 24 clean ones: 4 of the measured steps were skipped
+    backoff = summary([True] * 6 + [False] * 24)
+    assert backoff["throughput"] == pytest.approx(28 * 10 / 2.8)
+    assert backoff["backoff_steps"] == 6 and backoff["overflow_rate"] == 0
+    assert backoff["goodput"] == pytest.approx(backoff["throughput"] * (1 - 6 / 1000))
+    # the same 6 overflows spread over the run: the scale does not hold, each costs its step
+    spread = summary(([True] + [False] * 4) * 6)
+    assert spread["backoff_steps"] == 1
+    assert spread["overflow_rate"] == pytest.approx(5 / 28)  # measured steps 2..29
+    assert spread["goodput"] == pytest.approx(spread["throughput"] * (1 - 5 / 28) * (1 - 1 / 1000))
+    assert backoff["goodput"] > spread["goodput"]
+    # never settled: no update applied, no goodput
+    assert summary([True] * 30)["overflow_rate"] == 1 and summary([True] * 30)["goodput"] == 0
+    # underflow is charged by its share
+    clean = summary([False] * 30, underflow=0.25)
+    assert clean["goodput"] == pytest.approx(0.75 * clean["throughput"])
+
+
+def test_the_pruner_waits_for_the_backoff(tmp_path):
+    study = optuna.create_study(direction="maximize", pruner=SlowTrialPruner(ratio=0.5, min_steps=3))
+    study.add_trial(optuna.trial.create_trial(value=100.0))  # the best finished trial: 100 samples/s
+    trial = study.ask()
+    watcher = StepWatcher(trial, tmp_path, samples_per_step=10, measure_after=2)
+    with open(tmp_path / "steps.jsonl", "w") as f:
+        for r in records([True] * 8 + [False] * 4):
+            f.write(json.dumps(r) + "\n")
+    # 100 ms steps at 10 samples: 100 samples/s once settled; the 6 measured back-off steps do
+    # not make it look like 0
+    assert not watcher.report()
+    assert watcher.last == (11, pytest.approx(100.0))
+    assert sorted(trial.storage.get_trial(trial._trial_id).intermediate_values) == [8, 9, 10, 11]
+
+
+def test_underflow_share_is_measured_at_the_settled_scale(tmp_path):
+    small, _ = train(tmp_path, "s1", knobs={"loss_scale": 1.0}, steps=4)
+    large, _ = train(tmp_path, "s1024", knobs={"loss_scale": 2.0 ** 10}, steps=4)
+    # at a scale of 1 float16 flushes gradient elements that a float32 backward keeps
+    assert 0 < small["underflow_share"] < 1 and small["final_loss_scale"] == 1
+    assert large["underflow_share"] < small["underflow_share"]
+    for m in (small, large):
+        assert m["backoff_steps"] == 0 and m["overflow_rate"] == 0
+        assert m["goodput"] == pytest.approx(m["throughput"] * (1 - m["underflow_share"]))
+
+
+def test_float32_has_no_underflow_to_measure(tmp_path):
+    metrics, _ = train(tmp_path, "f32", model={"dtype": "float32"}, steps=3)
+    assert metrics["underflow_share"] == 0 and math.isfinite(metrics["goodput"])
