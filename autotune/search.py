@@ -11,7 +11,6 @@ A candidate's own failure is remembered, an infrastructure failure retried once
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections import deque
 from pathlib import Path
@@ -21,6 +20,7 @@ from optuna.trial import TrialState
 
 from autotune import confirm, costmodel, failures, records
 from autotune.progress import Progress
+from autotune.samplers import make_sampler
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.space import Candidate, SearchSpace, violations
 from autotune.spec import Spec, SpecError
@@ -28,31 +28,6 @@ from autotune.study import open_study, recover_interrupted, requeue
 from autotune.train.config import trial_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler for ``name``; SpecError when its optional package is missing."""
-    if name == "tpe":
-        # benchmarks/search_efficiency.py: few random startup trials (≈ n/6, 2 to 10) reach the
-        # optimum in far fewer trials than Optuna's default 10; `group` made it worse. The
-        # constant liar keeps concurrent trials apart.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                          n_startup_trials=min(10, max(2, n_trials // 6)))
-    if name in ("random", "grid"):  # grid: the loop enqueues every candidate itself
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
-    # CMA-ES and GP need packages Optuna imports only once it is sampling (GP after its 10
-    # startup trials): check now, so a missing one is an input error, not a crash mid-study.
-    needs = {"cmaes": ("cmaes",), "gp": ("torch", "scipy")}[name]
-    missing = [pkg for pkg in needs if importlib.util.find_spec(pkg) is None]
-    if missing:
-        raise SpecError(f"search.sampler: {name} needs {', '.join(missing)}; install it with: "
-                        f"pip install 'autotune[{name}]'")
-    if name == "cmaes":
-        # autotune's knobs are categorical, which CMA-ES leaves to its independent sampler.
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-    return optuna.samplers.GPSampler(seed=seed)
 
 
 def simulated_metrics(estimate) -> dict:

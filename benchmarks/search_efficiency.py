@@ -40,7 +40,7 @@ import optuna
 
 from autotune.costmodel import estimate
 from autotune.knobs import KNOB_NAMES
-from autotune.search import make_sampler
+from autotune.samplers import make_sampler
 from autotune.space import build_space
 from autotune.spec import load_spec
 
