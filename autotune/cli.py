@@ -154,10 +154,14 @@ def cmd_export(args) -> int:
     record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
               "estimate": trial.user_attrs.get("estimate")}
     files = write_export(spec, candidate, record, Path(args.out), reshard_from=args.reshard,
-                         overwrite=args.force)
+                         overwrite=args.force, mindformers_base=args.mindformers_base)
     print(f"exported trial #{trial.number} of {study.study_name} to {args.out}:")
     for file in files:
         print(f"  {file}")
+    if args.mindformers_base:
+        changed = json.loads((Path(args.out) / "summary.json").read_text())["mindformers"]["changes"]
+        print(f"mindformers.yaml: {args.mindformers_base} with {len(changed)} keys changed "
+              "(listed at its top)")
     return 0
 
 
@@ -212,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--reshard", metavar="FULL_CKPT",
                         help="also reshard this full checkpoint into checkpoint/rank_*/")
     export.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    export.add_argument("--mindformers-base", metavar="PATH.yaml",
+                        help="your model's MindFormers config: mindformers.yaml becomes it with the "
+                             "tuned settings merged in (default: an overlay naming base_config)")
     export.add_argument("--storage")
     export.set_defaults(run=cmd_export)
 

@@ -78,7 +78,8 @@ KNOBS: dict[str, Knob] = {
              "LearningRateSchedule: linear warmup then cosine over train.total_steps",
              "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False),
         Knob("jit_level", str, "graph compile level, or PyNative execution",
-             "set_context(mode=GRAPH_MODE, jit_config={'jit_level': L}) or PYNATIVE_MODE",
+             "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
+             "or set_context(mode=PYNATIVE_MODE)",
              "context.jit_config.jit_level", _o2_needs_ascend, default="O1",
              unsupported_because="O2 sinks the whole graph through CANN, Ascend only"),
         Knob("recompute", str, "activation recomputation",

@@ -49,8 +49,11 @@ MLP_RULES = {
     "blocks.*.fc_out.*": "row",
     "head.*": "column",
 }
-# MindFormers naming (llama and friends); a user's model.tp_rules come first and can override these.
+# MindFormers' parameter names and how its layers split them under tensor parallelism: the legacy
+# llama family and the mcore layers (use_legacy: False), each read from MindFormers' source in
+# docs/mindformers.md ("Parameter names"). A user's model.tp_rules come first and can override these.
 MINDFORMERS_RULES = {
+    # legacy llama (mindformers/models/llama)
     "*attention.wq.*": "column",
     "*attention.wk.*": "column",
     "*attention.wv.*": "column",
@@ -58,9 +61,18 @@ MINDFORMERS_RULES = {
     "*attention.wo.*": "row",
     "*feed_forward.w1.*": "column",
     "*feed_forward.w3.*": "column",
+    "*feed_forward.w_gate_hidden.*": "column",  # w1 and w3 fused, rows interleaved per tp rank
     "*feed_forward.w2.*": "row",
     "*tok_embeddings.*": "column",
     "*lm_head.*": "column",
+    # mcore (mindformers/parallel_core/training_graph): ColumnParallelLinear, RowParallelLinear,
+    # VocabParallelEmbedding
+    "*self_attention.linear_qkv.*": "column",
+    "*self_attention.linear_proj.*": "row",
+    "*mlp.linear_fc1.*": "column",
+    "*mlp.linear_fc2.*": "row",
+    "*embedding.word_embeddings.*": "column",
+    "*output_layer.*": "column",
 }
 BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES}
 # Prefixes of the optimizer's per-parameter state (MindSpore's AdamWeightDecay: first and second

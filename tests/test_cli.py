@@ -76,3 +76,21 @@ def test_studies_and_compare(tmp_path, capsys):
     assert set(both.loc[both["study"] == "b", "fusion_mb"]) <= {1, 4}
     assert main(["compare", "a", "nope", "--storage", storage]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_export_against_a_mindformers_base(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", LLAMA, "--storage", storage, "--study", "mf", "--trials", "3",
+                 "--set", "tp=8", "--set", "pp=2", "--set", "micro_batches=16",
+                 "--set", "recompute=selective", "--no-confirm"]) == 0
+    qwen3 = ROOT / "tests" / "fixtures" / "mindformers" / "pretrain_qwen3_bf16.yaml"  # bf16 too
+    capsys.readouterr()
+    assert main(["export", "mf", "--storage", storage, "--out", str(tmp_path / "out"),
+                 "--mindformers-base", str(qwen3)]) == 0
+    assert "keys changed" in capsys.readouterr().out
+    assert "base_config" not in (tmp_path / "out" / "mindformers.yaml").read_text().split("\nseed:")[1]
+    missing = tmp_path / "nope.yaml"
+    assert main(["export", "mf", "--storage", storage, "--out", str(tmp_path / "out2"),
+                 "--mindformers-base", str(missing)]) == 2
+    assert f"{missing}: cannot read" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()

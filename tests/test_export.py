@@ -52,14 +52,15 @@ def expected_stage(name, pp):
     return 0 if name.startswith("embed.") else pp - 1
 
 
-def make_spec(tmp_path, devices=8, devices_per_node=8, hidden=H, backend="simulate", **model):
+def make_spec(tmp_path, devices=8, devices_per_node=8, hidden=H, backend="simulate", device="a100-80g",
+              **model):
     data = {"study": "tiny",
             "model": {"family": "transformer", "num_layers": LAYERS, "hidden_size": hidden,
                       "num_heads": 2, "ffn_hidden_size": FFN, "seq_length": SEQ,
                       "vocab_size": VOCAB, "dtype": "float16", **model},
             "train": {"global_batch_size": 16, "learning_rate": 2e-3, "total_steps": 500},
             "cluster": {"backend": backend, "devices": devices,
-                        "devices_per_node": devices_per_node, "device": "a100-80g"},
+                        "devices_per_node": devices_per_node, "device": device},
             "trial": {"steps": 10, "measure_after": 2}}
     return parse_spec(data, tmp_path / "model.yaml")
 
@@ -151,26 +152,33 @@ def test_summary_and_configs_agree_with_the_candidate(export_222):
     assert par["parallel_mode"] == "semi_auto_parallel" and par["device_num"] == 8
     assert par["pipeline_stages"] == 2 and par["gradients_mean"] is False
     assert par["comm_fusion"] == {"allreduce": {"mode": "size", "config": 16}}
-    assert par["strategy_ckpt_config"]["load_file"] == "strategy.ckpt"
-    assert launch["context"] == {"mode": "GRAPH_MODE", "jit_config": {"jit_level": "O1"},
-                                 "device_target": "GPU"}
+    assert par["enable_parallel_optimizer"] is False
+    # strategy.ckpt describes checkpoints; as a strategy to load it would match no operator
+    assert "strategy_ckpt_config" not in par
+    assert launch["device"] == {"device_target": "GPU"}
+    assert launch["context"] == {"mode": 0}  # GRAPH_MODE, the integer set_context takes
+    assert launch["jit_config"] == {"jit_level": "O1"}
     assert launch["pipeline"]["PipelineCell"]["micro_size"] == 4
     assert launch["loss_scale"]["DynamicLossScaleUpdateCell"]["loss_scale_value"] == 2**12
     assert launch["lr_schedule"]["warmup_steps"] == 50 and launch["lr_schedule"]["total_steps"] == 500
     assert launch["recompute"]["mode"] == "selective"
     assert launch["batch"] == {"global_batch_size": 16, "micro_batch_size": 2}
 
-    mf = yaml.safe_load((out / "mindformers.yaml").read_text())
+    text = (out / "mindformers.yaml").read_text()
+    mf = yaml.safe_load(text)
+    # no base given: the overlay names the base_config to set, and says so at its top
+    assert mf["base_config"] == "SET-ME-your-model-mindformers-config.yaml"
+    assert text.startswith("# autotune export") and "Set base_config" in text.split("\nbase_config")[0]
     pc = mf["parallel_config"]
     assert (pc["data_parallel"], pc["model_parallel"], pc["pipeline_stage"], pc["micro_batch_num"]) == (2, 2, 2, 4)
     assert pc["vocab_emb_dp"] is False
     # With pipeline stages MindFormers' global batch is batch_size × dp × micro_batch_num.
     assert mf["runner_config"]["batch_size"] * 2 * 4 == 16
     assert mf["runner_wrapper"]["scale_sense"]["loss_scale_value"] == 2**12
-    assert mf["lr_schedule"] == {"type": "CosineWithWarmUpLR", "learning_rate": 2e-3,
-                                 "warmup_steps": 50, "total_steps": 500}
+    assert mf["lr_schedule"]["warmup_steps"] == 50 and mf["lr_schedule"]["warmup_ratio"] is None
     assert mf["context"]["jit_config"]["jit_level"] == "O1"
     assert mf["recompute_config"] == {"recompute": False, "select_recompute": True}
+    assert "strategy_ckpt_load_file" not in mf["parallel"]
 
     config = json.loads((out / "train_config.json").read_text())
     assert config["trial"] == {"steps": 500, "measure_after": 2, "schedule": "full"}
@@ -180,7 +188,7 @@ def test_summary_and_configs_agree_with_the_candidate(export_222):
 
 
 def test_data_parallel_export(tmp_path):
-    c = candidate(dp=2, tp=1, pp=1, micro_batches=1, grad_accum=4, jit_level="pynative")
+    c = candidate(dp=2, tp=1, pp=1, micro_batches=1, grad_accum=4)
     out = tmp_path / "dp"
     write_export(make_spec(tmp_path, devices=2, backend="cpu"), c, TRIAL, out)
     assert set(build_searched_strategy(str(out / "strategy.ckpt"))) == {
@@ -190,11 +198,37 @@ def test_data_parallel_export(tmp_path):
     assert launch["auto_parallel_context"]["parallel_mode"] == "data_parallel"
     assert "pipeline_stages" not in launch["auto_parallel_context"]
     assert launch["auto_parallel_context"]["gradients_mean"] is True
-    assert launch["context"] == {"mode": "PYNATIVE_MODE", "device_target": "CPU"}
+    assert launch["device"] == {"device_target": "CPU"} and launch["context"] == {"mode": 0}
     mf = yaml.safe_load((out / "mindformers.yaml").read_text())
-    # Without pipeline stages: batch_size × dp × gradient_accumulation_steps.
+    # Without pipeline stages: batch_size × dp × gradient_accumulation_steps, and MindFormers
+    # keeps the accumulation only in semi-auto parallel (parallel_mode 1), pure DP included.
     assert mf["runner_config"] == {"batch_size": 2, "gradient_accumulation_steps": 4}
+    assert mf["parallel"]["parallel_mode"] == 1 and mf["parallel"]["full_batch"] is True
+
+
+def test_pynative_data_parallel_export(tmp_path):
+    c = candidate(dp=2, tp=1, pp=1, micro_batches=1, grad_accum=1, jit_level="pynative")
+    out = tmp_path / "dp"
+    write_export(make_spec(tmp_path, devices=2, backend="cpu"), c, TRIAL, out)
+    launch = yaml.safe_load((out / "launch.yaml").read_text())
+    assert launch["context"] == {"mode": 1} and "jit_config" not in launch  # PYNATIVE_MODE
+    mf = yaml.safe_load((out / "mindformers.yaml").read_text())
+    # PyNative runs data parallel only: MindFormers' code 0
     assert mf["parallel"]["parallel_mode"] == 0 and mf["context"]["mode"] == 1
+    assert mf["runner_config"] == {"batch_size": 8, "gradient_accumulation_steps": 1}
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(jit_level="pynative"), "jit_level = pynative with tp = 2, pp = 2: MindSpore's PyNative"),
+    (dict(dp=8, tp=1, pp=1, micro_batches=1, grad_accum=2, jit_level="pynative"),
+     "jit_level = pynative with grad_accum = 2: MindFormers accumulates"),
+    (dict(jit_level="O2"), "jit_level = O2 on gpu: O2 is MindSpore's GE backend, Ascend only"),
+])
+def test_configs_mindspore_cannot_run_are_refused(tmp_path, knobs, message):
+    out = tmp_path / "out"
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        write_export(make_spec(tmp_path), candidate(**knobs), TRIAL, out)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
 
 
 @pytest.mark.parametrize("hidden, knobs, devices, message", [
@@ -252,11 +286,12 @@ def test_launch_sh_is_valid_and_runs_msrun(export_222, tmp_path):
     subprocess.run(["bash", str(script), "--steps", "5", "--out", str(tmp_path / "run")],
                    check=True, env=env)
     args = (tmp_path / "args").read_text().split("\n")
-    assert args[:7] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
+    # autotune.msrun's options; no --bind_core: this export runs on GPUs
+    assert args[:9] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
                         "--master_port=9123", "--node_rank=0", f"--log_dir={tmp_path / 'run' / 'logs'}",
-                        "--join=True"]
-    assert args[7:10] == ["python", "-m", "autotune.train"]
-    config = json.loads(Path(args[10]).read_text())
+                        "--join=True", "--cluster_time_out=120", "--tail_worker_log=0"]
+    assert args[9:12] == ["python", "-m", "autotune.train"]
+    config = json.loads(Path(args[12]).read_text())
     assert config["trial"] == {"steps": 5, "measure_after": 2, "schedule": "full"}
     assert config["out_dir"] == str(tmp_path / "run")
     # the export's own checkpoint/ (from --reshard) is where a new run starts
@@ -264,19 +299,31 @@ def test_launch_sh_is_valid_and_runs_msrun(export_222, tmp_path):
                                     "resume": False, "init_from": str(out / "checkpoint")}
     subprocess.run(["bash", str(script), "--steps", "5", "--out", str(tmp_path / "run"), "--resume"],
                    check=True, env=env)
-    config = json.loads(Path((tmp_path / "args").read_text().split("\n")[10]).read_text())
+    config = json.loads(Path((tmp_path / "args").read_text().split("\n")[12]).read_text())
     assert config["checkpoint"]["resume"] is True and config["checkpoint"]["init_from"] is None
     bad = subprocess.run(["bash", str(script), "--steps", "x"], env=env, capture_output=True)
     assert bad.returncode == 2
 
 
-def test_multi_node_launch_needs_node_rank(tmp_path):
+def test_multi_node_launch_needs_master_addr_and_node_rank(tmp_path):
     out = tmp_path / "out"
     write_export(make_spec(tmp_path, devices_per_node=4), candidate(), TRIAL, out)
-    text = (out / "launch.sh").read_text()
-    subprocess.run(["bash", "-n", str(out / "launch.sh")], check=True)
-    assert "--worker_num=8" in text and "--local_worker_num=4" in text
-    assert "${NODE_RANK:?" in text
+    script = str(out / "launch.sh")
+    subprocess.run(["bash", "-n", script], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "NODE_RANK")}
+    env.update(PATH=f"{_fake_bin(tmp_path)}:{os.environ['PATH']}", MSRUN_ARGS=str(tmp_path / "args"))
+    run = tmp_path / "run"
+    for missing, given in (("MASTER_ADDR", {"NODE_RANK": "1"}), ("NODE_RANK", {"MASTER_ADDR": "10.0.0.1"}),
+                           ("NODE_RANK", {"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "2"})):
+        bad = subprocess.run(["bash", script, "--out", str(run)], env={**env, **given},
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and missing in bad.stderr, bad.stderr
+        assert not run.exists()  # refused before anything was written
+    subprocess.run(["bash", script, "--out", str(run)], check=True,
+                   env={**env, "MASTER_ADDR": "10.0.0.1", "NODE_RANK": "1"})
+    args = (tmp_path / "args").read_text().split("\n")
+    assert args[:5] == ["--worker_num=8", "--local_worker_num=4", "--master_addr=10.0.0.1",
+                        "--master_port=8118", "--node_rank=1"]
 
 
 ENTRY = '''

@@ -1,17 +1,20 @@
-"""The export's config documents, as plain dicts: train_config.json, launch.yaml, mindformers.yaml,
-summary.json.
+"""The export's config documents, as plain dicts: train_config.json, launch.yaml, summary.json
+(mindformers.yaml: :mod:`autotune.export.mindformers`).
 
 Contract (all pure functions of spec, candidate and trial; nothing here touches the disk):
+- :func:`export_reasons` says why a candidate cannot be exported as configs MindSpore and
+  MindFormers run (empty = it can): PyNative runs only stand-alone and data-parallel jobs, and
+  jit level O2 only on Ascend (docs/export.md).
 - :func:`train_config` is the trial program's config format (``python -m autotune.train CONFIG``)
   set up for the real run: ``trial.steps = train.total_steps`` on the run's own (uncompressed)
   schedule, per-rank checkpoints every ``train.save_every`` steps; ``out_dir`` and the checkpoint
   folder are relative to the export folder (``launch.sh`` resolves them, and can override the
   steps, resume, and start from the export's ``checkpoint/``).
-- :func:`launch_yaml` states every setting as the MindSpore call argument it becomes.
-- :func:`mindformers_yaml` is the same as a MindFormers config overlay. MindFormers derives the
-  global batch as batch_size × dp × micro_batch_num with pipeline stages (accumulation ignored)
-  and batch_size × dp × gradient_accumulation_steps without; batch_size is chosen so that equals
-  ``train.global_batch_size``.
+- :func:`launch_yaml` states every setting as the MindSpore 2.10 call it becomes, each section
+  exactly the keyword arguments of that call: ``device`` → ``mindspore.set_device``,
+  ``context`` → ``mindspore.set_context`` (``mode`` as the integer it takes), ``jit_config`` →
+  ``mindspore.JitConfig`` on the training cell (graph mode only), ``auto_parallel_context`` →
+  ``mindspore.set_auto_parallel_context``.
 - :func:`summary` is the trial record plus each parameter's full shape, stage and split dim.
 """
 
@@ -21,16 +24,16 @@ import math
 
 from autotune.layout import ParamLayout
 from autotune.train.config import trial_config
-from autotune.knobs import KNOBS
+from autotune.knobs import KNOBS, LOSS_SCALED_DTYPES
 from autotune.space import Candidate
 from autotune.spec import Spec
 
 # The dynamic loss scaler's fixed arguments (the searched knob is the initial value only).
 SCALE_FACTOR = 2
 SCALE_WINDOW = 1000
-# MindFormers' default number of gradient-aggregation fusion groups.
-GRADIENT_AGGREGATION_GROUP = 4
 DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+# mindspore.set_context(mode=...) takes the integer: GRAPH_MODE = 0, PYNATIVE_MODE = 1.
+GRAPH_MODE, PYNATIVE_MODE = 0, 1
 RUN_DIR = "run"
 
 
@@ -52,6 +55,25 @@ def parallel_mode(c: Candidate) -> str:
     return "data_parallel" if c.tp == c.pp == 1 else "semi_auto_parallel"
 
 
+def export_reasons(spec: Spec, c: Candidate) -> list[str]:
+    """Why no exported config could run ``c`` (docs/export.md, "What MindSpore refuses")."""
+    reasons = []
+    if c.jit_level == "pynative" and (c.tp > 1 or c.pp > 1):
+        reasons.append(f"jit_level = pynative with tp = {c.tp}, pp = {c.pp}: MindSpore's PyNative "
+                       "mode runs only stand-alone and data-parallel jobs, not the semi-auto "
+                       "parallel a tp/pp layout is configured as; export a graph-mode trial "
+                       "(--trial N)")
+    if c.jit_level == "pynative" and c.tp == c.pp == 1 and c.grad_accum > 1:
+        reasons.append(f"jit_level = pynative with grad_accum = {c.grad_accum}: MindFormers "
+                       "accumulates gradients only in semi-auto parallel, which PyNative cannot "
+                       "run, so mindformers.yaml could not keep the tuned global batch; export a "
+                       "graph-mode trial (--trial N)")
+    if c.jit_level == "O2" and run_backend(spec) != "ascend":
+        reasons.append(f"jit_level = O2 on {run_backend(spec)}: O2 is MindSpore's GE backend, "
+                       "Ascend only")
+    return reasons
+
+
 def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
     config = trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
@@ -63,78 +85,51 @@ def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     return config
 
 
-def _loss_scale(c: Candidate) -> dict:
+def loss_scale_cell(c: Candidate) -> dict:
+    """``DynamicLossScaleUpdateCell``'s arguments for the tuned initial scale."""
     return {"loss_scale_value": c.loss_scale, "scale_factor": SCALE_FACTOR,
             "scale_window": SCALE_WINDOW}
 
 
+def loss_scaled(spec: Spec) -> bool:
+    """Whether the run scales its loss: only float16 can overflow (knobs.LOSS_SCALED_DTYPES)."""
+    return spec.model.dtype in LOSS_SCALED_DTYPES
+
+
 def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
     mode = parallel_mode(c)
-    if c.jit_level == "pynative":
-        context = {"mode": "PYNATIVE_MODE"}
-    else:
-        context = {"mode": "GRAPH_MODE", "jit_config": {"jit_level": c.jit_level}}
-    context["device_target"] = DEVICE_TARGETS[run_backend(spec)]
     # Semi-auto computes the loss over the global batch, so its gradients are already means.
     parallel = {"parallel_mode": mode, "device_num": c.devices,
                 "gradients_mean": mode == "data_parallel",
+                "enable_parallel_optimizer": False,  # strategy.ckpt lays out whole optimizer states
                 "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}}}
     if mode == "semi_auto_parallel":
-        parallel.update(pipeline_stages=c.pp, full_batch=True,
-                        strategy_ckpt_config={"load_file": "strategy.ckpt",
-                                              "only_trainable_params": False})
+        parallel.update(pipeline_stages=c.pp, full_batch=True)
     doc = {
         "study": trial["study"],
         "trial": trial["number"],
         "knobs": {name: {"value": value, "mindspore": KNOBS[name].mindspore}
                   for name, value in c.as_dict().items()},
-        "context": context,                      # mindspore.set_context(**context)
-        "auto_parallel_context": parallel,       # mindspore.set_auto_parallel_context(**…)
+        "device": {"device_target": DEVICE_TARGETS[run_backend(spec)]},
+        "context": {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE},
+    }
+    if c.jit_level != "pynative":
+        doc["jit_config"] = {"jit_level": c.jit_level}
+    doc.update({
+        "auto_parallel_context": parallel,
         "batch": {"global_batch_size": spec.train.global_batch_size,
                   "micro_batch_size": micro_batch_size(spec, c)},
         "gradient_accumulation": {"steps": c.grad_accum},
-        "loss_scale": {"DynamicLossScaleUpdateCell": _loss_scale(c)},
+        # null: float32 and bfloat16 runs are not loss-scaled
+        "loss_scale": {"DynamicLossScaleUpdateCell": loss_scale_cell(c)} if loss_scaled(spec) else None,
         "lr_schedule": {"schedule": "linear warmup, then cosine decay to 0",
                         "learning_rate": spec.train.learning_rate,
                         "warmup_steps": c.warmup_steps, "total_steps": spec.train.total_steps},
         "recompute": {"mode": c.recompute},
-    }
+    })
     if c.pp > 1:
         doc["pipeline"] = {"PipelineCell": {"micro_size": c.micro_batches}}
     return doc
-
-
-def mindformers_yaml(spec: Spec, c: Candidate) -> dict:
-    semi = parallel_mode(c) == "semi_auto_parallel"
-    parallel = {
-        "parallel_mode": 1 if semi else 0,  # MindFormers' integer codes: 0 data, 1 semi-auto
-        "gradients_mean": not semi,         # as launch.yaml
-        "full_batch": semi,
-        "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}},
-    }
-    if semi:
-        parallel["strategy_ckpt_load_file"] = "strategy.ckpt"
-    context = {"mode": 1} if c.jit_level == "pynative" else {
-        "mode": 0, "jit_config": {"jit_level": c.jit_level}}
-    context["device_target"] = DEVICE_TARGETS[run_backend(spec)]
-    return {
-        "parallel_config": {
-            "data_parallel": c.dp, "model_parallel": c.tp, "pipeline_stage": c.pp,
-            "micro_batch_num": c.micro_batches,
-            "vocab_emb_dp": c.tp == 1,  # tp > 1: vocab-parallel embedding, as strategy.ckpt has it
-            "gradient_aggregation_group": GRADIENT_AGGREGATION_GROUP,
-        },
-        "runner_config": {"batch_size": micro_batch_size(spec, c),
-                          "gradient_accumulation_steps": c.grad_accum},
-        "runner_wrapper": {"type": "MFTrainOneStepCell",
-                           "scale_sense": {"type": "DynamicLossScaleUpdateCell", **_loss_scale(c)}},
-        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": spec.train.learning_rate,
-                        "warmup_steps": c.warmup_steps, "total_steps": spec.train.total_steps},
-        "context": context,
-        "parallel": parallel,
-        "recompute_config": {"recompute": c.recompute == "full",
-                             "select_recompute": c.recompute == "selective"},
-    }
 
 
 def _finite(value):

@@ -1,11 +1,13 @@
 """write_export: one trial → an export folder (the files the README's "Export" lists).
 
 Contract: :func:`write_export` validates everything first — the trial record, the candidate's
-hard constraints, that every split dimension divides by tp and every stage gets layers, the output
-folder, and the checkpoint to reshard — and raises :class:`SpecError` listing the problems
-before anything is written. It then writes into a temporary sibling folder, checks the strategy
-file covers every parameter, and renames the folder into place, so a failure at any point leaves
-no half-written export. Returns the files of the finished folder, sorted.
+hard constraints, that every split dimension divides by tp and every stage gets layers, that
+MindSpore and MindFormers can run the exported configs (``configs.export_reasons``), the output
+folder, the MindFormers base config and the checkpoint to reshard — and raises
+:class:`SpecError` listing the problems before anything is written. It then writes into a
+temporary sibling folder, checks the strategy file covers every parameter, and renames the
+folder into place, so a failure at any point leaves no half-written export. Returns the files of
+the finished folder, sorted.
 """
 
 from __future__ import annotations
@@ -18,13 +20,12 @@ from pathlib import Path
 
 import yaml
 
-from autotune.export import configs
+from autotune.export import configs, mindformers
 from autotune.export.launch_sh import launch_script
 from autotune.layout import plan_layout, with_optimizer_states
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
-from autotune.knobs import KNOBS
 from autotune.space import Candidate, violations
 from autotune.spec import Spec, SpecError
 
@@ -47,15 +48,17 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise SpecError(f"--out {out_dir}: folder exists and is not empty")
 
 
-def _headers(study: str, number: int) -> tuple[str, str]:
-    launch = (f"# autotune export of study {json.dumps(study)}, trial {number}: every setting as the\n"
-              "# MindSpore call it becomes. context -> mindspore.set_context(**context);\n"
-              "# auto_parallel_context -> mindspore.set_auto_parallel_context(**...).\n"
-              "# Paths are relative to this folder.\n")
-    knob_lines = "".join(f"#   {name:<13} -> {knob.mindformers}\n" for name, knob in KNOBS.items())
-    mindformers = (f"# autotune export of study {json.dumps(study)}, trial {number}: MindFormers config\n"
-                   "# overlay; merge it over the model's own config. Knobs map to:\n" + knob_lines)
-    return launch, mindformers
+def _launch_header(study: str, number: int) -> str:
+    return (f"# autotune export of study {json.dumps(study)}, trial {number}: every setting as the\n"
+            "# MindSpore 2.10 call it becomes, each section that call's keyword arguments:\n"
+            "#   device                -> mindspore.set_device(**device)\n"
+            "#   context               -> mindspore.set_context(**context)  (mode 0 = GRAPH_MODE,\n"
+            "#                            1 = PYNATIVE_MODE)\n"
+            "#   jit_config            -> cell.set_jit_config(mindspore.JitConfig(**jit_config)) on the\n"
+            "#                            training cell (graph mode only)\n"
+            "#   auto_parallel_context -> mindspore.set_auto_parallel_context(**auto_parallel_context)\n"
+            "# loss_scale null: the dtype is not loss-scaled. strategy.ckpt is not a strategy to\n"
+            "# load: it describes the run's checkpoints for mindspore.parallel.transform_checkpoints.\n")
 
 
 def _yaml(document: dict) -> str:
@@ -63,13 +66,13 @@ def _yaml(document: dict) -> str:
 
 
 def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_config: dict,
-                     layouts: dict, extra: dict) -> None:
-    launch_header, mindformers_header = _headers(trial["study"], trial["number"])
+                     layouts: dict, extra: dict, mindformers_yaml: str) -> None:
     summary = configs.summary(spec, c, trial, layouts, extra)
     documents = {
         "train_config.json": json.dumps(run_config, indent=2),
-        "launch.yaml": launch_header + _yaml(configs.launch_yaml(spec, c, trial)),
-        "mindformers.yaml": mindformers_header + _yaml(configs.mindformers_yaml(spec, c)),
+        "launch.yaml": _launch_header(trial["study"], trial["number"])
+                       + _yaml(configs.launch_yaml(spec, c, trial)),
+        "mindformers.yaml": mindformers_yaml,
         "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
     }
     for name, text in documents.items():
@@ -91,12 +94,15 @@ def _move_into_place(staged: Path, out_dir: Path) -> None:
 
 
 def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | os.PathLike,
-                 reshard_from: str | None = None, overwrite: bool = False) -> list[Path]:
+                 reshard_from: str | None = None, overwrite: bool = False,
+                 mindformers_base: str | None = None) -> list[Path]:
     """Write the export folder for ``candidate`` (the knobs of ``trial``) to ``out_dir``.
 
     ``trial`` is ``{"number": int, "study": str, "metrics": dict, "estimate": dict | None}``.
     ``reshard_from``: a full checkpoint to split into ``out_dir/checkpoint/rank_<r>/``.
     ``overwrite``: replace a non-empty ``out_dir`` (otherwise that is an error).
+    ``mindformers_base``: the model's MindFormers config; mindformers.yaml is then that config
+    with the tuned settings merged in (else an overlay to merge over it).
     """
     _check_trial(trial)
     out_dir = Path(out_dir).resolve()
@@ -104,12 +110,13 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
     c = candidate
     run_config = configs.train_config(spec, c, trial)
     layouts, reasons = plan_layout(model_parameters(spec, run_config), c.tp, c.pp, tp_rules(spec))
-    reasons += violations(spec, c)
+    reasons += violations(spec, c) + configs.export_reasons(spec, c)
     if reasons:
         shown = "; ".join(reasons[:_SHOWN_REASONS])
         more = f" (and {len(reasons) - _SHOWN_REASONS} more)" if len(reasons) > _SHOWN_REASONS else ""
         raise SpecError(f"cannot export trial {trial['number']} of {trial['study']}: {shown}{more}")
     plan = plan_reshard(reshard_from, layouts) if reshard_from else None
+    mindformers_yaml, changes = mindformers.document(spec, c, trial, mindformers_base)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -120,7 +127,9 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
         write_strategies(saved, c.dp, c.tp, c.pp, staged)
         check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}
-        _write_documents(staged, spec, c, trial, run_config, layouts, extra)
+        if mindformers_base:
+            extra["mindformers"] = {"base": str(Path(mindformers_base).resolve()), "changes": changes}
+        _write_documents(staged, spec, c, trial, run_config, layouts, extra, mindformers_yaml)
         if plan:
             reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)
         _move_into_place(staged, out_dir)
