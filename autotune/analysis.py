@@ -28,14 +28,15 @@ def resolve_storage(storage: str | None) -> str:
 
 def load_study(name: str, storage: str | None = None) -> optuna.Study:
     """Load an existing study; SpecError naming it when there is no such study."""
-    storage = resolve_storage(storage)
-    if storage.startswith("sqlite:///") and not os.path.exists(storage.removeprefix("sqlite:///")):
-        raise SpecError(f"{storage}: no such storage file")
+    from autotune.study import open_storage
+
+    url = resolve_storage(storage)
+    storage = open_storage(url)
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         names = optuna.get_all_study_names(storage)
-        raise SpecError(f"study {name!r} not found in {storage} "
+        raise SpecError(f"study {name!r} not found in {url} "
                         f"(studies: {', '.join(names) or 'none'})") from None
 
 

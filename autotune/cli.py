@@ -104,11 +104,9 @@ def cmd_studies(args) -> int:
     import optuna
 
     from autotune.analysis import resolve_storage
+    from autotune.study import open_storage
 
-    storage = resolve_storage(args.storage)
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
-        raise SpecError(f"{storage}: no such storage file")
-    for summary in optuna.get_all_study_summaries(storage):
+    for summary in optuna.get_all_study_summaries(open_storage(resolve_storage(args.storage))):
         print(f"{summary.study_name}\t{summary.n_trials} trials")
     return 0
 

@@ -61,20 +61,19 @@ def free_port() -> int:
 
 def command(config_path: Path, workers: int, log_dir: Path, port: int,
             bind_cores: bool = False) -> list[str]:
-    """The argument list that runs the trial program with ``workers`` ranks. ``bind_cores``
-    pins each msrun worker to its own cores: measured on the 2-core CPU, unpinned dp = 2 step
-    times jump between ~46 and ~75 ms from run to run; pinned they stay within 44–47 ms.
-    ``--tail_worker_log`` names no rank: msrun would otherwise copy each worker's log into its
-    own through a ``tail -f`` per worker, processes that outlive a killed msrun forever."""
+    """The argument list that runs the trial program with ``workers`` ranks, under msrun
+    (`autotune.msrun`, the builder exported launch scripts use too) when there are several.
+    ``bind_cores`` pins each msrun worker to its own cores: measured on the 2-core CPU, unpinned
+    dp = 2 step times jump between ~46 and ~75 ms from run to run; pinned they stay within
+    44–47 ms."""
+    from autotune.msrun import msrun_args
     from autotune.train import PROGRAM_PATH
 
     if workers == 1:
         return [sys.executable, str(PROGRAM_PATH), str(config_path)]
     msrun = Path(sys.executable).with_name("msrun")
-    return [str(msrun), f"--worker_num={workers}", f"--local_worker_num={workers}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", f"--log_dir={log_dir}",
-            "--join=True", "--cluster_time_out=120", f"--tail_worker_log={workers}",
-            *(["--bind_core=True"] if bind_cores else []),
+    return [str(msrun), *msrun_args(workers, workers, master_port=port, log_dir=str(log_dir),
+                                    bind_core=bind_cores),
             str(PROGRAM_PATH), str(config_path)]
 
 

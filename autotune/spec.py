@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -121,6 +122,8 @@ class _Section:
         value = self.data[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if kind is float and isinstance(value, float) and not math.isfinite(value):
+            self.fail(key, f"must be a finite number, got {value}")
         if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
@@ -154,7 +157,30 @@ def load_yaml(path: Path) -> dict:
         raise SpecError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: must be a YAML mapping")
+    duplicate = _duplicate_key(text)
+    if duplicate:
+        raise SpecError(f"{path}: line {duplicate[1]}: {duplicate[0]!r} is given twice in one "
+                        "mapping (YAML would silently keep the last)")
     return data
+
+
+def _duplicate_key(text: str) -> tuple[str, int] | None:
+    """The first key given twice in one mapping, with its line: safe_load keeps the last one
+    without a word. Composing builds nodes only, never Python objects."""
+    stack = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        return key.value, key.start_mark.line + 1
+                    seen.add(key.value)
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
 
 
 def load_spec(path: str | Path, overrides: dict | None = None) -> Spec:

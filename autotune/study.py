@@ -2,6 +2,8 @@
 what a dead driver left behind, and put a candidate back in the queue.
 
 Contract:
+- :func:`open_storage` opens Optuna's storage for a URL, or raises SpecError naming it (a URL
+  SQLAlchemy cannot parse, a database driver not installed, a file that is not a database).
 - :func:`open_study` creates the study (storing the spec, objectives, backend and the study's
   :func:`fingerprint`), or loads it with ``resume``; it refuses to reuse a name without
   ``resume`` and refuses a resume whose fingerprint differs, naming what changed (SpecError).
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune import records
 from autotune.spec import Spec, SpecError
@@ -42,13 +45,30 @@ def fingerprint(spec: Spec, space) -> dict:
     return json.loads(json.dumps(parts, default=str))  # what storage gives back
 
 
+def open_storage(url: str, create: bool = False) -> optuna.storages.BaseStorage:
+    """The storage at ``url``. A sqlite file must exist unless ``create`` (then its folder is
+    made); anything Optuna cannot open is a SpecError naming the URL, not a traceback."""
+    if url.startswith("sqlite:///"):
+        file = Path(url.removeprefix("sqlite:///"))
+        if create:  # the first study creates trials/ (or its folder)
+            file.parent.mkdir(parents=True, exist_ok=True)
+        elif not file.exists():
+            raise SpecError(f"{url}: no such storage file")
+    try:
+        return optuna.storages.get_storage(url)
+    except (ImportError, ValueError, RuntimeError, OSError, SQLAlchemyError) as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise SpecError(f"--storage: cannot open {url}: {reason}") from None
+
+
 def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, sampler,
                pruner=None) -> optuna.Study:
     """Create the study, or load it when resuming (see the module doc)."""
     directions = records.directions(spec.search.objectives)
-    exists = study_name in optuna.get_all_study_names(storage) if _storage_exists(storage) else False
+    url, storage = storage, open_storage(storage, create=True)
+    exists = study_name in optuna.get_all_study_names(storage)
     if exists and not resume:
-        raise SpecError(f"--study: study {study_name!r} already exists in {storage}; "
+        raise SpecError(f"--study: study {study_name!r} already exists in {url}; "
                         "pass --resume to continue it or choose another name")
     mine = fingerprint(spec, space)
     if exists:
@@ -58,8 +78,6 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
             raise SpecError(f"--resume: {study_name!r} was run with other {', '.join(changed)} "
                             f"({spec.source} changed since); resume it with the file it was "
                             "created with, or start a new study")
-    if storage.startswith("sqlite:///"):  # the first study creates trials/ (or its folder)
-        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
                                 directions=directions, load_if_exists=True, pruner=pruner)
     if exists and [d.name.lower() for d in study.directions] != directions:
@@ -71,12 +89,6 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
         study.set_user_attr("backend", spec.cluster.backend)
         study.set_user_attr("fingerprint", mine)
     return study
-
-
-def _storage_exists(storage: str) -> bool:
-    if storage.startswith("sqlite:///"):
-        return Path(storage.removeprefix("sqlite:///")).exists()
-    return True
 
 
 def requeue(study: optuna.Study, params: dict, user_attrs: dict | None = None) -> None:

@@ -58,6 +58,8 @@ def run_cli(tmp_path, capsys, *argv):
     ("model: {entry: 'missing_file.py:build'}", "model.entry"),
     ("model: {entry: 'no_such_module_xyz:build'}", "model.entry"),
     ("color: blue", "color"),
+    ("train: {global_batch_size: 8, learning_rate: .inf}", "train.learning_rate: must be a finite number"),
+    ("cluster: {backend: cpu, devices: 2, device_memory_gb: .nan}", "cluster.device_memory_gb"),
     ("model: {family: transformer, num_layers: 2, hidden_size: 30, num_heads: 4, seq_length: 16,"
      " vocab_size: 64}", "model.hidden_size: 30 is not a multiple of model.num_heads = 4"),
     # MindSpore 2.10 has no bfloat16 MatMul on CPU (test_train_program measures it)
@@ -83,6 +85,33 @@ def test_a_file_that_is_not_yaml_text_exits_2(tmp_path, capsys, content):
     path.write_bytes(content)
     code, err = run_cli(tmp_path, capsys, "search", str(path))
     assert code == 2 and str(path) in err and "Traceback" not in err
+
+
+def test_a_key_given_twice_exits_2_naming_it_and_its_line(tmp_path, capsys):
+    # YAML itself keeps the last silently: the user's first value would be dropped unseen
+    path = write(tmp_path, GOOD.replace("train: {global_batch_size: 8}",
+                                        "train:\n  global_batch_size: 8\n  global_batch_size: 16"))
+    code, err = run_cli(tmp_path, capsys, "search", str(path))
+    assert code == 2 and "line 7: 'global_batch_size' is given twice" in err
+
+
+@pytest.mark.parametrize("storage, reason", [
+    ("{tmp}/plain.db", "Could not parse SQLAlchemy URL"),                 # a path, not a URL
+    ("sqlite:///{tmp}/garbage.db", "file is not a database"),
+    ("mysql://nobody@127.0.0.1:1/x", "Failed to import DB access module"),  # no driver here
+], ids=["plain-path", "not-a-database", "no-driver"])
+@pytest.mark.parametrize("verb", ["search", "export", "studies"])
+def test_a_storage_optuna_cannot_open_exits_2_naming_it(tmp_path, capsys, storage, reason, verb):
+    (tmp_path / "garbage.db").write_bytes(bytes(range(256)) * 8)
+    storage = storage.format(tmp=tmp_path)
+    argv = {"search": ["search", str(tmp_path / "model.yaml")],
+            "export": ["export", "t", "--out", str(tmp_path / "ex")], "studies": ["studies"]}[verb]
+    if verb == "search":
+        write(tmp_path, GOOD)
+    assert main([*argv, "--storage", storage]) == 2
+    err = capsys.readouterr().err
+    assert f"--storage: cannot open {storage}: " in err and reason in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["garbage.db"] + (["model.yaml"] if verb == "search" else []))
 
 
 def test_bad_tp_rule_names_the_rule(tmp_path):
