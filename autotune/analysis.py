@@ -2,8 +2,14 @@
 
 Contract: :func:`trials_frame` returns one row per trial with plain columns: ``study``,
 ``number``, ``state``, ``outcome``, every knob, every metric, ``value_<objective>`` per
-objective, ``baseline``, the timing columns, ``repeat_of`` and ``detail``. :func:`compare` stacks several studies and
-:func:`summary` gives one row per study (best trial, its knobs and metrics, outcome counts).
+objective, ``baseline``, the timing columns, ``repeat_of``, ``retry_of``, ``confirm_of``,
+``infrastructure``, ``detail`` and ``verdict`` (the bottleneck diagnosis of an ``ok`` trial,
+`autotune.diagnosis`). :func:`compare` stacks several studies and :func:`summary` gives one
+column per study: trial counts by outcome, the best trial (ranked among the trials the search
+ran: no repeat, no confirm re-run), its first objective, the confirmed mean where the confirm
+phase ran, ``trials_to_3pct`` (trials run, in order, until the first ``ok`` one within 3% of
+the best), ``device_hours`` (every trial's run time × its devices) and the best trial's knobs
+and metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import os
 import optuna
 import pandas as pd
 
-from autotune import records
+from autotune import confirm, diagnosis, records
 from autotune.knobs import KNOB_NAMES
 from autotune.spec import SpecError
 
@@ -57,12 +63,15 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
             row[f"value_{name}"] = value
         row["repeat_of"] = t.user_attrs.get("repeat_of")
         row["retry_of"] = t.user_attrs.get("retry_of")  # ran again after an infrastructure failure
+        row["confirm_of"] = t.user_attrs.get("confirm_of")
         row["infrastructure"] = records.is_infrastructure(t)
         row["detail"] = t.user_attrs.get("detail", "")
+        found = diagnosis.of_trial(t, records.knobs_of(t), study.user_attrs)
+        row["verdict"] = found["verdict"] if found else ""
         rows.append(row)
     columns = (["study", "number", "state", "outcome", "baseline", *KNOB_NAMES, *records.METRICS,
                 *(f"value_{o}" for o in objectives), *TIMING, "repeat_of", "retry_of",
-                "infrastructure", "detail"])
+                "confirm_of", "infrastructure", "detail", "verdict"])
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -72,22 +81,49 @@ def compare(studies, storage: str | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+WITHIN = 0.03  # "trials to reach within 3% of the best"
+
+
 def summary(studies, storage: str | None = None) -> pd.DataFrame:
-    """One row per study: trial counts by outcome, then the best ok trial's knobs and metrics."""
+    """One column per study (see the module doc); rows are the fields."""
     rows = []
     for name in studies:
-        frame = trials_frame(name, storage)
-        value_cols = [c for c in frame.columns if c.startswith("value_")]
         study = load_study(name, storage) if isinstance(name, str) else name
+        frame = trials_frame(study)
         maximize = study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
-        ok = frame[frame["outcome"] == "ok"]
-        row = {"study": study.study_name, "trials": len(frame), "ok": len(ok)}
+        ran = frame[frame["repeat_of"].isna() & frame["confirm_of"].isna()
+                    & (frame["state"] != "RUNNING")].sort_values("number")
+        ok = ran[ran["outcome"] == "ok"]
+        row = {"study": study.study_name, "trials": len(frame), "ok": int((frame["outcome"] == "ok").sum())}
         for outcome in records.OUTCOMES[1:]:
             row[outcome] = int((frame["outcome"] == outcome).sum())
+        devices = frame["dp"] * frame["tp"] * frame["pp"]
+        row["device_hours"] = float((frame["run_s"].astype(float).fillna(0) * devices).sum() / 3600)
+        first = next(c for c in frame.columns if c.startswith("value_"))
         if len(ok):
-            best = ok.sort_values(value_cols[0], ascending=not maximize).iloc[0]
+            best = ok.sort_values(first, ascending=not maximize).iloc[0]
             row["best_trial"] = int(best["number"])
+            row[f"best_{first[len('value_'):]}"] = best[first]
+            confirmed = confirm.best_confirmed(study)
+            if confirmed is not None:
+                row["confirmed_trial"] = confirmed.number
+                row["confirmed_mean"], row["confirmed_sd"] = confirmed.mean, confirmed.std
+            row["trials_to_3pct"] = _trials_to_reach(ran, first, best[first], maximize)
+            row["noise_floor"] = study.user_attrs.get("noise_floor")
             row.update({k: best[k] for k in KNOB_NAMES})
-            row.update({m: best[m] for m in records.METRICS})
+            # not the metric ``diverged``: the row of that name counts diverged trials
+            row.update({m: best[m] for m in records.METRICS if m != "diverged"})
         rows.append(row)
-    return pd.DataFrame(rows).set_index("study").T
+    frame = pd.DataFrame(rows).set_index("study")
+    best_trial = [*KNOB_NAMES, *(m for m in records.METRICS if m != "diverged")]
+    fields = [c for c in frame.columns if c not in best_trial]  # counts and summary first
+    return frame[fields + [c for c in frame.columns if c in best_trial]].T
+
+
+def _trials_to_reach(ran: pd.DataFrame, column: str, best: float, maximize: bool) -> int:
+    """How many of the trials run (in order) it took to get within :data:`WITHIN` of ``best``."""
+    target = best * (1 - WITHIN) if maximize else best * (1 + WITHIN)
+    if best < 0:  # "within 3%" of a negative value is the other way round
+        target = best * (1 + WITHIN) if maximize else best * (1 - WITHIN)
+    close = ran[ran[column] >= target] if maximize else ran[ran[column] <= target]
+    return int((ran["number"] <= close["number"].iloc[0]).sum())

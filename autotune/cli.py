@@ -1,4 +1,4 @@
-"""The ``autotune`` command: search, estimate, export, compare, validate, studies.
+"""The ``autotune`` command: search, estimate, export, compare, show, validate, studies.
 
 Contract: bad input (a model.yaml field, a flag, a study name) prints ``error: …`` naming the
 field or file and exits 2 with nothing written; Ctrl-C during a search exits 130 after the
@@ -116,12 +116,39 @@ def cmd_compare(args) -> int:
 
     from autotune.analysis import compare, summary
 
-    if args.csv:
+    table = summary(args.studies, args.storage)  # first: an unknown study writes no file
+    if args.csv or args.parquet:
         frame = compare(args.studies, args.storage)
-        frame.to_csv(args.csv, index=False)
-        print(f"wrote {len(frame)} trials to {args.csv}")
+        if args.parquet:
+            try:
+                frame.to_parquet(args.parquet, index=False)
+            except ImportError:
+                raise SpecError("--parquet needs a Parquet engine: pip install pyarrow") from None
+        else:
+            frame.to_csv(args.csv, index=False)
+        print(f"wrote {len(frame)} trials to {args.parquet or args.csv}")
     with pd.option_context("display.max_rows", None, "display.width", 200):
-        print(summary(args.studies, args.storage).to_string())
+        print(table.to_string())
+    return 0
+
+
+def cmd_show(args) -> int:
+    from rich.console import Console
+
+    from autotune.show import show_study, show_trial
+    from autotune.studyview import view
+
+    v = view(args.study, args.storage)
+    terminal = Console()
+    # a terminal wraps at its width; a pipe or a log gets whole rows
+    console = Console(highlight=False, width=None if terminal.is_terminal else 200)
+    if args.trial is None:
+        show_study(v, console)
+        return 0
+    trial = next((t for t in v.trials if t.number == args.trial), None)
+    if trial is None:
+        raise SpecError(f"--trial {args.trial}: study {args.study!r} has no such trial")
+    show_trial(v, trial, console)
     return 0
 
 
@@ -223,8 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
     comp = verbs.add_parser("compare", help="compare studies side by side (pandas)")
     comp.add_argument("studies", nargs="+")
     comp.add_argument("--storage")
-    comp.add_argument("--csv", help="also write every trial of the studies to this CSV file")
+    written = comp.add_mutually_exclusive_group()
+    written.add_argument("--csv", help="also write every trial of the studies to this CSV file")
+    written.add_argument("--parquet", help="… or to this Parquet file (needs pyarrow)")
     comp.set_defaults(run=cmd_compare)
+
+    show = verbs.add_parser("show", help="a study at a glance, or one trial's diagnosis")
+    show.add_argument("study")
+    show.add_argument("--trial", type=int, help="one trial: its step split into parts, verdict")
+    show.add_argument("--storage")
+    show.set_defaults(run=cmd_show)
     return parser
 
 

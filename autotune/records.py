@@ -9,7 +9,8 @@ knobs that were not sampled (under their knob names). Only ``ok`` trials get obj
 learns to avoid its region; an error or interruption is FAIL. An error that was not the
 candidate's own (`autotune.runner`) also has ``infrastructure: true``; a trial that runs a
 candidate again after such a failure has ``retry_of`` = the failed trial's number
-(`autotune.failures`).
+(`autotune.failures`). An ``ok`` trial with an estimate also keeps its ``diagnosis``
+(`autotune.diagnosis`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import optuna
 from optuna.trial import TrialState
 
+from autotune import diagnosis
 from autotune.spec import OBJECTIVES
 
 METRICS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps",
@@ -76,6 +78,10 @@ def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
            metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> None:
     """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended."""
     state, values, attrs = settle(objectives, outcome, metrics, detail, extra)
+    if state == TrialState.COMPLETE:  # why it is as fast as it is, kept beside what it measured
+        found = diagnosis.from_attrs(attrs, knobs_of(trial), study.user_attrs)
+        if found:
+            attrs["diagnosis"] = found
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     study.tell(trial, values, state=state)

@@ -1,0 +1,135 @@
+"""Seeing a study: the bottleneck diagnosis, `autotune show`, `compare`'s per-study summary and
+(`autotune report` follows)."""
+
+import importlib.util
+import sys
+import textwrap
+
+import optuna
+import pandas as pd
+import pytest
+
+import autotune
+from autotune import diagnosis
+from autotune.cli import main
+
+DIAG = """
+study: diag
+model: {family: transformer, num_layers: 16, hidden_size: 2048, num_heads: 16, seq_length: 1024,
+        vocab_size: 32000, dtype: bfloat16}
+train: {global_batch_size: 512}
+cluster: {backend: simulate, devices: 64, devices_per_node: 8, device: a100-80g}
+search: {n_trials: 1, seed: 0}
+"""
+
+SIMULATE = """
+study: sim
+model: {family: transformer, num_layers: 8, hidden_size: 1024, num_heads: 16, seq_length: 1024,
+        vocab_size: 32000, dtype: bfloat16}
+train: {global_batch_size: 64}
+cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g}
+search:
+  space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
+          grad_accum: [1, 2], loss_scale: 65536, warmup_steps: 0, jit_level: O1,
+          recompute: [none, full]}
+  n_trials: 10
+  objectives: [goodput, peak_memory]
+  seed: 0
+"""
+
+NON_COMPUTE = ("recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "host")
+
+
+def write(tmp_path, text, name="model.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def ok_numbers(study, storage) -> list[int]:
+    """The ok trials the search ran, as `trials_frame` sees them (the report's per-trial points)."""
+    frame = autotune.trials_frame(study, storage)
+    ran = frame[(frame["outcome"] == "ok") & frame["repeat_of"].isna() & frame["confirm_of"].isna()]
+    return sorted(int(n) for n in ran["number"])
+
+
+@pytest.mark.parametrize("name, knobs, part", [
+    ("bubble", ["dp=8", "tp=1", "pp=8", "micro_batches=8", "recompute=none"], "bubble"),
+    ("allreduce", ["dp=64", "tp=1", "pp=1", "fusion_mb=1", "grad_accum=1", "recompute=none"],
+     "dp_comm"),
+])
+def test_show_names_the_largest_non_compute_part(tmp_path, capsys, name, knobs, part):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    sets = [arg for knob in knobs for arg in ("--set", knob)]
+    assert main(["search", write(tmp_path, DIAG), "--storage", storage, "--study", name,
+                 "--trials", "1", *sets]) == 0
+    capsys.readouterr()
+    assert main(["show", name, "--storage", storage, "--trial", "0"]) == 0
+    out = capsys.readouterr().out
+    trial = optuna.load_study(study_name=name, storage=storage).trials[0]
+    times = trial.user_attrs["estimate"]["breakdown"]["time_s"]
+    largest = max(NON_COMPUTE, key=times.get)  # from the cost model's own breakdown
+    assert largest == part
+    stored = trial.user_attrs["diagnosis"]  # written when the trial was recorded
+    assert stored["largest"] == part
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert verdict.split(":", 1)[1].strip().startswith(diagnosis.PARTS[part]), verdict
+    assert f"{stored['shares'][part]:.0%}" in verdict
+    # a trial recorded before diagnoses were stored gets the same one, computed on read
+    older = {k: v for k, v in trial.user_attrs.items() if k != "diagnosis"}
+    frozen = optuna.trial.create_trial(state=trial.state, values=trial.values,
+                                       params=trial.params, distributions=trial.distributions,
+                                       user_attrs=older)
+    study_attrs = optuna.load_study(study_name=name, storage=storage).user_attrs
+    assert diagnosis.of_trial(frozen, autotune.records.knobs_of(trial), study_attrs) == stored
+    assert main(["show", name, "--storage", storage]) == 0
+    assert stored["verdict"] in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_verdict_puts_measured_alarms_first():
+    breakdown = {"compute": 0.5, "bubble": 0.3, "host": 0.2}
+    found = diagnosis.diagnose(breakdown, {"step_time_ms": 2000.0, "overflow_rate": 0.25,
+                                           "peak_memory_mb": 7800.0}, {"pp": 2}, 8.0)
+    assert found["parts_ms"]["bubble"] == pytest.approx(600.0)  # 30% of the measured 2 s
+    assert found["verdict"].startswith("peak memory 95% of the budget")
+    assert "overflows 25%" in found["verdict"] and "bubble 30%" in found["verdict"]
+    assert diagnosis.diagnose(breakdown, {}) is None  # nothing measured to scale by
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sim")
+    storage = f"sqlite:///{folder}/s.db"
+    path = write(folder, SIMULATE)
+    assert main(["search", path, "--storage", storage]) == 0
+    assert main(["search", path, "--storage", storage, "--study", "sim2", "--sampler", "random",
+                 "--seed", "3"]) == 0
+    return folder, storage
+
+
+def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
+    folder, storage = simulated
+    capsys.readouterr()
+    parquet = tmp_path / "all.parquet"
+    code = main(["compare", "sim", "sim2", "--storage", storage, "--parquet", str(parquet)])
+    out, err = capsys.readouterr()
+    if importlib.util.find_spec("pyarrow") or importlib.util.find_spec("fastparquet"):
+        assert code == 0
+        assert set(pd.read_parquet(parquet)["study"]) == {"sim", "sim2"}
+    else:  # pandas has no Parquet engine here (make install leaves pyarrow out)
+        assert code == 2 and "pip install pyarrow" in err and not parquet.exists()
+        assert main(["compare", "sim", "sim2", "--storage", storage]) == 0
+        out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    for field in ("best_trial", "best_goodput", "trials_to_3pct", "ok", "infeasible",
+                  "device_hours"):
+        assert len(rows[field]) == 2, field
+    assert rows["device_hours"] == ["0.0", "0.0"]  # nothing ran on a simulated pool
+    frame = autotune.trials_frame("sim", storage).set_index("number")
+    summary = autotune.analysis.summary(["sim"], storage)["sim"]
+    values = frame.loc[ok_numbers("sim", storage), "value_goodput"]
+    best = values.max()
+    assert summary["best_goodput"] == best and summary["best_trial"] == values.idxmax()
+    ran = [n for n in frame.index if pd.isna(frame.loc[n, "repeat_of"])]
+    reached = next(n for n in ran if frame.loc[n, "value_goodput"] >= 0.97 * best)
+    assert summary["trials_to_3pct"] == ran.index(reached) + 1
