@@ -49,6 +49,7 @@ def cmd_search(args) -> int:
         raise SpecError("--confirm K needs K ≥ 0 and --confirm-runs R needs R ≥ 1")
     spec, space = _load(args)
     from autotune.analysis import resolve_storage
+    from autotune.dispatch import ClusterLost
     from autotune.progress import Progress
     from autotune.search import run_search
 
@@ -64,6 +65,10 @@ def cmd_search(args) -> int:
         print(f"\ninterrupted: running trials recorded as interrupted; continue with "
               f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
         return 130
+    except ClusterLost as exc:
+        print(f"error: {exc}: running trials recorded as interrupted; continue with "
+              f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -6,7 +6,10 @@ search loop submits, and collects :class:`Finished` records with :meth:`Dispatch
 A trial Ray could not finish — the worker running it died, its result was lost, any error of
 Ray or of the runner itself — comes back as an ``error`` with ``infrastructure`` set: not the
 candidate's fault. Ray does not retry tasks itself (``max_retries=0``): the search loop does,
-once, as a trial of its own (`autotune.failures`).
+once, as a trial of its own (`autotune.failures`). When the driver's own connection to the
+cluster is gone (the local raylet died), no trial can run any more: :meth:`Dispatcher.wait`
+raises :class:`ClusterLost` instead, and :meth:`Dispatcher.cancel_all` then names every trial
+that was running, so the search loop records them as interrupted and a resume reruns them.
 An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close. If the
 driver dies instead (SIGKILL included), nothing of the study outlives it by more than a few
 seconds: Ray ends its raylet and GCS with the driver, a running trial's processes die with the
@@ -25,6 +28,10 @@ from pathlib import Path
 
 from autotune.processes import Guard
 from autotune.runner import TrialResult, run_trial
+
+
+class ClusterLost(RuntimeError):
+    """The driver lost its Ray cluster (the local raylet died): nothing more can run."""
 
 
 @dataclass
@@ -56,6 +63,7 @@ class Dispatcher:
     def __init__(self, backend: str, pool_devices: int, address: str | None = None):
         self.backend, self.pool_devices, self.address = backend, pool_devices, address
         self._pending: dict = {}   # ObjectRef → (number, submitted_at)
+        self._lost: list[int] = []  # trials running when the cluster went away
         self._temp_dir: str | None = None
         self._guard: Guard | None = None
 
@@ -126,6 +134,10 @@ class Dispatcher:
             now = time.time()
             try:
                 started, result = self._ray.get(ref)
+            except self._ray.exceptions.LocalRayletDiedError as exc:
+                self._lost.append(number)
+                raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
             except Exception as exc:  # Ray lost the task: its worker or node died, ...
                 started = submitted
                 result = TrialResult("error", detail=f"infrastructure: Ray: {type(exc).__name__}: "
@@ -140,12 +152,16 @@ class Dispatcher:
         del self._pending[ref]
 
     def cancel_all(self) -> list[int]:
-        """Cancel every running trial (their process groups are killed); return their numbers."""
-        numbers = []
-        for ref, (number, _) in list(self._pending.items()):
-            self._ray.cancel(ref, force=False)
-            numbers.append(number)
-        if self._pending:
-            self._ray.wait(list(self._pending), num_returns=len(self._pending), timeout=15)
+        """Cancel every running trial (their process groups are killed); return their numbers,
+        those lost with the cluster (`ClusterLost`) included."""
+        numbers = self._lost + [number for number, _ in self._pending.values()]
+        try:
+            for ref in self._pending:
+                self._ray.cancel(ref, force=False)
+            if self._pending:
+                self._ray.wait(list(self._pending), num_returns=len(self._pending), timeout=15)
+        except Exception:  # noqa: BLE001  (a cluster that is gone cancels nothing: the
+            pass           # trials' processes died with their raylet's workers)
         self._pending.clear()
+        self._lost = []
         return numbers

@@ -200,3 +200,44 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_study(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_a_lost_ray_cluster_stops_the_study_with_nothing_lost(tmp_path):
+    """The driver's local raylet dies during trial 0. That trial's result still reaches the
+    driver (a worker reports to its owner directly), but nothing more can run: the next trial
+    is recorded as interrupted and queued again, and the study stops at once (exit 1, saying how
+    to resume) — rather than burning every remaining candidate as an error against a dead
+    cluster (measured before: 8 trials and their retries, 14 errors, in 91 s)."""
+    import optuna
+
+    study = f"lost-{os.getpid()}"
+    text = MODEL.format(study=study).replace("steps: 100000", "steps: 12").replace("n_trials: 1", "n_trials: 3")
+    (tmp_path / "model.yaml").write_text(textwrap.dedent(text))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    argv = [str(BIN / "autotune"), "search", "model.yaml", "--storage", storage,
+            "--artifacts", str(tmp_path / "art"), "--no-confirm"]
+    trial = tmp_path / "art" / study / "0"
+    with open(tmp_path / "driver.log", "w") as log:
+        driver = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not (trial / "steps.jsonl").exists():
+            assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the trial never started training"
+            time.sleep(0.2)
+        raylets = [pid for (pid, _), cmd in descendants(driver.pid).items()
+                   if cmd.split(" ")[0].endswith("/raylet")]
+        assert len(raylets) == 1, descendants(driver.pid)
+        os.kill(raylets[0], signal.SIGKILL)
+        assert driver.wait(timeout=120) == 1
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    out = (tmp_path / "driver.log").read_text()
+    assert "the Ray cluster is gone" in out and "--resume" in out, out[-3000:]
+    trials = optuna.load_study(study_name=study, storage=storage).trials
+    assert [t.user_attrs.get("outcome") for t in trials] == ["ok", "interrupted", None], out[-3000:]
+    assert trials[2].state == optuna.trial.TrialState.WAITING  # a resume runs it first
+    assert trials[2].system_attrs["fixed_params"] == trials[1].params  # Optuna's queue
