@@ -1,4 +1,4 @@
-"""The ``autotune`` command: search, estimate, export, compare, show, validate, studies.
+"""The ``autotune`` command: search, estimate, export, compare, report, show, validate, studies.
 
 Contract: bad input (a model.yaml field, a flag, a study name) prints ``error: …`` naming the
 field or file and exits 2 with nothing written; Ctrl-C during a search exits 130 after the
@@ -157,6 +157,14 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from autotune.report import write_report
+
+    index = write_report(args.studies, Path(args.out), args.storage, overwrite=args.force)
+    print(f"wrote {index}")
+    return 0
+
+
 def cmd_export(args) -> int:
     from autotune.analysis import load_study
     from autotune.export import write_export
@@ -265,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--trial", type=int, help="one trial: its step split into parts, verdict")
     show.add_argument("--storage")
     show.set_defaults(run=cmd_show)
+
+    report = verbs.add_parser("report", help="index.html with plots of one or more studies")
+    report.add_argument("studies", nargs="+")
+    report.add_argument("--out", required=True, help="folder to write (must be new or empty)")
+    report.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    report.add_argument("--storage")
+    report.set_defaults(run=cmd_report)
     return parser
 
 

@@ -22,6 +22,7 @@ Contract:
     compute says so and still names the largest other part.
 
   It returns None when there is no breakdown or no measured step time to scale it by.
+  :func:`fact_lines` words the facts for people.
 - :func:`from_attrs` is the same from what storage holds: a trial's user attrs (metrics and
   ``estimate``), its knobs and its study's user attrs (``model_yaml``, for the budget). The
   search stores its result as the user attr ``diagnosis`` of each ``ok`` trial
@@ -123,6 +124,24 @@ def diagnose(breakdown: dict | None, metrics: dict, knobs: dict | None = None,
     return {"step_time_ms": measured, "scale": scale,
             "parts_ms": parts_ms, "shares": shares, "largest": largest,
             "facts": facts, "verdict": "; ".join(alarms + [named])}
+
+
+def fact_lines(facts: dict) -> list[str]:
+    """The measured facts of a diagnosis, as sentences."""
+    lines = []
+    if "overflow_steps" in facts:
+        lines.append(f"overflowed steps (updates skipped): {facts['overflow_steps']:g}"
+                     + (f", {facts['backoff_steps']:g} of them the scaler's initial back-off"
+                        if "backoff_steps" in facts else "")
+                     + (f"; overflow rate after it {facts['overflow_rate']:.1%}"
+                        if "overflow_rate" in facts else ""))
+    if "underflow_share" in facts:
+        lines.append(f"gradients flushed to zero in float16: {facts['underflow_share']:.2%}")
+    if "peak_memory_mb" in facts:
+        budget = (f" of {facts['memory_budget_mb']:.0f} MB budget ({facts['memory_share']:.0%})"
+                  if "memory_budget_mb" in facts else "")
+        lines.append(f"peak memory per device: {facts['peak_memory_mb']:.0f} MB{budget}")
+    return lines
 
 
 @lru_cache(maxsize=32)

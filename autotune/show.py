@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune import records
-from autotune.diagnosis import PARTS
+from autotune.diagnosis import PARTS, fact_lines
 from autotune.knobs import KNOB_NAMES
 from autotune.progress import _fmt as fmt
 from autotune.studyview import StudyView
@@ -110,20 +110,6 @@ def show_trial(v: StudyView, trial, console: Console) -> None:
         table.add_row(label, f"{found['parts_ms'][part]:.4g}", f"{share:.1%}",
                       "█" * round(share * BAR), style="bold" if part == found["largest"] else None)
     console.print(table)
-    facts = found["facts"]
-    lines = []
-    if "overflow_steps" in facts:
-        lines.append(f"overflowed steps (updates skipped): {fmt(facts['overflow_steps'])}"
-                     + (f", {fmt(facts['backoff_steps'])} of them the scaler's initial back-off"
-                        if "backoff_steps" in facts else "")
-                     + (f"; overflow rate after it {facts['overflow_rate']:.1%}"
-                        if "overflow_rate" in facts else ""))
-    if "underflow_share" in facts:
-        lines.append(f"gradients flushed to zero in float16: {facts['underflow_share']:.2%}")
-    if "peak_memory_mb" in facts:
-        budget = (f" of {facts['memory_budget_mb']:.0f} MB budget ({facts['memory_share']:.0%})"
-                  if "memory_budget_mb" in facts else "")
-        lines.append(f"peak memory per device: {facts['peak_memory_mb']:.0f} MB{budget}")
-    for line in lines:
+    for line in fact_lines(found["facts"]):
         console.print(f"  {line}")
     console.print(f"[bold]verdict:[/bold] {found['verdict']}")

@@ -1,10 +1,13 @@
 """Seeing a study: the bottleneck diagnosis, `autotune show`, `compare`'s per-study summary and
-(`autotune report` follows)."""
+`autotune report` on real simulate studies and one real CPU study."""
 
 import importlib.util
+import json
+import re
 import sys
 import textwrap
 
+import matplotlib.image
 import optuna
 import pandas as pd
 import pytest
@@ -35,6 +38,22 @@ search:
   n_trials: 10
   objectives: [goodput, peak_memory]
   seed: 0
+"""
+
+# One worker, so a trial is one MindSpore process (no msrun): the cheapest real study there is.
+REAL_CPU = """
+study: cpu
+model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 2, seq_length: 16,
+        vocab_size: 64, dtype: float16}
+train: {global_batch_size: 8, learning_rate: 5.0e-3, total_steps: 200}
+cluster: {backend: cpu, devices: 1, devices_per_node: 1, device_memory_gb: 8}
+search:
+  space: {fusion_mb: 64, grad_accum: [1, 2], loss_scale: [1024, 65536], warmup_steps: 0,
+          jit_level: O1, recompute: [none, full]}
+  n_trials: 2
+  objectives: [goodput, final_loss]   # two objectives: never pruned, so both trials finish
+  seed: 1
+trial: {steps: 6, measure_after: 2, timeout_s: 240}
 """
 
 NON_COMPUTE = ("recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "host")
@@ -96,6 +115,44 @@ def test_verdict_puts_measured_alarms_first():
     assert diagnosis.diagnose(breakdown, {}) is None  # nothing measured to scale by
 
 
+def figure_traces(path) -> list[dict]:
+    """The data of the plotly figure a report's HTML page draws."""
+    text = path.read_text()
+    start = re.search(r'Plotly\.newPlot\(\s*"[^"]*",\s*', text)
+    return json.JSONDecoder().raw_decode(text, start.end())[0]
+
+
+def points(traces, mode="markers") -> int:
+    return sum(len(t.get("x") or ()) for t in traces if t.get("mode") == mode)
+
+
+def check_report(out, studies, storage, objective="goodput"):
+    """index.html links every figure; each per-trial figure holds one point per ok trial; no
+    PNG is blank."""
+    index = (out / "index.html").read_text()
+    pngs = sorted(out.glob("*.png"))
+    for png in pngs:
+        assert f"src='{png.name}'" in index and f"href='{png.stem}.html'" in index
+        assert (out / f"{png.stem}.html").exists()
+        pixels = matplotlib.image.imread(png)[..., :3]
+        ink = (pixels.min(axis=2) < 0.9).mean()  # share of pixels that are not near-white
+        assert ink > 0.02, f"{png.name} is blank ({ink:.1%} ink)"
+        assert len(set(map(tuple, pixels.reshape(-1, 3)[::97]))) > 8, f"{png.name}: flat image"
+    for study in studies:
+        numbers = ok_numbers(study, storage)
+        assert len(numbers) >= 2
+        traces = {f: figure_traces(out / f"{study}-{f}.html")
+                  for f in ("history", "parallel", "slice", "memory")}
+        history = next(t for t in traces["history"] if t.get("name") == objective)
+        assert sorted(history["x"]) == numbers
+        lines = [t for t in traces["parallel"] if t.get("mode") == "lines"]
+        assert len(lines) == len(numbers)  # one line per trial across the knobs
+        for axis in {t.get("xaxis") for t in traces["slice"]}:  # every knob's panel
+            assert points([t for t in traces["slice"] if t.get("xaxis") == axis]) == len(numbers)
+        assert points(traces["memory"]) == len(numbers)
+    return pngs
+
+
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sim")
@@ -105,6 +162,47 @@ def simulated(tmp_path_factory):
     assert main(["search", path, "--storage", storage, "--study", "sim2", "--sampler", "random",
                  "--seed", "3"]) == 0
     return folder, storage
+
+
+def test_report_of_simulated_studies(simulated, tmp_path, capsys):
+    folder, storage = simulated
+    out = tmp_path / "report"
+    assert main(["report", "sim", "sim2", "--storage", storage, "--out", str(out)]) == 0
+    pngs = check_report(out, ["sim", "sim2"], storage)
+    names = {p.stem for p in pngs}
+    assert {"sim-history", "sim-importances", "sim-parallel", "sim-slice", "sim-pareto",
+            "sim-memory", "sim-breakdown", "studies-history"} <= names
+    for study in ("sim", "sim2"):
+        pareto = figure_traces(out / f"{study}-pareto.html")
+        assert points(pareto) == len(ok_numbers(study, storage))
+    together = figure_traces(out / "studies-history.html")
+    assert [len(t["x"]) for t in together] == [len(ok_numbers(s, storage)) for s in ("sim", "sim2")]
+    index = (out / "index.html").read_text()
+    assert "Diagnosis of #" in index and "trials_to_3pct" in index
+    assert "a simulated trial is its estimate" in index  # why there is no estimate figure
+
+    # bad input: exit 2, a message naming it, nothing written
+    capsys.readouterr()
+    assert main(["report", "sim", "--storage", storage, "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    fresh = tmp_path / "fresh"
+    assert main(["report", "sim", "nope", "--storage", storage, "--out", str(fresh)]) == 2
+    assert "'nope' not found" in capsys.readouterr().err and not fresh.exists()
+    assert main(["report", "sim", "--storage", f"sqlite:///{tmp_path}/none.db", "--out",
+                 str(fresh)]) == 2
+    assert "no such storage file" in capsys.readouterr().err and not fresh.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_report_without_plotting_packages_names_the_install(simulated, tmp_path, capsys,
+                                                            monkeypatch):
+    folder, storage = simulated
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly fails
+    out = tmp_path / "report"
+    assert main(["report", "sim", "--storage", storage, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "needs plotly" in err and "pip install" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
@@ -133,3 +231,24 @@ def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
     ran = [n for n in frame.index if pd.isna(frame.loc[n, "repeat_of"])]
     reached = next(n for n in ran if frame.loc[n, "value_goodput"] >= 0.97 * best)
     assert summary["trials_to_3pct"] == ran.index(reached) + 1
+
+
+def test_report_and_show_of_a_real_cpu_study(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", write(tmp_path, REAL_CPU), "--storage", storage, "--no-confirm",
+                 "--artifacts", str(tmp_path / "trials")]) == 0
+    assert ok_numbers("cpu", storage) == [0, 1], autotune.trials_frame("cpu", storage)["detail"]
+    out = tmp_path / "report"
+    assert main(["report", "cpu", "--storage", storage, "--out", str(out)]) == 0
+    pngs = check_report(out, ["cpu"], storage)
+    assert len(pngs) >= 6
+    assert points(figure_traces(out / "cpu-pareto.html")) == 2
+    estimate = figure_traces(out / "cpu-estimate.html")  # both panels: one point per trial
+    assert [len(t["x"]) for t in estimate if t["mode"] == "markers"] == [2, 2]
+    capsys.readouterr()
+    assert main(["show", "cpu", "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert "baseline" in out and "largest non-compute part" in out
+    stored = optuna.load_study(study_name="cpu", storage=storage).trials[0].user_attrs
+    assert stored["diagnosis"]["facts"]["memory_budget_mb"] == 8 * 1024
+    assert stored["diagnosis"]["verdict"] in out.replace("\n", " ")
