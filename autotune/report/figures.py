@@ -19,10 +19,14 @@ from dataclasses import dataclass
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 import optuna.visualization as ov  # noqa: E402
 import optuna.visualization.matplotlib as om  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 # Optuna marks its matplotlib backend experimental; the report pins Optuna (pyproject.toml).
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -32,6 +36,9 @@ TOP = 5                  # candidates in the time-breakdown figure, besides the 
 COLOURS = {"compute": "#4c72b0", "recompute": "#8172b3", "tp_comm": "#dd8452",
            "pp_comm": "#937860", "bubble": "#c44e52", "dp_comm": "#55a868",
            "optimizer": "#da8bc3", "host": "#8c8c8c"}
+
+
+VISIBLE_BLUES = ListedColormap(plt.get_cmap("Blues")(np.linspace(0.3, 1.0, 256)))
 
 
 @dataclass
@@ -87,6 +94,10 @@ def _mpl(ax_or_axes, title: str, size=SIZE):
         for side in ("left", "right"):
             ax_or_axes.set_title("", loc=side)
         ax_or_axes.set_title(title, fontsize=13, pad=12)
+    for ax in fig.axes:  # Optuna's "Blues" draws the lowest value white: start it at pale blue
+        for artist in ax.collections:
+            if getattr(artist, "get_cmap", None) and artist.get_cmap().name == "Blues":
+                artist.set_cmap(VISIBLE_BLUES)
     fig.set_size_inches(*size)
     return fig
 
@@ -126,6 +137,7 @@ def history(v):
         caption += "; the diamond is the confirmed best's mean over its re-runs, with its sd"
     fig.update_layout(title=title, xaxis_title="trial number", yaxis_title=_label(v))
     ax.set_xlabel("trial number")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(_label(v))
     ax.legend(loc="best")
     return Figure("history", "Optimization history", caption + ".", fig, _mpl(ax, title))
