@@ -28,8 +28,6 @@ import plotly.graph_objects as go  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-# Optuna marks its matplotlib backend experimental; the report pins Optuna (pyproject.toml).
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" per figure
 SIZE = (10, 5.6)         # inches: 1000 × 560 px at the report's DPI
 TOP = 5                  # candidates in the time-breakdown figure, besides the baseline
@@ -79,6 +77,14 @@ def _view_study(v) -> optuna.Study:
     return study
 
 
+def _optuna_mpl(name: str, study, **kw):
+    """Optuna's matplotlib plot ``name``. Optuna marks that backend experimental; the version is
+    pinned (pyproject.toml), so its warning says nothing to a reader of the report."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return getattr(om, name)(study, **kw)
+
+
 def _target(v):
     return {"target": (lambda t: t.values[0]) if len(v.study.directions) > 1 else None,
             "target_name": v.objectives[0]}
@@ -120,7 +126,7 @@ def history(v):
     fig.data = tuple(tr for tr in fig.data if len(tr.x or ()))  # Optuna's empty "infeasible"
     xs, ys = _best_so_far(v)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name="best so far"))
-    ax = om.plot_optimization_history(study, **kw)
+    ax = _optuna_mpl("plot_optimization_history", study, **kw)
     for line in list(ax.lines):  # Optuna's own best line (one objective): ours replaces it
         line.remove()
     ax.step(xs, ys, where="post", color="#c44e52", label="best so far")
@@ -157,7 +163,7 @@ def importances(v):
         warnings.simplefilter("ignore", UserWarning)  # "… low `target` values": negated above
         try:
             fig = ov.plot_param_importances(study, **kw)
-            ax = om.plot_param_importances(study, **kw)
+            ax = _optuna_mpl("plot_param_importances", study, **kw)
         except (ValueError, RuntimeError) as exc:  # e.g. every trial has the same value
             return f"knob importances: {exc}"
     xlabel = "importance (PED-ANOVA; the knobs' importances sum to 1)"
@@ -177,7 +183,7 @@ def parallel(v):
     title = f"{v.name}: knobs of every ok trial"
     study, kw = _view_study(v), _target(v)
     fig = ov.plot_parallel_coordinate(study, **kw)
-    ax = om.plot_parallel_coordinate(study, **kw)
+    ax = _optuna_mpl("plot_parallel_coordinate", study, **kw)
     fig.update_layout(title=title)
     return Figure("parallel", "Knobs (parallel coordinates)",
                   f"One line per ok trial across the knobs that varied, coloured by "
@@ -190,7 +196,7 @@ def slice_(v):
     title = f"{v.name}: {v.objectives[0]} against each knob"
     study, kw = _view_study(v), _target(v)
     fig = ov.plot_slice(study, **kw)
-    axes = om.plot_slice(study, **kw)
+    axes = _optuna_mpl("plot_slice", study, **kw)
     for ax in getattr(axes, "flat", [axes]):
         ax.tick_params(axis="x", labelrotation=45)  # 1048576 next to 65536 overlaps flat
     fig.update_layout(title=title)
@@ -207,7 +213,7 @@ def pareto(v):
     study = _view_study(v)
     names = v.objectives[:3]
     fig = ov.plot_pareto_front(study, target_names=names)
-    ax = om.plot_pareto_front(study, target_names=names)
+    ax = _optuna_mpl("plot_pareto_front", study, target_names=names)
     fig.update_layout(title=title)
     return Figure("pareto", "Pareto front",
                   "Every ok trial by its objectives; the front is what no other trial beats on "
