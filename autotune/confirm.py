@@ -108,8 +108,9 @@ def noise_floor(confirmed: list[Confirmed]) -> float | None:
     return statistics.median(spreads) if spreads else None
 
 
-def best_confirmed(study: optuna.Study) -> Confirmed | None:
-    confirmed = summarize(study)
+def best_confirmed(study: optuna.Study, include_baseline: bool = True) -> Confirmed | None:
+    """The confirmed configuration with the best mean (None when nothing was confirmed)."""
+    confirmed = [c for c in summarize(study) if include_baseline or not c.baseline]
     if not confirmed:
         return None
     pick = max if _maximize(study) else min

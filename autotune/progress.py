@@ -169,14 +169,16 @@ def confirmed_lines(study: optuna.Study, confirmed: list) -> str:
         label = " baseline" if c.baseline else ""
         lines.append(f"  #{c.number}{label}: {_fmt(c.mean)} ± {_fmt(c.std)} (n={len(c.values)})")
     best, baseline = best_confirmed(study), next((c for c in confirmed if c.baseline), None)
-    same = best is not None and baseline is not None and best.number == baseline.number
-    if best is not None and baseline is not None and not same and baseline.mean:
+    label = "best confirmed"
+    if best is not None and baseline is not None and best.number == baseline.number:
+        lines.append(f"the baseline #{baseline.number} is the best confirmed configuration")
+        # the ratio still says by how much the search's own best lost to it
+        best, label = best_confirmed(study, include_baseline=False), "next best confirmed"
+    if best is not None and baseline is not None and best.number != baseline.number and baseline.mean:
         ratio = best.mean / baseline.mean
         spread = ratio * math.hypot(_relative_spread(best), _relative_spread(baseline))
-        lines.append(f"best confirmed #{best.number} vs baseline #{baseline.number}: "
+        lines.append(f"{label} #{best.number} vs baseline #{baseline.number}: "
                      f"{ratio:.2f}× ± {spread:.2f}")
-    elif same:
-        lines.append(f"the baseline #{baseline.number} is the best confirmed configuration")
     floor = noise_floor(confirmed)
     if floor is not None:
         lines.append(f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}")
