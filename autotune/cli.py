@@ -97,7 +97,12 @@ def cmd_estimate(args) -> int:
 
 def cmd_validate(args) -> int:
     spec, space = _load(args)
-    for note in space.notes:
+    notes = list(space.notes)
+    if spec.cluster.backend == "replay":  # the table is input too
+        from autotune.replay import load_table
+
+        notes += load_table(spec, space).notes
+    for note in notes:
         print(f"· {note}")
     searched = space.searched()
     print(f"{args.model_yaml}: ok — study {spec.study!r}, backend {spec.cluster.backend}, "

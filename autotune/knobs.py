@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-BACKENDS = ("cpu", "gpu", "ascend", "simulate")
+BACKENDS = ("cpu", "gpu", "ascend", "simulate", "replay")
 JIT_LEVELS = ("O0", "O1", "O2", "pynative")
 RECOMPUTE_MODES = ("none", "selective", "full")
 DTYPES = ("float16", "bfloat16", "float32")
@@ -19,7 +19,8 @@ DTYPES = ("float16", "bfloat16", "float32")
 # bfloat16 MatMul kernel ("Select CPU operator[MatMul] fail! Unsupported data type!"), measured by
 # tests/test_train_program.py::test_bfloat16_follows_the_backend_rule, which also keeps this table
 # honest. Only float16 is loss-scaled: float32 and bfloat16 have float32's exponent range.
-COMPUTE_DTYPES = {"cpu": ("float16", "float32"), "gpu": DTYPES, "ascend": DTYPES, "simulate": DTYPES}
+COMPUTE_DTYPES = {"cpu": ("float16", "float32"), "gpu": DTYPES, "ascend": DTYPES, "simulate": DTYPES,
+                  "replay": DTYPES}
 LOSS_SCALED_DTYPES = ("float16",)
 
 
@@ -28,8 +29,9 @@ def _any(backend: str, value) -> bool:
 
 
 def _o2_needs_ascend(backend: str, value) -> bool:
-    # O2 sinks the whole graph through CANN, which only exists on Ascend.
-    return value != "O2" or backend in ("ascend", "simulate")
+    # O2 sinks the whole graph through CANN, which only exists on Ascend. simulate and replay
+    # run no graph: there the device profile decides (the cost model rejects O2 off Ascend).
+    return value != "O2" or backend in ("ascend", "simulate", "replay")
 
 
 @dataclass(frozen=True)

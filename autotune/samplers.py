@@ -35,6 +35,9 @@ def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.
         raise SpecError(f"search.sampler: {name} needs {', '.join(missing)}; install it with: "
                         f"pip install 'autotune[{name}]'")
     if name == "cmaes":
-        # autotune's knobs are categorical, which CMA-ES leaves to its independent sampler.
+        # CMA-ES searches the numeric knobs (integer params, `autotune.encoding`) jointly; it
+        # leaves the categorical ones (jit_level, recompute) and the conditional ones
+        # (micro_batches, grad_accum: not in every trial) to its independent sampler, which
+        # would otherwise warn on every trial.
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     return optuna.samplers.GPSampler(seed=seed)

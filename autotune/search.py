@@ -1,87 +1,104 @@
-"""The ask/tell loop: one driver owns the study.
+"""The study loop: one driver owns the study.
 
-Contract: :func:`run_search` asks the sampler for candidates, rejects the infeasible ones
-(constraints, predicted OOM) without running them, runs the rest through a dispatcher (or, on
-the ``simulate`` backend, takes the cost model's estimate as the trial), and tells each result,
-until the study has ``n_trials`` finished trials (a grid: until every candidate was tried once).
-Resuming marks the trials a dead driver left RUNNING as ``interrupted`` and runs them again.
-A candidate's own failure is remembered, an infrastructure failure retried once
-(`autotune.failures`).
+Contract: :func:`run_search` runs (or resumes) a study until it has ``n_trials`` finished
+trials (a grid: until every candidate was tried once). Three parts, one loop for every backend:
+
+- the proposer (`autotune.proposer`) decides what to try next — the sampler, de-duplication,
+  feasibility (constraints, predicted OOM: recorded ``infeasible``, never run);
+- an executor (`autotune.executors`) runs what it is given — the cost model's estimate on
+  ``simulate``, a row of the replay table on ``replay`` (`autotune.replay`), the real
+  MindSpore program through Ray on ``cpu``/``gpu``/``ascend``;
+- the recorder (`autotune.recorder`) stores each outcome, refits the calibration and tells the
+  progress display.
+
+The loop itself only schedules: it submits proposals while devices are free, hands results to
+the recorder, stops clearly slow trials (`autotune.pruning`), and on Ctrl-C or a crash records
+the running trials ``interrupted`` (a resume runs them again). A candidate's own failure is
+remembered, an infrastructure failure retried once (`autotune.failures`). On a backend whose
+runs are noisy the study ends with the confirm phase (`autotune.confirm`).
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune import confirm, costmodel, failures, records
+from autotune.executors import InstantExecutor, make_executor
 from autotune.progress import Progress
-from autotune.samplers import make_sampler
+from autotune.proposer import Proposer, Settled
 from autotune.pruning import SlowTrialPruner, StepWatcher
-from autotune.space import Candidate, SearchSpace, violations
+from autotune.recorder import Recorder
+from autotune.replay import load_table
+from autotune.runner import TrialResult
+from autotune.samplers import make_sampler
+from autotune.space import Candidate, SearchSpace
 from autotune.spec import Spec, SpecError
-from autotune.study import open_study, recover_interrupted, requeue
-from autotune.train.config import trial_config
+from autotune.study import encoding_of, open_study, recover_interrupted
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-
-def simulated_metrics(estimate) -> dict:
-    """A simulate-backend trial: the cost model's estimate stored as the trial's metrics."""
-    return {"goodput": estimate.samples_per_s, "throughput": estimate.samples_per_s,
-            "step_time_ms": estimate.step_time_s * 1000,
-            "peak_memory_mb": estimate.memory_gb_per_device * 1024}
+MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new to offer
 
 
 def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
                resume: bool, artifacts: Path, ray_address: str | None = None,
                progress: Progress | None = None, confirm_top: int = 2,
                confirm_runs: int = 2) -> optuna.Study:
-    """Run (or resume) the study to ``n_trials`` finished trials and return it. On a real
-    backend, then re-run the ``confirm_top`` best trials and the baseline ``confirm_runs`` times
-    each (0: no confirm phase) and store the noise floor (`autotune.confirm`)."""
+    """Run (or resume) the study to ``n_trials`` finished trials and return it. On a backend
+    whose runs are noisy, then re-run the ``confirm_top`` best trials and the baseline
+    ``confirm_runs`` times each (0: no confirm phase) and store the noise floor."""
     sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
     if spec.cluster.backend == "simulate" and "final_loss" in spec.search.objectives:
         raise SpecError("search.objectives: final_loss cannot be estimated on backend simulate")
     # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
     pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
+    # a bad replay table is an input error: read it before the study is created
+    table = load_table(spec, space) if spec.cluster.backend == "replay" else None
     study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     progress = progress or Progress()
+    for note in table.notes if table else ():
+        progress.note(note)
+    if encoding_of(study) != space.encoding:
+        space = replace(space, encoding=encoding_of(study))
+        progress.note(f"{study_name!r} was created before ordered knobs: its knobs stay "
+                      f"{space.encoding} params")
     interrupted = recover_interrupted(study)
     if interrupted:
         progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
-    already = [t for t in study.get_trials(deepcopy=False) if records.counted(t)]
-    loop = _Loop(spec, space, study, artifacts / study_name, progress)
+    executor = make_executor(spec, artifacts / study_name, ray_address, table)
+    recorder = Recorder(spec, study, progress, calibrates=executor.measures)
+    proposer = Proposer(spec, space, study)
+    _load_history(spec, study, proposer, recorder)
+    already = sum(records.counted(t) for t in study.get_trials(deepcopy=False))
+    waiting = lambda: len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))  # noqa: E731
     if spec.search.sampler == "grid":
-        loop.grid = deque(_grid_params(space, loop.seen))
-        n_trials = len(already) + len(loop.grid)
-    elif not already and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        n_trials = already + proposer.start_grid()
+    elif not already and not waiting():
         study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
         # then one trial per other layout, as many as the budget holds: the sampler's random
         # start could miss a layout, and the layout is the knob that matters most
         for candidate in space.layout_openers(spec)[:max(0, n_trials - 1)]:
             study.enqueue_trial(space.params_of(candidate))
     # every queued candidate runs, even past N (an interrupted one on a finished study)
-    to_run = max(n_trials - len(already), len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
-    progress.start(study, done=len(already), total=len(already) + to_run,
+    to_run = max(n_trials - already, waiting())
+    progress.start(study, done=already, total=already + to_run,
                    objectives=spec.search.objectives, searched=space.searched())
-    if spec.cluster.backend == "simulate" and loop.grid:
-        loop.run_simulated_grid()
-    elif spec.cluster.backend == "simulate":
-        loop.run_simulated(to_run)
-    else:
-        from autotune.dispatch import Dispatcher
-
-        with Dispatcher(spec.cluster.backend, spec.cluster.devices, ray_address) as dispatcher:
-            loop.run_dispatched(dispatcher, to_run)
+    with executor:
+        loop = _Loop(spec, study, proposer, executor, recorder, progress)
+        if proposer.grid and isinstance(executor, InstantExecutor):
+            loop.run_bulk_grid()
+        else:
+            loop.run(to_run)
+        if executor.noisy:
             originals = confirm.plan(study, confirm_top, confirm_runs) if confirm_top else []
             if originals:
                 progress.start_confirm(len(originals), confirm_top, confirm_runs)
-                loop.run_confirm(dispatcher, originals)
+                loop.run_confirm(originals)
+    if executor.noisy:
         floor = confirm.noise_floor(confirm.summarize(study))
         if floor is not None:
             study.set_user_attr("noise_floor", floor)
@@ -89,189 +106,114 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     return study
 
 
-def _grid_params(space: SearchSpace, seen) -> list[tuple[Candidate, dict]]:
-    """Every candidate not tried yet, with the params a trial of it suggests."""
-    return [(candidate, space.params_of(candidate)) for candidate in space.candidates()
-            if candidate not in seen]
-
-
-REPEAT, INFEASIBLE = object(), object()
-MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new to offer
+def _load_history(spec, study, proposer: Proposer, recorder: Recorder) -> None:
+    """What earlier sessions of this study tried: remembered by the proposer, and their
+    measurements refit the calibration (estimates recomputed: the cost model is deterministic)."""
+    for t in study.get_trials(deepcopy=False):
+        if not failures.remembered_after_restart(t):
+            continue
+        candidate, metrics = Candidate(**records.knobs_of(t)), records.metrics_of(t)
+        proposer.remember(candidate, t.number, records.outcome_of(t), metrics,
+                          t.user_attrs.get("detail", ""))
+        if records.outcome_of(t) == "ok":
+            recorder.add_measurement(costmodel.estimate(spec, candidate), metrics, store=False)
+    proposer.calibration = recorder.calibration
 
 
 class _Loop:
-    """Ask → feasibility → run → tell, with the study's calibration kept up to date."""
+    """Proposals → executor → recorder, while devices are free (see the module doc)."""
 
-    def __init__(self, spec, space, study, study_dir: Path, progress: Progress):
-        self.spec, self.space, self.study, self.progress = spec, space, study, progress
-        self.study_dir = study_dir
-        self.objectives = spec.search.objectives
-        self.profile = costmodel.resolve_profile(spec.cluster)
-        self.live: dict = {}  # number → (trial, candidate, estimate dict, driver seconds)
-        self.repeats = 0      # consecutive re-sampled candidates
-        self.retries = 0      # infrastructure failures queued again and not asked yet
-        self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
+    def __init__(self, spec, study, proposer: Proposer, executor, recorder: Recorder,
+                 progress: Progress):
+        self.spec, self.study, self.progress = spec, study, progress
+        self.proposer, self.executor, self.recorder = proposer, executor, recorder
+        self.live: dict = {}      # number → Job running
         self.watchers: dict = {}  # number → StepWatcher of a running trial
+        self.repeats = 0          # consecutive re-sampled candidates
+        self.retries = 0          # infrastructure failures queued again and not asked yet
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
-        # candidate → (number, outcome, metrics, detail) of a finished trial: a repeat is
-        # answered from here, without reading storage again
-        self.seen: dict = {}
-        self.pairs = []
-        for t in study.get_trials(deepcopy=False):
-            if not failures.remembered_after_restart(t):
-                continue
-            candidate, metrics = Candidate(**records.knobs_of(t)), records.metrics_of(t)
-            self.seen[candidate] = (t.number, records.outcome_of(t), metrics,
-                                    t.user_attrs.get("detail", ""))
-            if records.outcome_of(t) == "ok" and spec.cluster.backend != "simulate":
-                # earlier sessions' measurements refit the calibration too (their estimates
-                # are recomputed: the cost model is deterministic)
-                self.pairs.append((costmodel.estimate(spec, candidate),
-                                   metrics.get("peak_memory_mb"), metrics.get("step_time_ms")))
-        self.calibration = costmodel.Calibration.from_pairs(self.pairs) if self.pairs else None
 
-    def _verdict(self, candidate) -> tuple:
-        """(estimate, reason): the reason is empty when the candidate may run."""
-        reasons = violations(self.spec, candidate)
-        estimate = costmodel.estimate(self.spec, candidate, self.calibration)
-        infeasible = reasons or not estimate.feasible
-        return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
-
-    def _remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
-        self.seen[candidate] = (number, outcome, metrics or {}, detail)
-
-    def _ask(self):
-        """Ask one candidate and settle it at once when it needs no run: infeasible (recorded),
-        or a repeat of a finished candidate (answered from storage). Returns
-        (trial, candidate, estimate, driver seconds), ``INFEASIBLE`` or ``REPEAT``."""
-        started = time.perf_counter()
-        if self.grid:  # enqueued one at a time: Optuna scans every waiting trial on each ask
-            self.study.enqueue_trial(self.grid.popleft()[1])
-        trial = self.study.ask()
-        candidate, fixed = self.space.sample(trial)
-        for name, value in fixed.items():
-            trial.set_user_attr(name, value)
-        if candidate in self.seen:
-            self._repeat(trial, *self.seen[candidate])
-            return REPEAT
-        estimate, reason = self._verdict(candidate)
-        if reason:
-            records.record(self.study, trial, self.objectives, "infeasible", detail=reason,
-                           extra={"estimate": estimate.as_dict()})
-            self._remember(candidate, trial.number, "infeasible", detail=reason)
-            self.progress.trial_done(trial.number, "infeasible", {}, reason)
-            return INFEASIBLE
-        return trial, candidate, estimate, time.perf_counter() - started
-
-    def _repeat(self, trial, number: int, outcome: str, metrics: dict, detail: str) -> None:
-        """Tell a re-sampled candidate the result it already has, so the sampler learns it
-        without spending a run (such trials don't count toward n_trials)."""
-        records.record(self.study, trial, self.objectives, outcome, metrics, detail,
-                       extra={"repeat_of": number})
-        self.repeats += 1
-        if self.repeats == MAX_REPEATS:
-            self.progress.note(f"the sampler proposed {MAX_REPEATS} tried candidates in a row: "
-                               "the space looks exhausted, stopping")
-
-    def _settled(self, asked) -> bool:
-        """Whether ``_ask``'s answer needs no run; counts it against the remaining trials."""
-        if asked is REPEAT:
-            return True
+    def _settle(self, settled: Settled) -> None:
+        self.recorder.settled(settled)
+        if settled.repeat_of is not None:
+            self.repeats += 1
+            if self.repeats == MAX_REPEATS:
+                self.progress.note(f"the sampler proposed {MAX_REPEATS} tried candidates in a "
+                                   "row: the space looks exhausted, stopping")
+            return
         self.repeats = 0
-        return asked is INFEASIBLE
+        self.proposer.remember(settled.candidate, settled.trial.number, settled.outcome,
+                               detail=settled.detail)
 
-    def run_simulated(self, remaining: int) -> None:
-        while remaining > 0 and self.repeats < MAX_REPEATS:
-            asked = self._ask()
-            if self._settled(asked):
-                remaining -= asked is INFEASIBLE
-                continue
-            remaining -= 1
-            trial, candidate, estimate, _ = asked
-            metrics = simulated_metrics(estimate)
-            records.record(self.study, trial, self.objectives, "ok", metrics,
-                           extra={"estimate": estimate.as_dict()})
-            self._remember(candidate, trial.number, "ok", metrics)
-            self.progress.trial_done(trial.number, "ok", metrics)
-
-    def run_simulated_grid(self, batch: int = 250) -> None:
-        """Estimate every grid candidate and store the trials in bulk: a grid needs no sampler,
-        so each trial is one storage write instead of an ask, a dozen attrs and a tell."""
-        distributions = {name: optuna.distributions.CategoricalDistribution(list(domain))
-                         for name, domain in self.space.domains.items()}
-        number = len(self.study.get_trials(deepcopy=False))
-        while self.grid:
-            chunk = [self.grid.popleft() for _ in range(min(batch, len(self.grid)))]
-            trials, ok_values = [], []
-            for candidate, params in chunk:
-                estimate, reason = self._verdict(candidate)
-                extra = {"estimate": estimate.as_dict()}
-                extra.update({k: v for k, v in candidate.as_dict().items() if k not in params})
-                if reason:
-                    settled = records.settle(self.objectives, "infeasible", detail=reason,
-                                             extra=extra)
-                else:
-                    settled = records.settle(self.objectives, "ok", simulated_metrics(estimate),
-                                             extra=extra)
-                state, values, attrs = settled
-                if values:
-                    ok_values.append((values[0], number + len(trials)))
-                trials.append(optuna.trial.create_trial(
-                    state=state, values=values, params=params, user_attrs=attrs,
-                    distributions={k: distributions[k] for k in params}))
-            self.study.add_trials(trials)
-            number += len(trials)
-            self.progress.batch_done(len(trials), ok_values)
-
-    def run_dispatched(self, dispatcher, remaining: int) -> None:
-        """Ask, run and tell until ``remaining`` trials have been asked (repeats excepted)."""
+    def run(self, remaining: int) -> None:
+        """Propose, run and record until ``remaining`` trials were asked (repeats excepted)."""
         def next_job():
             nonlocal remaining
             retrying, self.retries = self.retries, 0  # a retried failure did not count toward
             remaining += retrying                     # N: one more ask, even past MAX_REPEATS
             while remaining > 0 and (self.repeats < MAX_REPEATS or retrying):
                 retrying = 0
-                asked = self._ask()
-                if self._settled(asked):
-                    remaining -= asked is INFEASIBLE
+                proposal = self.proposer.propose()
+                if isinstance(proposal, Settled):
+                    self._settle(proposal)
+                    remaining -= proposal.repeat_of is None
                     continue
+                self.repeats = 0
                 remaining -= 1
-                return asked
+                return proposal
             return None
 
-        self._drive(dispatcher, next_job)
+        self._drive(next_job)
 
-    def run_confirm(self, dispatcher, originals: list) -> None:
+    def run_confirm(self, originals: list) -> None:
         """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
-        queue = deque(originals)
+        queue = list(originals)
 
         def next_job():
             if self.retries:  # a re-run lost to the infrastructure, queued again
                 self.retries -= 1
-                return self._ask_queued()
-            return self._ask_again(queue.popleft()) if queue else None
+                return self.proposer.ask_queued()
+            return self.proposer.again(queue.pop(0)) if queue else None
 
-        self._drive(dispatcher, next_job)
+        self._drive(next_job)
 
-    def _ask_again(self, original):
-        """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
-        self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
-        return self._ask_queued()
+    def run_bulk_grid(self, batch: int = 250) -> None:
+        """Every grid candidate through an instant executor, stored in bulk: a grid needs no
+        sampler, so each trial is one storage write instead of an ask, attrs and a tell."""
+        space, proposer = self.proposer.space, self.proposer
+        distributions = space.distributions()
+        number = len(self.study.get_trials(deepcopy=False))
+        while proposer.grid:
+            chunk = [proposer.grid.popleft() for _ in range(min(batch, len(proposer.grid)))]
+            trials, ok_values = [], []
+            for candidate, params in chunk:
+                estimate, reason = proposer.verdict(candidate)
+                extra = {"estimate": estimate.as_dict(), **space.attrs_of(candidate)}
+                if reason:
+                    result = TrialResult("infeasible", detail=reason)
+                else:
+                    result, timing = self.executor.evaluate(candidate, estimate)
+                    extra.update(timing)
+                    if result.outcome == "ok":
+                        self.recorder.add_measurement(estimate, result.metrics, store=False)
+                        proposer.calibration = self.recorder.calibration
+                state, values, attrs = records.settle(self.recorder.objectives, result.outcome,
+                                                      result.metrics, result.detail, extra)
+                if values:
+                    ok_values.append((values[0], number + len(trials)))
+                trials.append(optuna.trial.create_trial(
+                    state=state, values=values, params=params, user_attrs=attrs,
+                    distributions={k: distributions[k] for k in params}))
+            self.study.add_trials(trials)
+            if self.recorder.calibration is not None:
+                self.recorder.store_calibration()
+            number += len(trials)
+            self.progress.batch_done(len(trials), ok_values)
 
-    def _ask_queued(self):
-        """Ask the queued trial and run it as it is (no repeat or feasibility check)."""
-        started = time.perf_counter()
-        trial = self.study.ask()
-        candidate, fixed = self.space.sample(trial)
-        for name, value in fixed.items():
-            trial.set_user_attr(name, value)
-        estimate, _ = self._verdict(candidate)
-        return trial, candidate, estimate, time.perf_counter() - started
-
-    def _drive(self, dispatcher, next_job) -> None:
-        """Submit ``next_job()``s while devices are free, tell results, until it returns None
-        and nothing runs."""
-        free = dispatcher.capacity()
+    def _drive(self, next_job) -> None:
+        """Submit ``next_job()``s while devices are free, record results, until it returns
+        None and nothing runs."""
+        free = self.executor.capacity()
         if free < self.spec.cluster.devices:
             raise SpecError(f"cluster.devices: a trial needs {self.spec.cluster.devices} devices "
                             f"but the Ray cluster has {free}")
@@ -283,94 +225,59 @@ class _Loop:
                     if held is None:
                         exhausted = True
                         break
-                    if held[1].devices > free:
+                    if held.candidate.devices > free:
                         break  # wait for devices to free up
-                    self._submit(dispatcher, *held)
-                    free -= held[1].devices
+                    self._submit(held)
+                    free -= held.candidate.devices
                     held = None
                 if exhausted and held is None and not self.live:
                     return
-                for finished in dispatcher.wait(timeout_s=1.0):
-                    free += self._tell(finished)
+                for done in self.executor.wait(timeout_s=1.0):
+                    free += self._finished(done)
                 exhausted = exhausted and not self.retries  # a retry is one more job
-                free += self._prune_slow(dispatcher)
+                free += self._prune_slow()
         except BaseException:
             # Ctrl-C or a crash: the running trials are cancelled and recorded as interrupted
             # and their candidates re-enqueued, so a later --resume runs them again.
-            cancelled = [self.live.pop(n)[0] for n in dispatcher.cancel_all()]
-            for trial in cancelled + ([held[0]] if held else []):
-                self._interrupt(trial)
+            cancelled = [self.live.pop(n).trial for n in self.executor.cancel_all()]
+            for trial in cancelled + ([held.trial] if held else []):
+                self.recorder.interrupted(trial)
             raise
 
-    def _interrupt(self, trial) -> None:
-        requeue(self.study, trial.params, records.role_of(trial))
-        records.record(self.study, trial, self.objectives, "interrupted",
-                       detail="the driver stopped before this trial finished")
+    def _submit(self, job) -> None:
+        self.executor.submit(job)
+        self.live[job.number] = job
+        steps = self.executor.steps_dir(job.number)
+        if self.prunable and steps is not None and "confirm_of" not in job.trial.user_attrs:
+            # a confirm re-run is measured whole
+            self.watchers[job.number] = StepWatcher(
+                job.trial, steps, self.spec.train.global_batch_size, self.spec.trial.measure_after)
+        self.progress.trial_started(job.number, job.candidate)
 
-    def _submit(self, dispatcher, trial, candidate, estimate, driver_s) -> None:
-        trial_dir = self.study_dir / str(trial.number)
-        config = trial_config(self.spec, candidate, study=self.spec.study, number=trial.number,
-                              out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
-                              measure_after=self.spec.trial.measure_after)
-        # On CPU a device is a worker process: its RSS budget is enforced by the runner.
-        cpu = self.spec.cluster.backend == "cpu"
-        memory_mb = self.profile.memory_gb * 1024 if cpu else None
-        dispatcher.submit(trial.number, config, trial_dir, candidate.devices,
-                          self.spec.trial.timeout_s, memory_mb)
-        self.live[trial.number] = (trial, candidate, estimate, driver_s)
-        if self.prunable and "confirm_of" not in trial.user_attrs:  # a re-run is measured whole
-            self.watchers[trial.number] = StepWatcher(
-                trial, trial_dir, self.spec.train.global_batch_size, self.spec.trial.measure_after)
-        self.progress.trial_started(trial.number, candidate)
+    def _finished(self, done) -> int:
+        """Record a finished trial; return the devices it frees."""
+        job = self.live.pop(done.number)
+        self.watchers.pop(done.number, None)
+        if self.recorder.finished(job, done):
+            self.retries += 1
+        elif failures.remembered(job.trial, done.result):
+            self.proposer.remember(job.candidate, job.number, done.result.outcome,
+                                   done.result.metrics, done.result.detail)
+        self.proposer.calibration = self.recorder.calibration
+        return job.candidate.devices
 
-    def _prune_slow(self, dispatcher) -> int:
+    def _prune_slow(self) -> int:
         """Stop running trials the pruner finds clearly slow; return the devices freed."""
         freed = 0
         for number, watcher in list(self.watchers.items()):
             if number in self.live and watcher.report():
-                dispatcher.cancel(number)
-                trial, candidate, estimate, _ = self.live.pop(number)
+                self.executor.cancel(number)
+                job = self.live.pop(number)
                 del self.watchers[number]
                 step, goodput = watcher.last
                 detail = (f"goodput {goodput:.4g} after step {step} is below "
                           f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
-                records.record(self.study, trial, self.objectives, "pruned", detail=detail,
-                               extra={"estimate": estimate.as_dict()})
-                self._remember(candidate, number, "pruned", detail=detail)
-                self.progress.trial_done(number, "pruned", {}, detail)
-                freed += candidate.devices
+                self.recorder.pruned(job, detail)
+                self.proposer.remember(job.candidate, number, "pruned", detail=detail)
+                freed += job.candidate.devices
         return freed
-
-    def _tell(self, finished) -> int:
-        """Record a finished trial; return the devices it frees."""
-        trial, candidate, estimate, driver_s = self.live.pop(finished.number)
-        self.watchers.pop(finished.number, None)
-        result = finished.result
-        if result.outcome == "ok":
-            self._calibrate(estimate, result.metrics)
-        extra = {"estimate": estimate.as_dict(), "run_s": round(result.run_s, 3),
-                 "wall_s": round(finished.wall_s, 3), "queued_s": round(finished.queued_s, 3),
-                 "driver_s": round(driver_s, 4), **failures.attrs(result)}
-        started = time.perf_counter()
-        records.record(self.study, trial, self.objectives, result.outcome, result.metrics,
-                       result.detail, extra)
-        self.progress.driver_seconds += time.perf_counter() - started + driver_s
-        if failures.needs_retry(trial, result):  # not counted: its candidate runs once more
-            failures.retry(self.study, trial)
-            self.retries += 1
-            self.progress.note(failures.retry_note(trial.number, result))
-            return candidate.devices
-        if failures.remembered(trial, result):
-            self._remember(candidate, trial.number, result.outcome, result.metrics,
-                           result.detail)
-        self.progress.trial_done(trial.number, result.outcome, result.metrics, result.detail,
-                                 again_of=trial.user_attrs.get("confirm_of"))
-        return candidate.devices
-
-    def _calibrate(self, estimate, metrics: dict) -> None:
-        """Fit the per-study correction of the cost model from measured trials."""
-        if "peak_memory_mb" not in metrics or "step_time_ms" not in metrics:
-            return
-        self.pairs.append((estimate, metrics["peak_memory_mb"], metrics["step_time_ms"]))
-        self.calibration = costmodel.Calibration.from_pairs(self.pairs)
-        self.study.set_user_attr("calibration", self.calibration.as_dict())

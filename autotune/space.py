@@ -5,8 +5,9 @@ Contract:
   filtering out values the backend cannot execute (one note line per knob) and raising
   :class:`SpecError` for unknown knobs, empty or inverted ranges, or no feasible candidate.
 - :meth:`SearchSpace.sample` draws a :class:`Candidate` through an Optuna trial's ``suggest_*``
-  calls (searched knobs become params named after the knob); fixed and derived knobs are returned
-  in ``fixed`` for the caller to record.
+  calls (each searched knob through its param, `autotune.encoding`); the knobs a trial keeps as
+  user attrs are returned beside it for the caller to record, so every trial holds each knob's
+  value under the knob's own name (`autotune.records.knobs_of`).
 - :func:`violations` lists the hard constraints a candidate breaks (empty = structurally valid).
 """
 
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
+from autotune.encoding import ORDERED, param_for
 from autotune.knobs import JIT_LEVELS, KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, RECOMPUTE_MODES
 from autotune.layout import builtin_layout_reasons
 from autotune.spec import Spec, SpecError
@@ -110,6 +113,7 @@ class SearchSpace:
     domains: dict
     devices: int
     notes: tuple[str, ...] = ()
+    encoding: str = ORDERED  # how knobs become Optuna params (`autotune.encoding`)
 
     def searched(self) -> list[str]:
         """Knobs with more than one value (these become Optuna params)."""
@@ -126,25 +130,42 @@ class SearchSpace:
             values["grad_accum"] = 1
         return Candidate(**values)
 
+    @cached_property
+    def params(self) -> dict:
+        """knob → its :class:`~autotune.encoding.Param`, for every searched knob."""
+        return {name: param_for(name, self.domains[name], self.encoding) for name in self.searched()}
+
     def sample(self, trial) -> tuple[Candidate, dict]:
-        """Draw a candidate through ``trial.suggest_categorical``. Returns (candidate, fixed),
-        where ``fixed`` holds the knobs that were not sampled for this trial."""
-        values, sampled = {}, set()
+        """Draw a candidate through ``trial`` (each active searched knob through its param).
+        Returns (candidate, attrs): ``attrs`` holds every knob whose value is not a param named
+        after it (not sampled for this trial, or sampled as an exponent or index), for the
+        caller to store as user attrs."""
+        values, own = {}, set()
         for name in KNOB_NAMES:
             domain = self.domains[name]
             if len(domain) > 1 and is_active(name, values.get("pp", 1)):  # pp comes before both
-                values[name] = trial.suggest_categorical(name, list(domain))
-                sampled.add(name)
+                values[name] = self.params[name].suggest(trial)
+                if self.params[name].holds_value:
+                    own.add(name)
             else:
                 values[name] = domain[0]
         candidate = self._resolve(values)
-        fixed = {k: v for k, v in candidate.as_dict().items() if k not in sampled}
-        return candidate, fixed
+        return candidate, {k: v for k, v in candidate.as_dict().items() if k not in own}
 
     def params_of(self, candidate: Candidate) -> dict:
         """The Optuna params a trial sampling ``candidate`` suggests (searched, active knobs)."""
-        return {name: getattr(candidate, name) for name in self.searched()
-                if is_active(name, candidate.pp)}
+        return {param.name: param.encode(getattr(candidate, name))
+                for name, param in self.params.items() if is_active(name, candidate.pp)}
+
+    def attrs_of(self, candidate: Candidate) -> dict:
+        """The knobs of ``candidate`` its trial stores as user attrs (see :meth:`sample`)."""
+        own = {name for name, param in self.params.items()
+               if param.holds_value and is_active(name, candidate.pp)}
+        return {k: v for k, v in candidate.as_dict().items() if k not in own}
+
+    def distributions(self) -> dict:
+        """Each searched knob's Optuna distribution, by param name."""
+        return {param.name: param.distribution for param in self.params.values()}
 
     def baseline(self) -> Candidate:
         """The untuned configuration: each knob's default, or the nearest value the space

@@ -65,6 +65,7 @@ class ClusterSpec:
     devices_per_node: int
     device_memory_gb: float | None  # None: the device profile's own memory (16 GB on cpu)
     device: str | dict | None
+    replay: str | None = None  # backend replay: the table's path (resolved against model.yaml)
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def parse_spec(data: dict, path: Path) -> Spec:
     top.used.add("model")
     train = _parse_train(_Section(data.get("train"), "train", source))
     top.used.add("train")
-    cluster = _parse_cluster(_Section(data.get("cluster"), "cluster", source))
+    cluster = _parse_cluster(_Section(data.get("cluster"), "cluster", source), path.parent)
     top.used.add("cluster")
     if model.dtype not in COMPUTE_DTYPES[cluster.backend]:
         raise SpecError(f"{source}: model.dtype: {model.dtype} does not run on backend "
@@ -296,7 +297,7 @@ def _parse_train(s: _Section) -> TrainSpec:
     return t
 
 
-def _parse_cluster(s: _Section) -> ClusterSpec:
+def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
     backend = s.get("backend", str, default="cpu", choices=BACKENDS)
     devices = s.get("devices", int, minimum=1)
     per_node = s.get("devices_per_node", int, default=min(devices, 8), minimum=1)
@@ -306,8 +307,16 @@ def _parse_cluster(s: _Section) -> ClusterSpec:
     device = s.get("device", (str, dict), default=None)
     if devices > per_node and devices % per_node:
         s.fail("devices", f"{devices} devices do not fill whole nodes of {per_node}")
+    # the table itself is read when a search starts (autotune.replay), not here: an export of a
+    # replay study re-reads this file without needing the table
+    replay = s.get("replay", str, default=None)
+    if backend == "replay" and replay is None:
+        s.fail("replay", "is required with backend replay: a CSV of measured candidates")
+    if backend != "replay" and replay is not None:
+        s.fail("replay", f"is read by backend replay only (backend is {backend})")
     s.reject_unknown()
-    return ClusterSpec(backend, devices, per_node, memory, device)
+    return ClusterSpec(backend, devices, per_node, memory, device,
+                       str((base / replay).resolve()) if replay else None)
 
 
 def _parse_search(s: _Section, base: Path) -> SearchSpec:

@@ -4,13 +4,18 @@ what a dead driver left behind, and put a candidate back in the queue.
 Contract:
 - :func:`open_storage` opens Optuna's storage for a URL, or raises SpecError naming it (a URL
   SQLAlchemy cannot parse, a database driver not installed, a file that is not a database).
-- :func:`open_study` creates the study (storing the spec, objectives, backend and the study's
-  :func:`fingerprint`), or loads it with ``resume``; it refuses to reuse a name without
-  ``resume`` and refuses a resume whose fingerprint differs, naming what changed (SpecError).
+- :func:`open_study` (storage: a URL, or an Optuna storage object) creates the study
+  (storing the spec, objectives, backend, :func:`fingerprint` and param encoding), or loads it
+  with ``resume``; it refuses to reuse a name without ``resume`` and refuses a resume whose
+  fingerprint differs, naming what changed (SpecError).
 - :func:`fingerprint` is what makes two runs the same study: the ``model`` and ``train``
-  sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb), the
-  resolved search space, the objectives and ``trial.steps``/``measure_after``. Not ``n_trials``,
-  the sampler, the seed or the timeout: those may change between runs of one study.
+  sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb, and a
+  replay study's table by its SHA-256), the resolved search space, the objectives and
+  ``trial.steps``/``measure_after``. Not ``n_trials``, the sampler, the seed or the timeout:
+  those may change between runs of one study.
+- :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.encoding`): stored
+  on every study when it is created; a study created before ordered knobs has none and keeps
+  its categorical params; an encoding this version does not know is a SpecError.
 - :func:`recover_interrupted` fails the trials a dead driver left RUNNING (outcome
   ``interrupted``) and queues each candidate again (:func:`requeue`): a resumed study runs it
   again under a new trial number. RDB heartbeats do not cover ask/tell.
@@ -18,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -27,17 +33,21 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune import records
+from autotune.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec import Spec, SpecError
 
 
 def fingerprint(spec: Spec, space) -> dict:
     """The parts of a study that must not change when it is resumed, as plain JSON values."""
     c = spec.cluster
+    cluster = {"backend": c.backend, "devices": c.devices, "devices_per_node": c.devices_per_node,
+               "device": c.device, "device_memory_gb": c.device_memory_gb}
+    if c.replay:  # another table is another world (only replay studies have the key)
+        cluster["replay_sha256"] = hashlib.sha256(Path(c.replay).read_bytes()).hexdigest()
     parts = {
         "model": asdict(spec.model),
         "train": asdict(spec.train),
-        "cluster": {"backend": c.backend, "devices": c.devices, "devices_per_node": c.devices_per_node,
-                    "device": c.device, "device_memory_gb": c.device_memory_gb},
+        "cluster": cluster,
         "space": {name: list(values) for name, values in space.domains.items()},
         "objectives": list(spec.search.objectives),
         "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
@@ -65,7 +75,10 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
                pruner=None) -> optuna.Study:
     """Create the study, or load it when resuming (see the module doc)."""
     directions = records.directions(spec.search.objectives)
-    url, storage = storage, open_storage(storage, create=True)
+    if isinstance(storage, str):  # else an Optuna storage object (benchmarks: in memory)
+        url, storage = storage, open_storage(storage, create=True)
+    else:
+        url = type(storage).__name__
     exists = study_name in optuna.get_all_study_names(storage)
     if exists and not resume:
         raise SpecError(f"--study: study {study_name!r} already exists in {url}; "
@@ -88,7 +101,18 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
         study.set_user_attr("objectives", list(spec.search.objectives))
         study.set_user_attr("backend", spec.cluster.backend)
         study.set_user_attr("fingerprint", mine)
+        study.set_user_attr("param_encoding", space.encoding)
     return study
+
+
+def encoding_of(study: optuna.Study) -> str:
+    """How ``study`` samples its knobs (see the module doc)."""
+    encoding = study.user_attrs.get("param_encoding", CATEGORICAL)
+    if encoding not in ENCODINGS:
+        raise SpecError(f"--resume: {study.study_name!r} samples its knobs as {encoding!r}, which "
+                        f"this autotune does not know ({', '.join(ENCODINGS)}); resume it with "
+                        "the autotune that created it")
+    return encoding
 
 
 def requeue(study: optuna.Study, params: dict, user_attrs: dict | None = None) -> None:

@@ -31,6 +31,7 @@ from rich.console import Console  # noqa: E402
 
 from autotune.progress import Progress  # noqa: E402
 from autotune.runner import _environment, command, free_port, run_trial  # noqa: E402
+from autotune.records import knobs_of  # noqa: E402
 from autotune.search import run_search  # noqa: E402
 from autotune.space import build_space  # noqa: E402
 from autotune.spec import load_spec  # noqa: E402
@@ -81,7 +82,7 @@ def main() -> None:
         total = time.monotonic() - t
         trials = [t for t in study.trials if "wall_s" in t.user_attrs]
         for t in trials:
-            dispatched.setdefault(t.params["fusion_mb"], []).append(
+            dispatched.setdefault(knobs_of(t)["fusion_mb"], []).append(
                 (t.user_attrs["wall_s"], t.user_attrs["driver_s"]))
         startup.append(total - sum(t.user_attrs["wall_s"] for t in trials))
 

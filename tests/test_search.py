@@ -157,11 +157,14 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     study = optuna.load_study(study_name="tpe", storage=storage)
     # a driver that asked a candidate none of the 3 trials ran (the baseline and the layout
     # openers have recompute none), then died
-    from autotune.space import build_space
+    from autotune.space import Candidate, build_space
     from autotune.spec import load_spec
-    study.enqueue_trial({"tp": 4, "pp": 2, "micro_batches": 4, "fusion_mb": 256, "recompute": "full"})
+    space = build_space(load_spec(path))
+    study.enqueue_trial(space.params_of(Candidate(
+        dp=1, tp=4, pp=2, micro_batches=4, fusion_mb=256, grad_accum=1, loss_scale=65536,
+        warmup_steps=0, jit_level="O1", recompute="full")))
     orphan = study.ask()
-    build_space(load_spec(path)).sample(orphan)
+    space.sample(orphan)
     orphan = study.trials[orphan.number]
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "5",
                  "--resume"]) == 0

@@ -2,16 +2,17 @@
 
 Contract: :func:`resolve_profile` maps a spec's ``cluster`` section to one :class:`DeviceProfile`.
 
-- ``cluster.device`` a name (``a100-80g``, ``h100-80g``, ``h200``, ``ascend-910b``): that
-  profile as listed, datasheet memory included.
+- ``cluster.device`` a name (``a100-80g``, ``h100-80g``, ``h200``, ``ascend-910b``, ``cpu``),
+  on any backend: that profile as listed, datasheet memory included.
 - ``cluster.device`` a mapping of numbers: overrides of the fields of ``base`` (a profile name),
   or, without ``base``, a whole profile (every numeric field given).
-- no ``device``: by backend — ``gpu`` and ``simulate`` → ``a100-80g``, ``ascend`` →
-  ``ascend-910b``.
+- no ``device``: by backend — ``gpu``, ``simulate`` and ``replay`` → ``a100-80g``, ``ascend``
+  → ``ascend-910b``, ``cpu`` → ``cpu``.
 - an explicit ``cluster.device_memory_gb`` replaces the profile's memory in every case above.
-- backend ``cpu``: the CPU profile, memory = ``cluster.device_memory_gb`` or 16 GB (a "device" is one
-  MindSpore worker process; its memory is that process's RSS), compute shared by the workers of a
-  node. A ``device`` mapping overrides CPU fields too.
+- ``cpu`` (named, or the backend's default): the CPU profile, memory =
+  ``cluster.device_memory_gb`` or 16 GB (a "device" is one MindSpore worker process; its memory
+  is that process's RSS), compute shared by the workers of a node. On backend ``cpu`` a
+  ``device`` mapping overrides CPU fields (no ``base``).
 
 An unknown name or field is a :class:`~autotune.spec.SpecError` naming ``cluster.device``.
 
@@ -166,7 +167,8 @@ CPU_BASE = DeviceProfile(
     # ≈1–1.4× on a compute-bound one (2026-11-29).
     jit_o0=1.0, jit_o1=1.0, jit_o2=1.0, jit_pynative=7.0)
 
-DEFAULT_BY_BACKEND = {"gpu": "a100-80g", "simulate": "a100-80g", "ascend": "ascend-910b"}
+DEFAULT_BY_BACKEND = {"gpu": "a100-80g", "simulate": "a100-80g", "replay": "a100-80g",
+                      "ascend": "ascend-910b", "cpu": "cpu"}
 _NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind"))
 _MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms",
                 "comm_overlap")
@@ -175,14 +177,15 @@ _MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step
 def resolve_profile(cluster) -> DeviceProfile:
     """The :class:`DeviceProfile` for a spec's ``cluster`` section (rules in the module doc)."""
     device = cluster.device
-    if cluster.backend == "cpu":
+    name = device if isinstance(device, str) else DEFAULT_BY_BACKEND[cluster.backend]
+    if name == "cpu":
         base = replace(CPU_BASE, memory_gb=cluster.device_memory_gb or CPU_BASE.memory_gb)
         per_node = max(1, cluster.devices_per_node)  # workers of a node share its cores
         base = replace(base, peak_tflops=base.peak_tflops / per_node,
                        peak_tflops_fp32=base.peak_tflops_fp32 / per_node)
         return _override(base, device, allow_base=False) if isinstance(device, dict) else base
     if device is None:
-        profile = PROFILES[DEFAULT_BY_BACKEND[cluster.backend]]
+        profile = PROFILES[name]
     elif isinstance(device, str):
         profile = _named(device)
     else:
@@ -196,7 +199,7 @@ def resolve_profile(cluster) -> DeviceProfile:
 def _named(name) -> DeviceProfile:
     if name not in PROFILES:
         raise SpecError(f"cluster.device: unknown device profile {name!r} "
-                        f"(known: {', '.join(PROFILES)}, or a mapping of numbers)")
+                        f"(known: {', '.join(PROFILES)}, cpu, or a mapping of numbers)")
     return PROFILES[name]
 
 

@@ -1,0 +1,188 @@
+"""Ways of running a trial: one executor per backend kind, all with the same face.
+
+Contract: an executor runs the candidates it is handed and reports how each ended; it never
+decides what to try next, never writes the study, and never looks at other trials. The search
+loop (`autotune.search`) drives every executor the same way:
+
+- ``capacity()`` devices that may run at once; ``submit(job)`` starts a :class:`Job`;
+  ``wait(timeout_s)`` returns the :class:`Done` trials since the last call (``[]`` when none
+  finished in time); ``cancel(number)`` stops one running trial (it is not reported);
+  ``cancel_all()`` stops every running one and returns their numbers. Executors are context
+  managers (the dispatched one starts and stops Ray).
+- ``measures``: results are measurements (calibrate the cost model from them); ``noisy``: a
+  second run of the same candidate may differ (a confirm phase makes sense); ``steps_dir(n)``:
+  the folder where trial ``n`` writes its ``steps.jsonl`` while it runs, or None (no pruning).
+
+:class:`SimulateExecutor` answers with the cost model's estimate, :class:`ReplayExecutor` with
+the row of a replay table (`autotune.replay`), :class:`DispatchedExecutor` runs the real
+MindSpore program through Ray (`autotune.dispatch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.runner import TrialResult
+
+
+@dataclass
+class Job:
+    """A trial to run: the live Optuna trial, its candidate, the estimate it was judged with
+    and the driver's seconds spent proposing it."""
+
+    trial: object
+    candidate: object
+    estimate: object
+    driver_s: float = 0.0
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
+
+
+@dataclass
+class Done:
+    """How one trial ended: the result and the timing attrs to store beside it (only those
+    that mean something for the executor: none on simulate)."""
+
+    number: int
+    result: TrialResult
+    timing: dict = field(default_factory=dict)
+
+
+def simulated_metrics(estimate) -> dict:
+    """A simulate-backend trial: the cost model's estimate stored as the trial's metrics."""
+    return {"goodput": estimate.samples_per_s, "throughput": estimate.samples_per_s,
+            "step_time_ms": estimate.step_time_s * 1000,
+            "peak_memory_mb": estimate.memory_gb_per_device * 1024}
+
+
+class InstantExecutor:
+    """An executor whose trial is a lookup: :meth:`evaluate` gives the result the moment it is
+    asked. One trial at a time (every trial uses the whole pool), so the sampler sees each
+    result before the next ask, as it would on the real pool with one trial in flight."""
+
+    measures = noisy = False
+
+    def __init__(self, spec):
+        self.spec = spec
+        self._done: list[Done] = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.clear()
+
+    def capacity(self) -> int:
+        return self.spec.cluster.devices
+
+    def submit(self, job: Job) -> None:
+        result, timing = self.evaluate(job.candidate, job.estimate)
+        self._done.append(Done(job.number, result, timing))
+
+    def evaluate(self, candidate, estimate) -> tuple[TrialResult, dict]:
+        """The result of ``candidate`` (judged feasible with ``estimate``) and its timing."""
+        raise NotImplementedError
+
+    def wait(self, timeout_s: float | None = None) -> list[Done]:
+        done, self._done = self._done, []
+        return done
+
+    def cancel(self, number: int) -> None:
+        self._done = [d for d in self._done if d.number != number]
+
+    def cancel_all(self) -> list[int]:
+        return []  # nothing is ever running
+
+    def steps_dir(self, number: int) -> Path | None:
+        return None
+
+
+class SimulateExecutor(InstantExecutor):
+    """backend ``simulate``: the trial is the cost model's estimate."""
+
+    def evaluate(self, candidate, estimate) -> tuple[TrialResult, dict]:
+        return TrialResult("ok", simulated_metrics(estimate)), {}
+
+
+class ReplayExecutor(InstantExecutor):
+    """backend ``replay``: the trial is its candidate's row of the replay table; a candidate
+    not in the table is ``infeasible``."""
+
+    measures = True
+
+    def __init__(self, spec, table):
+        super().__init__(spec)
+        self.table = table
+
+    def evaluate(self, candidate, estimate) -> tuple[TrialResult, dict]:
+        row = self.table.lookup(candidate)
+        if row is None:
+            return TrialResult("infeasible", detail="not in the replay table"), {}
+        timing = {"run_s": row.run_s} if row.run_s is not None else {}
+        return TrialResult(row.outcome, dict(row.metrics), row.detail,
+                           run_s=row.run_s or 0.0), timing
+
+
+class DispatchedExecutor:
+    """backends ``cpu``, ``gpu``, ``ascend``: the real trial program, placed by Ray."""
+
+    measures = noisy = True
+
+    def __init__(self, spec, study_dir: Path, ray_address: str | None = None):
+        from autotune import costmodel
+
+        self.spec, self.study_dir, self.ray_address = spec, study_dir, ray_address
+        # On CPU a device is a worker process: its RSS budget is enforced by the runner.
+        profile = costmodel.resolve_profile(spec.cluster)
+        self.memory_mb = profile.memory_gb * 1024 if spec.cluster.backend == "cpu" else None
+        self._dispatcher = None
+
+    def __enter__(self):
+        from autotune.dispatch import Dispatcher
+
+        self._dispatcher = Dispatcher(self.spec.cluster.backend, self.spec.cluster.devices,
+                                      self.ray_address).__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._dispatcher.__exit__(*exc)
+
+    def capacity(self) -> int:
+        return self._dispatcher.capacity()
+
+    def steps_dir(self, number: int) -> Path:
+        return self.study_dir / str(number)
+
+    def submit(self, job: Job) -> None:
+        from autotune.train.config import trial_config
+
+        trial_dir = self.steps_dir(job.number)
+        config = trial_config(self.spec, job.candidate, study=self.spec.study, number=job.number,
+                              out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
+                              measure_after=self.spec.trial.measure_after)
+        self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
+                                self.spec.trial.timeout_s, self.memory_mb)
+
+    def wait(self, timeout_s: float | None = None) -> list[Done]:
+        return [Done(f.number, f.result, {"run_s": round(f.result.run_s, 3),
+                                          "wall_s": round(f.wall_s, 3),
+                                          "queued_s": round(f.queued_s, 3)})
+                for f in self._dispatcher.wait(timeout_s=timeout_s)]
+
+    def cancel(self, number: int) -> None:
+        self._dispatcher.cancel(number)
+
+    def cancel_all(self) -> list[int]:
+        return self._dispatcher.cancel_all()
+
+
+def make_executor(spec, study_dir: Path, ray_address: str | None = None, replay_table=None):
+    """The executor of ``spec.cluster.backend`` (not entered yet)."""
+    if spec.cluster.backend == "simulate":
+        return SimulateExecutor(spec)
+    if spec.cluster.backend == "replay":
+        return ReplayExecutor(spec, replay_table)
+    return DispatchedExecutor(spec, study_dir, ray_address)

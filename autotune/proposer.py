@@ -1,0 +1,104 @@
+"""What to try next: the sampler, de-duplication and feasibility.
+
+Contract: a :class:`Proposer` turns the study's sampler into runnable jobs. :meth:`propose`
+asks one trial and returns either a :class:`~autotune.executors.Job` (a new candidate that may
+run) or a :class:`Settled` (an answer that needs no run: a candidate already tried — answered
+from memory, ``repeat_of`` — or one that breaks a constraint or is predicted out of memory —
+``infeasible``, with the reason). It never runs anything and never records an outcome; the
+search loop hands settled answers and results to the recorder and tells the proposer what it
+learnt with :meth:`remember`.
+
+- Feasibility is :func:`autotune.space.violations` and the cost model's memory screen, with the
+  study's calibration (:attr:`calibration`, kept up to date by the loop).
+- ``--sampler grid``: :meth:`start_grid` queues every candidate not tried yet; each is enqueued
+  just before its ask (Optuna scans every waiting trial on each ask).
+- :meth:`ask_queued` asks the trial at the head of the queue (a retry, a confirm re-run) and
+  runs it as it is: no repeat or feasibility check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from autotune import costmodel
+from autotune.executors import Job
+from autotune.space import Candidate, SearchSpace, violations
+
+
+@dataclass
+class Settled:
+    """An asked trial that ends without a run: ``outcome`` infeasible (``detail`` says why) or
+    the remembered outcome of an earlier trial of the same candidate (``repeat_of``)."""
+
+    trial: object
+    candidate: Candidate
+    outcome: str
+    metrics: dict = field(default_factory=dict)
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+    repeat_of: int | None = None
+
+
+class Proposer:
+    """Asks the study's sampler for candidates and screens them (see the module doc)."""
+
+    def __init__(self, spec, space: SearchSpace, study):
+        self.spec, self.space, self.study = spec, space, study
+        self.calibration = None
+        # candidate → (number, outcome, metrics, detail) of a finished trial: a repeat is
+        # answered from here, without reading storage again
+        self.seen: dict = {}
+        self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
+
+    def remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
+        """``candidate`` ended so: a later proposal of it is answered with this."""
+        self.seen[candidate] = (number, outcome, metrics or {}, detail)
+
+    def start_grid(self) -> int:
+        """Queue every candidate of the space not tried yet; returns how many."""
+        self.grid = deque((c, self.space.params_of(c)) for c in self.space.candidates()
+                          if c not in self.seen)
+        return len(self.grid)
+
+    def verdict(self, candidate) -> tuple:
+        """(estimate, reason): the reason is empty when the candidate may run."""
+        reasons = violations(self.spec, candidate)
+        estimate = costmodel.estimate(self.spec, candidate, self.calibration)
+        infeasible = reasons or not estimate.feasible
+        return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
+
+    def _ask(self):
+        trial = self.study.ask()
+        candidate, attrs = self.space.sample(trial)
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        return trial, candidate
+
+    def propose(self) -> Job | Settled:
+        """Ask one candidate; settle it at once when it needs no run (see the module doc)."""
+        started = time.perf_counter()
+        if self.grid:
+            self.study.enqueue_trial(self.grid.popleft()[1])
+        trial, candidate = self._ask()
+        if candidate in self.seen:
+            number, outcome, metrics, detail = self.seen[candidate]
+            return Settled(trial, candidate, outcome, metrics, detail, repeat_of=number)
+        estimate, reason = self.verdict(candidate)
+        if reason:
+            return Settled(trial, candidate, "infeasible", detail=reason,
+                           extra={"estimate": estimate.as_dict()})
+        return Job(trial, candidate, estimate, time.perf_counter() - started)
+
+    def ask_queued(self) -> Job:
+        """Ask the queued trial and run it as it is (no repeat or feasibility check)."""
+        started = time.perf_counter()
+        trial, candidate = self._ask()
+        estimate, _ = self.verdict(candidate)
+        return Job(trial, candidate, estimate, time.perf_counter() - started)
+
+    def again(self, original) -> Job:
+        """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
+        self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
+        return self.ask_queued()

@@ -1,0 +1,145 @@
+"""What the study proposes, on the simulate backend into real Optuna storage: ordered knobs,
+older studies that resume with their own params."""
+
+import textwrap
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, IntDistribution
+
+import autotune
+from autotune.cli import main
+from autotune.knobs import KNOB_NAMES
+
+SIMULATE = """
+study: sim
+model: {family: transformer, num_layers: 8, hidden_size: 1024, num_heads: 16, seq_length: 1024,
+        vocab_size: 32000, dtype: bfloat16}
+train: {global_batch_size: 64}
+cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g}
+search:
+  space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
+          grad_accum: [1, 2, 3], loss_scale: 65536, warmup_steps: 0, jit_level: O1,
+          recompute: [none, full]}
+  n_trials: 8
+  seed: 0
+"""
+
+
+def write(tmp_path, text, name="model.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_numeric_knobs_reach_the_sampler_as_ordered_distributions(tmp_path):
+    path = write(tmp_path, SIMULATE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "tpe"]) == 0
+    study = optuna.load_study(study_name="sim", storage=storage)
+    expected = {"log2_tp": IntDistribution(0, 2), "log2_pp": IntDistribution(0, 1),
+                "log2_fusion_mb": IntDistribution(4, 8, step=4),
+                "log2_micro_batches": IntDistribution(1, 2),
+                "grad_accum": IntDistribution(1, 3), "recompute": CategoricalDistribution(["none", "full"])}
+    seen = {}
+    for t in study.trials:
+        seen.update(t.distributions)
+    assert seen == expected
+    # what TPE models jointly: the integer params every trial has, as integers
+    relative = optuna.samplers.TPESampler(multivariate=True).infer_relative_search_space(
+        study, study.trials[-1])
+    assert relative["log2_tp"] == IntDistribution(0, 2)
+    assert relative["log2_fusion_mb"] == IntDistribution(4, 8, step=4)
+    # every knob stays readable under its own name, as the candidate that ran
+    frame = autotune.trials_frame("sim", storage)
+    for knob in KNOB_NAMES:
+        assert frame[knob].notna().all(), knob
+    for t in study.trials:
+        knobs = autotune.records.knobs_of(t)
+        assert 2 ** t.params["log2_tp"] == knobs["tp"]
+        assert knobs["dp"] * knobs["tp"] * knobs["pp"] == 8
+        if knobs["pp"] == 1:
+            assert t.params["grad_accum"] == knobs["grad_accum"] and "grad_accum" not in t.user_attrs
+
+
+def legacy_study(path, storage, trials):
+    """A study as autotune wrote it before ordered knobs: every knob a categorical param named
+    after it, no ``param_encoding`` attr; ``trials``: finished candidates, then one a killed
+    driver left RUNNING."""
+    from dataclasses import replace
+
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+    from autotune.study import fingerprint
+
+    spec = load_spec(path)
+    space = replace(build_space(spec), encoding="categorical")
+    study = optuna.create_study(storage=storage, study_name="sim", direction="maximize")
+    for key, value in (("model_yaml", spec.raw), ("model_yaml_path", spec.source),
+                       ("objectives", ["goodput"]), ("backend", "simulate"),
+                       ("fingerprint", fingerprint(spec, space))):
+        study.set_user_attr(key, value)
+    distributions = space.distributions()
+    for candidate in trials[:-1]:
+        params = space.params_of(candidate)
+        study.add_trial(optuna.trial.create_trial(
+            value=1.0, params=params, distributions={k: distributions[k] for k in params},
+            user_attrs={"outcome": "ok", "goodput": 1.0, **space.attrs_of(candidate)}))
+    study.enqueue_trial(space.params_of(trials[-1]))
+    space.sample(study.ask())
+    return study
+
+
+def test_a_study_created_before_ordered_knobs_resumes_with_its_categorical_params(tmp_path, capsys):
+    from autotune.space import Candidate
+
+    path = write(tmp_path, SIMULATE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    base = dict(dp=8, tp=1, pp=1, micro_batches=1, fusion_mb=16, grad_accum=1, loss_scale=65536,
+                warmup_steps=0, jit_level="O1", recompute="none")
+    old = [Candidate(**base), Candidate(**base | {"dp": 4, "tp": 2}),
+           Candidate(**base | {"dp": 2, "tp": 2, "pp": 2, "micro_batches": 4})]
+    legacy_study(path, storage, old)
+    assert main(["search", str(path), "--storage", storage, "--trials", "5", "--resume",
+                 "--sampler", "tpe"]) == 0
+    assert "'sim' was created before ordered knobs: its knobs stay categorical params" in \
+        capsys.readouterr().out
+    study = optuna.load_study(study_name="sim", storage=storage)
+    for t in study.trials:
+        assert all(isinstance(d, CategoricalDistribution) for d in t.distributions.values())
+        assert set(t.params) <= set(KNOB_NAMES)
+    frame = autotune.trials_frame("sim", storage)
+    assert frame.loc[2, "outcome"] == "interrupted"
+    # the interrupted candidate ran again, with the params it had
+    rerun = [t for t in study.trials[3:] if t.params == study.trials[2].params]
+    assert rerun and rerun[0].user_attrs["outcome"] == "ok"
+    counted = frame[(frame["outcome"] != "interrupted") & frame["repeat_of"].isna()]
+    assert len(counted) == 5 and counted[list(KNOB_NAMES)].notna().all().all()
+
+
+def test_a_study_of_an_unknown_param_encoding_is_refused(tmp_path, capsys):
+    path = write(tmp_path, SIMULATE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--trials", "2"]) == 0
+    optuna.load_study(study_name="sim", storage=storage).set_user_attr("param_encoding", "spiral")
+    capsys.readouterr()
+    assert main(["search", str(path), "--storage", storage, "--trials", "3", "--resume"]) == 2
+    assert "samples its knobs as 'spiral'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("domain, name, distribution, values", [
+    ((1, 2, 4, 8), "log2_tp", IntDistribution(0, 3), (1, 2, 4, 8)),
+    ((64, 1, 4, 16), "log2_tp", IntDistribution(0, 6, step=2), (1, 4, 16, 64)),
+    ((0, 100, 200), "tp", IntDistribution(0, 200, step=100), (0, 100, 200)),
+    ((1, 2, 8), "tp_index", IntDistribution(0, 2), (1, 2, 8)),
+])
+def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(domain, name, distribution, values):
+    from autotune.encoding import param_for
+
+    param = param_for("tp", domain, "ordered")
+    assert (param.name, param.distribution, param.values) == (name, distribution, values)
+    for value in domain:
+        raw = param.encode(value)
+        assert distribution._contains(raw) and param.decode(raw) == value
+    assert param_for("recompute", ("none", "full"), "ordered").distribution == \
+        CategoricalDistribution(["none", "full"])

@@ -1,0 +1,135 @@
+"""backend replay end to end: a table of measured candidates stands in for the trial runs, the
+constraints and the OOM screen run as on a real backend; bad tables exit 2 naming row and
+column, with nothing written."""
+
+import csv
+import textwrap
+
+import optuna
+import pytest
+
+import autotune
+from autotune.cli import main
+
+MODEL = """
+study: rep
+model: {family: transformer, num_layers: 8, hidden_size: 1024, num_heads: 16, seq_length: 1024,
+        vocab_size: 32000, dtype: bfloat16}
+train: {global_batch_size: 64}
+cluster: {backend: replay, replay: table.csv, devices: 8, devices_per_node: 8, device: a100-80g,
+          device_memory_gb: 6}
+search:
+  space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
+          grad_accum: [1, 2], loss_scale: 65536, warmup_steps: 0, jit_level: O1,
+          recompute: [none, full]}
+  n_trials: 6
+  seed: 0
+"""
+
+
+def write_table(tmp_path, header, rows, name="table.csv"):
+    with open(tmp_path / name, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def model(tmp_path, text=MODEL):
+    path = tmp_path / "model.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def goodput(tp, pp, recompute):
+    return 100.0 * tp + 10.0 * pp + (1.0 if recompute == "full" else 0.0)
+
+
+def test_a_study_replays_a_table_and_screens_as_a_real_backend_would(tmp_path, capsys):
+    rows = []
+    for tp in (1, 2, 4):
+        for pp in (1, 2):
+            for recompute in ("none", "full"):
+                if (tp, pp, recompute) == (4, 2, "none"):
+                    continue  # a candidate nobody measured
+                outcome = "oom" if (tp, pp, recompute) == (2, 2, "full") else "ok"
+                value = goodput(tp, pp, recompute) if outcome == "ok" else ""
+                rows.append([tp, pp, recompute, value, 40.0, outcome, "run-a", 30])
+    write_table(tmp_path, ["tp", "pp", "recompute", "goodput", "step_time_ms", "outcome",
+                           "study", "run_s"], rows)
+    path = model(tmp_path)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
+    out = capsys.readouterr().out
+    assert "replay: columns ignored: study" in out
+    assert "replay: no column for micro_batches, fusion_mb, grad_accum: a row matches any value" in out
+    frame = autotune.trials_frame("rep", storage)
+    assert len(frame) == 48 and not (tmp_path / "trials").exists()
+    from autotune.costmodel import estimate
+    from autotune.space import Candidate
+    from autotune.spec import load_spec
+    spec = load_spec(path)
+    for _, t in frame.iterrows():
+        key = (t["tp"], t["pp"], t["recompute"])
+        predicted = estimate(spec, Candidate(**{k: t[k] for k in autotune.knobs.KNOB_NAMES}))
+        if not predicted.feasible:  # the OOM screen runs before the table is read
+            assert t["outcome"] == "infeasible" and "GB" in t["detail"], t
+        elif key == (4, 2, "none"):
+            assert t["outcome"] == "infeasible" and t["detail"] == "not in the replay table"
+        elif key == (2, 2, "full"):
+            assert t["outcome"] == "oom"
+        else:
+            assert t["outcome"] == "ok" and t["goodput"] == goodput(*key)
+            assert t["run_s"] == 30 and t["step_time_ms"] == 40.0
+    assert set(frame["outcome"]) == {"ok", "oom", "infeasible"}
+    # the table is a measurement: it calibrates the cost model
+    study = optuna.load_study(study_name="rep", storage=storage)
+    assert study.user_attrs["calibration"]["n_time"] == (frame["outcome"] == "ok").sum()
+
+
+def test_a_studys_own_csv_replays_to_the_same_results(tmp_path, capsys):
+    simulated = model(tmp_path, MODEL.replace("backend: replay, replay: table.csv", "backend: simulate"))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(simulated), "--storage", storage, "--study", "sim",
+                 "--trials", "8", "--sampler", "tpe"]) == 0
+    assert main(["compare", "sim", "--storage", storage, "--csv", str(tmp_path / "table.csv")]) == 0
+    path = model(tmp_path)
+    assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
+    assert "replay: columns ignored: study, number" in capsys.readouterr().out
+    original = autotune.trials_frame("sim", storage)
+    original = original[original["outcome"] == "ok"].drop_duplicates("goodput")
+    replayed = autotune.trials_frame("rep", storage).set_index(list(autotune.knobs.KNOB_NAMES))
+    for _, t in original.iterrows():
+        row = replayed.loc[tuple(t[k] for k in autotune.knobs.KNOB_NAMES)]
+        assert row["outcome"] == "ok" and row["goodput"] == pytest.approx(t["goodput"])
+    assert (replayed["outcome"] == "ok").sum() == len(original)
+
+
+HEADER = ["tp", "pp", "recompute", "goodput", "outcome"]
+
+
+@pytest.mark.parametrize("rows, where, says", [
+    ([[3, 1, "none", 5, "ok"]], "row 1, column tp", "3 is not in the space"),
+    ([[1, 1, "none", 5, "ok"], [2, 1, "none", 5, "ok"], [1, 1, "none", 6, "ok"]], "row 3",
+     "the same candidate as row 1"),
+    ([[1, 1, "none", "fast", "ok"]], "row 1, column goodput", "'fast' is not a number"),
+    ([[1, 1, "none", "", "ok"]], "row 1, column goodput", "an ok row needs a finite goodput"),
+    ([[1, 1, "none", 5, "great"]], "row 1, column outcome", "'great' is not one of ok"),
+    ([[1, 1, "everything", 5, "ok"]], "row 1, column recompute", "'everything' is not in the space"),
+    ([[1, 1.5, "none", 5, "ok"]], "row 1, column pp", "'1.5' is not an integer"),
+])
+def test_a_bad_table_exits_2_naming_row_and_column(tmp_path, capsys, rows, where, says):
+    write_table(tmp_path, HEADER, rows)
+    path = model(tmp_path)
+    assert main(["search", str(path), "--storage", f"sqlite:///{tmp_path}/s.db"]) == 2
+    err = capsys.readouterr().err
+    assert "table.csv" in err and where in err and says in err, err
+    assert not (tmp_path / "s.db").exists()  # nothing written
+
+
+def test_a_missing_table_and_a_table_on_another_backend_are_input_errors(tmp_path, capsys):
+    path = model(tmp_path)
+    assert main(["validate", str(path)]) == 2
+    assert "cluster.replay: cannot read" in capsys.readouterr().err
+    path = model(tmp_path, MODEL.replace("backend: replay", "backend: simulate"))
+    assert main(["validate", str(path)]) == 2
+    assert "cluster.replay: is read by backend replay only" in capsys.readouterr().err
