@@ -150,15 +150,18 @@ trial: {{steps: 100000, measure_after: 2, timeout_s: 600}}
 """
 
 
-def test_sigkill_of_the_driver_leaves_no_process_of_the_study(tmp_path):
+def test_sigkill_of_the_driver_leaves_no_process_and_resume_reruns_its_trial(tmp_path):
     study = f"killed-{os.getpid()}"
-    (tmp_path / "model.yaml").write_text(textwrap.dedent(MODEL.format(study=study)))
+    # 400 steps: long enough to be killed in the middle, short enough to rerun
+    (tmp_path / "model.yaml").write_text(textwrap.dedent(MODEL.format(study=study).replace(
+        "steps: 100000", "steps: 400")))
     trial = tmp_path / "art" / study / "0"
+    storage = f"sqlite:///{tmp_path}/s.db"
+    argv = [str(BIN / "autotune"), "search", "model.yaml", "--storage", storage,
+            "--artifacts", str(tmp_path / "art"), "--no-confirm"]
     with open(tmp_path / "driver.log", "w") as log:
-        driver = subprocess.Popen(
-            [str(BIN / "autotune"), "search", "model.yaml", "--storage",
-             f"sqlite:///{tmp_path}/s.db", "--artifacts", str(tmp_path / "art")],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        driver = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
     seen: dict = {}
     try:
         deadline = time.monotonic() + 150
@@ -191,6 +194,19 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_study(tmp_path):
         while os.path.exists(ray_temp) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not os.path.exists(ray_temp)  # the guard removed Ray's temp folder too
+        assert len(open(trial / "steps.jsonl").readlines()) < 400  # killed in the middle
+
+        # --resume reruns the candidate the kill interrupted, and the study ends with exactly
+        # N = 1 finished trial besides it
+        resumed = subprocess.run(argv + ["--resume"], cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=300)
+        assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+        assert "trials [0] were interrupted and will run again" in resumed.stdout
+        import optuna
+
+        trials = optuna.load_study(study_name=study, storage=storage).trials
+        assert [t.user_attrs.get("outcome") for t in trials] == ["interrupted", "ok"]
+        assert trials[1].params == trials[0].params and trials[1].user_attrs.get("baseline")
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -202,6 +218,7 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_study(tmp_path):
                 pass
 
 
+@pytest.mark.slow
 def test_a_lost_ray_cluster_stops_the_study_with_nothing_lost(tmp_path):
     """The driver's local raylet dies during trial 0. That trial's result still reaches the
     driver (a worker reports to its owner directly), but nothing more can run: the next trial
