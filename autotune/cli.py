@@ -47,6 +47,9 @@ def _load(args, extra_overrides: dict | None = None):
 def cmd_search(args) -> int:
     if args.confirm < 0 or args.confirm_runs < 1:
         raise SpecError("--confirm K needs K ≥ 0 and --confirm-runs R needs R ≥ 1")
+    from autotune.budget import parse_budget
+
+    budget = parse_budget(args.budget) if args.budget is not None else None
     spec, space = _load(args)
     from autotune.analysis import resolve_storage
     from autotune.dispatch import ClusterLost
@@ -60,7 +63,9 @@ def cmd_search(args) -> int:
         run_search(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
                    n_trials=spec.search.n_trials, resume=args.resume,
                    artifacts=Path(args.artifacts).resolve(), ray_address=args.ray_address,
-                   progress=progress, confirm_top=args.confirm, confirm_runs=args.confirm_runs)
+                   progress=progress, confirm_top=args.confirm, confirm_runs=args.confirm_runs,
+                   budget=budget, stop_when_flat=args.stop_when_flat,
+                   warm=tuple(args.warm_start or ()))
     except KeyboardInterrupt:
         print(f"\ninterrupted: running trials recorded as interrupted; continue with "
               f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
@@ -234,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no confirm phase")
     search.add_argument("--confirm-runs", type=int, default=2, metavar="R",
                         help="re-runs of each confirmed trial (default 2)")
+    search.add_argument("--budget", metavar="TIME|DH",
+                        help="stop dispatching before the study's wall time (90m, 2h) or "
+                             "device-hours (40dh) would be exceeded; spans resumes")
+    search.add_argument("--warm-start", action="append", metavar="STUDY",
+                        help="start from the measured trials of an earlier study of the same "
+                             "model and cluster (repeatable; another model is refused)")
+    search.add_argument("--stop-when-flat", action="store_true",
+                        help="also stop when the last runs stopped improving the best "
+                             "(autotune/budget.py states the rule)")
     search.set_defaults(run=cmd_search)
 
     estimate = verbs.add_parser("estimate", help="the cost model's verdict for one candidate")

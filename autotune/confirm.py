@@ -6,8 +6,9 @@ run once made a 1.0× configuration look 1.6× better. So every real-backend stu
 the top trials and the baseline again, interleaved, and reports means with their spread.
 
 Contract (reads storage only, through the ``optuna.Study`` it is given):
-- :func:`best_trials`: the best counted ``ok`` trial (one objective) or the Pareto front of the
-  counted ``ok`` trials sorted by the first objective — never a repeat or a confirm re-run.
+- :func:`best_trials`: the best ranked ``ok`` trial (one objective) or the Pareto front of the
+  ranked ``ok`` trials sorted by the first objective — never a repeat or a confirm re-run
+  (`autotune.records.ranked`: a trial brought in by a warm start is one).
 - :func:`baseline_of`: the baseline trial that ran (a re-run of an interrupted baseline counts).
 - :func:`plan`: the trials to confirm — the top ``top`` of :func:`best_trials` (one objective:
   the ``top`` best ``ok`` trials) and the baseline — each with how many re-runs it still needs
@@ -40,7 +41,7 @@ def _ranked(study: optuna.Study, trials: list) -> list:
 
 def _ok(study: optuna.Study) -> list:
     return [t for t in study.get_trials(deepcopy=False)
-            if records.counted(t) and t.values is not None]
+            if records.ranked(t) and t.values is not None]
 
 
 def best_trials(study: optuna.Study) -> list:
@@ -52,7 +53,7 @@ def best_trials(study: optuna.Study) -> list:
 
 def baseline_of(study: optuna.Study):
     return next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get("baseline") and records.counted(t)), None)
+                 if t.user_attrs.get("baseline") and records.ranked(t)), None)
 
 
 def plan(study: optuna.Study, top: int, runs: int) -> list:

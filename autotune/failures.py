@@ -47,8 +47,9 @@ def remembered(trial, result) -> bool:
 
 
 def remembered_after_restart(frozen: optuna.trial.FrozenTrial) -> bool:
-    """Whether a resumed run answers proposals of this stored trial's candidate from it."""
-    return records.counted(frozen) and not records.is_infrastructure(frozen)
+    """Whether a resumed run answers proposals of this stored trial's candidate from it (one
+    brought in by a warm start too)."""
+    return records.ranked(frozen) and not records.is_infrastructure(frozen)
 
 
 def retry(study: optuna.Study, trial) -> None:

@@ -46,8 +46,14 @@ class Knob:
     supports: Callable[[str, object], bool] = _any
     default: object = None
     unsupported_because: str = ""  # the line printed when a backend filters values out
-    estimable: bool = True  # whether the cost model (so the simulate backend) can tell values apart
+    # Whether the cost model's effect of the knob's values is known: where it is not, the
+    # simulate backend fixes the knob (a "finding" there would be fixed in advance) and the
+    # prior of sampler auto leaves it to the sampler. unestimated_because says why, in notes.
+    estimable: bool = True
+    unestimated_because: str = ""
 
+
+_NUMERICS = "the cost model cannot tell its values apart (they change numerics, not work)"
 
 KNOBS: dict[str, Knob] = {
     k.name: k
@@ -75,15 +81,19 @@ KNOBS: dict[str, Knob] = {
              "runner_config.gradient_accumulation_steps", default=1),
         Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
              "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
-             "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False),
+             "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False,
+             unestimated_because=_NUMERICS),
         Knob("warmup_steps", int, "linear warmup steps before cosine decay",
              "LearningRateSchedule: linear warmup then cosine over train.total_steps",
-             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False),
+             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False,
+             unestimated_because=_NUMERICS),
         Knob("jit_level", str, "graph compile level, or PyNative execution",
              "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
              "or set_context(mode=PYNATIVE_MODE)",
              "context.jit_config.jit_level", _o2_needs_ascend, default="O1",
-             unsupported_because="O2 sinks the whole graph through CANN, Ascend only"),
+             unsupported_because="O2 sinks the whole graph through CANN, Ascend only",
+             estimable=False, unestimated_because="the cost model's jit-level factors on "
+             "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)"),
         Knob("recompute", str, "activation recomputation",
              "Cell.recompute() on each block (full) or on the attention core (selective)",
              "recompute_config.recompute / select_recompute", default="none"),

@@ -47,6 +47,7 @@ class Progress:
         self._maximize = True
         self._confirm_total = self._confirm_done = 0
         self._confirm_started = 0.0
+        self.status = lambda: ""  # more for each trial line (the search sets the budget used)
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]·[/dim] {message}")
@@ -113,8 +114,10 @@ class Progress:
         eta = elapsed / self._done_here * max(0, self._total - self._done)
         best = (f"best {_fmt(self._best[0])} (#{self._best[1]})" if self._best
                 else "best: none yet")
+        status = self.status()
         self.console.print(f"[{self._done:>{len(str(self._total))}}/{self._total}] {what} | "
-                           f"{best} | {_clock(elapsed)}, ETA {_clock(eta)}")
+                           f"{best} | {_clock(elapsed)}, ETA {_clock(eta)}"
+                           + (f" | {status}" if status else ""))
 
     def finish(self, study: optuna.Study) -> None:
         counts: dict[str, int] = {}

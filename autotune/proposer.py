@@ -10,6 +10,11 @@ learnt with :meth:`remember`.
 
 - Feasibility is :func:`autotune.space.violations` and the cost model's memory screen, with the
   study's calibration (:attr:`calibration`, kept up to date by the loop).
+- ``search.sampler: auto``: a :class:`~autotune.prior.Prior` chooses the candidates (enqueued
+  with user attr ``proposed_by: prior``, the sampler filling in the knobs the prior leaves to
+  it) whenever nothing else is queued, taking the objectives it ranks by in turn; the sampler
+  proposes alone once the prior has nothing left. Every proposed candidate is marked in the
+  prior, so it never comes again.
 - ``--sampler grid``: :meth:`start_grid` queues every candidate not tried yet; each is enqueued
   just before its ask (Optuna scans every waiting trial on each ask).
 - :meth:`ask_queued` asks the trial at the head of the queue (a retry, a confirm re-run) and
@@ -21,6 +26,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+from optuna.trial import TrialState
 
 from autotune import costmodel
 from autotune.executors import Job
@@ -44,9 +51,13 @@ class Settled:
 class Proposer:
     """Asks the study's sampler for candidates and screens them (see the module doc)."""
 
-    def __init__(self, spec, space: SearchSpace, study):
+    def __init__(self, spec, space: SearchSpace, study, prior=None, measurements=None):
         self.spec, self.space, self.study = spec, space, study
         self.calibration = None
+        self.prior = prior
+        # (estimate, peak MB, step ms) of the measured trials: the recorder appends to it
+        self.measurements = measurements if measurements is not None else []
+        self._turn = 0  # several objectives the prior ranks by: they take turns
         # candidate → (number, outcome, metrics, detail) of a finished trial: a repeat is
         # answered from here, without reading storage again
         self.seen: dict = {}
@@ -55,6 +66,8 @@ class Proposer:
     def remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
         """``candidate`` ended so: a later proposal of it is answered with this."""
         self.seen[candidate] = (number, outcome, metrics or {}, detail)
+        if self.prior is not None:
+            self.prior.mark(candidate)
 
     def start_grid(self) -> int:
         """Queue every candidate of the space not tried yet; returns how many."""
@@ -81,7 +94,12 @@ class Proposer:
         started = time.perf_counter()
         if self.grid:
             self.study.enqueue_trial(self.grid.popleft()[1])
+        elif self.prior is not None and not self.study.get_trials(deepcopy=False,
+                                                                  states=(TrialState.WAITING,)):
+            self._from_prior()  # what is queued (the baseline, a retry, a re-run) runs first
         trial, candidate = self._ask()
+        if self.prior is not None:
+            self.prior.mark(candidate)
         if candidate in self.seen:
             number, outcome, metrics, detail = self.seen[candidate]
             return Settled(trial, candidate, outcome, metrics, detail, repeat_of=number)
@@ -90,6 +108,16 @@ class Proposer:
             return Settled(trial, candidate, "infeasible", detail=reason,
                            extra={"estimate": estimate.as_dict()})
         return Job(trial, candidate, estimate, time.perf_counter() - started)
+
+    def _from_prior(self) -> None:
+        """Queue the prior's next candidate, by the objective whose turn it is, unless the
+        prior has nothing left (then the sampler proposes)."""
+        objective = self.prior.objectives[self._turn % len(self.prior.objectives)]
+        self._turn += 1
+        candidate = self.prior.next(self.measurements, self.calibration, objective)
+        if candidate is not None:
+            self.study.enqueue_trial(self.prior.params(candidate),
+                                     user_attrs={"proposed_by": "prior"})
 
     def ask_queued(self) -> Job:
         """Ask the queued trial and run it as it is (no repeat or feasibility check)."""

@@ -96,10 +96,18 @@ def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
 def counted(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial counts toward the study's N finished trials: interrupted ones rerun, a
     repeat of an earlier candidate (``repeat_of``) was answered from storage, not run, a
-    confirm-phase re-run (``confirm_of``) measures a trial again, and a first infrastructure
-    failure is retried (only a retry's, ``retry_of``, counts)."""
+    confirm-phase re-run (``confirm_of``) measures a trial again, a first infrastructure
+    failure is retried (only a retry's, ``retry_of``, counts), and a trial brought in from an
+    earlier study (``warm_start``, `autotune.warmstart`) ran there."""
     return (frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
-            and not {"repeat_of", "confirm_of"} & set(frozen.user_attrs) and not retried(frozen))
+            and not {"repeat_of", "confirm_of", "warm_start"} & set(frozen.user_attrs)
+            and not retried(frozen))
+
+
+def ranked(frozen: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial is one of the study's own measurements of its candidate (what rankings,
+    failure memory and the prior see): a counted trial, or one brought in by a warm start."""
+    return counted(frozen) or (frozen.state.is_finished() and "warm_start" in frozen.user_attrs)
 
 
 def is_infrastructure(frozen) -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from autotune.knobs import KNOB_NAMES, KNOBS
 from autotune.records import METRICS, OBJECTIVE_METRIC, OUTCOMES
+from autotune.space import is_active
 from autotune.spec import SpecError
 
 SKIP_MARKERS = ("repeat_of", "confirm_of", "infrastructure")
@@ -127,7 +128,7 @@ class _Reader:
         values = {}
         pp = self.knob(row, "pp", record["pp"]) if "pp" in knobs else None
         for name in knobs:
-            if name == "micro_batches" and pp == 1 or name == "grad_accum" and pp is not None and pp > 1:
+            if pp is not None and not is_active(name, pp):
                 values[name] = 1  # does not act here: as a candidate resolves it
             else:
                 values[name] = self.knob(row, name, record[name])
@@ -172,8 +173,9 @@ def load_table(spec, space) -> ReplayTable:
                     continue
                 key, row = read
                 if key in rows:
+                    which = ", ".join(f"{k}={v}" for k, v in zip(knobs, key))
                     raise SpecError(f"{path}: row {number}: the same candidate as row "
-                                    f"{rows[key].row} ({', '.join(f'{k}={v}' for k, v in zip(knobs, key))})")
+                                    f"{rows[key].row} ({which})")
                 rows[key] = row
     except OSError as exc:
         raise SpecError(f"cluster.replay: cannot read {path}: {exc.strerror or exc}") from None

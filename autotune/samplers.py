@@ -17,7 +17,7 @@ from autotune.spec import SpecError
 
 def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
     """The Optuna sampler for ``name``; SpecError when its optional package is missing."""
-    if name == "tpe":
+    if name in ("tpe", "auto"):  # auto: the cost model's prior proposes, TPE fills in
         # benchmarks/search_efficiency.py: few random startup trials (≈ n/6, 2 to 10) reach the
         # optimum in far fewer trials than Optuna's default 10; `group` made it worse. The
         # constant liar keeps concurrent trials apart.

@@ -27,8 +27,11 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import confirm, costmodel, failures, records
+from autotune.budget import Budget, Stopper, check_budget_backend
 from autotune.executors import InstantExecutor, make_executor
 from autotune.progress import Progress
+from autotune.prior import Prior
+from autotune.prior import usable as prior_usable
 from autotune.proposer import Proposer, Settled
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.recorder import Recorder
@@ -38,6 +41,7 @@ from autotune.samplers import make_sampler
 from autotune.space import Candidate, SearchSpace
 from autotune.spec import Spec, SpecError
 from autotune.study import encoding_of, open_study, recover_interrupted
+from autotune.warmstart import earlier_studies, warm_start
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -47,10 +51,13 @@ MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new t
 def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
                resume: bool, artifacts: Path, ray_address: str | None = None,
                progress: Progress | None = None, confirm_top: int = 2,
-               confirm_runs: int = 2) -> optuna.Study:
-    """Run (or resume) the study to ``n_trials`` finished trials and return it. On a backend
-    whose runs are noisy, then re-run the ``confirm_top`` best trials and the baseline
-    ``confirm_runs`` times each (0: no confirm phase) and store the noise floor."""
+               confirm_runs: int = 2, budget: Budget | None = None,
+               stop_when_flat: bool = False, warm: tuple = ()) -> optuna.Study:
+    """Run (or resume) the study to ``n_trials`` finished trials — fewer when ``budget`` or
+    ``stop_when_flat`` stops it first (`autotune.budget`) — and return it. On a backend whose
+    runs are noisy, then re-run the ``confirm_top`` best trials and the baseline
+    ``confirm_runs`` times each (0: no confirm phase; within the budget) and store the noise
+    floor. ``warm``: earlier studies whose measurements it starts from (`autotune.warmstart`)."""
     sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
     if spec.cluster.backend == "simulate" and "final_loss" in spec.search.objectives:
         raise SpecError("search.objectives: final_loss cannot be estimated on backend simulate")
@@ -58,6 +65,8 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
     # a bad replay table is an input error: read it before the study is created
     table = load_table(spec, space) if spec.cluster.backend == "replay" else None
+    check_budget_backend(budget, spec, table)
+    earlier = earlier_studies(spec, space, study_name, warm, storage)
     study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     progress = progress or Progress()
     for note in table.notes if table else ():
@@ -71,7 +80,10 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
         progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
     executor = make_executor(spec, artifacts / study_name, ray_address, table)
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
-    proposer = Proposer(spec, space, study)
+    proposer = Proposer(spec, space, study, _prior(spec, space, progress), recorder.pairs)
+    for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
+        recorder.add_measurement(estimate, {"peak_memory_mb": memory_mb, "step_time_ms": step_ms},
+                                 store=False)
     _load_history(spec, study, proposer, recorder)
     already = sum(records.counted(t) for t in study.get_trials(deepcopy=False))
     waiting = lambda: len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))  # noqa: E731
@@ -80,16 +92,21 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     elif not already and not waiting():
         study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
         # then one trial per other layout, as many as the budget holds: the sampler's random
-        # start could miss a layout, and the layout is the knob that matters most
-        for candidate in space.layout_openers(spec)[:max(0, n_trials - 1)]:
+        # start could miss a layout, and the layout is the knob that matters most (the prior
+        # chooses its own first candidates, spread over layouts)
+        openers = [] if proposer.prior else space.layout_openers(spec)[:max(0, n_trials - 1)]
+        for candidate in openers:
             study.enqueue_trial(space.params_of(candidate))
     # every queued candidate runs, even past N (an interrupted one on a finished study)
     to_run = max(n_trials - already, waiting())
+    stopper = Stopper(study, budget, stop_when_flat,
+                      virtual_clock=isinstance(executor, InstantExecutor))
+    progress.status = stopper.used
     progress.start(study, done=already, total=already + to_run,
                    objectives=spec.search.objectives, searched=space.searched())
     with executor:
-        loop = _Loop(spec, study, proposer, executor, recorder, progress)
-        if proposer.grid and isinstance(executor, InstantExecutor):
+        loop = _Loop(spec, study, proposer, executor, recorder, progress, stopper)
+        if proposer.grid and isinstance(executor, InstantExecutor) and budget is None:
             loop.run_bulk_grid()
         else:
             loop.run(to_run)
@@ -104,6 +121,25 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
             study.set_user_attr("noise_floor", floor)
     progress.finish(study)
     return study
+
+
+def _prior(spec, space, progress) -> Prior | None:
+    """The cost model's prior of an ``auto`` study, when the model can rank its candidates."""
+    if spec.search.sampler != "auto":
+        return None
+    if not prior_usable(spec):
+        progress.note(f"auto: the cost model cannot rank by {', '.join(spec.search.objectives)} "
+                      "for this model: TPE after the baseline and the layout openers")
+        return None
+    prior = Prior(spec, space, spec.search.seed)
+    if not prior.candidates:  # then the baseline and the layout openers say why, recorded
+        progress.note("auto: the cost model predicts no candidate fits: the baseline and one "
+                      "trial per layout run as with any sampler")
+        return None
+    progress.note(f"auto: the cost model ranks {len(prior.candidates)} feasible candidates; the "
+                  "baseline runs first, then the best of each promising layout, then the best "
+                  "under the estimate corrected by every measurement")
+    return prior
 
 
 def _load_history(spec, study, proposer: Proposer, recorder: Recorder) -> None:
@@ -124,9 +160,10 @@ class _Loop:
     """Proposals → executor → recorder, while devices are free (see the module doc)."""
 
     def __init__(self, spec, study, proposer: Proposer, executor, recorder: Recorder,
-                 progress: Progress):
+                 progress: Progress, stopper: Stopper):
         self.spec, self.study, self.progress = spec, study, progress
         self.proposer, self.executor, self.recorder = proposer, executor, recorder
+        self.stopper, self.noted = stopper, set()
         self.live: dict = {}      # number → Job running
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.repeats = 0          # consecutive re-sampled candidates
@@ -145,13 +182,22 @@ class _Loop:
         self.proposer.remember(settled.candidate, settled.trial.number, settled.outcome,
                                detail=settled.detail)
 
+    def _stop(self, flat: bool = True) -> bool:
+        """Whether the budget (or, ``flat``, a flat search) says dispatch no more; each kind
+        of reason is noted once."""
+        reason = self.stopper.reason(len(self.live), flat)
+        if reason and reason.split(":")[0] not in self.noted:
+            self.noted.add(reason.split(":")[0])
+            self.progress.note(reason)
+        return reason is not None
+
     def run(self, remaining: int) -> None:
         """Propose, run and record until ``remaining`` trials were asked (repeats excepted)."""
         def next_job():
             nonlocal remaining
             retrying, self.retries = self.retries, 0  # a retried failure did not count toward
             remaining += retrying                     # N: one more ask, even past MAX_REPEATS
-            while remaining > 0 and (self.repeats < MAX_REPEATS or retrying):
+            while remaining > 0 and (self.repeats < MAX_REPEATS or retrying) and not self._stop():
                 retrying = 0
                 proposal = self.proposer.propose()
                 if isinstance(proposal, Settled):
@@ -170,6 +216,8 @@ class _Loop:
         queue = list(originals)
 
         def next_job():
+            if self._stop(flat=False):
+                return None
             if self.retries:  # a re-run lost to the infrastructure, queued again
                 self.retries -= 1
                 return self.proposer.ask_queued()
@@ -258,7 +306,13 @@ class _Loop:
         """Record a finished trial; return the devices it frees."""
         job = self.live.pop(done.number)
         self.watchers.pop(done.number, None)
-        if self.recorder.finished(job, done):
+        retry = self.recorder.finished(job, done)
+        values = records.objective_values(self.recorder.objectives, done.result.metrics)
+        if done.result.outcome != "infeasible":  # a replay table without the candidate: no run
+            self.stopper.finished(done.timing.get("run_s") or 0.0, job.candidate.devices,
+                                  values[0] if values and done.result.outcome == "ok" else None,
+                                  counted=not retry and "confirm_of" not in job.trial.user_attrs)
+        if retry:
             self.retries += 1
         elif failures.remembered(job.trial, done.result):
             self.proposer.remember(job.candidate, job.number, done.result.outcome,

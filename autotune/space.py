@@ -167,6 +167,15 @@ class SearchSpace:
         """Each searched knob's Optuna distribution, by param name."""
         return {param.name: param.distribution for param in self.params.values()}
 
+    def contains(self, candidate: Candidate) -> bool:
+        """Whether a trial of this space could have run ``candidate``."""
+        values, auto = candidate.as_dict(), self.domains["dp"] == ("auto",)
+        for name in KNOB_NAMES:
+            if not (name == "dp" and auto or not is_active(name, candidate.pp)
+                    or values[name] in self.domains[name]):
+                return False
+        return self._resolve(values | ({"dp": "auto"} if auto else {})) == candidate
+
     def baseline(self) -> Candidate:
         """The untuned configuration: each knob's default, or the nearest value the space
         allows (trial 0 of a new study, so the gain of tuning is measured)."""
@@ -268,8 +277,8 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
                          f"{KNOBS[name].unsupported_because}")
         if backend == "simulate" and not KNOBS[name].estimable and len(kept) > 1:
             kept = (KNOBS[name].default if KNOBS[name].default in kept else kept[0],)
-            notes.append(f"{name}: fixed to {kept[0]} on simulate: the cost model cannot tell "
-                         "its values apart")
+            notes.append(f"{name}: fixed to {kept[0]} on simulate: "
+                         f"{KNOBS[name].unestimated_because}")
         domains[name] = kept
     notes += _fix_for_model(spec, domains, source)
     notes += _keep_feasible_layouts(spec, domains, source)

@@ -19,7 +19,7 @@ import yaml
 from autotune.knobs import BACKENDS, COMPUTE_DTYPES, DTYPES
 
 FAMILIES = ("transformer", "mlp")
-SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
+SAMPLERS = ("auto", "tpe", "random", "grid", "cmaes", "nsga2", "gp")
 TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
 OBJECTIVES = {"goodput": "maximize", "peak_memory": "minimize", "final_loss": "minimize"}
 DEFAULT_SPACE = Path(__file__).resolve().parent.parent / "search_spaces" / "default.yaml"
@@ -335,7 +335,7 @@ def _parse_search(s: _Section, base: Path) -> SearchSpec:
             s.fail("objectives", f"unknown objective {name!r} (use {', '.join(OBJECTIVES)})")
     search = SearchSpec(space=space, space_source=source,
                         n_trials=s.get("n_trials", int, default=12, minimum=1),
-                        sampler=s.get("sampler", str, default="tpe", choices=SAMPLERS),
+                        sampler=s.get("sampler", str, default="auto", choices=SAMPLERS),
                         objectives=tuple(objectives),
                         seed=s.get("seed", int, default=None))
     s.reject_unknown()

@@ -143,3 +143,132 @@ def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(domain, name
         assert distribution._contains(raw) and param.decode(raw) == value
     assert param_for("recompute", ("none", "full"), "ordered").distribution == \
         CategoricalDistribution(["none", "full"])
+
+
+def test_plain_samplers_open_with_the_baseline_and_one_trial_per_layout(tmp_path):
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+
+    path = write(tmp_path, SIMULATE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--sampler", "random"]) == 0
+    space = build_space(load_spec(path))
+    openers = [space.baseline(), *space.layout_openers(load_spec(path))]
+    frame = autotune.trials_frame("sim", storage)
+    ran = [tuple(row) for row in frame[list(KNOB_NAMES)].values[:len(openers)]]
+    assert ran == [tuple(c.as_dict().values()) for c in openers]
+
+
+REPLAY = SIMULATE.replace("backend: simulate", "backend: replay, replay: table.csv")
+BIAS = {1: 1.0, 2: 1.3, 4: 0.7}  # the "measured" world: tp 2 faster, tp 4 slower than estimated
+
+
+def estimated_table(path, tmp_path) -> dict:
+    """A replay table of every feasible candidate: the estimate, off by :data:`BIAS` per tp.
+    Returns candidate → goodput."""
+    import csv
+
+    from autotune.costmodel import estimate
+    from autotune.space import build_space
+    from autotune.spec import load_spec
+
+    spec = load_spec(path)
+    truth = {}
+    with open(tmp_path / "table.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow([*KNOB_NAMES, "goodput", "step_time_ms", "peak_memory_mb"])
+        for c in build_space(spec).candidates():
+            est = estimate(spec, c)
+            if est.feasible:
+                truth[c] = est.samples_per_s * BIAS[c.tp]
+                out.writerow([*c.as_dict().values(), truth[c], est.step_time_s * 1000 / BIAS[c.tp],
+                              est.memory_gb_per_device * 1024])
+    return truth
+
+
+def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice(tmp_path, capsys):
+    from autotune import costmodel
+    from autotune.prior import Prior
+    from autotune.space import Candidate, build_space
+    from autotune.spec import load_spec
+
+    path = write(tmp_path, REPLAY)
+    truth = estimated_table(path, tmp_path)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--trials", "4"]) == 0  # auto: default
+    assert "auto: the cost model ranks" in capsys.readouterr().out
+    study = optuna.load_study(study_name="sim", storage=storage)
+    trials = study.trials
+    assert trials[0].user_attrs["baseline"] and "proposed_by" not in trials[0].user_attrs
+    assert all(t.user_attrs["proposed_by"] == "prior" for t in trials[1:])
+    # the first proposal after the baseline: the prior's best, given the baseline's measurement
+    spec = load_spec(path)
+    prior = Prior(spec, build_space(spec))
+    baseline = Candidate(**autotune.records.knobs_of(trials[0]))
+    measured = [(costmodel.estimate(spec, baseline), trials[0].user_attrs["peak_memory_mb"],
+                 trials[0].user_attrs["step_time_ms"])]
+    prior.mark(baseline)
+    expected = prior.next(measured, costmodel.Calibration.from_pairs(measured))
+    assert Candidate(**autotune.records.knobs_of(trials[1])) == expected
+
+    # resumed, it goes on where it was: never a candidate that ran, and finds the measured best
+    assert main(["search", str(path), "--storage", storage, "--trials", "12", "--resume"]) == 0
+    frame = autotune.trials_frame("sim", storage)
+    assert len(frame) == 12 and frame["repeat_of"].isna().all()
+    assert len({tuple(row) for row in frame[list(KNOB_NAMES)].values}) == 12
+    assert frame["goodput"].max() == pytest.approx(max(truth.values()))
+
+
+def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prior(tmp_path, capsys):
+    from autotune import costmodel
+    from autotune.prior import Prior
+    from autotune.space import Candidate, build_space
+    from autotune.spec import load_spec
+
+    path = write(tmp_path, REPLAY)
+    estimated_table(path, tmp_path)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(path), "--storage", storage, "--study", "first", "--trials", "7",
+                 "--sampler", "random"]) == 0
+    assert main(["search", str(path), "--storage", storage, "--study", "second", "--trials", "4",
+                 "--warm-start", "first"]) == 0
+    first = optuna.load_study(study_name="first", storage=storage)
+    second = optuna.load_study(study_name="second", storage=storage)
+    ran_first = [t for t in first.trials if autotune.records.counted(t)
+                 and t.user_attrs["outcome"] != "infeasible"]
+    measured = {Candidate(**autotune.records.knobs_of(t)) for t in ran_first}
+    copies = [t for t in second.trials if "warm_start" in t.user_attrs]
+    assert sorted(t.user_attrs["warm_start"] for t in copies) == sorted(f"first#{t.number}" for t in ran_first)
+    # nothing the first study measured runs again (the baseline is answered from memory)
+    ran_second = [t for t in second.trials if autotune.records.counted(t)]
+    assert len(ran_second) == 4
+    assert not measured & {Candidate(**autotune.records.knobs_of(t)) for t in ran_second}
+    assert any(t.user_attrs.get("baseline") and "repeat_of" in t.user_attrs for t in second.trials)
+    # the first proposal after the baseline: the best under the prior the first study informed
+    spec = load_spec(path)
+    prior = Prior(spec, build_space(spec))
+    pairs = []
+    for t in ran_first:
+        c = Candidate(**autotune.records.knobs_of(t))
+        prior.mark(c)
+        if t.user_attrs["outcome"] == "ok":
+            pairs.append((costmodel.estimate(spec, c), t.user_attrs["peak_memory_mb"],
+                          t.user_attrs["step_time_ms"]))
+    proposed = next(t for t in second.trials if t.user_attrs.get("proposed_by") == "prior")
+    expected = prior.next(pairs, costmodel.Calibration.from_pairs(pairs))
+    assert Candidate(**autotune.records.knobs_of(proposed)) == expected
+    # the best the first study found is the second's best too, unless it found better
+    assert second.best_value >= first.best_value
+    # a resume brings nothing in twice
+    assert main(["search", str(path), "--storage", storage, "--study", "second", "--trials", "5",
+                 "--warm-start", "first", "--resume"]) == 0
+    second = optuna.load_study(study_name="second", storage=storage)
+    assert len([t for t in second.trials if "warm_start" in t.user_attrs]) == len(copies)
+
+    # another model is refused, naming what differs; nothing is written
+    other = write(tmp_path, REPLAY.replace("hidden_size: 1024", "hidden_size: 2048"), "other.yaml")
+    capsys.readouterr()
+    assert main(["search", str(other), "--storage", storage, "--study", "third",
+                 "--warm-start", "first"]) == 2
+    assert "--warm-start first: it measured another model" in capsys.readouterr().err
+    assert "third" not in optuna.get_all_study_names(storage)

@@ -133,3 +133,72 @@ def test_a_missing_table_and_a_table_on_another_backend_are_input_errors(tmp_pat
     path = model(tmp_path, MODEL.replace("backend: replay", "backend: simulate"))
     assert main(["validate", str(path)]) == 2
     assert "cluster.replay: is read by backend replay only" in capsys.readouterr().err
+
+
+def timed_table(tmp_path, run_s=100):
+    """Every (tp, pp, recompute) of MODEL's space, each run taking ``run_s`` seconds."""
+    rows = [[tp, pp, rc, goodput(tp, pp, rc), 40.0, run_s]
+            for tp in (1, 2, 4) for pp in (1, 2) for rc in ("none", "full")]
+    write_table(tmp_path, ["tp", "pp", "recompute", "goodput", "step_time_ms", "run_s"], rows)
+
+
+def runs(storage) -> int:
+    frame = autotune.trials_frame("rep", storage)
+    return int(frame["run_s"].notna().sum())
+
+
+def test_a_budget_of_device_hours_stops_the_study_and_spans_resumes(tmp_path, capsys):
+    timed_table(tmp_path)  # each run: 100 s × 8 devices = 0.222 device-hours
+    path = model(tmp_path)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    args = ["search", str(path), "--storage", storage, "--trials", "40", "--sampler", "random"]
+    assert main(args + ["--budget", "1dh"]) == 0
+    out = capsys.readouterr().out
+    # 4 runs use 0.889 dh; a fifth (the median run, 0.222 dh) would pass 1 dh
+    assert runs(storage) == 4
+    assert "budget: budget 0.889 dh of 1 dh (89%) used; the next run would take about 0.222 dh" in out
+    assert "| budget 0.222 dh of 1 dh (22%)" in out  # the progress line shows what is used
+    # the budget spans resumes: what the study used is counted again, nothing more runs
+    assert main(args + ["--budget", "1dh", "--resume"]) == 0
+    assert runs(storage) == 4
+    assert main(args + ["--budget", "2dh", "--resume"]) == 0
+    assert runs(storage) == 9  # 9 × 0.222 = 2.0: a tenth would pass 2 dh
+
+
+def test_a_wall_time_budget_counts_the_replayed_run_times(tmp_path, capsys):
+    timed_table(tmp_path, run_s=60)
+    path = model(tmp_path)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    args = ["search", str(path), "--storage", storage, "--trials", "40", "--sampler", "random"]
+    assert main(args + ["--budget", "5m"]) == 0
+    assert runs(storage) == 5  # replayed one after another: 5 × 60 s fill the 5 minutes
+    study = optuna.load_study(study_name="rep", storage=storage)
+    assert study.user_attrs["wall_s_used"] == 300
+
+
+@pytest.mark.parametrize("budget, says", [("2x", "--budget '2x': give a wall time"),
+                                          ("0h", "--budget '0h'"), ("-3dh", "--budget '-3dh'")])
+def test_a_bad_budget_exits_2_naming_it(tmp_path, capsys, budget, says):
+    timed_table(tmp_path)
+    assert main(["search", str(model(tmp_path)), "--storage", f"sqlite:///{tmp_path}/s.db",
+                 f"--budget={budget}"]) == 2
+    assert says in capsys.readouterr().err and not (tmp_path / "s.db").exists()
+
+
+def test_a_budget_needs_runs_that_take_time(tmp_path, capsys):
+    write_table(tmp_path, HEADER, [[1, 1, "none", 5, "ok"]])  # no run_s
+    assert main(["search", str(model(tmp_path)), "--storage", f"sqlite:///{tmp_path}/s.db",
+                 "--budget", "2h"]) == 2
+    assert "has no run_s column" in capsys.readouterr().err
+
+
+def test_stop_when_flat_ends_a_search_that_stopped_improving(tmp_path, capsys):
+    rows = [[tp, pp, rc, 100.0, 40.0] for tp in (1, 2, 4) for pp in (1, 2) for rc in ("none", "full")]
+    write_table(tmp_path, ["tp", "pp", "recompute", "goodput", "step_time_ms"], rows)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    assert main(["search", str(model(tmp_path)), "--storage", storage, "--trials", "40",
+                 "--sampler", "random", "--stop-when-flat"]) == 0
+    assert "flat: the last 5 runs did not improve the best by more than 1%" in capsys.readouterr().out
+    frame = autotune.trials_frame("rep", storage)
+    ran = frame[(frame["outcome"] == "ok") & frame["repeat_of"].isna()]
+    assert len(ran) == 8  # the fewest runs the rule looks at

@@ -75,8 +75,12 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     assert (frame["goodput"] > 0).all() and frame["baseline"].iloc[0]
     for knob in KNOB_NAMES:
         assert frame[knob].notna().all(), knob
-    # the baseline (dp2), then one trial per other layout, each a real 2-worker MindSpore run
-    assert list(zip(frame["dp"], frame["tp"], frame["pp"])) == [(2, 1, 1), (1, 1, 2), (1, 2, 1)]
+    # the baseline (dp2) first, then the cost model's pick (the default sampler is auto), each
+    # a real 2-worker MindSpore run of a candidate not run before
+    assert frame["baseline"].tolist() == [True, False, False]
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    assert study.trials[1].user_attrs["proposed_by"] == "prior"
+    assert len({tuple(row) for row in frame[list(KNOB_NAMES)].values}) == 3
     for number in frame["number"]:
         folder = art / "tiny" / str(number)
         config = json.loads((folder / "config.json").read_text())
@@ -153,7 +157,8 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     assert len(frame) == 3 * 2 * 2 * 2 * 2
 
     # TPE study; a driver that dies leaves a RUNNING trial; --resume reruns it and reaches N
-    assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3"]) == 0
+    assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3",
+                 "--sampler", "tpe"]) == 0
     study = optuna.load_study(study_name="tpe", storage=storage)
     # a driver that asked a candidate none of the 3 trials ran (the baseline and the layout
     # openers have recompute none), then died
@@ -167,7 +172,7 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     space.sample(orphan)
     orphan = study.trials[orphan.number]
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "5",
-                 "--resume"]) == 0
+                 "--resume", "--sampler", "tpe"]) == 0
     frame = autotune.trials_frame("tpe", storage)
     assert frame.loc[orphan.number, "outcome"] == "interrupted"
     # the interrupted candidate ran again, under a new number, and was not just counted

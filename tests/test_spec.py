@@ -165,9 +165,12 @@ def test_entry_model_keeps_tp_and_pp_at_one(tmp_path):
 def test_simulate_keeps_model_parallel_and_fixes_what_it_cannot_estimate(tmp_path):
     text = GOOD.replace("backend: cpu, devices: 2", "backend: simulate, devices: 8")
     space = build_space(load_spec(write(tmp_path, text)))
-    assert space.domains["tp"] == (1, 2, 4) and "O2" in space.domains["jit_level"]  # 8 ∤ 4 heads
+    assert space.domains["tp"] == (1, 2, 4)  # 8 ∤ 4 heads
     assert space.domains["loss_scale"] == (2**16,) and space.domains["warmup_steps"] == (0,)
-    assert sorted(n.split(":")[0] for n in space.notes) == ["loss_scale", "pp", "tp", "warmup_steps"]
+    # the jit level's factors on accelerators are guesses: a simulated "finding" would be fixed
+    assert space.domains["jit_level"] == ("O1",)
+    assert sorted(n.split(":")[0] for n in space.notes) == ["jit_level", "loss_scale", "pp", "tp",
+                                                            "warmup_steps"]
 
 
 def test_sampler_with_missing_extra_is_an_input_error(tmp_path, capsys):
