@@ -49,8 +49,12 @@ search:
 
 
 def ray_processes() -> list[str]:
+    """Ray's raylet and GCS processes of this virtualenv's Ray (another checkout's studies on
+    the same machine are not ours to count)."""
+    venv = str(Path(sys.executable).parent.parent)
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "raylet" in line or "gcs_server" in line]
+    return [line for line in out.splitlines()
+            if ("raylet" in line or "gcs_server" in line) and line.startswith(venv)]
 
 
 def write(tmp_path, text):
