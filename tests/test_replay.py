@@ -202,3 +202,20 @@ def test_stop_when_flat_ends_a_search_that_stopped_improving(tmp_path, capsys):
     frame = autotune.trials_frame("rep", storage)
     ran = frame[(frame["outcome"] == "ok") & frame["repeat_of"].isna()]
     assert len(ran) == 8  # the fewest runs the rule looks at
+
+
+def test_rows_that_are_not_a_candidates_own_measurement_are_skipped(tmp_path, capsys):
+    # as `autotune compare --csv` writes them: a confirm re-run, a repeat, a lost attempt
+    header = ["number", "tp", "pp", "recompute", "goodput", "outcome", "repeat_of", "confirm_of",
+              "infrastructure"]
+    write_table(tmp_path, header, [
+        [0, 1, 1, "none", 5.0, "ok", "", "", "False"],
+        [1, 2, 1, "none", "", "error", "", "", "True"],
+        [2, 2, 1, "none", 7.0, "ok", "", "", "False"],
+        [3, 1, 1, "none", 5.0, "ok", "0.0", "", "False"],
+        [4, 1, 1, "none", 5.5, "ok", "", "0.0", "False"],
+        [5, 4, 1, "none", "", "interrupted", "", "", "False"]])
+    assert main(["validate", str(model(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "replay: 2 measured candidates in table.csv" in out
+    assert "replay: 4 rows skipped" in out and "columns ignored: number" in out
