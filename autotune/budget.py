@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from autotune import records
+from autotune.backends import backend_of
 from autotune.spec import SpecError
 
 WALL_UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -143,8 +144,8 @@ def check_budget_backend(budget: Budget | None, spec, table) -> None:
     ``run_s``."""
     if budget is None:
         return
-    if spec.cluster.backend == "simulate":
-        raise SpecError("--budget: simulate trials take no time; a budget needs a backend that "
+    if backend_of(spec.cluster.backend).kind == "estimate":
+        raise SpecError(f"--budget: {spec.cluster.backend} trials take no time; a budget needs a backend that "
                         "runs trials, or a replay table with a run_s column")
     if table is not None and not any(row.run_s for row in table.rows.values()):
         raise SpecError(f"--budget: {table.path} has no run_s column: replayed runs would take "

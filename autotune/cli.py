@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from autotune.backends import backend_of
 from autotune.spec import SAMPLERS, SpecError
 
 
@@ -103,7 +104,7 @@ def cmd_estimate(args) -> int:
 def cmd_validate(args) -> int:
     spec, space = _load(args)
     notes = list(space.notes)
-    if spec.cluster.backend == "replay":  # the table is input too
+    if backend_of(spec.cluster.backend).kind == "table":  # the table is input too
         from autotune.replay import load_table
 
         notes += load_table(spec, space).notes

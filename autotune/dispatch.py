@@ -1,15 +1,27 @@
 """Ray dispatch: place each trial on the device pool and hand back its result.
 
-Contract: a :class:`Dispatcher` runs :func:`autotune.runner.run_trial` as a Ray task holding
-``devices`` CPUs, GPUs or Ascend NPUs (by backend). It decides nothing about what to try: the
-search loop submits, and collects :class:`Finished` records with :meth:`Dispatcher.wait`.
-A trial Ray could not finish — the worker running it died, its result was lost, any error of
-Ray or of the runner itself — comes back as an ``error`` with ``infrastructure`` set: not the
-candidate's fault. Ray does not retry tasks itself (``max_retries=0``): the search loop does,
-once, as a trial of its own (`autotune.failures`). When the driver's own connection to the
-cluster is gone (the local raylet died), no trial can run any more: :meth:`Dispatcher.wait`
-raises :class:`ClusterLost` instead, and :meth:`Dispatcher.cancel_all` then names every trial
-that was running, so the search loop records them as interrupted and a resume reruns them.
+Contract: a :class:`Dispatcher` runs :func:`autotune.runner.run_trial` as Ray tasks holding the
+trial's devices — CPUs, GPUs or Ascend NPUs, as its backend says (`autotune.backends`). A trial
+that fits one node (``devices_per_node``) is one task; a larger one gets a placement group of one
+bundle per node (STRICT_SPREAD, `autotune.placement`) and one task per bundle, each launching
+its node's msrun, with rank 0's node as msrun's master. The devices Ray assigns a task reach
+msrun and MindSpore through the backend's variable (CUDA_VISIBLE_DEVICES,
+ASCEND_RT_VISIBLE_DEVICES). It decides nothing about what to try: the search loop submits, and
+collects :class:`Finished` records with :meth:`Dispatcher.wait`.
+
+:meth:`Dispatcher.check` refuses, before any trial, a cluster that cannot place one: no
+resource of the backend's kind at all (naming it and the ``ray start`` flag that provides it),
+or not enough nodes for a trial that spans several (a SpecError). A trial Ray could not finish —
+the worker or node running it died, its result was lost, any error of Ray or of the runner
+itself — comes back as an ``error`` with ``infrastructure`` set: not the candidate's fault. A
+failure on one node of a multi-node trial cancels its other nodes at once. Ray does not retry
+tasks itself (``max_retries=0``): the search loop does, once, as a trial of its own
+(`autotune.failures`). When the driver's own connection to the cluster is gone (the local
+raylet died), or a trial can no longer be placed on the nodes alive, no trial can run any
+more: :meth:`Dispatcher.submit` or :meth:`Dispatcher.wait` raise :class:`ClusterLost`
+(:class:`Unplaceable`) instead, and :meth:`Dispatcher.cancel_all` then names every trial that
+was running, so the search loop records them as interrupted and a resume reruns them.
+
 An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close. If the
 driver dies instead (SIGKILL included), nothing of the study outlives it by more than a few
 seconds: Ray ends its raylet and GCS with the driver, a running trial's processes die with the
@@ -23,15 +35,24 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.backends import Backend
+from autotune.placement import node_plan, unplaceable
 from autotune.processes import Guard
-from autotune.runner import TrialResult, run_trial
+from autotune.runner import NodeRun, TrialResult, free_port, run_trial
+from autotune.spec import SpecError
+
+CANCEL_WAIT_S = 15  # how long a cancelled trial's tasks get to stop their processes
 
 
 class ClusterLost(RuntimeError):
     """The driver lost its Ray cluster (the local raylet died): nothing more can run."""
+
+
+class Unplaceable(ClusterLost):
+    """The nodes alive can no longer hold a trial: it would wait for them forever."""
 
 
 @dataclass
@@ -42,27 +63,56 @@ class Finished:
     wall_s: float     # submit → result back in the driver
 
 
-def _task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int):
+@dataclass
+class _Trial:
+    """A submitted trial: its node tasks (one unless it spans nodes) and what they returned."""
+
+    number: int
+    submitted: float
+    refs: list
+    group: object = None                          # its placement group, if it spans nodes
+    bundles: list = field(default_factory=list)
+    results: dict = field(default_factory=dict)   # node index → (started, TrialResult)
+
+
+def _node_task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int,
+               launch, master, visible_devices: str | None, resource: str | None):
+    """One node's share of a trial (all of it on one node), inside Ray."""
+    import ray
+
     started = time.time()
-    result = run_trial(config, Path(trial_dir), timeout_s, memory_limit_mb, workers)
-    return started, result
+    env = {}
+    if visible_devices:  # Ray sets it too; said here so msrun's workers surely inherit it
+        ids = ray.get_runtime_context().get_accelerator_ids().get(resource, [])
+        env[visible_devices] = ",".join(map(str, ids))
+    node = NodeRun(launch, *master) if launch is not None else None
+    return started, run_trial(config, Path(trial_dir), timeout_s, memory_limit_mb, workers,
+                              node=node, env=env)
 
 
-def resource_options(backend: str, devices: int) -> dict:
-    """Ray resources one trial of ``devices`` devices asks for on ``backend``."""
-    if backend == "gpu":
-        return {"num_gpus": devices, "num_cpus": 1}
-    if backend == "ascend":
-        return {"resources": {"NPU": devices}, "num_cpus": 1}
-    return {"num_cpus": devices}
+def _master_address() -> tuple[str, int]:
+    """Where rank 0's node listens: this node's address and a port free on it now. A node on a
+    loopback address (127.0.0.2, …: Ray nodes sharing one host) answers 127.0.0.1: msrun starts
+    its scheduler only where ``--master_addr`` is one of the host's own addresses, and the
+    loopback interface holds 127.0.0.1 alone (docs/cluster.md)."""
+    import ipaddress
+
+    import ray
+
+    address = ray.util.get_node_ip_address()
+    if ipaddress.ip_address(address).is_loopback:
+        address = "127.0.0.1"
+    return address, free_port(address)
 
 
 class Dispatcher:
     """Submits trials to Ray and waits for them. Use as a context manager."""
 
-    def __init__(self, backend: str, pool_devices: int, address: str | None = None):
-        self.backend, self.pool_devices, self.address = backend, pool_devices, address
-        self._pending: dict = {}   # ObjectRef → (number, submitted_at)
+    def __init__(self, backend: Backend, devices_per_node: int, pool_devices: int,
+                 address: str | None = None):
+        self.backend, self.devices_per_node = backend, devices_per_node
+        self.pool_devices, self.address = pool_devices, address
+        self._trials: dict[int, _Trial] = {}
         self._lost: list[int] = []  # trials running when the cluster went away
         self._temp_dir: str | None = None
         self._guard: Guard | None = None
@@ -84,13 +134,16 @@ class Dispatcher:
         else:
             self._temp_dir = tempfile.mkdtemp(prefix="autotune-ray-")
             self._guard = Guard(remove=[self._temp_dir]).__enter__()
-            pool = {"num_cpus": self.pool_devices} if self.backend == "cpu" else {}
+            # On CPU the embedded pool is the study's devices, so trials never share the cores
+            # they measure; accelerators are whatever Ray detects.
+            pool = {"num_cpus": self.pool_devices} if self.backend.ray_resource == "CPU" else {}
             try:
                 ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
             except BaseException:
                 self._close_embedded()
                 raise
-        self._remote = ray.remote(_task)
+        self._remote = ray.remote(_node_task)
+        self._address_task = ray.remote(_master_address)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -107,61 +160,165 @@ class Dispatcher:
         if self._temp_dir:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
 
+    def _where(self) -> str:
+        return f"the Ray cluster at {self.address}" if self.address else "the embedded Ray"
+
+    def _bundles(self, devices: int) -> list[dict]:
+        try:
+            plan = node_plan(devices, self.devices_per_node)
+        except ValueError as exc:
+            raise SpecError(f"cluster.devices_per_node: {exc}") from None
+        return [self.backend.resources(launch.local_workers) for launch in plan]
+
+    def _alive_nodes(self) -> list[dict]:
+        return [node["Resources"] for node in self._ray.nodes() if node.get("Alive")]
+
     def capacity(self) -> int:
         """Devices of this backend's kind in the Ray cluster: how many trial devices fit at once
         (embedded on CPU: ``pool_devices``, so trials never share the cores they measure)."""
-        kind = {"gpu": "GPU", "ascend": "NPU"}.get(self.backend, "CPU")
-        return int(self._ray.cluster_resources().get(kind, 0))
+        return int(self._ray.cluster_resources().get(self.backend.ray_resource, 0))
+
+    def check(self, devices: int) -> None:
+        """Refuse a cluster that cannot place a trial of ``devices`` (see the module doc)."""
+        kind, name = self.backend.ray_resource, self.backend.name
+        if not self.capacity():
+            raise SpecError(
+                f"cluster.backend: {name} trials need Ray resource {kind} and {self._where()} has "
+                f"none: start each Ray node with `ray start {self.backend.ray_start_flag}` "
+                "(N: the node's devices) and pass --ray-address")
+        bundles = self._bundles(devices)
+        reason = unplaceable(bundles, self._alive_nodes())
+        if reason:
+            spans = (f"spans {len(bundles)} nodes of {self.devices_per_node} devices"
+                     if len(bundles) > 1 else "needs one node")
+            raise SpecError(
+                f"cluster.devices: a trial of {devices} devices {spans}: {reason} in "
+                f"{self._where()}; start more nodes (`ray start --address=HEAD:PORT "
+                f"{self.backend.ray_start_flag}`) and pass --ray-address, or lower "
+                "cluster.devices")
 
     def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
                timeout_s: float, memory_limit_mb: float | None) -> None:
-        options = resource_options(self.backend, devices)
+        plan = node_plan(devices, self.devices_per_node)
+        bundles = [self.backend.resources(launch.local_workers) for launch in plan]
+        reason = unplaceable(bundles, self._alive_nodes())
+        if reason:
+            raise Unplaceable(f"no set of nodes can place trial {number}: {reason}")
         # No Ray retries: a task whose worker died comes back as an infrastructure error, and
         # the search loop runs the candidate again under a new trial number, with the failed
         # attempt on record (a Ray retry would rerun it unseen, into the same trial folder).
-        ref = self._remote.options(max_retries=0, **options).remote(
-            config, str(trial_dir), timeout_s, memory_limit_mb, devices)
-        self._pending[ref] = (number, time.time())
+        args = (config, str(trial_dir), timeout_s, memory_limit_mb, devices)
+        devices_env = (self.backend.visible_devices, self.backend.ray_resource)
+        if len(plan) == 1:
+            ref = self._remote.options(max_retries=0, **self.backend.task_options(devices)).remote(
+                *args, None, None, *devices_env)
+            self._trials[number] = _Trial(number, time.time(), [ref])
+            return
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = self._ray.util.placement_group(bundles, strategy="STRICT_SPREAD")
+
+        def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+        # rank 0's node picks msrun's master address and port; each node task waits for it
+        master = self._address_task.options(num_cpus=0, max_retries=0,
+                                            scheduling_strategy=in_bundle(0)).remote()
+        refs = [self._remote.options(max_retries=0, scheduling_strategy=in_bundle(launch.index),
+                                     **self.backend.task_options(launch.local_workers)).remote(
+                    *args, launch, master, *devices_env)
+                for launch in plan]
+        self._trials[number] = _Trial(number, time.time(), refs, group, bundles)
 
     def wait(self, timeout_s: float | None = None) -> list[Finished]:
         """Block until at least one trial finishes (or ``timeout_s``); return those finished."""
-        if not self._pending:
+        if not self._trials:
             return []
-        ready, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=timeout_s)
+        owner = {ref: trial for trial in self._trials.values()
+                 for index, ref in enumerate(trial.refs) if index not in trial.results}
+        ready, _ = self._ray.wait(list(owner), num_returns=1, timeout=timeout_s)
         done = []
         for ref in ready:
-            number, submitted = self._pending.pop(ref)
-            now = time.time()
-            try:
-                started, result = self._ray.get(ref)
-            except self._ray.exceptions.LocalRayletDiedError as exc:
-                self._lost.append(number)
-                raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-            except Exception as exc:  # Ray lost the task: its worker or node died, ...
-                started = submitted
-                result = TrialResult("error", detail=f"infrastructure: Ray: {type(exc).__name__}: "
-                                     f"{exc}", infrastructure=True)
-            done.append(Finished(number, result, max(0.0, started - submitted), now - submitted))
+            trial = owner[ref]
+            if trial.number not in self._trials:
+                continue  # finished already by another node's failure
+            trial.results[trial.refs.index(ref)] = self._get(ref, trial)
+            result = self._result(trial)
+            if result is not None:
+                done.append(result)
+        self._check_pending()
         return done
 
+    def _get(self, ref, trial: _Trial) -> tuple[float, TrialResult]:
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.LocalRayletDiedError as exc:
+            self._lost.append(trial.number)
+            raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        except Exception as exc:  # Ray lost the task: its worker or node died, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return trial.submitted, TrialResult(
+                "error", detail=f"infrastructure: Ray: {type(exc).__name__}: {first}",
+                infrastructure=True)
+
+    def _result(self, trial: _Trial) -> Finished | None:
+        """The trial's Finished once every node is back, or one failed (the others are then
+        cancelled); None while nodes still run."""
+        failed = [(i, r) for i, (_, r) in sorted(trial.results.items()) if r.outcome != "ok"]
+        if not failed and len(trial.results) < len(trial.refs):
+            return None
+        if failed:
+            index, result = failed[0]
+            if len(trial.refs) > 1:
+                result.detail = f"node {index} of {len(trial.refs)}: {result.detail}"
+        else:
+            result = trial.results[0][1]
+            result.run_s = max(r.run_s for _, r in trial.results.values())
+        self._end(trial)
+        now = time.time()
+        started = min(s for s, _ in trial.results.values())
+        return Finished(trial.number, result, max(0.0, started - trial.submitted),
+                        now - trial.submitted)
+
+    def _end(self, trial: _Trial) -> None:
+        """Forget ``trial``, stopping whatever of it still runs, and free its placement."""
+        del self._trials[trial.number]
+        running = [ref for i, ref in enumerate(trial.refs) if i not in trial.results]
+        for ref in running:
+            self._ray.cancel(ref, force=False)
+        if running:
+            self._ray.wait(running, num_returns=len(running), timeout=CANCEL_WAIT_S)
+        if trial.group is not None:
+            self._ray.util.remove_placement_group(trial.group)
+
+    def _check_pending(self) -> None:
+        """A trial still waiting for its placement that the nodes alive cannot hold any more
+        would wait forever: say so (:class:`Unplaceable`)."""
+        table = self._ray.util.placement_group_table
+        waiting = [t for t in self._trials.values() if t.group is not None and not t.results
+                   and table(t.group).get("state") != "CREATED"]
+        if not waiting:
+            return
+        nodes = self._alive_nodes()
+        for trial in waiting:
+            reason = unplaceable(trial.bundles, nodes)
+            if reason:
+                raise Unplaceable(f"no set of nodes can place trial {trial.number}: {reason}")
+
     def cancel(self, number: int) -> None:
-        """Stop one running trial (its process group is killed); it is not reported by wait."""
-        ref = next(r for r, (n, _) in self._pending.items() if n == number)
-        self._ray.cancel(ref, force=False)
-        del self._pending[ref]
+        """Stop one running trial (its processes are stopped); it is not reported by wait."""
+        self._end(self._trials[number])
 
     def cancel_all(self) -> list[int]:
-        """Cancel every running trial (their process groups are killed); return their numbers,
+        """Cancel every running trial (their processes are stopped); return their numbers,
         those lost with the cluster (`ClusterLost`) included."""
-        numbers = self._lost + [number for number, _ in self._pending.values()]
+        numbers = self._lost + list(self._trials)
         try:
-            for ref in self._pending:
-                self._ray.cancel(ref, force=False)
-            if self._pending:
-                self._ray.wait(list(self._pending), num_returns=len(self._pending), timeout=15)
+            for trial in list(self._trials.values()):
+                self._end(trial)
         except Exception:  # noqa: BLE001  (a cluster that is gone cancels nothing: the
             pass           # trials' processes died with their raylet's workers)
-        self._pending.clear()
+        self._trials.clear()
         self._lost = []
         return numbers

@@ -4,7 +4,8 @@ Contract: an executor runs the candidates it is handed and reports how each ende
 decides what to try next, never writes the study, and never looks at other trials. The search
 loop (`autotune.search`) drives every executor the same way:
 
-- ``capacity()`` devices that may run at once; ``submit(job)`` starts a :class:`Job`;
+- ``check(devices)`` raises SpecError when a trial of ``devices`` could never be placed;
+  ``capacity()`` devices that may run at once; ``submit(job)`` starts a :class:`Job`;
   ``wait(timeout_s)`` returns the :class:`Done` trials since the last call (``[]`` when none
   finished in time); ``cancel(number)`` stops one running trial (it is not reported);
   ``cancel_all()`` stops every running one and returns their numbers. Executors are context
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.backends import backend_of
 from autotune.runner import TrialResult
 
 
@@ -77,6 +79,9 @@ class InstantExecutor:
 
     def capacity(self) -> int:
         return self.spec.cluster.devices
+
+    def check(self, devices: int) -> None:
+        pass  # a lookup places nothing
 
     def submit(self, job: Job) -> None:
         result, timing = self.evaluate(job.candidate, job.estimate)
@@ -135,16 +140,19 @@ class DispatchedExecutor:
         from autotune import costmodel
 
         self.spec, self.study_dir, self.ray_address = spec, study_dir, ray_address
-        # On CPU a device is a worker process: its RSS budget is enforced by the runner.
+        # On CPU a device is a worker process: its RSS budget is enforced by the runner. A
+        # device's own memory is its runtime's to enforce (an OOM in the worker's log).
         profile = costmodel.resolve_profile(spec.cluster)
-        self.memory_mb = profile.memory_gb * 1024 if spec.cluster.backend == "cpu" else None
+        device_memory = backend_of(spec.cluster.backend).device_memory
+        self.memory_mb = None if device_memory else profile.memory_gb * 1024
         self._dispatcher = None
 
     def __enter__(self):
         from autotune.dispatch import Dispatcher
 
-        self._dispatcher = Dispatcher(self.spec.cluster.backend, self.spec.cluster.devices,
-                                      self.ray_address).__enter__()
+        cluster = self.spec.cluster
+        self._dispatcher = Dispatcher(backend_of(cluster.backend), cluster.devices_per_node,
+                                      cluster.devices, self.ray_address).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -152,6 +160,9 @@ class DispatchedExecutor:
 
     def capacity(self) -> int:
         return self._dispatcher.capacity()
+
+    def check(self, devices: int) -> None:
+        self._dispatcher.check(devices)
 
     def steps_dir(self, number: int) -> Path:
         return self.study_dir / str(number)
@@ -181,8 +192,9 @@ class DispatchedExecutor:
 
 def make_executor(spec, study_dir: Path, ray_address: str | None = None, replay_table=None):
     """The executor of ``spec.cluster.backend`` (not entered yet)."""
-    if spec.cluster.backend == "simulate":
+    kind = backend_of(spec.cluster.backend).kind
+    if kind == "estimate":
         return SimulateExecutor(spec)
-    if spec.cluster.backend == "replay":
+    if kind == "table":
         return ReplayExecutor(spec, replay_table)
     return DispatchedExecutor(spec, study_dir, ray_address)

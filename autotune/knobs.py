@@ -1,51 +1,33 @@
 """The one place that defines each tuning knob.
 
 A :class:`Knob` states the knob's name (as stored in the study), its value type, what it means,
-how MindSpore and MindFormers apply it, and which values each backend can execute. Everything
-else (search-space parsing, sampling, constraints, the trial program, export) reads these
-definitions instead of repeating them.
+how MindSpore and MindFormers apply it, and whether the cost model can tell its values apart.
+Everything else (search-space parsing, sampling, constraints, the trial program, export) reads
+these definitions instead of repeating them. Which values a backend executes is the backend's
+to say (`autotune.backends`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
-BACKENDS = ("cpu", "gpu", "ascend", "simulate", "replay")
 JIT_LEVELS = ("O0", "O1", "O2", "pynative")
 RECOMPUTE_MODES = ("none", "selective", "full")
 DTYPES = ("float16", "bfloat16", "float32")
-# The compute dtypes each backend's trial program runs. bfloat16 on CPU: MindSpore 2.10 has no
-# bfloat16 MatMul kernel ("Select CPU operator[MatMul] fail! Unsupported data type!"), measured by
-# tests/test_train_program.py::test_bfloat16_follows_the_backend_rule, which also keeps this table
-# honest. Only float16 is loss-scaled: float32 and bfloat16 have float32's exponent range.
-COMPUTE_DTYPES = {"cpu": ("float16", "float32"), "gpu": DTYPES, "ascend": DTYPES, "simulate": DTYPES,
-                  "replay": DTYPES}
+# Only float16 is loss-scaled: float32 and bfloat16 have float32's exponent range.
 LOSS_SCALED_DTYPES = ("float16",)
-
-
-def _any(backend: str, value) -> bool:
-    return True
-
-
-def _o2_needs_ascend(backend: str, value) -> bool:
-    # O2 sinks the whole graph through CANN, which only exists on Ascend. simulate and replay
-    # run no graph: there the device profile decides (the cost model rejects O2 off Ascend).
-    return value != "O2" or backend in ("ascend", "simulate", "replay")
 
 
 @dataclass(frozen=True)
 class Knob:
-    """A tuning knob. ``supports(backend, value)`` says whether that backend can execute value."""
+    """A tuning knob."""
 
     name: str
     kind: type
     meaning: str
     mindspore: str
     mindformers: str
-    supports: Callable[[str, object], bool] = _any
     default: object = None
-    unsupported_because: str = ""  # the line printed when a backend filters values out
     # Whether the cost model's effect of the knob's values is known: where it is not, the
     # simulate backend fixes the knob (a "finding" there would be fixed in advance) and the
     # prior of sampler auto leaves it to the sampler. unestimated_because says why, in notes.
@@ -90,8 +72,7 @@ KNOBS: dict[str, Knob] = {
         Knob("jit_level", str, "graph compile level, or PyNative execution",
              "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
              "or set_context(mode=PYNATIVE_MODE)",
-             "context.jit_config.jit_level", _o2_needs_ascend, default="O1",
-             unsupported_because="O2 sinks the whole graph through CANN, Ascend only",
+             "context.jit_config.jit_level", default="O1",
              estimable=False, unestimated_because="the cost model's jit-level factors on "
              "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)"),
         Knob("recompute", str, "activation recomputation",

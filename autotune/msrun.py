@@ -33,14 +33,21 @@ def msrun_args(workers: int, local_workers: int, *, master_port: int | str, log_
                tail_worker: int | None = None) -> list[str]:
     """msrun's options (see the module doc).
 
-    ``node_rank=None`` leaves rank assignment to msrun (one node). ``tail_worker`` is the global
+    ``node_rank=None`` leaves rank assignment to msrun (one node); an int node rank numbers this
+    node's ranks from ``node_rank · local_workers`` (a smaller last node: `autotune.placement`). ``tail_worker`` is the global
     rank whose log msrun copies to its console; ``None`` tails none, so msrun starts no ``tail -f``
     per worker (processes that outlive a killed msrun). ``bind_core`` pins each worker to its
     own cores (the CPU backend: docs/export.md).
     """
-    if workers < 1 or not 1 <= local_workers <= workers or workers % local_workers:
-        raise ValueError(f"msrun: need 1 ≤ local_workers ({local_workers}) ≤ workers ({workers}) "
-                         "and workers a multiple of local_workers")
+    if workers < 1 or not 1 <= local_workers <= workers:
+        raise ValueError(f"msrun: need 1 ≤ local_workers ({local_workers}) ≤ workers ({workers})")
+    if isinstance(node_rank, int):  # msrun numbers this node's ranks node_rank·local + i
+        if not 0 <= node_rank * local_workers <= workers - local_workers:
+            raise ValueError(f"msrun: node_rank {node_rank} of {local_workers} workers holds "
+                             f"ranks beyond {workers}")
+    elif workers % local_workers:  # every node alike (a launch script's "$NODE_RANK")
+        raise ValueError(f"msrun: workers ({workers}) must be a multiple of local_workers "
+                         f"({local_workers})")
     if cluster_time_out < 1:
         raise ValueError(f"msrun: cluster_time_out must be ≥ 1 s, got {cluster_time_out}")
     if tail_worker is not None and not 0 <= tail_worker < workers:

@@ -3,7 +3,11 @@
 Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launches the trial
 program (directly for one worker, under ``msrun`` for several), enforces the wall-clock timeout
 and the per-device memory budget, and returns a :class:`TrialResult` whose ``outcome`` is one of
-``ok``, ``diverged``, ``oom``, ``timeout``, ``error``. It never touches study storage.
+``ok``, ``diverged``, ``oom``, ``timeout``, ``error``. It never touches study storage. A trial
+that spans nodes runs as one :func:`run_trial` per node (`autotune.dispatch` places them), each
+launching that node's msrun; the node of rank 0 returns the metrics. ``oom`` is a process killed
+by the kernel, a worker over the budget, or a line of any log saying so in the backend's words
+(`autotune.backends`).
 
 An ``error`` says whose failure it is (``TrialResult.infrastructure``). It is the candidate's own
 once the trial program got to run the candidate: a rank printed ``CANDIDATE_STARTED`` (the launch
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -33,11 +38,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.backends import Backend, backend_of
+from autotune.placement import NodeLaunch
 from autotune.processes import ProcessTree, die_with_parent_hook
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Out of memory", "out of memory",
-               "Memory not enough", "Allocate memory failed")
 POLL_S = 0.25
 STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, a cancel)
 
@@ -52,33 +57,48 @@ class TrialResult:
     stop_s: float | None = None  # launch → when the runner decided to stop it (timeout, oom)
 
 
-def free_port() -> int:
-    """A TCP port free on loopback right now (msrun's scheduler binds it moments later)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class NodeRun:
+    """This node's part of a trial that spans several: its ranks, and where rank 0's node
+    listens (msrun's scheduler)."""
+
+    launch: NodeLaunch
+    master_addr: str
+    master_port: int
+
+
 def command(config_path: Path, workers: int, log_dir: Path, port: int,
-            bind_cores: bool = False) -> list[str]:
+            bind_cores: bool = False, node: NodeRun | None = None) -> list[str]:
     """The argument list that runs the trial program with ``workers`` ranks, under msrun
-    (`autotune.msrun`, the builder exported launch scripts use too) when there are several.
-    ``bind_cores`` pins each msrun worker to its own cores: measured on the 2-core CPU, unpinned
-    dp = 2 step times jump between ~46 and ~75 ms from run to run; pinned they stay within
-    44–47 ms."""
+    (`autotune.msrun`, the builder exported launch scripts use too) when there are several —
+    this node's share of them with ``node``. ``bind_cores`` pins each msrun worker to its own
+    cores: measured on the 2-core CPU, unpinned dp = 2 step times jump between ~46 and ~75 ms
+    from run to run; pinned they stay within 44–47 ms."""
     from autotune.msrun import msrun_args
     from autotune.train import PROGRAM_PATH
 
     if workers == 1:
         return [sys.executable, str(PROGRAM_PATH), str(config_path)]
     msrun = Path(sys.executable).with_name("msrun")
-    return [str(msrun), *msrun_args(workers, workers, master_port=port, log_dir=str(log_dir),
-                                    bind_core=bind_cores),
-            str(PROGRAM_PATH), str(config_path)]
+    if node is None:
+        args = msrun_args(workers, workers, master_port=port, log_dir=str(log_dir),
+                          bind_core=bind_cores)
+    else:
+        args = msrun_args(workers, node.launch.local_workers, master_port=node.master_port,
+                          master_addr=node.master_addr, node_rank=node.launch.msrun_node_rank,
+                          log_dir=str(log_dir), bind_core=bind_cores)
+    return [str(msrun), *args, str(PROGRAM_PATH), str(config_path)]
 
 
-def _environment() -> dict:
-    env = dict(os.environ)
+def _environment(extra: dict | None) -> dict:
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     # msrun starts its workers with the `python` on PATH: make it this interpreter.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -86,15 +106,26 @@ def _environment() -> dict:
     return env
 
 
-def log_tail(trial_dir: Path, lines: int = 20) -> str:
-    """The last lines of two of the trial's logs: worker 0's (that is where errors surface),
-    then another that holds the trial program's verdict, else another worker's, else msrun's."""
-    texts = {log: log.read_text(errors="replace").strip().splitlines()
-             for log in trial_dir.glob("**/*.log")}
+def _logs(log_dir: Path) -> dict:
+    return {log: log.read_text(errors="replace").strip().splitlines()
+            for log in sorted(log_dir.glob("**/*.log"))}
+
+
+def log_tail(log_dir: Path, lines: int = 20) -> str:
+    """The last lines of two of the logs under ``log_dir``: the lowest rank's (that is where
+    errors surface), then another that holds the trial program's verdict, else another
+    worker's, else msrun's."""
+    texts = _logs(log_dir)
+
+    def worker_rank(log):
+        number = log.stem.removeprefix("worker_")
+        return int(number) if log.name.startswith("worker_") and number.isdigit() else 1 << 30
+
+    lowest = min(map(worker_rank, texts), default=None)
 
     def rank(log):
         verdict = any(line.startswith("autotune.train:") for line in texts[log])
-        return (log.name != "worker_0.log", not verdict, not log.name.startswith("worker_"), log.name)
+        return (worker_rank(log) != lowest, not verdict, not log.name.startswith("worker_"), log.name)
 
     chunks = [f"[{log.name}] " + "\n".join(texts[log][-lines:])
               for log in sorted(texts, key=rank) if texts[log]]
@@ -102,24 +133,36 @@ def log_tail(trial_dir: Path, lines: int = 20) -> str:
 
 
 def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: float | None,
-              workers: int) -> TrialResult:
-    """Run the trial program for ``config`` in ``trial_dir`` with ``workers`` ranks."""
+              workers: int, node: NodeRun | None = None, env: dict | None = None) -> TrialResult:
+    """Run the trial program for ``config`` in ``trial_dir`` with ``workers`` ranks — only this
+    node's share of them with ``node`` (its logs under ``logs/node<i>``; rank 0's node returns
+    the metrics, the others ``ok`` without). ``env``: variables to add (the devices Ray gave)."""
+    backend = backend_of(config.get("backend", "cpu"))
     trial_dir = trial_dir.resolve()  # the program runs with the trial folder as its cwd
     trial_dir.mkdir(parents=True, exist_ok=True)
     config_path = trial_dir / "config.json"
-    config_path.write_text(json.dumps(config, indent=2))
-    log_dir = trial_dir / "logs"
-    log_dir.mkdir(exist_ok=True)
-    # On CPU a trial has the pool's cores to itself (one at a time), so pinning is safe; on a
-    # GPU/Ascend node several trials may share the host's cores, and msrun's pinning would collide.
+    temporary = trial_dir / f"config.json.{os.getpid()}"  # nodes on one host share the folder
+    temporary.write_text(json.dumps(config, indent=2))
+    temporary.replace(config_path)
+    log_dir = trial_dir / "logs" / (f"node{node.launch.index}" if node else "")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # Pinning starts from core 0 on every msrun: nodes of one trial may share a host (as Ray
+    # nodes on one machine do), so only a single-node trial pins.
     argv = command(config_path, workers, log_dir, free_port(),
-                   bind_cores=config.get("backend") == "cpu")
+                   bind_cores=backend.pins_cores and node is None, node=node)
+    if node is not None:
+        from autotune.train import NODE_VARIABLE
+
+        env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
     started = time.monotonic()
     with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
+        if workers > 1:  # msrun does not say how it was started: the log does
+            out.write(f"launched: {shlex.join(argv)}\n")
+            out.flush()
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
-                                env=_environment(), start_new_session=True,
+                                env=_environment(env), start_new_session=True,
                                 preexec_fn=die_with_parent_hook())
         tree = ProcessTree(proc.pid)
         try:
@@ -132,7 +175,9 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     run_s = time.monotonic() - started
     if outcome:
         return TrialResult(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
-    return _classify(proc.returncode, trial_dir, run_s)
+    if node is not None and node.launch.index > 0 and proc.returncode == 0:
+        return TrialResult("ok", run_s=run_s)  # rank 0's node holds the metrics
+    return _classify(proc.returncode, trial_dir, log_dir, run_s, backend)
 
 
 def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,
@@ -163,33 +208,45 @@ def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,
     return "", "", None
 
 
-def _classify(returncode: int, trial_dir: Path, run_s: float) -> TrialResult:
+def _classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
+              backend: Backend) -> TrialResult:
     metrics_file = trial_dir / "metrics.json"
     if returncode == 0 and metrics_file.exists():
         metrics = json.loads(metrics_file.read_text())
         outcome = "diverged" if metrics.get("diverged") else "ok"
         return TrialResult(outcome, metrics, run_s=run_s)
-    tail = log_tail(trial_dir)
+    tail = log_tail(log_dir)
     # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue.
     verdicts = [line for line in tail.splitlines() if line.startswith("autotune.train:")]
     reason = verdicts[-1] if verdicts else (tail.splitlines() or [""])[-1]
-    if returncode in (-signal.SIGKILL, 137) or any(m in tail for m in OOM_MARKERS):
-        return TrialResult("oom", detail=f"{reason}\n{tail}", run_s=run_s)
+    evidence = oom_evidence(log_dir, backend)
+    if returncode in (-signal.SIGKILL, 137) or evidence:
+        return TrialResult("oom", detail=f"{evidence or reason}\n{tail}", run_s=run_s)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
-    infrastructure = not _candidate_ran(trial_dir)
+    infrastructure = not _candidate_ran(log_dir)
     if infrastructure:
         why = f"infrastructure: {why}, before the candidate ran"
     return TrialResult("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s,
                        infrastructure=infrastructure)
 
 
-def _candidate_ran(trial_dir: Path) -> bool:
+def oom_evidence(log_dir: Path, backend: Backend) -> str | None:
+    """The first line of any log under ``log_dir`` (every worker's, msrun's) that says it ran
+    out of memory on ``backend``, as ``[log] line``; None when none does."""
+    for log, lines in _logs(log_dir).items():
+        for line in lines:
+            if backend.oom_in(line):
+                return f"[{log.name}] {line.strip()}"
+    return None
+
+
+def _candidate_ran(log_dir: Path) -> bool:
     """Whether any rank got to run the candidate: it said it started it, or gave a verdict
     that is not a failed launch (config errors are the candidate's too)."""
     from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, VERDICT
 
-    for log in trial_dir.glob("**/*.log"):
-        for line in log.read_text(errors="replace").splitlines():
+    for log, lines in _logs(log_dir).items():
+        for line in lines:
             if line.startswith(CANDIDATE_STARTED) or (line.startswith(VERDICT)
                                                       and not line.startswith(LAUNCH_FAILED)):
                 return True

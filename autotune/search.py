@@ -27,6 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import confirm, costmodel, failures, records
+from autotune.backends import backend_of
 from autotune.budget import Budget, Stopper, check_budget_backend
 from autotune.executors import InstantExecutor, make_executor
 from autotune.progress import Progress
@@ -59,16 +60,37 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     ``confirm_runs`` times each (0: no confirm phase; within the budget) and store the noise
     floor. ``warm``: earlier studies whose measurements it starts from (`autotune.warmstart`)."""
     sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
-    if spec.cluster.backend == "simulate" and "final_loss" in spec.search.objectives:
-        raise SpecError("search.objectives: final_loss cannot be estimated on backend simulate")
+    backend = backend_of(spec.cluster.backend)
+    if backend.kind == "estimate" and "final_loss" in spec.search.objectives:
+        raise SpecError(f"search.objectives: final_loss cannot be estimated on backend {backend.name}")
     # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
     pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
     # a bad replay table is an input error: read it before the study is created
-    table = load_table(spec, space) if spec.cluster.backend == "replay" else None
+    table = load_table(spec, space) if backend.kind == "table" else None
     check_budget_backend(budget, spec, table)
     earlier = earlier_studies(spec, space, study_name, warm, storage)
-    study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     progress = progress or Progress()
+    with make_executor(spec, artifacts / study_name, ray_address, table) as executor:
+        # a pool that could never place a trial is refused before the study is written
+        executor.check(spec.cluster.devices)
+        study = _run_study(spec, space, executor, progress, table, earlier, storage=storage,
+                           study_name=study_name, n_trials=n_trials, resume=resume,
+                           sampler=sampler, pruner=pruner, confirm_top=confirm_top,
+                           confirm_runs=confirm_runs, budget=budget,
+                           stop_when_flat=stop_when_flat)
+    if executor.noisy:
+        floor = confirm.noise_floor(confirm.summarize(study))
+        if floor is not None:
+            study.set_user_attr("noise_floor", floor)
+    progress.finish(study)
+    return study
+
+
+def _run_study(spec, space, executor, progress, table, earlier, *, storage, study_name, n_trials,
+               resume, sampler, pruner, confirm_top, confirm_runs, budget,
+               stop_when_flat) -> optuna.Study:
+    """Open the study and run it on the entered ``executor`` (see :func:`run_search`)."""
+    study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     for note in table.notes if table else ():
         progress.note(note)
     if encoding_of(study) != space.encoding:
@@ -78,7 +100,6 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     interrupted = recover_interrupted(study)
     if interrupted:
         progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
-    executor = make_executor(spec, artifacts / study_name, ray_address, table)
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
     proposer = Proposer(spec, space, study, _prior(spec, space, progress), recorder.pairs)
     for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
@@ -104,22 +125,16 @@ def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str,
     progress.status = stopper.used
     progress.start(study, done=already, total=already + to_run,
                    objectives=spec.search.objectives, searched=space.searched())
-    with executor:
-        loop = _Loop(spec, study, proposer, executor, recorder, progress, stopper)
-        if proposer.grid and isinstance(executor, InstantExecutor) and budget is None:
-            loop.run_bulk_grid()
-        else:
-            loop.run(to_run)
-        if executor.noisy:
-            originals = confirm.plan(study, confirm_top, confirm_runs) if confirm_top else []
-            if originals:
-                progress.start_confirm(len(originals), confirm_top, confirm_runs)
-                loop.run_confirm(originals)
+    loop = _Loop(spec, study, proposer, executor, recorder, progress, stopper)
+    if proposer.grid and isinstance(executor, InstantExecutor) and budget is None:
+        loop.run_bulk_grid()
+    else:
+        loop.run(to_run)
     if executor.noisy:
-        floor = confirm.noise_floor(confirm.summarize(study))
-        if floor is not None:
-            study.set_user_attr("noise_floor", floor)
-    progress.finish(study)
+        originals = confirm.plan(study, confirm_top, confirm_runs) if confirm_top else []
+        if originals:
+            progress.start_confirm(len(originals), confirm_top, confirm_runs)
+            loop.run_confirm(originals)
     return study
 
 
@@ -261,10 +276,7 @@ class _Loop:
     def _drive(self, next_job) -> None:
         """Submit ``next_job()``s while devices are free, record results, until it returns
         None and nothing runs."""
-        free = self.executor.capacity()
-        if free < self.spec.cluster.devices:
-            raise SpecError(f"cluster.devices: a trial needs {self.spec.cluster.devices} devices "
-                            f"but the Ray cluster has {free}")
+        free = self.executor.capacity()  # at least one trial's worth: executor.check said so
         held, exhausted = None, False
         try:
             while True:

@@ -17,6 +17,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
+from autotune.backends import backend_of
 from autotune.encoding import ORDERED, param_for
 from autotune.knobs import JIT_LEVELS, KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, RECOMPUTE_MODES
 from autotune.layout import builtin_layout_reasons
@@ -264,20 +265,20 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
             raise SpecError(f"--set {name}: unknown knob (known: {', '.join(KNOB_NAMES)})")
     defaults = load_yaml(DEFAULT_SPACE)
     raw = {**defaults, **raw, **(overrides or {})}
-    backend, notes, domains = spec.cluster.backend, [], {}
+    backend, notes, domains = backend_of(spec.cluster.backend), [], {}
     for name in KNOB_NAMES:
         values = parse_domain(name, raw[name], source)
-        kept = tuple(v for v in values if v == "auto" or KNOBS[name].supports(backend, v))
+        kept = tuple(v for v in values if v == "auto" or backend.executes(name, v))
         dropped = [v for v in values if v not in kept]
         if not kept:
             raise SpecError(f"{source}: {name}: no value of {list(values)} runs on backend "
-                            f"{backend!r}: {KNOBS[name].unsupported_because}")
+                            f"{backend.name!r}: {backend.why_not(name)}")
         if dropped:
-            notes.append(f"{name}: {', '.join(map(str, dropped))} removed on {backend}: "
-                         f"{KNOBS[name].unsupported_because}")
-        if backend == "simulate" and not KNOBS[name].estimable and len(kept) > 1:
+            notes.append(f"{name}: {', '.join(map(str, dropped))} removed on {backend.name}: "
+                         f"{backend.why_not(name)}")
+        if backend.kind == "estimate" and not KNOBS[name].estimable and len(kept) > 1:
             kept = (KNOBS[name].default if KNOBS[name].default in kept else kept[0],)
-            notes.append(f"{name}: fixed to {kept[0]} on simulate: "
+            notes.append(f"{name}: fixed to {kept[0]} on {backend.name}: "
                          f"{KNOBS[name].unestimated_because}")
         domains[name] = kept
     notes += _fix_for_model(spec, domains, source)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from autotune.knobs import BACKENDS, COMPUTE_DTYPES, DTYPES
+from autotune.backends import BACKENDS
+from autotune.knobs import DTYPES
 
 FAMILIES = ("transformer", "mlp")
 SAMPLERS = ("auto", "tpe", "random", "grid", "cmaes", "nsga2", "gp")
@@ -213,9 +214,10 @@ def parse_spec(data: dict, path: Path) -> Spec:
     top.used.add("train")
     cluster = _parse_cluster(_Section(data.get("cluster"), "cluster", source), path.parent)
     top.used.add("cluster")
-    if model.dtype not in COMPUTE_DTYPES[cluster.backend]:
+    runs = BACKENDS[cluster.backend].compute_dtypes
+    if model.dtype not in runs:
         raise SpecError(f"{source}: model.dtype: {model.dtype} does not run on backend "
-                        f"{cluster.backend} (it runs {', '.join(COMPUTE_DTYPES[cluster.backend])})")
+                        f"{cluster.backend} (it runs {', '.join(runs)})")
     search = _parse_search(_Section(data.get("search"), "search", source), path.parent)
     top.used.add("search")
     trial = _parse_trial(_Section(data.get("trial"), "trial", source))
@@ -298,7 +300,7 @@ def _parse_train(s: _Section) -> TrainSpec:
 
 
 def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
-    backend = s.get("backend", str, default="cpu", choices=BACKENDS)
+    backend = s.get("backend", str, default="cpu", choices=tuple(BACKENDS))
     devices = s.get("devices", int, minimum=1)
     per_node = s.get("devices_per_node", int, default=min(devices, 8), minimum=1)
     memory = s.get("device_memory_gb", float, default=None)

@@ -196,20 +196,30 @@ ONE_DEVICE = TINY_CPU.replace("devices: 2, devices_per_node: 2", "devices: 1, de
 
 
 def stop_cluster(temp: str) -> None:
-    """End the Ray cluster started with ``--temp-dir=temp``: every process of it names that
-    folder. (`ray stop` would end every Ray on the machine, other users' studies included.)"""
+    """End the Ray cluster started with ``--temp-dir=temp``: its raylet and GCS name that folder,
+    and the agents and workers they start (which rename themselves ``ray::…``) descend from them.
+    (`ray stop` would end every Ray on the machine, other users' studies included.)"""
     import signal
     import time
 
     def members():
-        found = []
+        parent, named = {}, set()
         for entry in os.scandir("/proc"):
             try:
-                if entry.name.isdigit() and temp in Path(entry.path, "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
+                if not entry.name.isdigit():
+                    continue
+                stat = Path(entry.path, "stat").read_text()
+                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                if temp in Path(entry.path, "cmdline").read_bytes().decode(errors="replace"):
+                    named.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
                 continue
-        return found
+        found, grew = set(named), True
+        while grew:
+            more = {pid for pid, ppid in parent.items() if ppid in found} - found
+            found |= more
+            grew = bool(more)
+        return sorted(found)
 
     for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         for pid in members():

@@ -174,13 +174,13 @@ print("loss", float(loss.asnumpy()))
 
 def test_bfloat16_follows_the_backend_rule(tmp_path):
     """One bfloat16 training step on every backend this machine has (CPU): whether it runs is
-    what knobs.COMPUTE_DTYPES (and so model.yaml validation) must say."""
-    from autotune.knobs import COMPUTE_DTYPES
+    what the cpu backend's compute_dtypes (and so model.yaml validation) must say."""
+    from autotune.backends import BACKENDS
 
     script = tmp_path / "bf16.py"
     script.write_text(BF16_STEP)
     code, out, err = run([sys.executable, script, "CPU"])
     ran = code == 0 and out.startswith("loss ")
-    assert ran == ("bfloat16" in COMPUTE_DTYPES["cpu"]), (out + err)[-2000:]
+    assert ran == ("bfloat16" in BACKENDS["cpu"].compute_dtypes), (out + err)[-2000:]
     if not ran:  # and it fails for the reason the rule states
         assert "Unsupported data type" in err

@@ -6,7 +6,8 @@ Contract: :func:`resolve_profile` maps a spec's ``cluster`` section to one :clas
   on any backend: that profile as listed, datasheet memory included.
 - ``cluster.device`` a mapping of numbers: overrides of the fields of ``base`` (a profile name),
   or, without ``base``, a whole profile (every numeric field given).
-- no ``device``: by backend — ``gpu``, ``simulate`` and ``replay`` → ``a100-80g``, ``ascend``
+- no ``device``: the backend's ``default_profile`` (`autotune.backends`) — ``gpu``, ``simulate``
+  and ``replay`` → ``a100-80g``, ``ascend``
   → ``ascend-910b``, ``cpu`` → ``cpu``.
 - an explicit ``cluster.device_memory_gb`` replaces the profile's memory in every case above.
 - ``cpu`` (named, or the backend's default): the CPU profile, memory =
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from autotune.backends import backend_of
 from autotune.spec import SpecError
 
 KINDS = ("gpu", "ascend", "cpu")
@@ -167,8 +169,6 @@ CPU_BASE = DeviceProfile(
     # ≈1–1.4× on a compute-bound one (2026-11-29).
     jit_o0=1.0, jit_o1=1.0, jit_o2=1.0, jit_pynative=7.0)
 
-DEFAULT_BY_BACKEND = {"gpu": "a100-80g", "simulate": "a100-80g", "replay": "a100-80g",
-                      "ascend": "ascend-910b", "cpu": "cpu"}
 _NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind"))
 _MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms",
                 "comm_overlap")
@@ -177,7 +177,7 @@ _MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step
 def resolve_profile(cluster) -> DeviceProfile:
     """The :class:`DeviceProfile` for a spec's ``cluster`` section (rules in the module doc)."""
     device = cluster.device
-    name = device if isinstance(device, str) else DEFAULT_BY_BACKEND[cluster.backend]
+    name = device if isinstance(device, str) else backend_of(cluster.backend).default_profile
     if name == "cpu":
         base = replace(CPU_BASE, memory_gb=cluster.device_memory_gb or CPU_BASE.memory_gb)
         per_node = max(1, cluster.devices_per_node)  # workers of a node share its cores

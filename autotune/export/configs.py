@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from autotune.backends import Backend, backend_of
 from autotune.layout import ParamLayout
 from autotune.train.config import trial_config
 from autotune.knobs import KNOBS, LOSS_SCALED_DTYPES
@@ -31,18 +32,18 @@ from autotune.spec import Spec
 # The dynamic loss scaler's fixed arguments (the searched knob is the initial value only).
 SCALE_FACTOR = 2
 SCALE_WINDOW = 1000
-DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 # mindspore.set_context(mode=...) takes the integer: GRAPH_MODE = 0, PYNATIVE_MODE = 1.
 GRAPH_MODE, PYNATIVE_MODE = 0, 1
 RUN_DIR = "run"
 
 
-def run_backend(spec: Spec) -> str:
-    """The backend the exported run executes on: a simulated study targets its device profile."""
-    if spec.cluster.backend != "simulate":
-        return spec.cluster.backend
+def run_backend(spec: Spec) -> Backend:
+    """The backend the exported run executes on: a simulated or replayed study targets its
+    device profile."""
+    if backend_of(spec.cluster.backend).runs_program:
+        return backend_of(spec.cluster.backend)
     device = spec.cluster.device
-    return "ascend" if isinstance(device, str) and "ascend" in device.lower() else "gpu"
+    return backend_of("ascend" if isinstance(device, str) and "ascend" in device.lower() else "gpu")
 
 
 def micro_batch_size(spec: Spec, c: Candidate) -> int:
@@ -68,8 +69,8 @@ def export_reasons(spec: Spec, c: Candidate) -> list[str]:
                        "accumulates gradients only in semi-auto parallel, which PyNative cannot "
                        "run, so mindformers.yaml could not keep the tuned global batch; export a "
                        "graph-mode trial (--trial N)")
-    if c.jit_level == "O2" and run_backend(spec) != "ascend":
-        reasons.append(f"jit_level = O2 on {run_backend(spec)}: O2 is MindSpore's GE backend, "
+    if not run_backend(spec).executes("jit_level", c.jit_level):
+        reasons.append(f"jit_level = O2 on {run_backend(spec).name}: O2 is MindSpore's GE backend, "
                        "Ascend only")
     return reasons
 
@@ -78,7 +79,7 @@ def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
     config = trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
                           steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
-                          backend=run_backend(spec))
+                          backend=run_backend(spec).name)
     config["trial"]["schedule"] = "full"
     config["checkpoint"] = {"dir": f"{RUN_DIR}/checkpoint", "save_every": spec.train.save_every,
                             "resume": False, "init_from": None}
@@ -110,7 +111,7 @@ def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
         "trial": trial["number"],
         "knobs": {name: {"value": value, "mindspore": KNOBS[name].mindspore}
                   for name, value in c.as_dict().items()},
-        "device": {"device_target": DEVICE_TARGETS[run_backend(spec)]},
+        "device": {"device_target": run_backend(spec).device_target},
         "context": {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE},
     }
     if c.jit_level != "pynative":

@@ -163,7 +163,7 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
     # worker 0's log goes to the console of node 0.
     options = msrun_args(workers, local, master_addr="$MASTER_ADDR", master_port="$MASTER_PORT",
                          node_rank="$NODE_RANK", log_dir="$LOG_DIR",
-                         bind_core=run_backend(spec) == "cpu", tail_worker=0)
+                         bind_core=run_backend(spec).pins_cores, tail_worker=0)
     msrun = _shell_words(options)
     script = _HEADER.format(
         study=json.dumps(str(trial["study"])), number=trial["number"], dp=c.dp, tp=c.tp, pp=c.pp,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from autotune.export.configs import (DEVICE_TARGETS, GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
+from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
                                      loss_scaled, micro_batch_size, run_backend)
 from autotune.knobs import KNOBS
 from autotune.space import Candidate
@@ -54,7 +54,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
     pp = c.pp > 1
     scaler = {"type": "DynamicLossScaleUpdateCell", **loss_scale_cell(c)}
     context = {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE,
-               "device_target": DEVICE_TARGETS[run_backend(spec)]}
+               "device_target": run_backend(spec).device_target}
     if c.jit_level != "pynative":
         context["jit_config"] = {"jit_level": c.jit_level}
     return {

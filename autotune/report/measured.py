@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from autotune.backends import BACKENDS
 from autotune.costmodel import Calibration
 from autotune.diagnosis import MEMORY_ALARM, PARTS
 from autotune.report.figures import COLOURS, SIZE, TOP, Figure, _best_so_far, _label
@@ -77,7 +78,8 @@ def memory(v):
 
 def estimate(v):
     """The cost model's step time and memory against what each ok trial measured."""
-    if v.study.user_attrs.get("backend") == "simulate":
+    backend = BACKENDS.get(v.study.user_attrs.get("backend"))
+    if backend is not None and backend.kind == "estimate":
         return "a simulated trial is its estimate: nothing measured to set against it"
     if v.spec is None:
         return "the study's model.yaml cannot be read back to recompute the estimates"

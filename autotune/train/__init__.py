@@ -30,5 +30,6 @@ PROGRAM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main_
 VERDICT = "autotune.train:"  # the program's last word on stderr
 LAUNCH_FAILED = "autotune.train: LaunchError:"  # ... when the launch failed, not the candidate
 CANDIDATE_STARTED = "autotune.train running the candidate"  # launch done (not a verdict)
+NODE_VARIABLE = "AUTOTUNE_NODE"  # a trial's node index, set for each node of one that spans several
 
-__all__ = ["CANDIDATE_STARTED", "LAUNCH_FAILED", "PROGRAM_PATH", "VERDICT", "parameter_shapes"]
+__all__ = ["CANDIDATE_STARTED", "LAUNCH_FAILED", "NODE_VARIABLE", "PROGRAM_PATH", "VERDICT", "parameter_shapes"]

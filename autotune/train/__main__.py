@@ -7,6 +7,12 @@ init, the cluster join). On failure the last stderr line is one line,
 log tail sees e.g. ``MemoryError`` for an out-of-memory trial, and ``autotune.train: LaunchError:``
 (`autotune.train.LAUNCH_FAILED`) for a failure that is not the candidate's. Exit codes 1 and 2
 with their verdict, or any failure after the ``CANDIDATE_STARTED`` line, are the candidate's.
+
+msrun starts a scheduler (this program with ``MS_ROLE=MS_SCHED``) on every node whose own address
+is ``--master_addr``: with several Ray nodes on one host, every node of a trial is. Only rank 0's
+node serves the job; on the others (``AUTOTUNE_NODE`` set to their node index by the runner) the
+scheduler exits 0 at once, where it would otherwise fail to bind the taken port and make that
+node's msrun fail a trial whose workers all finished.
 """
 
 import os
@@ -26,6 +32,7 @@ import json  # noqa: E402  (after the sys.path repair above)
 import traceback  # noqa: E402
 
 from autotune.processes import die_with_parent  # noqa: E402
+from autotune.train import NODE_VARIABLE  # noqa: E402
 from autotune.train.metrics import process_start_time  # noqa: E402
 
 
@@ -37,6 +44,11 @@ def _fail(exc: BaseException) -> str:
 def main(argv=None) -> int:
     started = process_start_time()
     args = sys.argv[1:] if argv is None else argv
+    if os.environ.get("MS_ROLE") == "MS_SCHED" and os.environ.get(NODE_VARIABLE, "0") != "0":
+        # not a verdict line (VERDICT): nothing was run
+        print(f"autotune.train scheduler of node {os.environ[NODE_VARIABLE]} stands down: "
+              "rank 0's node serves the job", flush=True)
+        return 0
     if len(args) != 1:
         print("usage: python -m autotune.train CONFIG_JSON", file=sys.stderr)
         return 2

@@ -45,15 +45,13 @@ import time
 import numpy as np
 
 from autotune import layout
-from autotune.knobs import COMPUTE_DTYPES
+from autotune.backends import BACKENDS
+from autotune.knobs import JIT_LEVELS, RECOMPUTE_MODES
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
 
 SCALE_WINDOW = 1000  # MindFormers' default scale_window for DynamicLossScaleUpdateCell
-JIT_LEVELS = ("O0", "O1", "O2", "pynative")
-RECOMPUTE = ("none", "selective", "full")
-DEVICE_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 
 
 class LaunchError(RuntimeError):
@@ -82,16 +80,17 @@ def check_config(cfg: dict) -> None:
                 raise ConfigError(f"{section}.{key}: missing")
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
     backend = cfg.get("backend", "cpu")
-    if backend not in DEVICE_TARGETS:
+    if backend not in BACKENDS or not BACKENDS[backend].runs_program:
         raise ConfigError(f"backend: {backend!r} cannot run a training program")
     if knobs["jit_level"] not in JIT_LEVELS:
         raise ConfigError(f"knobs.jit_level: {knobs['jit_level']!r} is not one of {', '.join(JIT_LEVELS)}")
-    if knobs["recompute"] not in RECOMPUTE:
-        raise ConfigError(f"knobs.recompute: {knobs['recompute']!r} is not one of {', '.join(RECOMPUTE)}")
+    if knobs["recompute"] not in RECOMPUTE_MODES:
+        raise ConfigError(f"knobs.recompute: {knobs['recompute']!r} is not one of "
+                          f"{', '.join(RECOMPUTE_MODES)}")
     dtype = model.get("dtype", "float32")
-    if dtype not in COMPUTE_DTYPES[backend]:
+    if dtype not in BACKENDS[backend].compute_dtypes:
         raise ConfigError(f"model.dtype: {dtype!r} does not run on backend {backend!r} "
-                          f"(it runs {', '.join(COMPUTE_DTYPES[backend])})")
+                          f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})")
     if (knobs["tp"] > 1 or knobs["pp"] > 1) and model.get("entry"):
         raise ConfigError("knobs.tp/pp: a model.entry network runs with tp = pp = 1")
     if model.get("entry") is None:
@@ -136,7 +135,7 @@ def _setup(cfg, ms):
     from autotune.train.parallel import Placement, create_groups
 
     knobs = cfg["knobs"]
-    ms.set_device(DEVICE_TARGETS[cfg.get("backend", "cpu")])
+    ms.set_device(BACKENDS[cfg.get("backend", "cpu")].device_target)
     ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
     numpy2_workaround(ms)
     dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
@@ -245,7 +244,8 @@ def run(cfg: dict, started: float) -> dict:
         raise ConfigError(f"trial.steps: the checkpoint is at step {first_step}, nothing left of "
                           f"{trial['steps']} steps")
     # the peak counts what training adds to the built model, not the full tensors drawn to slice it
-    metrics_mod.reset_peak_memory()
+    device_memory = BACKENDS[cfg.get("backend", "cpu")].device_memory
+    metrics_mod.reset_peak(ms, device_memory)
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     log = metrics_mod.StepLog(os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
@@ -272,7 +272,7 @@ def run(cfg: dict, started: float) -> dict:
             checkpoint.save(folder, rank, done, tensors)
     log.close()
 
-    own_peak = metrics_mod.peak_memory_mb()  # training's peak: before the probe builds anything
+    own_peak = metrics_mod.peak_mb(ms, device_memory)  # training's peak: before the probe builds anything
     world = placement.world
     peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
