@@ -93,12 +93,6 @@ def postgres():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_server_starts(postgres):
-    from autotune.study import open_storage
-    storage = open_storage(postgres)
-    assert optuna.get_all_study_names(storage) == []
-
-
 SIMULATE = """
 study: sim
 model: {family: transformer, num_layers: 8, hidden_size: 1024, num_heads: 16, seq_length: 1024,
