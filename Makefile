@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,plots]'
+	$(BIN)/pip install --quiet -e '.[dev,plots,postgres]'
 	touch $(STAMP)
 
 # The quickstart: ~8 real MindSpore trials on this machine's CPU, a new study each run.

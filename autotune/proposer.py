@@ -3,10 +3,12 @@
 Contract: a :class:`Proposer` turns the study's sampler into runnable jobs. :meth:`propose`
 asks one trial and returns either a :class:`~autotune.executors.Job` (a new candidate that may
 run) or a :class:`Settled` (an answer that needs no run: a candidate already tried — answered
-from memory, ``repeat_of`` — or one that breaks a constraint or is predicted out of memory —
-``infeasible``, with the reason). It never runs anything and never records an outcome; the
-search loop hands settled answers and results to the recorder and tells the proposer what it
-learnt with :meth:`remember`.
+from memory, ``repeat_of``; one running now in a trial of :attr:`running` — outcome
+:data:`RUNNING`, answered when that trial ends; or one that breaks a constraint or is
+predicted out of memory — ``infeasible``, with the reason). It never runs anything and never
+records an outcome; the search loop hands settled answers and results to the recorder and
+tells the proposer what it learnt with :meth:`remember`. Each trial it asks is claimed by
+this driver (`autotune.drivers.Drivers.claim`) before anything else is written to it.
 
 - Feasibility is :func:`autotune.space.violations` and the cost model's memory screen, with the
   study's calibration (:attr:`calibration`, kept up to date by the loop).
@@ -24,6 +26,7 @@ learnt with :meth:`remember`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,6 +35,9 @@ from optuna.trial import TrialState
 from autotune import costmodel
 from autotune.executors import Job
 from autotune.space import Candidate, SearchSpace, violations
+
+
+RUNNING = "running"  # a Settled repeat of a trial still running: the loop settles it later
 
 
 @dataclass
@@ -51,8 +57,10 @@ class Settled:
 class Proposer:
     """Asks the study's sampler for candidates and screens them (see the module doc)."""
 
-    def __init__(self, spec, space: SearchSpace, study, prior=None, measurements=None):
+    def __init__(self, spec, space: SearchSpace, study, prior=None, measurements=None,
+                 drivers=None):
         self.spec, self.space, self.study = spec, space, study
+        self.drivers = drivers  # autotune.drivers.Drivers: marks each asked trial as its own
         self.calibration = None
         self.prior = prior
         # (estimate, peak MB, step ms) of the measured trials: the recorder appends to it
@@ -62,6 +70,9 @@ class Proposer:
         # answered from here, without reading storage again
         self.seen: dict = {}
         self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
+        # candidate → number of a trial running now (any driver's; kept by the search loop
+        # when several drivers share the study)
+        self.running: dict = {}
 
     def remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
         """``candidate`` ended so: a later proposal of it is answered with this."""
@@ -83,7 +94,11 @@ class Proposer:
         return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
 
     def _ask(self):
-        trial = self.study.ask()
+        with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+            trial = self.study.ask()
+        if self.drivers is not None:
+            self.drivers.claim(trial)
         candidate, attrs = self.space.sample(trial)
         for name, value in attrs.items():
             trial.set_user_attr(name, value)
@@ -103,6 +118,8 @@ class Proposer:
         if candidate in self.seen:
             number, outcome, metrics, detail = self.seen[candidate]
             return Settled(trial, candidate, outcome, metrics, detail, repeat_of=number)
+        if candidate in self.running:  # its outcome is known once that trial ends
+            return Settled(trial, candidate, RUNNING, repeat_of=self.running[candidate])
         estimate, reason = self.verdict(candidate)
         if reason:
             return Settled(trial, candidate, "infeasible", detail=reason,

@@ -6,7 +6,8 @@ ok), every metric of :data:`METRICS` (the trial's ``metrics.json``, defined in
 ``autotune/train/metrics.py``) under its own name, ``estimate`` (the cost model's dict) and the
 knobs that were not sampled (under their knob names). Only ``ok`` trials get objective values
 (state COMPLETE). A bad candidate (infeasible, oom, diverged, timeout, pruned) is PRUNED so the sampler
-learns to avoid its region; an error or interruption is FAIL. An error that was not the
+learns to avoid its region; an error or interruption is FAIL (a FAIL trial without a failing
+``outcome`` was failed by a recovery: :func:`outcome_of` reads it as interrupted). An error that was not the
 candidate's own (`autotune.runner`) also has ``infrastructure: true``; a trial that runs a
 candidate again after such a failure has ``retry_of`` = the failed trial's number
 (`autotune.failures`). An ``ok`` trial with an estimate also keeps its ``diagnosis``
@@ -88,9 +89,15 @@ def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
 
 
 def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
+    """A trial's outcome. A FAIL trial whose attrs say otherwise (none, or one its driver was
+    still writing) was failed by a recovery when its driver was gone: ``interrupted``
+    (`autotune.study.recover_interrupted`)."""
     if frozen.state == TrialState.RUNNING:
         return "running"
-    return frozen.user_attrs.get("outcome", "error")
+    outcome = frozen.user_attrs.get("outcome")
+    if frozen.state == TrialState.FAIL and outcome not in ("error", "interrupted"):
+        return "interrupted"
+    return outcome or "error"
 
 
 def counted(frozen: optuna.trial.FrozenTrial) -> bool:
@@ -102,6 +109,23 @@ def counted(frozen: optuna.trial.FrozenTrial) -> bool:
     return (frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
             and not {"repeat_of", "confirm_of", "warm_start"} & set(frozen.user_attrs)
             and not retried(frozen))
+
+
+def will_count(t) -> bool:
+    """Whether a RUNNING trial (of any driver) will count toward N when it ends, as far as can
+    be told now (a repeat, a confirm re-run, a copy of an earlier study will not)."""
+    return (t.state == TrialState.RUNNING
+            and not {"repeat_of", "confirm_of", "warm_start"} & set(t.user_attrs))
+
+
+def wanted(study, n_trials: int) -> int:
+    """How many more trials to ask for ``n_trials`` finished ones: N less the finished and the
+    running (any driver's) that count — but every queued candidate runs, even past N (an
+    interrupted one on a finished study)."""
+    trials = study.get_trials(deepcopy=False)
+    done = sum(counted(t) or will_count(t) for t in trials)
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+    return max(n_trials - done, waiting)
 
 
 def ranked(frozen: optuna.trial.FrozenTrial) -> bool:

@@ -1,7 +1,8 @@
-"""The study loop: one driver owns the study.
+"""The study loop: a driver runs its part of a study.
 
 Contract: :func:`run_search` runs (or resumes) a study until it has ``n_trials`` finished
-trials (a grid: until every candidate was tried once). Three parts, one loop for every backend:
+trials in total (a grid: until every candidate was tried once). Three parts, one loop for
+every backend:
 
 - the proposer (`autotune.proposer`) decides what to try next — the sampler, de-duplication,
   feasibility (constraints, predicted OOM: recorded ``infeasible``, never run);
@@ -16,11 +17,23 @@ the recorder, stops clearly slow trials (`autotune.pruning`), and on Ctrl-C or a
 the running trials ``interrupted`` (a resume runs them again). A candidate's own failure is
 remembered, an infrastructure failure retried once (`autotune.failures`). On a backend whose
 runs are noisy the study ends with the confirm phase (`autotune.confirm`).
+
+Several drivers (`autotune.drivers`: on a storage with heartbeats, e.g. PostgreSQL) may run one
+study side by side, each owning the trials it asks. Under the study's lock a driver counts,
+before it asks, the finished trials and those running in any driver
+(`autotune.records.wanted`) and asks only below N; it syncs what the others asked and measured
+into its proposer (never proposed again: a proposal of a candidate running elsewhere is
+settled as its repeat when that trial ends) and its calibration, and fails the trials of a
+dead driver (`autotune.study.recover_interrupted`) so their candidates run again. Its search
+part ends when nothing is wanted and nothing that counts runs anywhere. The baseline is
+enqueued, under the lock, only into a study with no trial; one driver runs the confirm phase
+(`autotune.drivers.Drivers.confirm_runner`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+import time
 from pathlib import Path
 
 import optuna
@@ -29,11 +42,12 @@ from optuna.trial import TrialState
 from autotune import confirm, costmodel, failures, records
 from autotune.backends import backend_of
 from autotune.budget import Budget, Stopper, check_budget_backend
+from autotune.drivers import HEARTBEAT_S, OWNER, Drivers
 from autotune.executors import InstantExecutor, make_executor
 from autotune.progress import Progress
 from autotune.prior import Prior
 from autotune.prior import usable as prior_usable
-from autotune.proposer import Proposer, Settled
+from autotune.proposer import RUNNING, Proposer, Settled
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.recorder import Recorder
 from autotune.replay import load_table
@@ -47,6 +61,7 @@ from autotune.warmstart import earlier_studies, warm_start
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new to offer
+WAIT_S = 2.0       # how often a driver with nothing to ask looks at the others' trials
 
 
 def run_search(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
@@ -97,44 +112,54 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
         space = replace(space, encoding=encoding_of(study))
         progress.note(f"{study_name!r} was created before ordered knobs: its knobs stay "
                       f"{space.encoding} params")
-    interrupted = recover_interrupted(study)
+    drivers = Drivers(study)
+    interrupted = recover_interrupted(study, drivers.me)
     if interrupted:
         progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
-    proposer = Proposer(spec, space, study, _prior(spec, space, progress), recorder.pairs)
-    for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
-        recorder.add_measurement(estimate, {"peak_memory_mb": memory_mb, "step_time_ms": step_ms},
-                                 store=False)
-    _load_history(spec, study, proposer, recorder)
-    already = sum(records.counted(t) for t in study.get_trials(deepcopy=False))
-    waiting = lambda: len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))  # noqa: E731
-    if spec.search.sampler == "grid":
-        n_trials = already + proposer.start_grid()
-    elif not already and not waiting():
-        study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
-        # then one trial per other layout, as many as the budget holds: the sampler's random
-        # start could miss a layout, and the layout is the knob that matters most (the prior
-        # chooses its own first candidates, spread over layouts)
-        openers = [] if proposer.prior else space.layout_openers(spec)[:max(0, n_trials - 1)]
-        for candidate in openers:
-            study.enqueue_trial(space.params_of(candidate))
-    # every queued candidate runs, even past N (an interrupted one on a finished study)
-    to_run = max(n_trials - already, waiting())
+    proposer = Proposer(spec, space, study, _prior(spec, space, progress), recorder.pairs,
+                        drivers)
+    with drivers.lock():  # another driver starting at once neither copies nor enqueues again
+        for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
+            recorder.add_measurement(estimate, {"peak_memory_mb": memory_mb,
+                                                "step_time_ms": step_ms}, store=False)
+        synced = _load_history(spec, study, proposer, recorder)
+        trials = study.get_trials(deepcopy=False)
+        already = sum(records.counted(t) for t in trials)
+        if spec.search.sampler == "grid":
+            n_trials = already + proposer.start_grid()
+        elif not any(records.counted(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)
+                     for t in trials):
+            study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
+            # then one trial per other layout, as many as the budget holds: the sampler's
+            # random start could miss a layout, and the layout is the knob that matters most
+            # (the prior chooses its own first candidates, spread over layouts)
+            openers = [] if proposer.prior else space.layout_openers(spec)[:max(0, n_trials - 1)]
+            for candidate in openers:
+                study.enqueue_trial(space.params_of(candidate))
+    to_run = records.wanted(study, n_trials)
     stopper = Stopper(study, budget, stop_when_flat,
                       virtual_clock=isinstance(executor, InstantExecutor))
     progress.status = stopper.used
     progress.start(study, done=already, total=already + to_run,
                    objectives=spec.search.objectives, searched=space.searched())
-    loop = _Loop(spec, study, proposer, executor, recorder, progress, stopper)
-    if proposer.grid and isinstance(executor, InstantExecutor) and budget is None:
-        loop.run_bulk_grid()
-    else:
-        loop.run(to_run)
-    if executor.noisy:
-        originals = confirm.plan(study, confirm_top, confirm_runs) if confirm_top else []
-        if originals:
-            progress.start_confirm(len(originals), confirm_top, confirm_runs)
-            loop.run_confirm(originals)
+    with drivers:
+        loop = _Loop(spec, study, proposer, executor, recorder, progress, stopper, drivers,
+                     synced)
+        if (proposer.grid and isinstance(executor, InstantExecutor) and budget is None
+                and not drivers.shared):  # bulk writes bypass the asking another driver sees
+            loop.run_bulk_grid()
+        else:
+            loop.run(n_trials)
+        if executor.noisy and confirm_top:
+            runner = drivers.confirm_runner()
+            if runner is not None:
+                progress.note(f"the confirm phase is left to driver {runner}, which searches "
+                              "this study too")
+            originals = confirm.plan(study, confirm_top, confirm_runs) if runner is None else []
+            if originals:
+                progress.start_confirm(len(originals), confirm_top, confirm_runs)
+                loop.run_confirm(originals)
     return study
 
 
@@ -157,10 +182,16 @@ def _prior(spec, space, progress) -> Prior | None:
     return prior
 
 
-def _load_history(spec, study, proposer: Proposer, recorder: Recorder) -> None:
-    """What earlier sessions of this study tried: remembered by the proposer, and their
-    measurements refit the calibration (estimates recomputed: the cost model is deterministic)."""
-    for t in study.get_trials(deepcopy=False):
+def _load_history(spec, study, proposer: Proposer, recorder: Recorder,
+                  trials=None) -> set[int]:
+    """What earlier sessions of this study (or, ``trials``, other drivers) tried: remembered by
+    the proposer, and their measurements refit the calibration (estimates recomputed: the cost
+    model is deterministic). Returns the numbers of the finished trials it read."""
+    read = set()
+    for t in study.get_trials(deepcopy=False) if trials is None else trials:
+        if not t.state.is_finished():
+            continue
+        read.add(t.number)
         if not failures.remembered_after_restart(t):
             continue
         candidate, metrics = Candidate(**records.knobs_of(t)), records.metrics_of(t)
@@ -169,16 +200,21 @@ def _load_history(spec, study, proposer: Proposer, recorder: Recorder) -> None:
         if records.outcome_of(t) == "ok":
             recorder.add_measurement(costmodel.estimate(spec, candidate), metrics, store=False)
     proposer.calibration = recorder.calibration
+    return read
 
 
 class _Loop:
     """Proposals → executor → recorder, while devices are free (see the module doc)."""
 
     def __init__(self, spec, study, proposer: Proposer, executor, recorder: Recorder,
-                 progress: Progress, stopper: Stopper):
+                 progress: Progress, stopper: Stopper, drivers: Drivers, synced=()):
         self.spec, self.study, self.progress = spec, study, progress
         self.proposer, self.executor, self.recorder = proposer, executor, recorder
         self.stopper, self.noted = stopper, set()
+        self.drivers = drivers
+        self.synced = set(synced)  # finished trials the proposer and the calibration know
+        self.parked: dict = {}     # number → Settled repeat of a trial running elsewhere
+        self.recovered = time.monotonic()
         self.live: dict = {}      # number → Job running
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.repeats = 0          # consecutive re-sampled candidates
@@ -186,7 +222,11 @@ class _Loop:
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
 
     def _settle(self, settled: Settled) -> None:
-        self.recorder.settled(settled)
+        if settled.outcome == RUNNING:  # answered when that trial ends (:meth:`_sync`)
+            settled.trial.set_user_attr("repeat_of", settled.repeat_of)  # it does not count
+            self.parked[settled.trial.number] = settled
+        else:
+            self.recorder.settled(settled)
         if settled.repeat_of is not None:
             self.repeats += 1
             if self.repeats == MAX_REPEATS:
@@ -206,25 +246,77 @@ class _Loop:
             self.progress.note(reason)
         return reason is not None
 
-    def run(self, remaining: int) -> None:
-        """Propose, run and record until ``remaining`` trials were asked (repeats excepted)."""
+    def run(self, n_trials: int) -> None:
+        """Propose, run and record until the study has ``n_trials`` trials that count, finished
+        (or running in another driver, which is then waited for)."""
         def next_job():
-            nonlocal remaining
-            retrying, self.retries = self.retries, 0  # a retried failure did not count toward
-            remaining += retrying                     # N: one more ask, even past MAX_REPEATS
-            while remaining > 0 and (self.repeats < MAX_REPEATS or retrying) and not self._stop():
+            # a retried failure did not count toward N: one more ask, even past MAX_REPEATS
+            retrying, self.retries = self.retries, 0
+            while (self.repeats < MAX_REPEATS or retrying) and not self._stop():
                 retrying = 0
-                proposal = self.proposer.propose()
+                with self.drivers.lock():
+                    self._sync()
+                    if records.wanted(self.study, n_trials) <= 0:
+                        return None
+                    proposal = self.proposer.propose()
                 if isinstance(proposal, Settled):
                     self._settle(proposal)
-                    remaining -= proposal.repeat_of is None
                     continue
                 self.repeats = 0
-                remaining -= 1
                 return proposal
             return None
 
-        self._drive(next_job)
+        try:
+            while True:
+                self._drive(next_job)
+                if self.repeats >= MAX_REPEATS or self._stop():
+                    return
+                self._sync()
+                if records.wanted(self.study, n_trials) > 0:
+                    continue  # a trial elsewhere ended without counting (or was interrupted)
+                running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if not self.parked and not any(map(records.will_count, running)):
+                    return
+                time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
+        except BaseException:
+            for settled in self.parked.values():  # never ran: nothing to run again
+                records.record(self.study, settled.trial, self.recorder.objectives,
+                               "interrupted", extra={"repeat_of": settled.repeat_of})
+            raise
+
+    def _sync(self) -> None:
+        """With several drivers: what the others asked and finished, into the proposer and the
+        calibration; the repeats parked until their original ended, settled; every
+        ``HEARTBEAT_S``, the trials of a dead driver failed and queued again."""
+        if not self.drivers.shared:
+            return
+        if time.monotonic() - self.recovered > HEARTBEAT_S:
+            self.recovered = time.monotonic()
+            gone = recover_interrupted(self.study, self.drivers.me)
+            if gone:
+                self.progress.note(f"trials {gone} lost their driver and will run again")
+        trials = self.study.get_trials(deepcopy=False)
+        new = [t for t in trials if t.number not in self.synced]
+        # this driver's own trials were remembered and measured when they ended
+        self.synced |= _load_history(self.spec, self.study, self.proposer, self.recorder,
+                                     [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me])
+        self.synced |= {t.number for t in new if t.state.is_finished()}
+        self.proposer.running = {}
+        for t in filter(records.will_count, trials):
+            knobs = records.knobs_of(t)
+            if None not in knobs.values():  # else still being sampled
+                candidate = Candidate(**knobs)
+                self.proposer.running[candidate] = t.number
+                if self.proposer.prior is not None:
+                    self.proposer.prior.mark(candidate)
+        for number, settled in list(self.parked.items()):
+            original = trials[settled.repeat_of]
+            if original.state.is_finished():
+                settled.outcome = records.outcome_of(original)
+                settled.metrics = records.metrics_of(original)
+                settled.detail = original.user_attrs.get("detail", "")
+                self.recorder.settled(settled)
+                del self.parked[number]
 
     def run_confirm(self, originals: list) -> None:
         """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
@@ -233,10 +325,11 @@ class _Loop:
         def next_job():
             if self._stop(flat=False):
                 return None
-            if self.retries:  # a re-run lost to the infrastructure, queued again
-                self.retries -= 1
-                return self.proposer.ask_queued()
-            return self.proposer.again(queue.pop(0)) if queue else None
+            with self.drivers.lock():  # no other driver pops the queued re-run
+                if self.retries:  # a re-run lost to the infrastructure, queued again
+                    self.retries -= 1
+                    return self.proposer.ask_queued()
+                return self.proposer.again(queue.pop(0)) if queue else None
 
         self._drive(next_job)
 

@@ -16,23 +16,37 @@ Contract:
 - :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.encoding`): stored
   on every study when it is created; a study created before ordered knobs has none and keeps
   its categorical params; an encoding this version does not know is a SpecError.
-- :func:`recover_interrupted` fails the trials a dead driver left RUNNING (outcome
-  ``interrupted``) and queues each candidate again (:func:`requeue`): a resumed study runs it
-  again under a new trial number. RDB heartbeats do not cover ask/tell.
+- :func:`open_storage` of a server database (any RDB URL but SQLite) keeps RDB heartbeats
+  (`autotune.drivers`: several drivers may share its studies); a trial whose heartbeats stop
+  for ``GRACE_S`` is failed by :func:`recover_interrupted` through Optuna's
+  ``fail_stale_trials``, and its candidate queued again (the storage's stale-trial callback).
+- :func:`recover_interrupted` fails the RUNNING trials whose driver is gone and queues each
+  candidate again (:func:`requeue`): a resumed study runs it under a new trial number. Gone
+  means: its driver (user attr ``driver``) ran on this machine and its process has ended; or
+  its heartbeats are stale; or, a trial without a driver (a study run before drivers were
+  recorded, or a driver that died between asking and recording itself), at once on a storage
+  without heartbeats (one driver: nobody else can be running it) and after ``GRACE_S`` from
+  its start on one with them. A live driver's trials are never touched. A trial failed
+  through its heartbeats has no ``outcome`` attr (a finished trial's attrs cannot be set):
+  `autotune.records.outcome_of` reads it as ``interrupted``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+import warnings
 from dataclasses import asdict
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
 from autotune import records
+from autotune.drivers import GRACE_S, HEARTBEAT_S, OWNER, alive, heartbeats, locked
 from autotune.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec import Spec, SpecError
 
@@ -65,10 +79,28 @@ def open_storage(url: str, create: bool = False) -> optuna.storages.BaseStorage:
         elif not file.exists():
             raise SpecError(f"{url}: no such storage file")
     try:
-        return optuna.storages.get_storage(url)
+        if url.startswith("sqlite"):  # one driver: SQLite locks the whole file on each write
+            return optuna.storages.get_storage(url)
+        return optuna.storages.get_storage(_server_storage(url))
     except (ImportError, ValueError, RuntimeError, OSError, SQLAlchemyError) as exc:
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise SpecError(f"--storage: cannot open {url}: {reason}") from None
+
+
+def _server_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
+    """A server database's storage, with heartbeats. Two drivers starting at once on an empty
+    database both create Optuna's tables; the one that loses that race opens it again."""
+    for attempt in range(attempts):
+        try:
+            with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                    heartbeat_stale_trial_callback=RequeueStale())
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, sampler,
@@ -79,6 +111,17 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
         url, storage = storage, open_storage(storage, create=True)
     else:
         url = type(storage).__name__
+    with locked(storage, 0):  # two drivers starting at once: one creates, the other resumes
+        study, exists = _create_or_load(spec, space, storage, url, study_name, resume, sampler,
+                                        pruner)
+    if exists and [d.name.lower() for d in study.directions] != directions:
+        raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
+    return study
+
+
+def _create_or_load(spec, space, storage, url, study_name, resume, sampler, pruner):
+    """(the study, whether it existed before)."""
+    directions = records.directions(spec.search.objectives)
     exists = study_name in optuna.get_all_study_names(storage)
     if exists and not resume:
         raise SpecError(f"--study: study {study_name!r} already exists in {url}; "
@@ -93,8 +136,6 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
                             "created with, or start a new study")
     study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
                                 directions=directions, load_if_exists=True, pruner=pruner)
-    if exists and [d.name.lower() for d in study.directions] != directions:
-        raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
     if not exists:
         study.set_user_attr("model_yaml", spec.raw)
         study.set_user_attr("model_yaml_path", spec.source)
@@ -102,7 +143,7 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
         study.set_user_attr("backend", spec.cluster.backend)
         study.set_user_attr("fingerprint", mine)
         study.set_user_attr("param_encoding", space.encoding)
-    return study
+    return study, exists
 
 
 def encoding_of(study: optuna.Study) -> str:
@@ -124,13 +165,49 @@ def requeue(study: optuna.Study, params: dict, user_attrs: dict | None = None) -
         study.enqueue_trial(params, user_attrs=user_attrs)
 
 
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Fail the trials a dead driver left RUNNING and queue their candidates again."""
-    numbers = []
+class RequeueStale:
+    """The storage's stale-trial callback: queues the candidate of each trial Optuna's
+    ``fail_stale_trials`` failed, and keeps their numbers for the caller to report."""
+
+    def __init__(self):
+        self.numbers: list[int] = []
+
+    def __call__(self, study: optuna.Study, frozen) -> None:
+        if "repeat_of" not in frozen.user_attrs:  # a repeat's candidate is its original's
+            requeue(study, frozen.params, records.role_of(frozen))
+        self.numbers.append(frozen.number)
+
+
+def _gone(frozen, shared: bool) -> bool:
+    """Whether the driver of a RUNNING trial is gone (see the module doc)."""
+    owner = frozen.user_attrs.get(OWNER)
+    if owner is not None:
+        return alive(owner) is False
+    return not shared or datetime.now() - frozen.datetime_start > timedelta(seconds=GRACE_S)
+
+
+def recover_interrupted(study: optuna.Study, me: str | None = None) -> list[int]:
+    """Fail the RUNNING trials whose driver is gone (never those of ``me``, this driver) and
+    queue their candidates again; return their numbers."""
+    storage, numbers = study._storage, []
+    shared = heartbeats(storage)
+    callback = storage.get_heartbeat_stale_trial_callback() if shared else None
+    if isinstance(callback, RequeueStale):
+        before = len(callback.numbers)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        numbers += callback.numbers[before:]
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial = optuna.Trial(study, frozen._trial_id)
-        trial.set_user_attr("outcome", "interrupted")
-        study.tell(frozen.number, state=TrialState.FAIL)
-        requeue(study, frozen.params, records.role_of(frozen))
+        mine = me is not None and frozen.user_attrs.get(OWNER) == me
+        if mine or not _gone(frozen, shared):
+            continue
+        try:
+            optuna.Trial(study, frozen._trial_id).set_user_attr("outcome", "interrupted")
+            study.tell(frozen.number, state=TrialState.FAIL)
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            continue  # another driver recovered it first, or its driver finished it after all
+        if "repeat_of" not in frozen.user_attrs:
+            requeue(study, frozen.params, records.role_of(frozen))
         numbers.append(frozen.number)
-    return numbers
+    return sorted(numbers)
