@@ -5,6 +5,7 @@ space (a seeded sample of :data:`PRIOR_LIMIT` where the space is larger) and ans
 :meth:`Prior.next`: the candidate to try next, given the measurements so far. It reads no
 storage and runs nothing; the proposer (`autotune.proposer`) asks it, and tells it every
 candidate proposed (:meth:`Prior.mark`), so nothing running or finished is proposed again.
+:func:`prior_for` is the prior of a study's spec (None: not ``auto``, or nothing to rank).
 
 - The ranking is by an objective the model estimates: goodput (samples/s of the estimated step
   time, corrected as below) or peak memory (the estimate × the study's memory calibration).
@@ -162,3 +163,23 @@ def _candidates(space, limit: int, seed: int | None) -> list:
             break
         drawn.setdefault(space._resolve({n: rng.choice(space.domains[n]) for n in KNOB_NAMES}))
     return list(drawn)
+
+
+def prior_for(spec, space, note) -> Prior | None:
+    """The prior of an ``auto`` study, when the cost model can rank its candidates; ``note``
+    (a callable taking one line) hears why not, or what it ranked."""
+    if spec.search.sampler != "auto":
+        return None
+    if not usable(spec):
+        note(f"auto: the cost model cannot rank by {', '.join(spec.search.objectives)} "
+             "for this model: TPE after the baseline and the layout openers")
+        return None
+    prior = Prior(spec, space, spec.search.seed)
+    if not prior.candidates:  # then the baseline and the layout openers say why, recorded
+        note("auto: the cost model predicts no candidate fits: the baseline and one "
+             "trial per layout run as with any sampler")
+        return None
+    note(f"auto: the cost model ranks {len(prior.candidates)} feasible candidates; the "
+         "baseline runs first, then the best of each promising layout, then the best "
+         "under the estimate corrected by every measurement")
+    return prior

@@ -45,8 +45,7 @@ from autotune.budget import Budget, Stopper, check_budget_backend
 from autotune.drivers import HEARTBEAT_S, OWNER, Drivers
 from autotune.executors import InstantExecutor, make_executor
 from autotune.progress import Progress
-from autotune.prior import Prior
-from autotune.prior import usable as prior_usable
+from autotune.prior import prior_for
 from autotune.proposer import RUNNING, Proposer, Settled
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.recorder import Recorder
@@ -117,7 +116,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     if interrupted:
         progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
-    proposer = Proposer(spec, space, study, _prior(spec, space, progress), recorder.pairs,
+    proposer = Proposer(spec, space, study, prior_for(spec, space, progress.note), recorder.pairs,
                         drivers)
     with drivers.lock():  # another driver starting at once neither copies nor enqueues again
         for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
@@ -161,25 +160,6 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
                 progress.start_confirm(len(originals), confirm_top, confirm_runs)
                 loop.run_confirm(originals)
     return study
-
-
-def _prior(spec, space, progress) -> Prior | None:
-    """The cost model's prior of an ``auto`` study, when the model can rank its candidates."""
-    if spec.search.sampler != "auto":
-        return None
-    if not prior_usable(spec):
-        progress.note(f"auto: the cost model cannot rank by {', '.join(spec.search.objectives)} "
-                      "for this model: TPE after the baseline and the layout openers")
-        return None
-    prior = Prior(spec, space, spec.search.seed)
-    if not prior.candidates:  # then the baseline and the layout openers say why, recorded
-        progress.note("auto: the cost model predicts no candidate fits: the baseline and one "
-                      "trial per layout run as with any sampler")
-        return None
-    progress.note(f"auto: the cost model ranks {len(prior.candidates)} feasible candidates; the "
-                  "baseline runs first, then the best of each promising layout, then the best "
-                  "under the estimate corrected by every measurement")
-    return prior
 
 
 def _load_history(spec, study, proposer: Proposer, recorder: Recorder,
