@@ -156,9 +156,10 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
     started = time.monotonic()
     with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
-        if workers > 1:  # msrun does not say how it was started: the log does
-            out.write(f"launched: {shlex.join(argv)}\n")
-            out.flush()
+        # msrun does not say how it was started, nor which devices Ray gave: the log does
+        given = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+        out.write(f"launched: {' '.join(given + [shlex.join(argv)])}\n")
+        out.flush()
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,

@@ -43,7 +43,7 @@ def ray_env() -> dict:
     return env
 
 
-def start_node(temp: str, head_port: int, head: bool) -> None:
+def start_node(temp: str, head_port: int, head: bool, *resources: str) -> None:
     """One Ray node with one CPU on a loopback address of its own (127.0.0.2 the head, 127.0.0.3
     the other: given 127.0.0.1, Ray would move a multi-node cluster onto the host's public
     address), every port of its own (two nodes share a host)."""
@@ -54,7 +54,8 @@ def start_node(temp: str, head_port: int, head: bool) -> None:
              f"--dashboard-port={free_port()}"] if head else [f"--address=127.0.0.2:{head_port}"])
     started = subprocess.run([RAY, "start", *role, "--num-cpus=1",
                               f"--node-ip-address=127.0.0.{2 if head else 3}", f"--temp-dir={temp}",
-                              "--disable-usage-stats", *ports], capture_output=True, text=True,
+                              "--disable-usage-stats", *ports, *resources], capture_output=True,
+                             text=True,
                              env=ray_env(), start_new_session=True)
     assert started.returncode == 0, started.stderr[-2000:]
 
@@ -169,6 +170,32 @@ def processes() -> list[tuple[int, str]]:
                 continue
             found.append((int(entry.name), args))
     return found
+
+
+@pytest.mark.parametrize("backend,flag,variable", [
+    ("gpu", "--num-gpus=1", "CUDA_VISIBLE_DEVICES"),
+    ("ascend", '--resources={"NPU": 1}', "ASCEND_RT_VISIBLE_DEVICES")])
+def test_the_device_ray_assigns_reaches_the_trial(tmp_path, backend, flag, variable):
+    """A node that says it has one GPU (NPU): the trial's launch carries the device Ray gave
+    it, and MindSpore is asked for that device (this machine has none and its MindSpore is
+    built for CPU only, so the trial then ends as the candidate's error, saying so)."""
+    port, temp = free_port(), tempfile.mkdtemp(prefix="rayg-")
+    try:
+        start_node(temp, port, True, flag)
+        text = SPANNING.replace("backend: cpu", f"backend: {backend}").replace(
+            "devices: 2, devices_per_node: 1", "devices: 1, devices_per_node: 1").replace(
+            "tp: [1, 2]", "tp: 1").replace("n_trials: 2", "n_trials: 1")
+        out, err = finish(search(tmp_path, text, f"127.0.0.2:{port}"), 120)
+    finally:
+        stop_cluster(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert "Traceback" not in err, err[-3000:]
+    log = (tmp_path / "art" / "span" / "0" / "logs" / "worker_0.log").read_text()
+    assert log.startswith(f"launched: {variable}=0 "), log[:500]
+    frame = autotune.trials_frame("span", f"sqlite:///{tmp_path}/s.db")
+    target = {"gpu": "GPU", "ascend": "Ascend"}[backend]  # MindSpore was asked for the device
+    assert frame.iloc[0]["outcome"] == "error", frame.iloc[0]["detail"]
+    assert f"Unsupported device target {target}" in frame.iloc[0]["detail"]
 
 
 @pytest.mark.parametrize("backend,resource,flag", [("gpu", "GPU", "--num-gpus"),
