@@ -312,9 +312,10 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
     # the table itself is read when a search starts (autotune.replay), not here: an export of a
     # replay study re-reads this file without needing the table
     replay = s.get("replay", str, default=None)
-    if backend == "replay" and replay is None:
-        s.fail("replay", "is required with backend replay: a CSV of measured candidates")
-    if backend != "replay" and replay is not None:
+    reads_table = BACKENDS[backend].kind == "table"
+    if reads_table and replay is None:
+        s.fail("replay", f"is required with backend {backend}: a CSV of measured candidates")
+    if not reads_table and replay is not None:
         s.fail("replay", f"is read by backend replay only (backend is {backend})")
     s.reject_unknown()
     return ClusterSpec(backend, devices, per_node, memory, device,
