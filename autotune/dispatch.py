@@ -113,7 +113,6 @@ class Dispatcher:
         self.backend, self.devices_per_node = backend, devices_per_node
         self.pool_devices, self.address = pool_devices, address
         self._trials: dict[int, _Trial] = {}
-        self._lost: list[int] = []  # trials running when the cluster went away
         self._temp_dir: str | None = None
         self._guard: Guard | None = None
 
@@ -171,7 +170,13 @@ class Dispatcher:
         return [self.backend.resources(launch.local_workers) for launch in plan]
 
     def _alive_nodes(self) -> list[dict]:
-        return [node["Resources"] for node in self._ray.nodes() if node.get("Alive")]
+        """The total resources of each node alive; ClusterLost when this driver's own node is
+        not among them (its raylet died: nothing can be submitted any more)."""
+        nodes = [node for node in self._ray.nodes() if node.get("Alive")]
+        mine = self._ray.get_runtime_context().get_node_id()
+        if not any(node["NodeID"] == mine for node in nodes):
+            raise ClusterLost("the Ray cluster is gone (this driver's node is not alive)")
+        return [node["Resources"] for node in nodes]
 
     def capacity(self) -> int:
         """Devices of this backend's kind in the Ray cluster: how many trial devices fit at once
@@ -252,8 +257,7 @@ class Dispatcher:
     def _get(self, ref, trial: _Trial) -> tuple[float, TrialResult]:
         try:
             return self._ray.get(ref)
-        except self._ray.exceptions.LocalRayletDiedError as exc:
-            self._lost.append(trial.number)
+        except self._ray.exceptions.LocalRayletDiedError as exc:  # cancel_all names the trial
             raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
         except Exception as exc:  # Ray lost the task: its worker or node died, ...
@@ -313,12 +317,11 @@ class Dispatcher:
     def cancel_all(self) -> list[int]:
         """Cancel every running trial (their processes are stopped); return their numbers,
         those lost with the cluster (`ClusterLost`) included."""
-        numbers = self._lost + list(self._trials)
+        numbers = list(self._trials)
         try:
             for trial in list(self._trials.values()):
                 self._end(trial)
         except Exception:  # noqa: BLE001  (a cluster that is gone cancels nothing: the
             pass           # trials' processes died with their raylet's workers)
         self._trials.clear()
-        self._lost = []
         return numbers

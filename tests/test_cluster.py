@@ -60,20 +60,26 @@ def start_node(temp: str, head_port: int, head: bool, *resources: str) -> None:
     assert started.returncode == 0, started.stderr[-2000:]
 
 
-@pytest.fixture
-def two_nodes():
+def cluster_of_two(head_resources):
     """A head and a second node, each one CPU; yields (address, [head temp, node temp])."""
     port = free_port()
     # short folders: Ray's socket paths must fit in 107 bytes
     temps = [tempfile.mkdtemp(prefix="rayh-"), tempfile.mkdtemp(prefix="rayn-")]
     try:
-        start_node(temps[0], port, head=True)
-        start_node(temps[1], port, head=False)
+        start_node(temps[0], port, True, *head_resources)
+        start_node(temps[1], port, False)
         yield f"127.0.0.2:{port}", temps
     finally:
         for temp in reversed(temps):
             stop_cluster(temp)
             shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared_nodes():
+    """Two nodes of one CPU, the head also saying it has one GPU and one NPU, for every test of
+    this module (a Ray node takes seconds to start); the last test kills the second node."""
+    yield from cluster_of_two(("--num-gpus=1", '--resources={"NPU": 1}'))
 
 
 def search(tmp_path, text, address, *extra, env=None):
@@ -101,8 +107,8 @@ def losses(folder: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (folder / "steps.jsonl").read_text().splitlines()]
 
 
-def test_a_trial_larger_than_a_node_runs_as_one_msrun_per_node(tmp_path, two_nodes):
-    address, _ = two_nodes
+def test_a_trial_larger_than_a_node_runs_as_one_msrun_per_node(tmp_path, shared_nodes):
+    address, _ = shared_nodes
     proc = search(tmp_path, SPANNING, address, "--sampler", "grid")
     out, err = finish(proc, 600)
     assert proc.returncode == 0, err[-3000:]
@@ -128,37 +134,6 @@ def test_a_trial_larger_than_a_node_runs_as_one_msrun_per_node(tmp_path, two_nod
     assert losses(folder) == pytest.approx(losses(alone), rel=1e-6)
 
 
-def test_a_lost_node_ends_the_trial_on_both_and_the_driver_stops_resumable(tmp_path, two_nodes):
-    address, temps = two_nodes
-    text = SPANNING.replace("tp: [1, 2]", "tp: 1").replace("steps: 8,", "steps: 400,")
-    proc = search(tmp_path, text, address)
-    steps = tmp_path / "art" / "span" / "0" / "steps.jsonl"
-    deadline = time.monotonic() + 240
-    while not (steps.exists() and len(steps.read_text().splitlines()) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.5)
-    trial = [p for p in processes() if "autotune/train" in p[1] or "msrun" in p[1]]
-    assert len({pid for pid, _ in trial}) >= 4  # two msruns, two workers
-    # the second node's raylet dies (its machine, say, lost power)
-    raylet = next(pid for pid, args in processes() if "raylet" in args and temps[1] in args)
-    killed = time.monotonic()
-    os.kill(raylet, signal.SIGKILL)
-    while any(os.path.exists(f"/proc/{pid}") for pid, _ in trial):
-        assert time.monotonic() - killed < 30, "the trial's processes outlived the lost node"
-        time.sleep(0.2)
-    ended_s = time.monotonic() - killed
-    out, err = finish(proc, 120)
-    assert proc.returncode == 1, err[-3000:]
-    assert "no set of nodes can place trial" in err and "--resume" in err, err[-3000:]
-    frame = autotune.trials_frame("span", f"sqlite:///{tmp_path}/s.db")
-    first = frame.iloc[0]
-    assert first["outcome"] == "error" and first["infrastructure"], first["detail"]
-    assert "node" in first["detail"]
-    # the retry could not be placed: recorded interrupted, queued for a resume
-    assert frame.iloc[-1]["outcome"] == "interrupted"
-    print(f"trial processes on both nodes gone {ended_s:.1f} s after the raylet was killed")
-
-
 def processes() -> list[tuple[int, str]]:
     """(pid, command line) of every process."""
     found = []
@@ -172,23 +147,16 @@ def processes() -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("backend,flag,variable", [
-    ("gpu", "--num-gpus=1", "CUDA_VISIBLE_DEVICES"),
-    ("ascend", '--resources={"NPU": 1}', "ASCEND_RT_VISIBLE_DEVICES")])
-def test_the_device_ray_assigns_reaches_the_trial(tmp_path, backend, flag, variable):
+@pytest.mark.parametrize("backend,variable", [("gpu", "CUDA_VISIBLE_DEVICES"),
+                                              ("ascend", "ASCEND_RT_VISIBLE_DEVICES")])
+def test_the_device_ray_assigns_reaches_the_trial(tmp_path, shared_nodes, backend, variable):
     """A node that says it has one GPU (NPU): the trial's launch carries the device Ray gave
     it, and MindSpore is asked for that device (this machine has none and its MindSpore is
     built for CPU only, so the trial then ends as the candidate's error, saying so)."""
-    port, temp = free_port(), tempfile.mkdtemp(prefix="rayg-")
-    try:
-        start_node(temp, port, True, flag)
-        text = SPANNING.replace("backend: cpu", f"backend: {backend}").replace(
-            "devices: 2, devices_per_node: 1", "devices: 1, devices_per_node: 1").replace(
-            "tp: [1, 2]", "tp: 1").replace("n_trials: 2", "n_trials: 1")
-        out, err = finish(search(tmp_path, text, f"127.0.0.2:{port}"), 120)
-    finally:
-        stop_cluster(temp)
-        shutil.rmtree(temp, ignore_errors=True)
+    text = SPANNING.replace("backend: cpu", f"backend: {backend}").replace(
+        "devices: 2, devices_per_node: 1", "devices: 1, devices_per_node: 1").replace(
+        "tp: [1, 2]", "tp: 1").replace("n_trials: 2", "n_trials: 1")
+    out, err = finish(search(tmp_path, text, shared_nodes[0]), 120)
     assert "Traceback" not in err, err[-3000:]
     log = (tmp_path / "art" / "span" / "0" / "logs" / "worker_0.log").read_text()
     assert log.startswith(f"launched: {variable}=0 "), log[:500]
@@ -228,3 +196,35 @@ def test_a_trial_larger_than_the_only_node_is_refused_before_the_study_is_writte
     assert proc.returncode == 2, err[-3000:]
     assert "spans 2 nodes of 1 devices" in err and "ray start --address" in err, err
     assert not (tmp_path / "s.db").exists()
+
+
+def test_a_lost_node_ends_the_trial_on_both_and_the_driver_stops_resumable(tmp_path, shared_nodes):
+    """Last of the module: it kills the second node of the shared cluster."""
+    address, temps = shared_nodes
+    text = SPANNING.replace("tp: [1, 2]", "tp: 1").replace("steps: 8,", "steps: 400,")
+    proc = search(tmp_path, text, address)
+    steps = tmp_path / "art" / "span" / "0" / "steps.jsonl"
+    deadline = time.monotonic() + 240
+    while not (steps.exists() and len(steps.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    trial = [p for p in processes() if "autotune/train" in p[1] or "msrun" in p[1]]
+    assert len({pid for pid, _ in trial}) >= 4  # two msruns, two workers
+    # the second node's raylet dies (its machine, say, lost power)
+    raylet = next(pid for pid, args in processes() if "raylet" in args and temps[1] in args)
+    killed = time.monotonic()
+    os.kill(raylet, signal.SIGKILL)
+    while any(os.path.exists(f"/proc/{pid}") for pid, _ in trial):
+        assert time.monotonic() - killed < 30, "the trial's processes outlived the lost node"
+        time.sleep(0.2)
+    ended_s = time.monotonic() - killed
+    out, err = finish(proc, 120)
+    assert proc.returncode == 1, err[-3000:]
+    assert "no set of nodes can place trial" in err and "--resume" in err, err[-3000:]
+    frame = autotune.trials_frame("span", f"sqlite:///{tmp_path}/s.db")
+    first = frame.iloc[0]
+    assert first["outcome"] == "error" and first["infrastructure"], first["detail"]
+    assert "node" in first["detail"]
+    # the retry could not be placed: recorded interrupted, queued for a resume
+    assert frame.iloc[-1]["outcome"] == "interrupted"
+    print(f"trial processes on both nodes gone {ended_s:.1f} s after the raylet was killed")
