@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 from autotune import confirm, costmodel, failures, records
 from autotune.backends import backend_of
 from autotune.budget import Budget, Stopper, check_budget_backend
+from autotune.bulkgrid import run_bulk_grid
 from autotune.drivers import HEARTBEAT_S, OWNER, Drivers
 from autotune.executors import InstantExecutor, make_executor
 from autotune.progress import Progress
@@ -50,7 +51,6 @@ from autotune.proposer import RUNNING, Proposer, Settled
 from autotune.pruning import SlowTrialPruner, StepWatcher
 from autotune.recorder import Recorder
 from autotune.replay import load_table
-from autotune.runner import TrialResult
 from autotune.samplers import make_sampler
 from autotune.space import Candidate, SearchSpace
 from autotune.spec import Spec, SpecError
@@ -147,7 +147,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
                      synced)
         if (proposer.grid and isinstance(executor, InstantExecutor) and budget is None
                 and not drivers.shared):  # bulk writes bypass the asking another driver sees
-            loop.run_bulk_grid()
+            run_bulk_grid(study, proposer, executor, recorder, progress)
         else:
             loop.run(n_trials)
         if executor.noisy and confirm_top:
@@ -312,39 +312,6 @@ class _Loop:
                 return self.proposer.again(queue.pop(0)) if queue else None
 
         self._drive(next_job)
-
-    def run_bulk_grid(self, batch: int = 250) -> None:
-        """Every grid candidate through an instant executor, stored in bulk: a grid needs no
-        sampler, so each trial is one storage write instead of an ask, attrs and a tell."""
-        space, proposer = self.proposer.space, self.proposer
-        distributions = space.distributions()
-        number = len(self.study.get_trials(deepcopy=False))
-        while proposer.grid:
-            chunk = [proposer.grid.popleft() for _ in range(min(batch, len(proposer.grid)))]
-            trials, ok_values = [], []
-            for candidate, params in chunk:
-                estimate, reason = proposer.verdict(candidate)
-                extra = {"estimate": estimate.as_dict(), **space.attrs_of(candidate)}
-                if reason:
-                    result = TrialResult("infeasible", detail=reason)
-                else:
-                    result, timing = self.executor.evaluate(candidate, estimate)
-                    extra.update(timing)
-                    if result.outcome == "ok":
-                        self.recorder.add_measurement(estimate, result.metrics, store=False)
-                        proposer.calibration = self.recorder.calibration
-                state, values, attrs = records.settle(self.recorder.objectives, result.outcome,
-                                                      result.metrics, result.detail, extra)
-                if values:
-                    ok_values.append((values[0], number + len(trials)))
-                trials.append(optuna.trial.create_trial(
-                    state=state, values=values, params=params, user_attrs=attrs,
-                    distributions={k: distributions[k] for k in params}))
-            self.study.add_trials(trials)
-            if self.recorder.calibration is not None:
-                self.recorder.store_calibration()
-            number += len(trials)
-            self.progress.batch_done(len(trials), ok_values)
 
     def _drive(self, next_job) -> None:
         """Submit ``next_job()``s while devices are free, record results, until it returns

@@ -23,6 +23,7 @@ from autotune.drivers import OWNER, driver_id
 from autotune.knobs import KNOB_NAMES
 from autotune.records import counted, knobs_of, outcome_of
 from autotune.study import RequeueStale, recover_interrupted
+from test_search import ONE_DEVICE  # noqa: E402
 
 BIN = Path(sys.executable).parent
 REQUIRED = os.environ.get("AUTOTUNE_REQUIRE_POSTGRES") == "1"
@@ -204,19 +205,10 @@ def test_recovery_fails_a_dead_or_silent_drivers_trials_and_never_a_live_ones(tm
     assert recover_interrupted(study, me=driver_id()) == [trials["live here"].number]
 
 
-TINY_CPU = """
-study: tiny
-model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 2, seq_length: 16,
-        vocab_size: 64, dtype: float16}
-train: {global_batch_size: 8, learning_rate: 5.0e-3, total_steps: 200}
-cluster: {backend: cpu, devices: 1, devices_per_node: 1, device_memory_gb: 8}
-search:
-  space: {fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],
-          warmup_steps: [0, 20], jit_level: [O0, O1], recompute: [none]}
-  objectives: [goodput]
-  seed: 1
-trial: {steps: 6, measure_after: 2, timeout_s: 240}
-"""
+# test_search's one-device study: goodput only, six steps (two drivers' trials share 2 cores)
+TINY_CPU = (ONE_DEVICE.replace("  n_trials: 2\n", "").replace("objectives: [goodput, final_loss]",
+                                                               "objectives: [goodput]")
+            .replace("steps: 8, measure_after: 2", "steps: 6, measure_after: 2"))
 
 
 def test_two_real_drivers_on_cpu_share_a_study_and_run_the_confirm_phase_once(tmp_path, postgres):
