@@ -4,14 +4,14 @@ __version__ = "0.1.0"
 
 
 def trials_frame(study, storage=None):
-    """One row per trial of a study, knobs and metrics as columns (see autotune.analysis)."""
-    from autotune.analysis import trials_frame as frame
+    """One row per trial of a study, knobs and metrics as columns (see autotune.analysis.frames)."""
+    from autotune.analysis.frames import trials_frame as frame
 
     return frame(study, storage)
 
 
 def compare(studies, storage=None):
-    """All trials of several studies in one DataFrame (see autotune.analysis)."""
-    from autotune.analysis import compare as stacked
+    """All trials of several studies in one DataFrame (see autotune.analysis.frames)."""
+    from autotune.analysis.frames import compare as stacked
 
     return stacked(studies, storage)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from autotune.backends import backend_of
-from autotune.spec import SAMPLERS, SpecError
+from autotune.spec.backends import backend_of
+from autotune.spec.errors import SpecError
+from autotune.spec.model_yaml import SAMPLERS
 
 
 def _knob_settings(pairs: list[str], flag: str = "--set") -> dict:
@@ -31,8 +32,8 @@ def _knob_settings(pairs: list[str], flag: str = "--set") -> dict:
 
 def _load(args, extra_overrides: dict | None = None):
     """Validate model.yaml (with CLI overrides) and its search space, writing nothing."""
-    from autotune.space import build_space
-    from autotune.spec import load_spec
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
 
     overrides = dict(extra_overrides or {})
     for flag, field in (("study", "study"), ("trials", "search.n_trials"),
@@ -48,20 +49,20 @@ def _load(args, extra_overrides: dict | None = None):
 def cmd_search(args) -> int:
     if args.confirm < 0 or args.confirm_runs < 1:
         raise SpecError("--confirm K needs K ≥ 0 and --confirm-runs R needs R ≥ 1")
-    from autotune.budget import parse_budget
+    from autotune.stopping.budget import parse_budget
 
     budget = parse_budget(args.budget) if args.budget is not None else None
     spec, space = _load(args)
-    from autotune.analysis import resolve_storage
-    from autotune.dispatch import ClusterLost
-    from autotune.progress import Progress
-    from autotune.search import run_search
+    from autotune.execution.dispatch import ClusterLost
+    from autotune.storage.opening import resolve_storage
+    from autotune.study.progress import Progress
+    from autotune.study.run import run_study
 
     progress = Progress()
     for note in space.notes:
         progress.note(note)
     try:
-        run_search(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
+        run_study(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
                    n_trials=spec.search.n_trials, resume=args.resume,
                    artifacts=Path(args.artifacts).resolve(), ray_address=args.ray_address,
                    progress=progress, confirm_top=args.confirm, confirm_runs=args.confirm_runs,
@@ -80,7 +81,7 @@ def cmd_search(args) -> int:
 
 def cmd_estimate(args) -> int:
     from autotune import costmodel
-    from autotune.space import violations
+    from autotune.spec.constraints import violations
 
     spec, space = _load(args)
     # Knobs not --set take the baseline: the candidate a study on this file runs first.
@@ -105,7 +106,7 @@ def cmd_validate(args) -> int:
     spec, space = _load(args)
     notes = list(space.notes)
     if backend_of(spec.cluster.backend).kind == "table":  # the table is input too
-        from autotune.replay import load_table
+        from autotune.execution.replay import load_table
 
         notes += load_table(spec, space).notes
     for note in notes:
@@ -119,8 +120,7 @@ def cmd_validate(args) -> int:
 def cmd_studies(args) -> int:
     import optuna
 
-    from autotune.analysis import resolve_storage
-    from autotune.study import open_storage
+    from autotune.storage.opening import open_storage, resolve_storage
 
     for summary in optuna.get_all_study_summaries(open_storage(resolve_storage(args.storage))):
         print(f"{summary.study_name}\t{summary.n_trials} trials")
@@ -130,7 +130,7 @@ def cmd_studies(args) -> int:
 def cmd_compare(args) -> int:
     import pandas as pd
 
-    from autotune.analysis import compare, summary
+    from autotune.analysis.frames import compare, summary
 
     table = summary(args.studies, args.storage)  # first: an unknown study writes no file
     if args.csv or args.parquet:
@@ -151,8 +151,8 @@ def cmd_compare(args) -> int:
 def cmd_show(args) -> int:
     from rich.console import Console
 
-    from autotune.show import show_study, show_trial
-    from autotune.studyview import view
+    from autotune.analysis.show import show_study, show_trial
+    from autotune.analysis.view import view
 
     v = view(args.study, args.storage)
     terminal = Console()
@@ -169,7 +169,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from autotune.report import write_report
+    from autotune.analysis.report import write_report
 
     index = write_report(args.studies, Path(args.out), args.storage, overwrite=args.force)
     print(f"wrote {index}")
@@ -177,34 +177,12 @@ def cmd_report(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from autotune.analysis import load_study
-    from autotune.export import write_export
-    from autotune.confirm import best_confirmed, best_trials
-    from autotune.records import knobs_of, metrics_of, outcome_of
-    from autotune.space import Candidate
-    from autotune.spec import parse_spec
+    from autotune.export.from_study import export_study
 
-    study = load_study(args.study, args.storage)
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    if args.trial is None:
-        confirmed = best_confirmed(study)  # the best mean of the confirm phase, when it ran
-        best = [trials[confirmed.number]] if confirmed else best_trials(study)
-        if not best:
-            raise SpecError(f"study {args.study!r} has no ok trial to export")
-        trial = best[0]  # one objective: the best; several: the Pareto point best on the first
-    else:
-        trial = trials.get(args.trial)
-        if trial is None:
-            raise SpecError(f"--trial {args.trial}: study {args.study!r} has no such trial")
-        if outcome_of(trial) != "ok":
-            raise SpecError(f"--trial {args.trial}: its outcome is {outcome_of(trial)}, not ok")
-    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]))
-    candidate = Candidate(**knobs_of(trial))
-    record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
-              "estimate": trial.user_attrs.get("estimate")}
-    files = write_export(spec, candidate, record, Path(args.out), reshard_from=args.reshard,
-                         overwrite=args.force, mindformers_base=args.mindformers_base)
-    print(f"exported trial #{trial.number} of {study.study_name} to {args.out}:")
+    trial, files = export_study(args.study, args.storage, Path(args.out), args.trial,
+                                reshard_from=args.reshard, overwrite=args.force,
+                                mindformers_base=args.mindformers_base)
+    print(f"exported trial #{trial.number} of {args.study} to {args.out}:")
     for file in files:
         print(f"  {file}")
     if args.mindformers_base:
@@ -248,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "model and cluster (repeatable; another model is refused)")
     search.add_argument("--stop-when-flat", action="store_true",
                         help="also stop when the last runs stopped improving the best "
-                             "(autotune/budget.py states the rule)")
+                             "(autotune/stopping/budget.py states the rule)")
     search.set_defaults(run=cmd_search)
 
     estimate = verbs.add_parser("estimate", help="the cost model's verdict for one candidate")

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from autotune.shapes import parameter_shapes
+
 # The fused QKV weight is stored head-major — rows (heads, [q, k, v], head_dim) — so that the
 # contiguous dim-0 split gives each tp rank whole heads with their own Q, K and V.
 TRANSFORMER_RULES = {
@@ -172,8 +174,6 @@ def plan_layout(shapes: dict, tp: int, pp: int, rules: dict) -> tuple[dict, list
 def builtin_layout(model_cfg: dict, tp: int, pp: int) -> tuple[dict, list[str]]:
     """:func:`plan_layout` of a built-in family (``model_cfg["family"]``), shapes and rules
     included. The trainer builds exactly these local shapes; a test checks it on real networks."""
-    from autotune.train.shapes import parameter_shapes
-
     return plan_layout(parameter_shapes(model_cfg), tp, pp, BUILTIN_RULES[model_cfg["family"]])
 
 

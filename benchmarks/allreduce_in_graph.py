@@ -88,7 +88,7 @@ def main() -> int:
     args = parser.parse_args()
     from autotune.costmodel import resolve_profile
     from autotune.costmodel.timing import allreduce_time
-    from autotune.runner import _environment, free_port
+    from autotune.execution.runner import _environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-arig-"))
     try:

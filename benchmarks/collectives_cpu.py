@@ -120,7 +120,7 @@ def fit(rows: list[dict]) -> tuple[float, float]:
 
 
 def measure(repeat: int, budget_s: float) -> list[dict]:
-    from autotune.runner import _environment, free_port
+    from autotune.execution.runner import _environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-collectives-"))
     out = work / "rows.json"

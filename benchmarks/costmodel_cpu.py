@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.analysis import load_study  # noqa: E402
-from autotune.records import knobs_of, outcome_of  # noqa: E402
-from autotune.spec import SpecError  # noqa: E402
+from autotune.storage.opening import load_study  # noqa: E402
+from autotune.storage.schema import knobs_of, outcome_of  # noqa: E402
+from autotune.spec.errors import SpecError  # noqa: E402
 
 
 def main() -> None:

@@ -45,8 +45,8 @@ import statistics
 from pathlib import Path
 
 from autotune.costmodel import PROFILES, estimate
-from autotune.space import Candidate
-from autotune.spec import parse_spec
+from autotune.spec.candidate import Candidate
+from autotune.spec.model_yaml import parse_spec
 
 ENGINE = "megatron"  # the published runs used Megatron-LM (see the module doc)
 

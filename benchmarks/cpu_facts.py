@@ -289,7 +289,7 @@ def _first_line(exc: BaseException, keys=()) -> str:
 
 def run_probe(kind: str, params: dict | None = None, env: dict | None = None) -> dict:
     """``kind`` in a fresh process; its JSON answer (or the error it died with)."""
-    from autotune.runner import _environment
+    from autotune.execution.runner import _environment
 
     argv = [sys.executable, str(Path(__file__).resolve()), "probe", kind, json.dumps(params or {})]
     done = subprocess.run(argv, cwd=ROOT, env={**_environment(), **(env or {})},
@@ -422,7 +422,7 @@ def _ir_env(folder: Path) -> dict:
 
 
 def measure_collectives() -> dict:
-    from autotune.runner import _environment, free_port
+    from autotune.execution.runner import _environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-cpu-facts-"))
     out, ir_dir = work / "facts.json", work / "ir"
@@ -555,8 +555,8 @@ def _histogram_diff(a: dict, b: dict) -> str:
 def _estimate(shape: dict, recompute: str) -> tuple[float, float]:
     """The cost model's (MB, s) for the MLP at ``shape`` on the CPU profile, one process."""
     from autotune.costmodel import estimate
-    from autotune.space import Candidate
-    from autotune.spec import parse_spec
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.model_yaml import parse_spec
 
     spec = parse_spec({"model": {"family": "mlp", "num_layers": shape["layers"],
                                  "hidden_size": shape["hidden"], "num_heads": 1,

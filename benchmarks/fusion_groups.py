@@ -28,9 +28,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from autotune.layout import builtin_layout, rank_elements  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
-from autotune.space import Candidate  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
+from autotune.execution.runner import run_trial  # noqa: E402
+from autotune.spec.candidate import Candidate  # noqa: E402
+from autotune.spec.model_yaml import load_spec  # noqa: E402
 from autotune.train.config import trial_config  # noqa: E402
 
 LAYOUTS = [(2, 1, 1), (2, 2, 1), (2, 1, 2)]

@@ -2,7 +2,7 @@
 
 For each (dp, tp, pp) layout the search space of MODEL_YAML allows — the baseline's and one per
 other layout, as a study opens (`SearchSpace.layout_openers`) — runs the real trial program
-through `autotune.runner.run_trial` (msrun, pinned cores), interleaved over ``--rounds`` so machine
+through `autotune.execution.runner.run_trial` (msrun, pinned cores), interleaved over ``--rounds`` so machine
 noise hits every layout alike, with no memory budget (so a layout over it is still measured), and
 prints the median step time, each worker's peak RSS, and the cost model's estimate of both
 (uncalibrated), with the model's per-worker budget (``cluster.device_memory_gb``) and the 90%
@@ -28,9 +28,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from autotune import costmodel  # noqa: E402
-from autotune.runner import run_trial  # noqa: E402
-from autotune.space import build_space  # noqa: E402
-from autotune.spec import SpecError, load_spec  # noqa: E402
+from autotune.execution.runner import run_trial  # noqa: E402
+from autotune.spec.space import build_space  # noqa: E402
+from autotune.spec.errors import SpecError  # noqa: E402
+from autotune.spec.model_yaml import load_spec  # noqa: E402
 from autotune.train.config import trial_config  # noqa: E402
 
 

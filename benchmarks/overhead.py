@@ -4,7 +4,7 @@ Runs the same candidates (the quickstart model, fusion_mb 1/16/256, other knobs 
 baseline) three ways, side by side in one process so machine noise hits all alike:
 
 - bare:       the trial program launched by hand (``msrun`` with 2 workers), as a user would;
-- runner:     ``autotune.runner.run_trial`` (config.json, supervision, outcome classification);
+- runner:     ``autotune.execution.runner.run_trial`` (config.json, supervision, outcome classification);
 - dispatched: ``autotune search`` through an embedded Ray and SQLite storage (ask, feasibility,
               submit, Ray task, tell), timed per trial from submit to result, plus the one-time
               Ray start-up and shut-down.
@@ -29,12 +29,12 @@ sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 
-from autotune.progress import Progress  # noqa: E402
-from autotune.runner import _environment, command, free_port, run_trial  # noqa: E402
-from autotune.records import knobs_of  # noqa: E402
-from autotune.search import run_search  # noqa: E402
-from autotune.space import build_space  # noqa: E402
-from autotune.spec import load_spec  # noqa: E402
+from autotune.study.progress import Progress  # noqa: E402
+from autotune.execution.runner import _environment, command, free_port, run_trial  # noqa: E402
+from autotune.storage.schema import knobs_of  # noqa: E402
+from autotune.study.run import run_study  # noqa: E402
+from autotune.spec.space import build_space  # noqa: E402
+from autotune.spec.model_yaml import load_spec  # noqa: E402
 from autotune.train.config import trial_config  # noqa: E402
 
 FUSION = [1, 16, 256]
@@ -76,7 +76,7 @@ def main() -> None:
             runner.setdefault(c.fusion_mb, []).append(result.run_s)
 
         t = time.monotonic()
-        study = run_search(spec, space, storage=f"sqlite:///{work}/s{round_}.db",
+        study = run_study(spec, space, storage=f"sqlite:///{work}/s{round_}.db",
                            study_name="overhead", n_trials=len(candidates), resume=False,
                            artifacts=work / f"search{round_}", progress=Progress(Console(quiet=True)))
         total = time.monotonic() - t

@@ -5,7 +5,7 @@ not the prior (run by hand; prints tables).
 
 Measuring a sampler on the simulate backend measures it against the cost model itself, and a
 search guided by the cost model would look perfect there. So the truth here is a replay table
-(`autotune.replay`) per benchmark seed, made from the cost model with each of its constants
+(`autotune.execution.replay`) per benchmark seed, made from the cost model with each of its constants
 multiplied by a factor drawn from U[0.8, 1.25] — the achievable fraction of peak, the intra- and
 inter-node link bandwidths, the collective and per-hop latencies, the recompute part and the
 pipeline bubble — and every candidate's step time by lognormal noise (σ = 0.1), a disagreement
@@ -14,7 +14,7 @@ The memory model is not perturbed, so the tables hold exactly the candidates the
 lets through. The jit level is fixed at O1: its factors are the cost model's guesses
 (`autotune/costmodel/profiles.py`), so no truth for it could be made.
 
-Each study is a real `autotune.search.run_search` on backend replay (in-memory Optuna
+Each study is a real `autotune.study.run.run_study` on backend replay (in-memory Optuna
 storage): the baseline first, then the sampler; infeasible proposals are recorded without a
 run and cost nothing here, so "trials" below counts runs (a study is resumed with more trials
 until it has run ``--runs``). Per space, sampler and seed: the best goodput found after 5, 10,
@@ -40,13 +40,14 @@ import numpy as np
 import optuna
 from rich.console import Console
 
-from autotune import records
+from autotune.storage.counting import counted
+from autotune.storage.schema import outcome_of
 from autotune.costmodel import estimate, resolve_profile
-from autotune.knobs import KNOB_NAMES
-from autotune.progress import Progress
-from autotune.search import run_search
-from autotune.space import build_space
-from autotune.spec import load_spec
+from autotune.spec.knobs import KNOB_NAMES
+from autotune.study.progress import Progress
+from autotune.study.run import run_study
+from autotune.spec.space import build_space
+from autotune.spec.model_yaml import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = {"llama7b-64": ROOT / "examples" / "llama7b_64dev_simulate.yaml",
@@ -89,7 +90,7 @@ def truth_table(spec, space, seed: int, path: Path) -> float:
 def runs_of(study) -> list[float]:
     """Goodput of each run of ``study`` in order (0 for a run that was not ok)."""
     ran = [t for t in study.get_trials(deepcopy=False)
-           if records.counted(t) and records.outcome_of(t) != "infeasible"]
+           if counted(t) and outcome_of(t) != "infeasible"]
     return [t.values[0] if t.values else 0.0 for t in sorted(ran, key=lambda t: t.number)]
 
 
@@ -102,7 +103,7 @@ def one_study(model: Path, table: Path, sampler: str, seed: int, runs: int) -> l
     storage, trials, ran = optuna.storages.InMemoryStorage(), runs, []
     quiet = Progress(Console(file=io.StringIO()))
     while len(ran) < runs and trials <= 20 * runs:
-        study = run_search(spec, space, storage=storage, study_name="bench", n_trials=trials,
+        study = run_study(spec, space, storage=storage, study_name="bench", n_trials=trials,
                            resume=trials > runs, artifacts=Path(tempfile.gettempdir()),
                            progress=quiet)
         ran = runs_of(study)

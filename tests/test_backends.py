@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends import BACKENDS
-from autotune.placement import node_plan, unplaceable
-from autotune.runner import oom_evidence
+from autotune.spec.backends import BACKENDS
+from autotune.execution.placement import node_plan, unplaceable
+from autotune.execution.classify import oom_evidence
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Lines a healthy or otherwise failing trial prints (worker logs of this project's trials).

@@ -26,8 +26,8 @@ def test_estimate_json_has_the_contracted_keys(capsys):
 
 
 def test_estimate_fills_the_knobs_not_set_with_the_studys_baseline(capsys):
-    from autotune.space import build_space
-    from autotune.spec import load_spec
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
     assert main(["estimate", LLAMA, "--set", "tp=8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     # each knob's default (fusion 64 MB, O1, no recompute, no accumulation, one stage), not the

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.runner import free_port, run_trial
+from autotune.execution.runner import free_port, run_trial
 from test_search import stop_cluster
 
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -16,8 +16,9 @@ from autotune.costmodel.memory import memory_per_stage
 from autotune.costmodel.timing import allreduce_time
 from autotune.costmodel.workload import workload_for
 from autotune.layout import builtin_layout, rank_elements
-from autotune.space import Candidate
-from autotune.spec import SpecError, parse_spec
+from autotune.spec.candidate import Candidate
+from autotune.spec.errors import SpecError
+from autotune.spec.model_yaml import parse_spec
 
 GIB = 2**30
 TIME_KEYS = {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host"}
@@ -68,7 +69,7 @@ def test_sixteen_bytes_per_parameter_for_a_known_parameter_count():
 
 
 def test_parameter_count_matches_the_trial_programs_shapes():
-    from autotune.train.shapes import parameter_shapes
+    from autotune.shapes import parameter_shapes
     cfg = {"family": "transformer", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256,
            "seq_length": 32, "vocab_size": 256}
     total = sum(math.prod(shape) for shape in parameter_shapes(cfg).values())

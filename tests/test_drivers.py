@@ -19,10 +19,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.drivers import OWNER, driver_id
-from autotune.knobs import KNOB_NAMES
-from autotune.records import counted, knobs_of, outcome_of
-from autotune.study import RequeueStale, recover_interrupted
+from autotune.storage.drivers import OWNER, driver_id
+from autotune.spec.knobs import KNOB_NAMES
+from autotune.storage.counting import counted
+from autotune.storage.schema import knobs_of, outcome_of
+from autotune.storage.recovery import RequeueStale, recover_interrupted
 from test_search import ONE_DEVICE  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -65,7 +66,7 @@ def postgres():
         except (LookupError, OSError) as exc:
             shutil.rmtree(folder, ignore_errors=True)
             _unavailable(f"no user postgres to run the server as ({exc})")
-    from autotune.runner import free_port
+    from autotune.execution.runner import free_port
 
     port, data = free_port(), folder / "data"
 

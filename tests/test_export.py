@@ -17,8 +17,9 @@ from mindspore.parallel import build_searched_strategy, merge_pipeline_strategys
 
 from autotune.export import write_export  # noqa: E402
 from autotune.layout import rank_coords  # noqa: E402
-from autotune.space import Candidate  # noqa: E402
-from autotune.spec import SpecError, parse_spec  # noqa: E402
+from autotune.spec.candidate import Candidate  # noqa: E402
+from autotune.spec.errors import SpecError  # noqa: E402
+from autotune.spec.model_yaml import parse_spec
 
 H, FFN, VOCAB, SEQ, LAYERS = 16, 32, 32, 8, 2
 TRIAL = {"number": 7, "study": "tiny", "metrics": {"goodput": 12.5, "loss_last": float("nan")},

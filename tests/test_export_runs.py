@@ -17,8 +17,8 @@ from mindspore.parallel import transform_checkpoints  # noqa: E402
 
 from autotune.export import write_export  # noqa: E402
 from autotune.layout import rank_coords  # noqa: E402
-from autotune.space import Candidate  # noqa: E402
-from autotune.spec import parse_spec  # noqa: E402
+from autotune.spec.candidate import Candidate  # noqa: E402
+from autotune.spec.model_yaml import parse_spec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train_program import _free_port, run  # noqa: E402

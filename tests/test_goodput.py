@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.pruning import SlowTrialPruner, StepWatcher
+from autotune.stopping.pruning import SlowTrialPruner, StepWatcher
 from autotune.train.metrics import StepLog, backoff_steps, rising
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune.msrun import msrun_args, node_count
+from autotune.train.msrun import msrun_args, node_count
 
 run = pytest.importorskip("mindspore.parallel.cluster.run")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.runner import run_trial
+from autotune.execution.runner import run_trial
 
 BIN = Path(sys.executable).parent
 # On this CPU a worker holds ~415 MB once MindSpore is imported (the scheduler, which runs the
@@ -127,7 +127,7 @@ def test_dp2_trial_past_its_time_leaves_no_process(tmp_path):
 CTRL_C = """
 import json, sys
 from pathlib import Path
-from autotune.runner import run_trial
+from autotune.execution.runner import run_trial
 folder = Path(sys.argv[1])
 try:
     run_trial(json.loads(sys.argv[2]), folder, 180, None, 2)

@@ -8,8 +8,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 import autotune
+from autotune.storage import counting, schema
 from autotune.cli import main
-from autotune.knobs import KNOB_NAMES
+from autotune.spec.knobs import KNOB_NAMES
 
 SIMULATE = """
 study: sim
@@ -55,7 +56,7 @@ def test_numeric_knobs_reach_the_sampler_as_ordered_distributions(tmp_path):
     for knob in KNOB_NAMES:
         assert frame[knob].notna().all(), knob
     for t in study.trials:
-        knobs = autotune.records.knobs_of(t)
+        knobs = schema.knobs_of(t)
         assert 2 ** t.params["log2_tp"] == knobs["tp"]
         assert knobs["dp"] * knobs["tp"] * knobs["pp"] == 8
         if knobs["pp"] == 1:
@@ -68,9 +69,9 @@ def legacy_study(path, storage, trials):
     driver left RUNNING."""
     from dataclasses import replace
 
-    from autotune.space import build_space
-    from autotune.spec import load_spec
-    from autotune.study import fingerprint
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
+    from autotune.study.opening import fingerprint
 
     spec = load_spec(path)
     space = replace(build_space(spec), encoding="categorical")
@@ -91,7 +92,7 @@ def legacy_study(path, storage, trials):
 
 
 def test_a_study_created_before_ordered_knobs_resumes_with_its_categorical_params(tmp_path, capsys):
-    from autotune.space import Candidate
+    from autotune.spec.candidate import Candidate
 
     path = write(tmp_path, SIMULATE)
     storage = f"sqlite:///{tmp_path}/s.db"
@@ -134,7 +135,7 @@ def test_a_study_of_an_unknown_param_encoding_is_refused(tmp_path, capsys):
     ((1, 2, 8), "tp_index", IntDistribution(0, 2), (1, 2, 8)),
 ])
 def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(domain, name, distribution, values):
-    from autotune.encoding import param_for
+    from autotune.spec.encoding import param_for
 
     param = param_for("tp", domain, "ordered")
     assert (param.name, param.distribution, param.values) == (name, distribution, values)
@@ -146,8 +147,8 @@ def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(domain, name
 
 
 def test_plain_samplers_open_with_the_baseline_and_one_trial_per_layout(tmp_path):
-    from autotune.space import build_space
-    from autotune.spec import load_spec
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
 
     path = write(tmp_path, SIMULATE)
     storage = f"sqlite:///{tmp_path}/s.db"
@@ -169,8 +170,8 @@ def estimated_table(path, tmp_path) -> dict:
     import csv
 
     from autotune.costmodel import estimate
-    from autotune.space import build_space
-    from autotune.spec import load_spec
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
 
     spec = load_spec(path)
     truth = {}
@@ -188,9 +189,10 @@ def estimated_table(path, tmp_path) -> dict:
 
 def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice(tmp_path, capsys):
     from autotune import costmodel
-    from autotune.prior import Prior
-    from autotune.space import Candidate, build_space
-    from autotune.spec import load_spec
+    from autotune.search.prior import Prior
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
 
     path = write(tmp_path, REPLAY)
     truth = estimated_table(path, tmp_path)
@@ -204,12 +206,12 @@ def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice
     # the first proposal after the baseline: the prior's best, given the baseline's measurement
     spec = load_spec(path)
     prior = Prior(spec, build_space(spec))
-    baseline = Candidate(**autotune.records.knobs_of(trials[0]))
+    baseline = Candidate(**schema.knobs_of(trials[0]))
     measured = [(costmodel.estimate(spec, baseline), trials[0].user_attrs["peak_memory_mb"],
                  trials[0].user_attrs["step_time_ms"])]
     prior.mark(baseline)
     expected = prior.next(measured, costmodel.Calibration.from_pairs(measured))
-    assert Candidate(**autotune.records.knobs_of(trials[1])) == expected
+    assert Candidate(**schema.knobs_of(trials[1])) == expected
 
     # resumed, it goes on where it was: never a candidate that ran, and finds the measured best
     assert main(["search", str(path), "--storage", storage, "--trials", "12", "--resume"]) == 0
@@ -221,9 +223,10 @@ def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice
 
 def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prior(tmp_path, capsys):
     from autotune import costmodel
-    from autotune.prior import Prior
-    from autotune.space import Candidate, build_space
-    from autotune.spec import load_spec
+    from autotune.search.prior import Prior
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
 
     path = write(tmp_path, REPLAY)
     estimated_table(path, tmp_path)
@@ -234,29 +237,29 @@ def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prio
                  "--warm-start", "first"]) == 0
     first = optuna.load_study(study_name="first", storage=storage)
     second = optuna.load_study(study_name="second", storage=storage)
-    ran_first = [t for t in first.trials if autotune.records.counted(t)
+    ran_first = [t for t in first.trials if counting.counted(t)
                  and t.user_attrs["outcome"] != "infeasible"]
-    measured = {Candidate(**autotune.records.knobs_of(t)) for t in ran_first}
+    measured = {Candidate(**schema.knobs_of(t)) for t in ran_first}
     copies = [t for t in second.trials if "warm_start" in t.user_attrs]
     assert sorted(t.user_attrs["warm_start"] for t in copies) == sorted(f"first#{t.number}" for t in ran_first)
     # nothing the first study measured runs again (the baseline is answered from memory)
-    ran_second = [t for t in second.trials if autotune.records.counted(t)]
+    ran_second = [t for t in second.trials if counting.counted(t)]
     assert len(ran_second) == 4
-    assert not measured & {Candidate(**autotune.records.knobs_of(t)) for t in ran_second}
+    assert not measured & {Candidate(**schema.knobs_of(t)) for t in ran_second}
     assert any(t.user_attrs.get("baseline") and "repeat_of" in t.user_attrs for t in second.trials)
     # the first proposal after the baseline: the best under the prior the first study informed
     spec = load_spec(path)
     prior = Prior(spec, build_space(spec))
     pairs = []
     for t in ran_first:
-        c = Candidate(**autotune.records.knobs_of(t))
+        c = Candidate(**schema.knobs_of(t))
         prior.mark(c)
         if t.user_attrs["outcome"] == "ok":
             pairs.append((costmodel.estimate(spec, c), t.user_attrs["peak_memory_mb"],
                           t.user_attrs["step_time_ms"]))
     proposed = next(t for t in second.trials if t.user_attrs.get("proposed_by") == "prior")
     expected = prior.next(pairs, costmodel.Calibration.from_pairs(pairs))
-    assert Candidate(**autotune.records.knobs_of(proposed)) == expected
+    assert Candidate(**schema.knobs_of(proposed)) == expected
     # the best the first study found is the second's best too, unless it found better
     assert second.best_value >= first.best_value
     # a resume brings nothing in twice

@@ -10,6 +10,7 @@ import pytest
 
 import autotune
 from autotune.cli import main
+from autotune.spec.knobs import KNOB_NAMES
 
 MODEL = """
 study: rep
@@ -65,12 +66,12 @@ def test_a_study_replays_a_table_and_screens_as_a_real_backend_would(tmp_path, c
     frame = autotune.trials_frame("rep", storage)
     assert len(frame) == 48 and not (tmp_path / "trials").exists()
     from autotune.costmodel import estimate
-    from autotune.space import Candidate
-    from autotune.spec import load_spec
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.model_yaml import load_spec
     spec = load_spec(path)
     for _, t in frame.iterrows():
         key = (t["tp"], t["pp"], t["recompute"])
-        predicted = estimate(spec, Candidate(**{k: t[k] for k in autotune.knobs.KNOB_NAMES}))
+        predicted = estimate(spec, Candidate(**{k: t[k] for k in KNOB_NAMES}))
         if not predicted.feasible:  # the OOM screen runs before the table is read
             assert t["outcome"] == "infeasible" and "GB" in t["detail"], t
         elif key == (4, 2, "none"):
@@ -97,9 +98,9 @@ def test_a_studys_own_csv_replays_to_the_same_results(tmp_path, capsys):
     assert "replay: columns ignored: study, number" in capsys.readouterr().out
     original = autotune.trials_frame("sim", storage)
     original = original[original["outcome"] == "ok"].drop_duplicates("goodput")
-    replayed = autotune.trials_frame("rep", storage).set_index(list(autotune.knobs.KNOB_NAMES))
+    replayed = autotune.trials_frame("rep", storage).set_index(list(KNOB_NAMES))
     for _, t in original.iterrows():
-        row = replayed.loc[tuple(t[k] for k in autotune.knobs.KNOB_NAMES)]
+        row = replayed.loc[tuple(t[k] for k in KNOB_NAMES)]
         assert row["outcome"] == "ok" and row["goodput"] == pytest.approx(t["goodput"])
     assert (replayed["outcome"] == "ok").sum() == len(original)
 

@@ -13,7 +13,9 @@ import pandas as pd
 import pytest
 
 import autotune
-from autotune import diagnosis
+from autotune.storage import counting, schema
+from autotune.analysis import frames
+from autotune.costmodel import diagnosis
 from autotune.cli import main
 
 DIAG = """
@@ -100,7 +102,7 @@ def test_show_names_the_largest_non_compute_part(tmp_path, capsys, name, knobs, 
                                        params=trial.params, distributions=trial.distributions,
                                        user_attrs=older)
     study_attrs = optuna.load_study(study_name=name, storage=storage).user_attrs
-    assert diagnosis.of_trial(frozen, autotune.records.knobs_of(trial), study_attrs) == stored
+    assert diagnosis.of_trial(frozen, schema.knobs_of(trial), study_attrs) == stored
     assert main(["show", name, "--storage", storage]) == 0
     assert stored["verdict"] in capsys.readouterr().out.replace("\n", " ")
 
@@ -224,7 +226,7 @@ def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
         assert len(rows[field]) == 2, field
     assert rows["device_hours"] == ["0.0", "0.0"]  # nothing ran on a simulated pool
     frame = autotune.trials_frame("sim", storage).set_index("number")
-    summary = autotune.analysis.summary(["sim"], storage)["sim"]
+    summary = frames.summary(["sim"], storage)["sim"]
     values = frame.loc[ok_numbers("sim", storage), "value_goodput"]
     best = values.max()
     assert summary["best_goodput"] == best and summary["best_trial"] == values.idxmax()

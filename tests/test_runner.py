@@ -3,8 +3,8 @@ failing, one worker (no msrun) to stay fast."""
 
 from pathlib import Path
 
-from autotune import runner
-from autotune.runner import run_trial
+from autotune.execution import runner
+from autotune.execution.runner import run_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 

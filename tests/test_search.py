@@ -15,8 +15,9 @@ import optuna
 import pytest
 
 import autotune
+from autotune.storage import counting, schema
 from autotune.cli import main
-from autotune.knobs import KNOB_NAMES
+from autotune.spec.knobs import KNOB_NAMES
 
 TINY_CPU = """
 study: tiny
@@ -106,7 +107,7 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     out = tmp_path / "export"
     assert main(["export", "tiny", "--out", str(out), "--storage", storage]) == 0
     best = json.loads((out / "summary.json").read_text())
-    from autotune.runner import free_port
+    from autotune.execution.runner import free_port
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "MASTER_PORT": str(free_port())}  # msrun's default 8118 may be taken on a shared machine
     run = subprocess.run(["bash", str(out / "launch.sh"), "--steps", "3"], env=env,
@@ -166,8 +167,9 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     study = optuna.load_study(study_name="tpe", storage=storage)
     # a driver that asked a candidate none of the 3 trials ran (the baseline and the layout
     # openers have recompute none), then died
-    from autotune.space import Candidate, build_space
-    from autotune.spec import load_spec
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.space import build_space
+    from autotune.spec.model_yaml import load_spec
     space = build_space(load_spec(path))
     study.enqueue_trial(space.params_of(Candidate(
         dp=1, tp=4, pp=2, micro_batches=4, fusion_mb=256, grad_accum=1, loss_scale=65536,
@@ -233,7 +235,7 @@ def stop_cluster(temp: str) -> None:
 
 
 def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, monkeypatch):
-    from autotune.runner import free_port
+    from autotune.execution.runner import free_port
 
     # a two-CPU Ray cluster on loopback, started the way a user would: `ray start --head`
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
@@ -326,7 +328,7 @@ def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_con
     trials = study.trials
     originals = [t for t in trials if "confirm_of" not in t.user_attrs]
     reruns = [t for t in trials if "confirm_of" in t.user_attrs]
-    assert sum(autotune.records.counted(t) for t in trials) == 3  # re-runs don't count toward N
+    assert sum(counting.counted(t) for t in trials) == 3  # re-runs don't count toward N
     best = max((t for t in originals if t.values), key=lambda t: t.values[0])
     baseline = next(t for t in originals if t.user_attrs.get("baseline"))
     confirmed = {best.number, baseline.number}
@@ -352,7 +354,7 @@ def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_con
     assert json.loads((tmp_path / "export" / "summary.json").read_text())["trial"] == expected
 
 
-# Failure memory (autotune.failures): a candidate's own failure is remembered, an
+# Failure memory (autotune.study.retry): a candidate's own failure is remembered, an
 # infrastructure failure is retried once. A user model on one device keeps the trials short.
 ROOT = Path(__file__).resolve().parent.parent
 USER_MODEL = """
@@ -385,7 +387,7 @@ def ran(study) -> list:
 
 
 def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, monkeypatch):
-    monkeypatch.setattr("autotune.search.MAX_REPEATS", 6)  # the space is exhausted after two
+    monkeypatch.setattr("autotune.study.loop.MAX_REPEATS", 6)  # the space is exhausted after two
     (tmp_path / "broken.py").write_text(BROKEN_MODEL)
     path = write(tmp_path, USER_MODEL.replace("{entry}", "broken.py:build"))
     storage, art = f"sqlite:///{tmp_path}/s.db", tmp_path / "art"
@@ -475,14 +477,14 @@ def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resu
     # the failed attempt is on record, not counted; its params ran again once, as the baseline
     assert first.user_attrs["outcome"] == "error" and first.user_attrs["infrastructure"] is True
     assert "WorkerCrashedError" in first.user_attrs["detail"] or "died" in first.user_attrs["detail"]
-    assert not autotune.records.counted(first)
+    assert not counting.counted(first)
     assert retry.params == first.params and retry.user_attrs["retry_of"] == 0
     assert retry.user_attrs["baseline"] is True
     # the retry failed by infrastructure too: that counts, and no third run of it this run
     assert retry.user_attrs["outcome"] == "error" and retry.user_attrs["infrastructure"] is True
-    assert autotune.records.counted(retry)
+    assert counting.counted(retry)
     assert [t.number for t in ran(study) if t.params == first.params] == [0, 1]
-    assert sum(autotune.records.counted(t) for t in study.trials) == 2  # exactly N
+    assert sum(counting.counted(t) for t in study.trials) == 2  # exactly N
     other = [t for t in ran(study) if t.params != first.params]
     assert [t.user_attrs["outcome"] for t in other] == ["ok"]
 
@@ -491,14 +493,14 @@ def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resu
     study = optuna.load_study(study_name="fail", storage=storage)
     again = [t for t in ran(study) if t.params == first.params and t.number > 1]
     assert [t.user_attrs["outcome"] for t in again] == ["ok"]
-    assert sum(autotune.records.counted(t) for t in study.trials) == 3
+    assert sum(counting.counted(t) for t in study.trials) == 3
 
 
 def test_which_failures_count_and_which_a_restart_remembers():
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from autotune import failures, records
+    from autotune.study import retry
 
     def stored(**attrs):
         return create_trial(state=TrialState.FAIL, params={"jit_level": "O1"},
@@ -507,6 +509,6 @@ def test_which_failures_count_and_which_a_restart_remembers():
 
     own, lost = stored(detail="autotune.train: RuntimeError: ..."), stored(infrastructure=True)
     lost_twice = stored(infrastructure=True, retry_of=3)
-    assert records.counted(own) and failures.remembered_after_restart(own)
-    assert not records.counted(lost) and not failures.remembered_after_restart(lost)
-    assert records.counted(lost_twice) and not failures.remembered_after_restart(lost_twice)
+    assert counting.counted(own) and retry.remembered_after_restart(own)
+    assert not counting.counted(lost) and not retry.remembered_after_restart(lost)
+    assert counting.counted(lost_twice) and not retry.remembered_after_restart(lost_twice)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.space import build_space
-from autotune.spec import SpecError, load_spec
+from autotune.spec.space import build_space
+from autotune.spec.errors import SpecError
+from autotune.spec.model_yaml import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -175,7 +175,7 @@ print("loss", float(loss.asnumpy()))
 def test_bfloat16_follows_the_backend_rule(tmp_path):
     """One bfloat16 training step on every backend this machine has (CPU): whether it runs is
     what the cpu backend's compute_dtypes (and so model.yaml validation) must say."""
-    from autotune.backends import BACKENDS
+    from autotune.spec.backends import BACKENDS
 
     script = tmp_path / "bf16.py"
     script.write_text(BF16_STEP)

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.train import data, schedule, shapes
+from autotune import shapes
+from autotune.train import data, schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
@@ -119,9 +120,9 @@ def test_entry_loads_a_file_and_checks_the_contract(ms, tmp_path):
     bad.write_text("def build(config):\n    return 1, 2\n")
     with pytest.raises(entry.EntryError, match="must return"):
         entry.build({"model": {"entry": f"{bad}:build"}})
-    with pytest.raises(entry.EntryError, match="no function"):
-        entry.load_entry(f"{bad}:nope")
-    with pytest.raises(entry.EntryError, match="cannot import"):
-        entry.load_entry("no_such_module_here:build")
+    with pytest.raises(entry.EntryError, match="no callable 'nope'"):
+        entry.entry_loader.load(f"{bad}:nope", tmp_path)
+    with pytest.raises(entry.EntryError, match="importing no_such_module_here failed"):
+        entry.entry_loader.load("no_such_module_here:build", tmp_path)
     with pytest.raises(entry.EntryError, match="model.family"):
         entry.build({"model": {"family": "cnn", "entry": None}})

@@ -5,12 +5,12 @@ Contract:
 
 - ``estimate(spec, candidate, calibration=None, engine="trainer") -> Estimate`` never runs
   anything. It is infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks
-  a hard constraint (:func:`autotune.space.violations`, the layout's included; numbers NaN),
+  a hard constraint (:func:`autotune.spec.constraints.violations`, the layout's included; numbers NaN),
   asks for ``O2`` on a device that is not Ascend, or needs more than ``device memory ×
   SAFETY_MARGIN`` per device (the reason carries the predicted memory). A model without
   dimensions (an ``entry`` that gives none) is ``feasible=True`` with reason ``"no dimensions
   given: not estimated"`` and NaN numbers: nothing is known against it, so the real trial
-  decides. Bad ``cluster.device`` input raises :class:`~autotune.spec.SpecError`.
+  decides. Bad ``cluster.device`` input raises :class:`~autotune.spec.errors.SpecError`.
 - ``engine`` says what executes the step: ``"trainer"`` (default) is autotune's trainer (float32
   parameters, gradients and accumulators; pipeline stages that run each forward twice);
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
@@ -39,7 +39,7 @@ from autotune.costmodel.memory import ENGINES, memory_per_stage, rank_params
 from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.timing import step_time
 from autotune.costmodel.workload import workload_for
-from autotune.space import violations
+from autotune.spec.constraints import violations
 
 # Headroom left on every device for allocator fragmentation and transient buffers the model
 # does not price (an assumption; the calibration corrects the memory estimate, not this margin).

@@ -6,7 +6,7 @@ Contract: :func:`resolve_profile` maps a spec's ``cluster`` section to one :clas
   on any backend: that profile as listed, datasheet memory included.
 - ``cluster.device`` a mapping of numbers: overrides of the fields of ``base`` (a profile name),
   or, without ``base``, a whole profile (every numeric field given).
-- no ``device``: the backend's ``default_profile`` (`autotune.backends`) — ``gpu``, ``simulate``
+- no ``device``: the backend's ``default_profile`` (`autotune.spec.backends`) — ``gpu``, ``simulate``
   and ``replay`` → ``a100-80g``, ``ascend``
   → ``ascend-910b``, ``cpu`` → ``cpu``.
 - an explicit ``cluster.device_memory_gb`` replaces the profile's memory in every case above.
@@ -15,7 +15,7 @@ Contract: :func:`resolve_profile` maps a spec's ``cluster`` section to one :clas
   is that process's RSS), compute shared by the workers of a node. On backend ``cpu`` a
   ``device`` mapping overrides CPU fields (no ``base``).
 
-An unknown name or field is a :class:`~autotune.spec.SpecError` naming ``cluster.device``.
+An unknown name or field is a :class:`~autotune.spec.errors.SpecError` naming ``cluster.device``.
 
 Units: memory in GiB (what ``nvidia-smi`` and VmHWM report as GB/MB), bandwidth in decimal GB/s
 per device and per direction (datasheet convention), peak in dense TFLOP/s.
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from autotune.backends import backend_of
-from autotune.spec import SpecError
+from autotune.spec.backends import backend_of
+from autotune.spec.errors import SpecError
 
 KINDS = ("gpu", "ascend", "cpu")
 

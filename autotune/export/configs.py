@@ -20,18 +20,17 @@ Contract (all pure functions of spec, candidate and trial; nothing here touches 
 
 from __future__ import annotations
 
-import math
-
-from autotune.backends import Backend, backend_of
+from autotune.files import json_safe
 from autotune.layout import ParamLayout
+from autotune.spec.backends import Backend, backend_of
+from autotune.spec.candidate import Candidate
+from autotune.spec.knobs import KNOBS, LOSS_SCALED_DTYPES, SCALE_WINDOW
+from autotune.spec.model_yaml import Spec
 from autotune.train.config import trial_config
-from autotune.knobs import KNOBS, LOSS_SCALED_DTYPES
-from autotune.space import Candidate
-from autotune.spec import Spec
 
-# The dynamic loss scaler's fixed arguments (the searched knob is the initial value only).
+# The dynamic loss scaler's fixed arguments (the searched knob is the initial value only; the
+# window is the trial program's own, `autotune.spec.knobs.SCALE_WINDOW`).
 SCALE_FACTOR = 2
-SCALE_WINDOW = 1000
 # mindspore.set_context(mode=...) takes the integer: GRAPH_MODE = 0, PYNATIVE_MODE = 1.
 GRAPH_MODE, PYNATIVE_MODE = 0, 1
 RUN_DIR = "run"
@@ -133,22 +132,11 @@ def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
     return doc
 
 
-def _finite(value):
-    """JSON has no NaN/inf: write them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def summary(spec: Spec, c: Candidate, trial: dict, layouts: dict, extra: dict) -> dict:
     def entry(p: ParamLayout) -> dict:
         return {"shape": list(p.shape), "stage": p.stage, "split_dim": p.split_dim}
 
-    return _finite({
+    return json_safe({
         "study": trial["study"],
         "trial": trial["number"],
         "knobs": c.as_dict(),

@@ -35,9 +35,9 @@ import json
 
 from autotune.export.configs import run_backend
 from autotune.export.mindformers import UNSET_BASE
-from autotune.msrun import msrun_args, node_count
-from autotune.space import Candidate
-from autotune.spec import Spec
+from autotune.spec.candidate import Candidate
+from autotune.spec.model_yaml import Spec
+from autotune.train.msrun import msrun_args, node_count
 
 _HEADER = """\
 #!/usr/bin/env bash

@@ -28,9 +28,11 @@ import yaml
 
 from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
                                      loss_scaled, micro_batch_size, run_backend)
-from autotune.knobs import KNOBS
-from autotune.space import Candidate
-from autotune.spec import Spec, SpecError, load_yaml
+from autotune.spec.candidate import Candidate
+from autotune.spec.errors import SpecError
+from autotune.spec.knobs import KNOBS
+from autotune.spec.model_yaml import Spec
+from autotune.spec.yaml_file import load_yaml
 
 BASE_CONFIG = "base_config"
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.

@@ -2,9 +2,10 @@
 
 Contract:
 - :func:`model_parameters` returns ``{name: shape}`` in the network's parameter order. Built-in
-  families come from ``autotune.train.shapes.parameter_shapes`` (pure Python, the same names the
-  trial program's network has). An ``entry`` model is built once by calling the entry with the
-  run's config inside ``mindspore.nn.utils.no_init_parameters`` (shapes without allocating weights);
+  families come from ``autotune.shapes.parameter_shapes`` (pure Python, the same names the
+  trial program's network has). An ``entry`` model is loaded by `autotune.spec.entry`'s rule
+  and built once by calling it with the run's config inside
+  ``mindspore.nn.utils.no_init_parameters`` (shapes without allocating weights);
   the entry may return a Cell, a sequence whose first item is the Cell, or ``{"network": Cell}``.
 - :func:`tp_rules` returns the ordered glob → split mapping :func:`layout.plan_layout` applies.
   An entry model's rules are ``model.tp_rules`` (validated with the spec) before the
@@ -13,15 +14,14 @@ Contract:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from autotune.layout import BUILTIN_RULES, MINDFORMERS_RULES
-from autotune.spec import Spec, SpecError
-from autotune.train.shapes import parameter_shapes
+from autotune.shapes import parameter_shapes
+from autotune.spec import entry as entry_loader
+from autotune.spec.errors import SpecError
+from autotune.spec.model_yaml import Spec
 
 
 def model_parameters(spec: Spec, run_config: dict) -> dict:
@@ -38,24 +38,10 @@ def tp_rules(spec: Spec) -> dict:
 
 
 def _load_entry(spec: Spec):
-    target, _, func = spec.model.entry.rpartition(":")
-    where = f"{spec.source}: model.entry"
     try:
-        if target.endswith(".py"):
-            loader = importlib.util.spec_from_file_location(f"_autotune_entry_{Path(target).stem}", target)
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)
-        else:
-            # spec.py resolves module entries relative to model.yaml's folder; do the same here.
-            base = str(Path(spec.source).resolve().parent)
-            sys.path.insert(0, base)
-            try:
-                module = importlib.import_module(target)
-            finally:
-                sys.path.remove(base)
-        return getattr(module, func)
-    except Exception as exc:  # the user's code: any failure is their input error
-        raise SpecError(f"{where}: loading {spec.model.entry} failed: {type(exc).__name__}: {exc}") from None
+        return entry_loader.load(spec.model.entry, Path(spec.source).resolve().parent)
+    except entry_loader.EntryError as exc:
+        raise SpecError(f"{spec.source}: {exc}") from None
 
 
 def _entry_parameters(spec: Spec, run_config: dict) -> dict:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
-from autotune.spec import SpecError
+from autotune.spec.errors import SpecError
 
 CKPT_PREFIX = "checkpoint_"
 

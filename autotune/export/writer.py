@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from autotune.export import configs, mindformers
 from autotune.export.launch_sh import launch_script
-from autotune.layout import plan_layout, with_optimizer_states
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
-from autotune.space import Candidate, violations
-from autotune.spec import Spec, SpecError
+from autotune.files import staged_folder
+from autotune.layout import plan_layout, with_optimizer_states
+from autotune.spec.candidate import Candidate
+from autotune.spec.constraints import violations
+from autotune.spec.errors import SpecError
+from autotune.spec.model_yaml import Spec
 
 CHECKPOINT_DIR = "checkpoint"
 _SHOWN_REASONS = 6
@@ -82,17 +83,6 @@ def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_co
     script.chmod(0o755)
 
 
-def _move_into_place(staged: Path, out_dir: Path) -> None:
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        # Overwriting: keep the old folder until the new one is in place.
-        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-        os.replace(out_dir, old / "export")
-        os.replace(staged, out_dir)
-        shutil.rmtree(old)
-    else:
-        os.replace(staged, out_dir)  # an empty folder is replaced atomically
-
-
 def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | os.PathLike,
                  reshard_from: str | None = None, overwrite: bool = False,
                  mindformers_base: str | None = None) -> list[Path]:
@@ -118,10 +108,7 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
     plan = plan_reshard(reshard_from, layouts) if reshard_from else None
     mindformers_yaml, changes = mindformers.document(spec, c, trial, mindformers_base)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        staged.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary folder
+    with staged_folder(out_dir) as staged:
         # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments
         saved = with_optimizer_states(layouts)
         write_strategies(saved, c.dp, c.tp, c.pp, staged)
@@ -132,8 +119,4 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
         _write_documents(staged, spec, c, trial, run_config, layouts, extra, mindformers_yaml)
         if plan:
             reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)
-        _move_into_place(staged, out_dir)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     return sorted(p for p in out_dir.rglob("*") if p.is_file())

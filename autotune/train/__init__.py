@@ -13,18 +13,19 @@ with PYTHONPATH set to the project root. CONFIG_JSON is the driver's trial confi
 jit_level, recompute). Outputs and exit codes: `autotune.train.program`,
 `autotune.train.metrics`, and ``__main__``. The user-model contract: `autotune.train.entry`.
 
-What a failed run says on stderr (read by `autotune.runner`): once the launch is done — the
+What a failed run says on stderr (read by `autotune.execution.classify`): once the launch is done — the
 processes joined the cluster (``communication.init``), groups made — each rank prints one line
 starting with `CANDIDATE_STARTED`; a failure ends with the one-line verdict
 ``autotune.train: <ExceptionType>: <message>``, which starts with `LAUNCH_FAILED` when the
 launch itself failed (the candidate's own code never ran).
 
-Importing this package does not import MindSpore.
+Importing this package does not import MindSpore. The package is what runs on the training
+cluster — trials and exported runs — plus the msrun command line they are launched with
+(`autotune.train.msrun`); it imports of autotune only `autotune.layout`, `autotune.shapes`,
+`autotune.procfs` and the spec's `knobs`, `backends` and `entry` (never Optuna or Ray).
 """
 
 import os
-
-from autotune.train.shapes import parameter_shapes
 
 PROGRAM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 VERDICT = "autotune.train:"  # the program's last word on stderr
@@ -32,4 +33,4 @@ LAUNCH_FAILED = "autotune.train: LaunchError:"  # ... when the launch failed, no
 CANDIDATE_STARTED = "autotune.train running the candidate"  # launch done (not a verdict)
 NODE_VARIABLE = "AUTOTUNE_NODE"  # a trial's node index, set for each node of one that spans several
 
-__all__ = ["CANDIDATE_STARTED", "LAUNCH_FAILED", "NODE_VARIABLE", "PROGRAM_PATH", "VERDICT", "parameter_shapes"]
+__all__ = ["CANDIDATE_STARTED", "LAUNCH_FAILED", "NODE_VARIABLE", "PROGRAM_PATH", "VERDICT"]

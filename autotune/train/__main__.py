@@ -31,9 +31,9 @@ if not __package__:
 import json  # noqa: E402  (after the sys.path repair above)
 import traceback  # noqa: E402
 
-from autotune.processes import die_with_parent  # noqa: E402
+from autotune.procfs import started_at  # noqa: E402
 from autotune.train import NODE_VARIABLE  # noqa: E402
-from autotune.train.metrics import process_start_time  # noqa: E402
+from autotune.train.lifetime import die_with_parent  # noqa: E402
 
 
 def _fail(exc: BaseException) -> str:
@@ -42,7 +42,7 @@ def _fail(exc: BaseException) -> str:
 
 
 def main(argv=None) -> int:
-    started = process_start_time()
+    started = started_at()
     args = sys.argv[1:] if argv is None else argv
     if os.environ.get("MS_ROLE") == "MS_SCHED" and os.environ.get(NODE_VARIABLE, "0") != "0":
         # not a verdict line (VERDICT): nothing was run
@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         print(f"autotune.train: cannot read config {args[0]}: {exc}", file=sys.stderr)
         return 2
+    from autotune.spec.entry import EntryError
     from autotune.train import program
-    from autotune.train.entry import EntryError
     try:
         result = program.run(config, started)
     except (program.ConfigError, EntryError) as exc:

@@ -24,10 +24,15 @@ def micro_steps(knobs: dict) -> int:
 def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,
                  steps: int, measure_after: int, backend: str | None = None) -> dict:
     """``config.json`` for ``candidate`` of ``spec``: ``steps`` optimizer steps, timing after
-    ``measure_after``, outputs in ``out_dir`` (kept as given: export writes a relative one)."""
-    return {"study": study, "trial_number": number,
-            "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
-            "out_dir": str(out_dir),
-            "model": spec.model.as_config(), "train": asdict(spec.train),
-            "trial": {"steps": steps, "measure_after": measure_after},
-            "knobs": candidate.as_dict()}
+    ``measure_after``, outputs in ``out_dir`` (kept as given: export writes a relative one). An
+    entry model's config also names ``model_dir``, model.yaml's folder, from which the entry
+    is imported (`autotune.spec.entry`)."""
+    config = {"study": study, "trial_number": number,
+              "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
+              "out_dir": str(out_dir),
+              "model": spec.model.as_config(), "train": asdict(spec.train),
+              "trial": {"steps": steps, "measure_after": measure_after},
+              "knobs": candidate.as_dict()}
+    if spec.model.entry:
+        config["model_dir"] = str(Path(spec.source).resolve().parent)
+    return config

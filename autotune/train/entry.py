@@ -2,9 +2,10 @@
 
 User model contract
 -------------------
-``model.entry`` names a function as ``"pkg.module:build"`` (importable with the trial's
-PYTHONPATH) or ``"/abs/path/file.py:build"`` (the file's folder is put on ``sys.path`` first, so
-it may import its neighbours). autotune calls it once per process as ``build(config)`` with the
+``model.entry`` names a function as ``"pkg.module:build"`` or ``"path/file.py:build"``, imported
+by `autotune.spec.entry`'s one rule: model.yaml's folder and a file entry's own folder come first
+on ``sys.path``, so a module beside model.yaml, or a file that imports its neighbours, loads as it
+did when model.yaml was validated. autotune calls it once per process as ``build(config)`` with the
 trial's whole resolved config (``model``, ``train``, ``trial``, ``knobs``, ``seed``, …; the
 ``model`` section carries any extra keys of model.yaml) and expects ``(network, loss_fn, dataset)``:
 
@@ -45,48 +46,13 @@ Built-in families (``model.family`` = ``transformer`` | ``mlp``, ``entry`` null)
 `autotune.train.data`.
 """
 
-import importlib
-import importlib.util
-import os
-import sys
-
 from mindspore import nn
 
+from autotune.spec import entry as entry_loader
+from autotune.spec.entry import EntryError
 from autotune.train import data, models, tp_layers, weights
 from autotune.train.models import SINGLE
 from autotune.train.parallel import Placement
-
-
-USER_MODULE = "autotune_user_model"  # module name of an entry loaded from a file path
-
-
-class EntryError(ValueError):
-    """``model.entry`` cannot be loaded or its result breaks the contract (an input error)."""
-
-
-def load_entry(spec: str):
-    """The function named by ``"pkg.module:func"`` or ``"/path/file.py:func"``."""
-    module_name, sep, func_name = spec.rpartition(":")
-    if not sep or not module_name or not func_name:
-        raise EntryError(f"model.entry: {spec!r} is not 'pkg.module:function' or '/path/file.py:function'")
-    try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            path = os.path.abspath(module_name)
-            if not os.path.isfile(path):
-                raise EntryError(f"model.entry: no such file {path}")
-            sys.path.insert(0, os.path.dirname(path))
-            mod_spec = importlib.util.spec_from_file_location(USER_MODULE, path)
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[USER_MODULE] = module  # graph compilation looks sources up through sys.modules
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EntryError(f"model.entry: cannot import {module_name!r}: {exc}") from exc
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise EntryError(f"model.entry: {module_name!r} has no function {func_name!r}")
-    return func
 
 
 def build_builtin(config: dict, placement: Placement = SINGLE):
@@ -115,7 +81,7 @@ def build(config: dict, placement: Placement = SINGLE):
             raise EntryError(f"model.family: {family!r} is not a built-in family ({', '.join(models.FAMILIES)}) "
                              "and model.entry is not set")
         return build_builtin(config, placement)
-    result = load_entry(spec)(config)
+    result = entry_loader.load(spec, config.get("model_dir"))(config)
     if not isinstance(result, tuple) or len(result) != 3:
         raise EntryError(f"model.entry: {spec} must return (network, loss_fn, dataset), got {type(result).__name__}")
     network, loss_fn, dataset = result

@@ -47,7 +47,6 @@ import json
 import math
 import os
 import statistics
-import time
 
 LAST_WINDOW = 5
 TREND_T = 3.0        # the slope's t-statistic above which a rise is not noise
@@ -57,18 +56,6 @@ TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-fini
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
                "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share")
-
-
-def process_start_time() -> float:
-    """Wall-clock time (epoch s) this process started, from /proc; now if /proc is unavailable."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time()
 
 
 def reset_peak_memory() -> None:

@@ -3,7 +3,7 @@
 A network is built for one rank of a layout (`autotune.train.parallel.Placement`; by default the
 whole model on one rank): the layers of its pipeline stage, each holding its tensor-parallel
 block. Parameter names are the whole model's (``blocks.2.attn.qkv.weight`` on the stage that runs
-layer 2), with the full shapes of `autotune.train.shapes`, split as `autotune.layout` says (a test
+layer 2), with the full shapes of `autotune.shapes`, split as `autotune.layout` says (a test
 checks every rank of every layout against it). Both families implement
 ``apply_recompute(mode)`` for the ``recompute`` knob.
 
@@ -30,7 +30,7 @@ from mindspore import nn, ops
 
 from autotune.layout import stage_layers
 from autotune.train.parallel import Placement
-from autotune.train.shapes import FAMILIES
+from autotune.shapes import FAMILIES
 from autotune.train.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
 
 LN_EPS = 1e-5

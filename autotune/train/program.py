@@ -14,7 +14,7 @@ driver's (see the package docstring). Knobs as applied here:
 - ``grad_accum`` (pp = 1) / ``micro_batches`` (pp > 1): true accumulation, one DP all-reduce and
   one update per step.
 - ``model.dtype`` float16: float16 compute, float32 parameters, dynamic loss scaling from
-  ``loss_scale`` (factor 2, window `SCALE_WINDOW`); float32 and bfloat16: no loss scaling.
+  ``loss_scale`` (factor 2, window `autotune.spec.knobs.SCALE_WINDOW`); float32 and bfloat16: no loss scaling.
 - ``warmup_steps``: warmup + cosine (`autotune.train.schedule`), compressed onto the trial unless
   ``trial.schedule`` is ``"full"`` (an exported run).
 - ``jit_level``: GRAPH_MODE with that JitConfig, or PYNATIVE_MODE for ``pynative``.
@@ -45,13 +45,11 @@ import time
 import numpy as np
 
 from autotune import layout
-from autotune.backends import BACKENDS
-from autotune.knobs import JIT_LEVELS, RECOMPUTE_MODES
+from autotune.spec.backends import BACKENDS
+from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
-
-SCALE_WINDOW = 1000  # MindFormers' default scale_window for DynamicLossScaleUpdateCell
 
 
 class LaunchError(RuntimeError):

@@ -32,6 +32,8 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common.parameter import ParameterTuple
 
+from autotune.spec.knobs import SCALE_WINDOW
+
 _mul = ops.MultitypeFuncGraph("mul")
 _accumulate = ops.MultitypeFuncGraph("accumulate")
 _add = ops.MultitypeFuncGraph("add")
@@ -209,7 +211,7 @@ class ApplyStep(_Update):
         return loss, overflow, scale
 
 
-def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale, scale_window=1000,
+def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale, scale_window=SCALE_WINDOW,
                 jit_level=None, parallel: Parallelism | None = None):
     """``(accumulate_cell or None, apply_cell)`` for ``network`` trained by ``optimizer`` without
     pipeline stages.

@@ -1,0 +1,90 @@
+"""Which trials are best, and how sure we are: the ranking of the trials the search ran, and
+the statistics of the confirm phase that measured the winners and the baseline again.
+
+Contract (reads storage only, through the ``optuna.Study`` it is given; every function sees the
+trials the search ran, `autotune.storage.counting.is_search_trial`, and, for the statistics,
+the confirm-phase re-runs of them):
+- :func:`best_trials`: the best ``ok`` trial (one objective) or the Pareto front of the ``ok``
+  trials sorted by the first objective.
+- :func:`ranked_ok`: every ``ok`` trial the search ran, best first objective first.
+- :func:`baseline_of`: the baseline trial that ran (a re-run of an interrupted baseline counts).
+- :func:`summarize`: for every trial with confirm re-runs (user attr ``confirm_of``), its first
+  objective over the original and its ``ok`` re-runs: mean and sample standard deviation.
+- :func:`noise_floor`: the median over confirmed trials of std / mean (None below two).
+- :func:`best_confirmed`: the confirmed trial with the best mean, or None.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import optuna
+from optuna.study._multi_objective import _get_pareto_front_trials_by_trials  # Optuna 5.0 (pinned)
+
+from autotune.storage.counting import is_search_trial
+from autotune.storage.schema import maximizes
+
+
+def ranked_ok(study: optuna.Study) -> list:
+    """The ``ok`` trials the search ran, best first objective first."""
+    ok = [t for t in study.get_trials(deepcopy=False) if is_search_trial(t) and t.values is not None]
+    return sorted(ok, key=lambda t: t.values[0], reverse=maximizes(study))
+
+
+def best_trials(study: optuna.Study) -> list:
+    ok = ranked_ok(study)
+    if len(study.directions) == 1:
+        return ok[:1]
+    front = _get_pareto_front_trials_by_trials(ok, study.directions)
+    return sorted(front, key=lambda t: t.values[0], reverse=maximizes(study))
+
+
+def baseline_of(study: optuna.Study):
+    return next((t for t in study.get_trials(deepcopy=False)
+                 if t.user_attrs.get("baseline") and is_search_trial(t)), None)
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    number: int          # the original trial
+    values: tuple        # its first objective, original first, then each ok re-run
+    baseline: bool
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) > 1 else float("nan")
+
+
+def summarize(study: optuna.Study) -> list[Confirmed]:
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    reruns: dict[int, list] = {}
+    for t in trials.values():
+        if "confirm_of" in t.user_attrs and t.values is not None:
+            reruns.setdefault(t.user_attrs["confirm_of"], []).append(t.values[0])
+    confirmed = []
+    for number, values in sorted(reruns.items()):
+        original = trials.get(number)
+        if original is None or original.values is None:
+            continue
+        confirmed.append(Confirmed(number, (original.values[0], *values),
+                                   bool(original.user_attrs.get("baseline"))))
+    return confirmed
+
+
+def noise_floor(confirmed: list[Confirmed]) -> float | None:
+    spreads = [c.std / c.mean for c in confirmed if len(c.values) > 1 and c.mean]
+    return statistics.median(spreads) if spreads else None
+
+
+def best_confirmed(study: optuna.Study, include_baseline: bool = True) -> Confirmed | None:
+    """The confirmed configuration with the best mean (None when nothing was confirmed)."""
+    confirmed = [c for c in summarize(study) if include_baseline or not c.baseline]
+    if not confirmed:
+        return None
+    pick = max if maximizes(study) else min
+    return pick(confirmed, key=lambda c: c.mean)

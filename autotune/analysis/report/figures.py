@@ -1,0 +1,220 @@
+"""The report's figures, each drawn twice: plotly (interactive HTML) and matplotlib (PNG).
+
+Contract: every builder takes a :class:`~autotune.analysis.view.StudyView` (``studies`` takes a
+list) and returns a :class:`Figure` — or a str saying why the study has no such figure (one
+``ok`` trial has no importances, a simulated study no measurement to set against its estimate).
+Per-trial figures draw one point (or line) per ``ok`` trial the search ran (``view.ok``; the
+confirm phase shows as the confirmed mean of its trial): ``history``, ``parallel``, ``slice``,
+``pareto``, ``memory``, ``estimate``, ``studies`` (per study). ``importances`` and ``breakdown``
+(the top five and the baseline) are not per trial. Optuna's own visualizations are used where
+they fit, fed an in-memory copy of the study that holds the ``ok`` trials with the knobs that
+vary as their params (whatever the sampler's encoding) and keeps their trial numbers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+import optuna.visualization as ov  # noqa: E402
+import optuna.visualization.matplotlib as om  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" per figure
+SIZE = (10, 5.6)         # inches: 1000 × 560 px at the report's DPI
+TOP = 5                  # candidates in the time-breakdown figure, besides the baseline
+COLOURS = {"compute": "#4c72b0", "recompute": "#8172b3", "tp_comm": "#dd8452",
+           "pp_comm": "#937860", "bubble": "#c44e52", "dp_comm": "#55a868",
+           "optimizer": "#da8bc3", "host": "#8c8c8c"}
+
+
+VISIBLE_BLUES = ListedColormap(plt.get_cmap("Blues")(np.linspace(0.3, 1.0, 256)))
+
+
+@dataclass
+class Figure:
+    name: str            # file stem: <study>-<name>.html / .png
+    title: str
+    caption: str         # one sentence under the figure in index.html
+    plotly: object       # plotly.graph_objects.Figure
+    png: object          # matplotlib.figure.Figure
+    stem: str = ""       # set when written
+
+
+def _label(v) -> str:
+    return f"{v.objectives[0]} ({'higher' if v.maximize else 'lower'} is better)"
+
+
+def _view_study(v) -> optuna.Study:
+    """An in-memory study of ``v.ok`` with the varying knobs as params, trial numbers kept (the
+    numbers in between are FAIL placeholders, which every plot leaves out)."""
+    # Categorical, sorted: knob values are few and mostly powers of two, which read best evenly
+    # spaced (1, 2, 4, 8) rather than on a log axis
+    distributions = {
+        knob: optuna.distributions.CategoricalDistribution(
+            sorted({v.knobs(t)[knob] for t in v.ok}, key=lambda x: (isinstance(x, str), x)))
+        for knob in v.searched}
+    study = optuna.create_study(directions=v.study.directions)
+    ok = {t.number: t for t in v.ok}
+    trials = []
+    for number in range(max(ok, default=-1) + 1):
+        t = ok.get(number)
+        if t is None:
+            trials.append(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+            continue
+        trials.append(optuna.trial.create_trial(
+            values=t.values, distributions=distributions,
+            params={k: v.knobs(t)[k] for k in distributions}))
+    study.add_trials(trials)
+    return study
+
+
+def _optuna_mpl(name: str, study, **kw):
+    """Optuna's matplotlib plot ``name``. Optuna marks that backend experimental; the version is
+    pinned (pyproject.toml), so its warning says nothing to a reader of the report."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return getattr(om, name)(study, **kw)
+
+
+def _target(v):
+    return {"target": (lambda t: t.values[0]) if len(v.study.directions) > 1 else None,
+            "target_name": v.objectives[0]}
+
+
+def _mpl(ax_or_axes, title: str, size=SIZE):
+    """The matplotlib figure of Optuna's Axes, sized and titled for the report."""
+    if hasattr(ax_or_axes, "flat"):  # several panels: one title above them all
+        fig = ax_or_axes.flat[0].figure
+        fig.suptitle(title, fontsize=13)
+    else:  # replaces Optuna's generic "Optimization History Plot" and the like
+        fig = ax_or_axes.figure
+        for side in ("left", "right"):
+            ax_or_axes.set_title("", loc=side)
+        ax_or_axes.set_title(title, fontsize=13, pad=12)
+    for ax in fig.axes:  # Optuna's "Blues" draws the lowest value white: start it at pale blue
+        for artist in ax.collections:
+            if getattr(artist, "get_cmap", None) and artist.get_cmap().name == "Blues":
+                artist.set_cmap(VISIBLE_BLUES)
+    fig.set_size_inches(*size)
+    return fig
+
+
+def _best_so_far(v) -> tuple[list, list]:
+    xs, ys, best = [], [], None
+    for t in v.ok:
+        value = v.value(t)
+        best = value if best is None or (value > best) == v.maximize else best
+        xs.append(t.number)
+        ys.append(best)
+    return xs, ys
+
+
+def history(v):
+    """The first objective of every ok trial, the best so far, and the confirmed best."""
+    title = f"{v.name}: optimization history"
+    study, kw = _view_study(v), _target(v)
+    fig = ov.plot_optimization_history(study, **kw)
+    fig.data = tuple(tr for tr in fig.data if len(tr.x or ()))  # Optuna's empty "infeasible"
+    xs, ys = _best_so_far(v)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name="best so far"))
+    ax = _optuna_mpl("plot_optimization_history", study, **kw)
+    for line in list(ax.lines):  # Optuna's own best line (one objective): ours replaces it
+        line.remove()
+    ax.step(xs, ys, where="post", color="#c44e52", label="best so far")
+    caption = "Each ok trial of the search (repeats and confirm re-runs left out)"
+    confirmed = next((c for c in v.confirmed if v.best is not None and c.number == v.best.number),
+                     None)
+    if confirmed is not None:
+        name = f"confirmed best #{confirmed.number}: mean ± sd of {len(confirmed.values)} runs"
+        fig.add_trace(go.Scatter(x=[confirmed.number], y=[confirmed.mean], mode="markers",
+                                 marker={"symbol": "diamond", "size": 13, "color": "black"},
+                                 error_y={"type": "data", "array": [confirmed.std]}, name=name))
+        ax.errorbar([confirmed.number], [confirmed.mean], yerr=[confirmed.std], fmt="D",
+                    color="black", markersize=9, capsize=5, label=name)
+        caption += "; the diamond is the confirmed best's mean over its re-runs, with its sd"
+    fig.update_layout(title=title, xaxis_title="trial number", yaxis_title=_label(v))
+    ax.set_xlabel("trial number")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(_label(v))
+    ax.legend(loc="best")
+    return Figure("history", "Optimization history", caption + ".", fig, _mpl(ax, title))
+
+
+def importances(v):
+    """How much each knob decided the first objective (Optuna's PED-ANOVA importances)."""
+    if len(v.ok) < 3 or not v.searched:
+        return "knob importances need at least 3 ok trials that differ in a knob"
+    title = f"{v.name}: knob importances for {v.objectives[0]}"
+    # PED-ANOVA ranks knobs by how they separate the lowest targets from the rest: a maximised
+    # objective is negated so "best" means the highest goodput
+    kw = {"target": (lambda t: -t.values[0]) if v.maximize else (lambda t: t.values[0]),
+          "target_name": v.objectives[0]}
+    study = _view_study(v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "… low `target` values": negated above
+        try:
+            fig = ov.plot_param_importances(study, **kw)
+            ax = _optuna_mpl("plot_param_importances", study, **kw)
+        except (ValueError, RuntimeError) as exc:  # e.g. every trial has the same value
+            return f"knob importances: {exc}"
+    xlabel = "importance (PED-ANOVA; the knobs' importances sum to 1)"
+    fig.update_layout(title=title, xaxis_title=xlabel, yaxis_title="knob", showlegend=False)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("knob")
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()  # one bar per knob: Optuna's legend names the target only
+    return Figure("importances", "Knob importances",
+                  f"How much each knob that varied decided the best {v.objectives[0]} of the ok "
+                  "trials (Optuna's PED-ANOVA).", fig, _mpl(ax, title))
+
+
+def parallel(v):
+    if not v.searched:
+        return "no knob varies between ok trials"
+    title = f"{v.name}: knobs of every ok trial"
+    study, kw = _view_study(v), _target(v)
+    fig = ov.plot_parallel_coordinate(study, **kw)
+    ax = _optuna_mpl("plot_parallel_coordinate", study, **kw)
+    fig.update_layout(title=title)
+    return Figure("parallel", "Knobs (parallel coordinates)",
+                  f"One line per ok trial across the knobs that varied, coloured by "
+                  f"{v.objectives[0]}.", fig, _mpl(ax, title, (max(10, 1.6 * len(v.searched)), 6)))
+
+
+def slice_(v):
+    if not v.searched:
+        return "no knob varies between ok trials"
+    title = f"{v.name}: {v.objectives[0]} against each knob"
+    study, kw = _view_study(v), _target(v)
+    fig = ov.plot_slice(study, **kw)
+    axes = _optuna_mpl("plot_slice", study, **kw)
+    for ax in getattr(axes, "flat", [axes]):
+        ax.tick_params(axis="x", labelrotation=45)  # 1048576 next to 65536 overlaps flat
+    fig.update_layout(title=title)
+    width = min(24, 3.2 * max(3, len(v.searched)))
+    return Figure("slice", "Objective against each knob",
+                  "Each ok trial once per knob; colour is the trial number (later is darker).",
+                  fig, _mpl(axes, title, (width, 4.6)))
+
+
+def pareto(v):
+    if len(v.study.directions) < 2:
+        return None  # one objective: there is no front to draw, and nothing to say
+    title = f"{v.name}: Pareto front"
+    study = _view_study(v)
+    names = v.objectives[:3]
+    fig = ov.plot_pareto_front(study, target_names=names)
+    ax = _optuna_mpl("plot_pareto_front", study, target_names=names)
+    fig.update_layout(title=title)
+    return Figure("pareto", "Pareto front",
+                  "Every ok trial by its objectives; the front is what no other trial beats on "
+                  "all of them.", fig, _mpl(ax, title))

@@ -1,0 +1,117 @@
+"""``autotune show``: a study at a glance in the terminal, or one trial with its diagnosis.
+
+Contract: :func:`show_study` prints the study's trials (outcome, the knobs that vary, the main
+metrics, the largest non-compute part of each ``ok`` trial's step), then the best, the baseline
+and the noise floor where the confirm phase measured it, and the diagnosis of the best and the
+baseline. :func:`show_trial` prints one trial: knobs, metrics, outcome and detail, and for an
+``ok`` trial its step split into parts with the measured facts and the verdict
+(`autotune.costmodel.diagnosis`). Both read through a :class:`~autotune.analysis.view.StudyView`
+only.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.analysis.text import fmt
+from autotune.analysis.view import StudyView
+from autotune.costmodel.diagnosis import PARTS, fact_lines
+from autotune.spec.knobs import KNOB_NAMES
+from autotune.storage.schema import metrics_of, outcome_of
+
+BAR = 30  # characters of the widest share bar
+SHORT = {"micro_batches": "mb", "fusion_mb": "fusion", "grad_accum": "accum",
+         "loss_scale": "scale", "warmup_steps": "warmup", "jit_level": "jit",
+         "recompute": "recomp"}  # column headers: ten knobs must fit beside the metrics
+LEFT = ("role", "outcome", "largest non-compute part")
+
+
+def show_study(v: StudyView, console: Console) -> None:
+    objective = v.objectives[0]
+    counts: dict[str, int] = {}
+    for t in v.trials:
+        counts[outcome_of(t)] = counts.get(outcome_of(t), 0) + 1
+    console.print(f"study [bold]{v.name}[/bold] — backend "
+                  f"{v.study.user_attrs.get('backend', '?')}, objectives "
+                  + ", ".join(f"{o} ({'max' if d.name == 'MAXIMIZE' else 'min'})"
+                              for o, d in zip(v.objectives, v.study.directions)))
+    console.print(f"{len(v.trials)} trials: "
+                  + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+    table = Table(title="trials the search ran (repeats, confirm re-runs, interrupted runs and "
+                        "retried infrastructure failures left out)")
+    for column in ("#", "role", "outcome", *(SHORT.get(k, k) for k in v.searched), objective,
+                   "step ms", "peak MB", "overflows", "largest non-compute part"):
+        table.add_column(column, justify="right" if column not in LEFT else "left")
+    for t in v.ran:
+        found = v.diagnosis(t)
+        knobs = v.knobs(t)
+        bottleneck = (f"{PARTS[found['largest']]} {found['shares'][found['largest']]:.0%}"
+                      if found else "")
+        style = "bold" if v.best is not None and t.number == v.best.number else None
+        table.add_row(str(t.number), v.label(t).partition(" ")[2].strip("()"),
+                      outcome_of(t), *(fmt(knobs[k]) for k in v.searched),
+                      fmt(v.value(t)), fmt(t.user_attrs.get("step_time_ms")),
+                      fmt(t.user_attrs.get("peak_memory_mb")),
+                      fmt(t.user_attrs.get("overflow_steps")), bottleneck, style=style)
+    console.print(table)
+    _standing(v, console)
+    shown = [v.best] + ([v.baseline] if v.baseline is not v.best else [])
+    for t in [x for x in shown if x is not None]:
+        found = v.diagnosis(t)
+        if found:
+            console.print(f"{v.label(t)}: {found['verdict']}")
+    console.print(f"[dim]autotune show {v.name} --trial N: one trial's step split into parts[/dim]")
+
+
+def _standing(v: StudyView, console: Console) -> None:
+    """The best against the baseline, confirmed where the confirm phase ran."""
+    objective = v.objectives[0]
+    confirmed = {c.number: c for c in v.confirmed}
+    for what, t in (("best", v.best), ("baseline", v.baseline)):
+        if t is None:
+            console.print(f"{what}: none")
+            continue
+        c = confirmed.get(t.number)
+        line = f"{what}: #{t.number} {objective} {fmt(v.value(t))}"
+        if c is not None:
+            line += f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} runs"
+        console.print(line)
+    floor = v.noise_floor
+    console.print(f"noise floor: {floor:.1%} (differences below it are not findings)"
+                  if floor is not None else
+                  "noise floor: not measured (no confirm phase)")
+
+
+def show_trial(v: StudyView, trial, console: Console) -> None:
+    outcome = outcome_of(trial)
+    console.print(f"study [bold]{v.name}[/bold], trial {v.label(trial)}: {outcome}"
+                  + "".join(f", {k} {trial.user_attrs[k]}" for k in ("repeat_of", "confirm_of",
+                                                                      "retry_of")
+                            if k in trial.user_attrs))
+    knobs = v.knobs(trial)
+    console.print("knobs: " + " ".join(f"{k}={knobs[k]}" for k in KNOB_NAMES))
+    metrics = metrics_of(trial)
+    if metrics:
+        console.print("metrics: " + ", ".join(f"{k} {fmt(val)}" for k, val in metrics.items()))
+    if trial.user_attrs.get("detail"):
+        console.print(f"detail: {trial.user_attrs['detail'].strip()[-600:]}", markup=False)
+    found = v.diagnosis(trial)
+    if found is None:
+        if outcome == "ok":
+            console.print("no diagnosis: the trial has no cost-model estimate to split its step")
+        return
+    table = Table(title=f"step {found['step_time_ms']:.4g} ms, split as the cost model splits "
+                        f"it (scaled ×{found['scale']:.3g} to the measured step)")
+    table.add_column("part")
+    table.add_column("ms", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("")
+    for part, label in PARTS.items():
+        share = found["shares"][part]
+        table.add_row(label, f"{found['parts_ms'][part]:.4g}", f"{share:.1%}",
+                      "█" * round(share * BAR), style="bold" if part == found["largest"] else None)
+    console.print(table)
+    for line in fact_lines(found["facts"]):
+        console.print(f"  {line}")
+    console.print(f"[bold]verdict:[/bold] {found['verdict']}")

@@ -1,0 +1,122 @@
+"""A study as `autotune show` and `autotune report` see it. Reads storage only; never writes.
+
+Contract: :func:`view` loads a study once into a :class:`StudyView`:
+
+- ``ran``: the trials the search ran (`autotune.storage.counting.is_search_trial`), in trial
+  order; ``ok``: those whose outcome is ``ok`` (the points of every per-trial figure of the
+  report);
+- ``best``: the confirmed best (`autotune.analysis.ranking.best_confirmed`) when the confirm phase ran,
+  else the best ``ok`` trial (several objectives: the Pareto point best on the first);
+  ``baseline``: the baseline trial; ``confirmed``: every confirmed trial's mean and spread;
+- ``searched``: the knobs whose value differs between ``ok`` trials (the ones worth showing);
+- :meth:`StudyView.diagnosis`: a trial's stored diagnosis, or one computed now for a trial
+  recorded before diagnoses were stored (`autotune.costmodel.diagnosis`); :meth:`StudyView.estimate`:
+  the cost model's uncalibrated estimate of a trial's candidate (deterministic, so recomputed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import optuna
+
+from autotune import costmodel
+from autotune.analysis import ranking
+from autotune.costmodel import diagnosis
+from autotune.spec.candidate import Candidate
+from autotune.spec.knobs import KNOB_NAMES
+from autotune.storage.counting import search_trials
+from autotune.storage.opening import load_study
+from autotune.storage.schema import knobs_of, maximizes, outcome_of
+
+
+@dataclass
+class StudyView:
+    study: optuna.Study
+    trials: list               # every trial, frozen, in trial order
+    ran: list
+    ok: list
+    objectives: list
+    best: object | None
+    baseline: object | None
+    confirmed: list
+    _diagnoses: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    @property
+    def maximize(self) -> bool:
+        """Whether the first objective is maximised."""
+        return maximizes(self.study)
+
+    @cached_property
+    def spec(self):
+        """The study's model.yaml as a Spec, or None when it cannot be read back."""
+        from autotune.spec.model_yaml import parse_spec
+
+        attrs = self.study.user_attrs
+        try:
+            return parse_spec(attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")))
+        except (KeyError, ValueError, OSError):  # SpecError too: an older or moved study
+            return None
+
+    @cached_property
+    def budget_gb(self) -> float | None:
+        """Device memory of one device (on CPU, a worker's RSS budget), GiB."""
+        return diagnosis.memory_budget_gb(self.study.user_attrs)
+
+    @cached_property
+    def searched(self) -> list[str]:
+        varying = [k for k in KNOB_NAMES if len({str(self.knobs(t)[k]) for t in self.ok}) > 1]
+        return varying or [k for k in KNOB_NAMES if self.ok and k in self.ok[0].params]
+
+    @property
+    def noise_floor(self) -> float | None:
+        """The study's noise floor: stored by the confirm phase, or from its re-runs so far."""
+        stored = self.study.user_attrs.get("noise_floor")
+        return stored if stored is not None else ranking.noise_floor(self.confirmed)
+
+    def knobs(self, trial) -> dict:
+        return knobs_of(trial)
+
+    def diagnosis(self, trial) -> dict | None:
+        if trial.number not in self._diagnoses:
+            self._diagnoses[trial.number] = diagnosis.of_trial(trial, self.knobs(trial),
+                                                               self.study.user_attrs)
+        return self._diagnoses[trial.number]
+
+    def estimate(self, trial):
+        """The raw cost-model estimate of ``trial``'s candidate (None without the spec)."""
+        return None if self.spec is None else costmodel.estimate(self.spec,
+                                                                 Candidate(**self.knobs(trial)))
+
+    def value(self, trial) -> float | None:
+        """The first objective of an ``ok`` trial."""
+        return trial.values[0] if trial.values else None
+
+    def label(self, trial) -> str:
+        """``#12`` plus what the trial is: the baseline, the best."""
+        roles = (["baseline"] if self.baseline is not None and trial.number == self.baseline.number
+                 else []) + (["best"] if self.best is not None and trial.number == self.best.number
+                             else [])
+        return f"#{trial.number}" + (f" ({', '.join(roles)})" if roles else "")
+
+
+def view(name: str, storage: str | None = None) -> StudyView:
+    """Load study ``name`` (SpecError naming it when it does not exist)."""
+    study = load_study(name, storage)
+    trials = study.get_trials(deepcopy=False)
+    ran = search_trials(trials)
+    ok = [t for t in ran if outcome_of(t) == "ok" and t.values]
+    best_confirmed = ranking.best_confirmed(study)
+    by_number = {t.number: t for t in trials}
+    best = (by_number[best_confirmed.number] if best_confirmed is not None
+            else next(iter(ranking.best_trials(study)), None))
+    objectives = (study.user_attrs.get("objectives")
+                  or [f"objective{i}" for i in range(len(study.directions))])
+    return StudyView(study, trials, ran, ok, objectives, best,
+                     ranking.baseline_of(study), ranking.summarize(study))

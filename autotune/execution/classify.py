@@ -1,0 +1,94 @@
+"""How a trial ended, read from what it left: its exit code, its ``metrics.json``, its logs.
+
+Contract: :func:`classify` turns a finished trial program (exit code, trial folder, log folder)
+into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics, ``oom`` (the process was
+killed by the kernel — SIGKILL / exit 137 — or a line of any log says so in the backend's words,
+`autotune.spec.backends`), or ``error``. An ``error`` says whose failure it is
+(``Result.infrastructure``): the candidate's own once the trial program got to run the
+candidate — a rank printed `autotune.train.CANDIDATE_STARTED` (the launch was done), or the
+program gave a verdict other than `autotune.train.LAUNCH_FAILED` (a config error, a bad model
+entry, an exception while building, compiling or training); the infrastructure's when the
+program never got there (msrun or the process launch failed before any verdict, or the verdict
+is ``LaunchError``: communication init, the cluster join). The detail is one line of reason,
+then :func:`log_tail`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from autotune.jobs import Result
+from autotune.spec.backends import Backend
+from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, VERDICT
+
+
+def _logs(log_dir: Path) -> dict:
+    return {log: log.read_text(errors="replace").strip().splitlines()
+            for log in sorted(log_dir.glob("**/*.log"))}
+
+
+def log_tail(log_dir: Path, lines: int = 20) -> str:
+    """The last lines of two of the logs under ``log_dir``: the lowest rank's (that is where
+    errors surface), then another that holds the trial program's verdict, else another
+    worker's, else msrun's."""
+    texts = _logs(log_dir)
+
+    def worker_rank(log):
+        number = log.stem.removeprefix("worker_")
+        return int(number) if log.name.startswith("worker_") and number.isdigit() else 1 << 30
+
+    lowest = min(map(worker_rank, texts), default=None)
+
+    def rank(log):
+        verdict = any(line.startswith(VERDICT) for line in texts[log])
+        return (worker_rank(log) != lowest, not verdict, not log.name.startswith("worker_"), log.name)
+
+    chunks = [f"[{log.name}] " + "\n".join(texts[log][-lines:])
+              for log in sorted(texts, key=rank) if texts[log]]
+    return "\n".join(chunks[:2])
+
+
+def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
+             backend: Backend) -> Result:
+    """How the trial program that exited with ``returncode`` ended (see the module doc)."""
+    metrics_file = trial_dir / "metrics.json"
+    if returncode == 0 and metrics_file.exists():
+        metrics = json.loads(metrics_file.read_text())
+        outcome = "diverged" if metrics.get("diverged") else "ok"
+        return Result(outcome, metrics, run_s=run_s)
+    tail = log_tail(log_dir)
+    # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue.
+    verdicts = [line for line in tail.splitlines() if line.startswith(VERDICT)]
+    reason = verdicts[-1] if verdicts else (tail.splitlines() or [""])[-1]
+    evidence = oom_evidence(log_dir, backend)
+    if returncode in (-signal.SIGKILL, 137) or evidence:
+        return Result("oom", detail=f"{evidence or reason}\n{tail}", run_s=run_s)
+    why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
+    infrastructure = not _candidate_ran(log_dir)
+    if infrastructure:
+        why = f"infrastructure: {why}, before the candidate ran"
+    return Result("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s,
+                  infrastructure=infrastructure)
+
+
+def oom_evidence(log_dir: Path, backend: Backend) -> str | None:
+    """The first line of any log under ``log_dir`` (every worker's, msrun's) that says it ran
+    out of memory on ``backend``, as ``[log] line``; None when none does."""
+    for log, lines in _logs(log_dir).items():
+        for line in lines:
+            if backend.oom_in(line):
+                return f"[{log.name}] {line.strip()}"
+    return None
+
+
+def _candidate_ran(log_dir: Path) -> bool:
+    """Whether any rank got to run the candidate: it said it started it, or gave a verdict
+    that is not a failed launch (config errors are the candidate's too)."""
+    for log, lines in _logs(log_dir).items():
+        for line in lines:
+            if line.startswith(CANDIDATE_STARTED) or (line.startswith(VERDICT)
+                                                      and not line.startswith(LAUNCH_FAILED)):
+                return True
+    return False

@@ -1,0 +1,326 @@
+"""Ray dispatch: place each trial on the device pool and hand back its result.
+
+Contract: a :class:`Dispatcher` runs :func:`autotune.execution.runner.run_trial` as Ray tasks
+holding the trial's devices — CPUs, GPUs or Ascend NPUs, as its backend says
+(`autotune.spec.backends`). A trial
+that fits one node (``devices_per_node``) is one task; a larger one gets a placement group of one
+bundle per node (STRICT_SPREAD, `autotune.execution.placement`) and one task per bundle, each launching
+its node's msrun, with rank 0's node as msrun's master. The devices Ray assigns a task reach
+msrun and MindSpore through the backend's variable (CUDA_VISIBLE_DEVICES,
+ASCEND_RT_VISIBLE_DEVICES). It decides nothing about what to try: the study's loop submits, and
+collects each trial's `autotune.jobs.Result` (with its queued and wall seconds) with
+:meth:`Dispatcher.wait`.
+
+:meth:`Dispatcher.check` refuses, before any trial, a cluster that cannot place one: no
+resource of the backend's kind at all (naming it and the ``ray start`` flag that provides it),
+or not enough nodes for a trial that spans several (a SpecError). A trial Ray could not finish —
+the worker or node running it died, its result was lost, any error of Ray or of the runner
+itself — comes back as an ``error`` with ``infrastructure`` set: not the candidate's fault. A
+failure on one node of a multi-node trial cancels its other nodes at once. Ray does not retry
+tasks itself (``max_retries=0``): the study's loop does, once, as a trial of its own
+(`autotune.study.retry`). When the driver's own connection to the cluster is gone (the local
+raylet died), or a trial can no longer be placed on the nodes alive, no trial can run any
+more: :meth:`Dispatcher.submit` or :meth:`Dispatcher.wait` raise :class:`ClusterLost`
+(:class:`Unplaceable`) instead, and :meth:`Dispatcher.cancel_all` then names every trial that
+was running, so the study's loop records them as interrupted and a resume reruns them.
+
+An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close. If the
+driver dies instead (SIGKILL included), nothing of the study outlives it by more than a few
+seconds: Ray ends its raylet and GCS with the driver, a running trial's processes die with the
+Ray worker that launched them (`autotune.execution.runner`), and an
+`autotune.execution.processes.Guard` ends the
+rest — Ray's agents, which otherwise wait 60 s on the dead GCS — and removes Ray's temp folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.execution.placement import node_plan, unplaceable
+from autotune.execution.processes import Guard
+from autotune.execution.runner import NodeRun, free_port, run_trial
+from autotune.jobs import Result
+from autotune.spec.backends import Backend
+from autotune.spec.errors import SpecError
+
+CANCEL_WAIT_S = 15  # how long a cancelled trial's tasks get to stop their processes
+
+
+class ClusterLost(RuntimeError):
+    """The driver lost its Ray cluster (the local raylet died): nothing more can run."""
+
+
+class Unplaceable(ClusterLost):
+    """The nodes alive can no longer hold a trial: it would wait for them forever."""
+
+
+@dataclass
+class _Trial:
+    """A submitted trial: its node tasks (one unless it spans nodes) and what they returned."""
+
+    number: int
+    submitted: float
+    refs: list
+    group: object = None                          # its placement group, if it spans nodes
+    bundles: list = field(default_factory=list)
+    results: dict = field(default_factory=dict)   # node index → (started, Result)
+
+
+def _node_task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int,
+               launch, master, visible_devices: str | None, resource: str | None):
+    """One node's share of a trial (all of it on one node), inside Ray."""
+    import ray
+
+    started = time.time()
+    env = {}
+    if visible_devices:  # Ray sets it too; said here so msrun's workers surely inherit it
+        ids = ray.get_runtime_context().get_accelerator_ids().get(resource, [])
+        env[visible_devices] = ",".join(map(str, ids))
+    node = NodeRun(launch, *master) if launch is not None else None
+    return started, run_trial(config, Path(trial_dir), timeout_s, memory_limit_mb, workers,
+                              node=node, env=env)
+
+
+def _master_address() -> tuple[str, int]:
+    """Where rank 0's node listens: this node's address and a port free on it now. A node on a
+    loopback address (127.0.0.2, …: Ray nodes sharing one host) answers 127.0.0.1: msrun starts
+    its scheduler only where ``--master_addr`` is one of the host's own addresses, and the
+    loopback interface holds 127.0.0.1 alone (docs/cluster.md)."""
+    import ipaddress
+
+    import ray
+
+    address = ray.util.get_node_ip_address()
+    if ipaddress.ip_address(address).is_loopback:
+        address = "127.0.0.1"
+    return address, free_port(address)
+
+
+class Dispatcher:
+    """Submits trials to Ray and waits for them. Use as a context manager."""
+
+    def __init__(self, backend: Backend, devices_per_node: int, pool_devices: int,
+                 address: str | None = None):
+        self.backend, self.devices_per_node = backend, devices_per_node
+        self.pool_devices, self.address = pool_devices, address
+        self._trials: dict[int, _Trial] = {}
+        self._temp_dir: str | None = None
+        self._guard: Guard | None = None
+
+    def __enter__(self) -> "Dispatcher":
+        # Ray reads these at import and init: no auth-token file or warning, no log spam.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if not self.address:
+            # An embedded Ray serves this machine only: this switch makes Ray take the loopback
+            # address as the node IP, so GCS, raylet and object manager listen on 127.0.0.1.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        import ray
+
+        self._ray = ray
+        common = dict(logging_level="ERROR", log_to_driver=False, configure_logging=True)
+        if self.address:
+            ray.init(address=self.address, **common)
+        else:
+            self._temp_dir = tempfile.mkdtemp(prefix="autotune-ray-")
+            self._guard = Guard(remove=[self._temp_dir]).__enter__()
+            # On CPU the embedded pool is the study's devices, so trials never share the cores
+            # they measure; accelerators are whatever Ray detects.
+            pool = {"num_cpus": self.pool_devices} if self.backend.ray_resource == "CPU" else {}
+            try:
+                ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
+            except BaseException:
+                self._close_embedded()
+                raise
+        self._remote = ray.remote(_node_task)
+        self._address_task = ray.remote(_master_address)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.cancel_all()
+            self._ray.shutdown()
+        finally:
+            self._close_embedded()
+
+    def _close_embedded(self) -> None:
+        if self._guard:
+            self._guard.__exit__(None, None, None)
+            self._guard = None
+        if self._temp_dir:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+    def _where(self) -> str:
+        return f"the Ray cluster at {self.address}" if self.address else "the embedded Ray"
+
+    def _bundles(self, devices: int) -> list[dict]:
+        try:
+            plan = node_plan(devices, self.devices_per_node)
+        except ValueError as exc:
+            raise SpecError(f"cluster.devices_per_node: {exc}") from None
+        return [self.backend.resources(launch.local_workers) for launch in plan]
+
+    def _alive_nodes(self) -> list[dict]:
+        """The total resources of each node alive; ClusterLost when this driver's own node is
+        not among them (its raylet died: nothing can be submitted any more)."""
+        nodes = [node for node in self._ray.nodes() if node.get("Alive")]
+        mine = self._ray.get_runtime_context().get_node_id()
+        if not any(node["NodeID"] == mine for node in nodes):
+            raise ClusterLost("the Ray cluster is gone (this driver's node is not alive)")
+        return [node["Resources"] for node in nodes]
+
+    def capacity(self) -> int:
+        """Devices of this backend's kind in the Ray cluster: how many trial devices fit at once
+        (embedded on CPU: ``pool_devices``, so trials never share the cores they measure)."""
+        return int(self._ray.cluster_resources().get(self.backend.ray_resource, 0))
+
+    def check(self, devices: int) -> None:
+        """Refuse a cluster that cannot place a trial of ``devices`` (see the module doc)."""
+        kind, name = self.backend.ray_resource, self.backend.name
+        if not self.capacity():
+            raise SpecError(
+                f"cluster.backend: {name} trials need Ray resource {kind} and {self._where()} has "
+                f"none: start each Ray node with `ray start {self.backend.ray_start_flag}` "
+                "(N: the node's devices) and pass --ray-address")
+        bundles = self._bundles(devices)
+        reason = unplaceable(bundles, self._alive_nodes())
+        if reason:
+            spans = (f"spans {len(bundles)} nodes of {self.devices_per_node} devices"
+                     if len(bundles) > 1 else "needs one node")
+            raise SpecError(
+                f"cluster.devices: a trial of {devices} devices {spans}: {reason} in "
+                f"{self._where()}; start more nodes (`ray start --address=HEAD:PORT "
+                f"{self.backend.ray_start_flag}`) and pass --ray-address, or lower "
+                "cluster.devices")
+
+    def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
+               timeout_s: float, memory_limit_mb: float | None) -> None:
+        plan = node_plan(devices, self.devices_per_node)
+        bundles = [self.backend.resources(launch.local_workers) for launch in plan]
+        reason = unplaceable(bundles, self._alive_nodes())
+        if reason:
+            raise Unplaceable(f"no set of nodes can place trial {number}: {reason}")
+        # No Ray retries: a task whose worker died comes back as an infrastructure error, and
+        # the search loop runs the candidate again under a new trial number, with the failed
+        # attempt on record (a Ray retry would rerun it unseen, into the same trial folder).
+        args = (config, str(trial_dir), timeout_s, memory_limit_mb, devices)
+        devices_env = (self.backend.visible_devices, self.backend.ray_resource)
+        if len(plan) == 1:
+            ref = self._remote.options(max_retries=0, **self.backend.task_options(devices)).remote(
+                *args, None, None, *devices_env)
+            self._trials[number] = _Trial(number, time.time(), [ref])
+            return
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = self._ray.util.placement_group(bundles, strategy="STRICT_SPREAD")
+
+        def in_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+        # rank 0's node picks msrun's master address and port; each node task waits for it
+        master = self._address_task.options(num_cpus=0, max_retries=0,
+                                            scheduling_strategy=in_bundle(0)).remote()
+        refs = [self._remote.options(max_retries=0, scheduling_strategy=in_bundle(launch.index),
+                                     **self.backend.task_options(launch.local_workers)).remote(
+                    *args, launch, master, *devices_env)
+                for launch in plan]
+        self._trials[number] = _Trial(number, time.time(), refs, group, bundles)
+
+    def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
+        """Block until at least one trial finishes (or ``timeout_s``); return those finished,
+        as (number, result) with the result's ``queued_s`` (submit → its task started) and
+        ``wall_s`` (submit → its result back here)."""
+        if not self._trials:
+            return []
+        owner = {ref: trial for trial in self._trials.values()
+                 for index, ref in enumerate(trial.refs) if index not in trial.results}
+        ready, _ = self._ray.wait(list(owner), num_returns=1, timeout=timeout_s)
+        done = []
+        for ref in ready:
+            trial = owner[ref]
+            if trial.number not in self._trials:
+                continue  # finished already by another node's failure
+            trial.results[trial.refs.index(ref)] = self._get(ref, trial)
+            result = self._result(trial)
+            if result is not None:
+                done.append(result)
+        self._check_pending()
+        return done
+
+    def _get(self, ref, trial: _Trial) -> tuple[float, Result]:
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.LocalRayletDiedError as exc:  # cancel_all names the trial
+            raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        except Exception as exc:  # Ray lost the task: its worker or node died, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return trial.submitted, Result(
+                "error", detail=f"infrastructure: Ray: {type(exc).__name__}: {first}",
+                infrastructure=True)
+
+    def _result(self, trial: _Trial) -> tuple[int, Result] | None:
+        """The trial's result once every node is back, or one failed (the others are then
+        cancelled); None while nodes still run."""
+        failed = [(i, r) for i, (_, r) in sorted(trial.results.items()) if r.outcome != "ok"]
+        if not failed and len(trial.results) < len(trial.refs):
+            return None
+        if failed:
+            index, result = failed[0]
+            if len(trial.refs) > 1:
+                result.detail = f"node {index} of {len(trial.refs)}: {result.detail}"
+        else:
+            result = trial.results[0][1]
+            result.run_s = max(r.run_s for _, r in trial.results.values())
+        self._end(trial)
+        now = time.time()
+        started = min(s for s, _ in trial.results.values())
+        result.queued_s = max(0.0, started - trial.submitted)
+        result.wall_s = now - trial.submitted
+        return trial.number, result
+
+    def _end(self, trial: _Trial) -> None:
+        """Forget ``trial``, stopping whatever of it still runs, and free its placement."""
+        del self._trials[trial.number]
+        running = [ref for i, ref in enumerate(trial.refs) if i not in trial.results]
+        for ref in running:
+            self._ray.cancel(ref, force=False)
+        if running:
+            self._ray.wait(running, num_returns=len(running), timeout=CANCEL_WAIT_S)
+        if trial.group is not None:
+            self._ray.util.remove_placement_group(trial.group)
+
+    def _check_pending(self) -> None:
+        """A trial still waiting for its placement that the nodes alive cannot hold any more
+        would wait forever: say so (:class:`Unplaceable`)."""
+        table = self._ray.util.placement_group_table
+        waiting = [t for t in self._trials.values() if t.group is not None and not t.results
+                   and table(t.group).get("state") != "CREATED"]
+        if not waiting:
+            return
+        nodes = self._alive_nodes()
+        for trial in waiting:
+            reason = unplaceable(trial.bundles, nodes)
+            if reason:
+                raise Unplaceable(f"no set of nodes can place trial {trial.number}: {reason}")
+
+    def cancel(self, number: int) -> None:
+        """Stop one running trial (its processes are stopped); it is not reported by wait."""
+        self._end(self._trials[number])
+
+    def cancel_all(self) -> list[int]:
+        """Cancel every running trial (their processes are stopped); return their numbers,
+        those lost with the cluster (`ClusterLost`) included."""
+        numbers = list(self._trials)
+        try:
+            for trial in list(self._trials.values()):
+                self._end(trial)
+        except Exception:  # noqa: BLE001  (a cluster that is gone cancels nothing: the
+            pass           # trials' processes died with their raylet's workers)
+        self._trials.clear()
+        return numbers

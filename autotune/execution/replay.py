@@ -1,0 +1,200 @@
+"""Replay tables: measured candidates standing in for trial runs (``cluster.backend: replay``).
+
+Contract: :func:`load_table` reads ``cluster.replay`` (a CSV with a header row) for one spec and
+space and returns a :class:`ReplayTable`, or raises SpecError naming the file, the row (data
+rows count from 1, the header excluded) and the column; nothing is written either way.
+
+- Knob columns (named as the knobs are) say which candidate a row measured; a knob without a
+  column matches any value. A value must be one the knob can take in the space (for ``dp:
+  auto``: devices / (tp·pp)); ``micro_batches`` and ``grad_accum`` are read only where they act
+  (``micro_batches`` with pp > 1, ``grad_accum`` with pp = 1), as a candidate resolves them.
+- Metric columns are named as trial metrics (`autotune.jobs.METRICS`: ``goodput``,
+  ``step_time_ms``, ``peak_memory_mb``, ``loss_last``, …): numbers (``diverged``: true/false),
+  an empty cell is a metric not measured. ``run_s`` (seconds the run took) is kept for the
+  trial's timing, ``detail`` for a failed row's reason.
+- ``outcome`` (``ok`` when the column is absent or the cell empty) is any trial outcome; an
+  ``ok`` row needs a finite value for every objective of the study.
+- Rows that are not a candidate's own measurement are skipped: ``interrupted`` ones, and those
+  a study's own CSV (``autotune compare --csv``) marks as a repeat (``repeat_of``), a
+  confirm-phase re-run (``confirm_of``) or an infrastructure failure (``infrastructure``).
+- Every other column is ignored, with one note naming them all. Two rows of one candidate are
+  an error.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.jobs import METRICS, OUTCOMES
+from autotune.spec.errors import SpecError
+from autotune.spec.knobs import KNOB_NAMES, KNOBS, is_active
+from autotune.spec.objectives import OBJECTIVES
+
+SKIP_MARKERS = ("repeat_of", "confirm_of", "infrastructure")
+KEPT = ("outcome", "run_s", "detail")
+FALSE, TRUE = ("false", "0", "no"), ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One candidate's measurement: how it ended, its metrics, and where it came from."""
+
+    outcome: str
+    metrics: dict
+    detail: str
+    run_s: float | None
+    row: int
+
+
+class ReplayTable:
+    """Candidates → their measured rows (see the module doc)."""
+
+    def __init__(self, path: Path, knobs: tuple, rows: dict, notes: list[str]):
+        self.path, self.knobs, self.rows, self.notes = path, knobs, rows, notes
+
+    def key(self, values) -> tuple:
+        """The lookup key of a candidate (or of a row's values): its value of each knob column."""
+        get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+        return tuple(get(name) for name in self.knobs)
+
+    def lookup(self, candidate) -> Row | None:
+        """The row that measured ``candidate``, or None when the table has none."""
+        return self.rows.get(self.key(candidate))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _allowed(space, spec) -> dict:
+    """knob → the values a candidate of ``space`` can have for it (where the knob acts)."""
+    allowed = {name: set(space.domains[name]) for name in KNOB_NAMES}
+    if space.domains["dp"] == ("auto",):
+        allowed["dp"] = {max(1, spec.cluster.devices // (tp * pp))
+                         for tp in space.domains["tp"] for pp in space.domains["pp"]}
+    return allowed
+
+
+class _Reader:
+    """Parses one table; every error names the file, the row and the column."""
+
+    def __init__(self, path: Path, spec, space):
+        self.path, self.spec, self.allowed = path, spec, _allowed(space, spec)
+
+    def fail(self, row: int, column: str, message: str):
+        raise SpecError(f"{self.path}: row {row}, column {column}: {message}")
+
+    def knob(self, row: int, name: str, text: str | None):
+        text = (text or "").strip()
+        if not text:
+            self.fail(row, name, "empty (a knob column needs a value in every row)")
+        if KNOBS[name].kind is int:
+            try:
+                number = float(text)
+            except ValueError:
+                self.fail(row, name, f"{text!r} is not an integer")
+            if not number.is_integer():
+                self.fail(row, name, f"{text!r} is not an integer")
+            value = int(number)
+        else:
+            value = text
+        if value not in self.allowed[name]:
+            shown = ", ".join(map(str, sorted(self.allowed[name], key=str)))
+            self.fail(row, name, f"{value!r} is not in the space of {self.spec.source} ({shown})")
+        return value
+
+    def metric(self, row: int, name: str, text: str):
+        text = (text or "").strip()
+        if name == "diverged":
+            if text.lower() not in FALSE + TRUE:
+                self.fail(row, name, f"{text!r} is not true or false")
+            return text.lower() in TRUE
+        try:
+            return float(text)
+        except ValueError:
+            self.fail(row, name, f"{text!r} is not a number")
+
+    def read(self, record: dict, row: int, knobs: tuple) -> tuple[tuple, Row] | None:
+        """A data row → (key, Row), or None when the row is skipped."""
+        outcome = (record.get("outcome") or "").strip() or "ok"
+        if outcome not in OUTCOMES:
+            self.fail(row, "outcome", f"{outcome!r} is not one of {', '.join(OUTCOMES)}")
+        marked = any((record.get(m) or "").strip().lower() not in ("", "nan", "none") + FALSE
+                     for m in SKIP_MARKERS)
+        if outcome == "interrupted" or marked:
+            return None
+        values = {}
+        pp = self.knob(row, "pp", record["pp"]) if "pp" in knobs else None
+        for name in knobs:
+            if pp is not None and not is_active(name, pp):
+                values[name] = 1  # does not act here: as a candidate resolves it
+            else:
+                values[name] = self.knob(row, name, record[name])
+        metrics = {name: self.metric(row, name, record[name]) for name in METRICS
+                   if name in record and (record[name] or "").strip()}
+        if outcome == "ok":
+            for objective in self.spec.search.objectives:
+                name = OBJECTIVES[objective].metric
+                if not isinstance(metrics.get(name), float) or not math.isfinite(metrics[name]):
+                    self.fail(row, name, f"an ok row needs a finite {name} (objective {objective})")
+        run_s = None
+        if (record.get("run_s") or "").strip():
+            run_s = self.metric(row, "run_s", record["run_s"])
+            if not math.isfinite(run_s) or run_s < 0:
+                self.fail(row, "run_s", f"{run_s} is not a duration in seconds")
+        detail = "" if outcome == "ok" else (record.get("detail") or "").strip()
+        return tuple(values[name] for name in knobs), Row(outcome, metrics, detail, run_s, row)
+
+
+def load_table(spec, space) -> ReplayTable:
+    """Read and check ``spec.cluster.replay`` against ``space`` (see the module doc)."""
+    path = Path(spec.cluster.replay)
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames
+            if not header:
+                raise SpecError(f"{path}: empty: a replay table starts with a header row")
+            repeated = sorted({c for c in header if header.count(c) > 1})
+            if repeated:
+                raise SpecError(f"{path}: column {repeated[0]} is given twice")
+            knobs = tuple(name for name in KNOB_NAMES if name in header)
+            table = _Reader(path, spec, space)
+            rows, skipped = {}, 0
+            for number, record in enumerate(reader, start=1):
+                if None in record:  # more cells than the header has columns
+                    raise SpecError(f"{path}: row {number}: {len(header) + len(record[None])} "
+                                    f"cells for {len(header)} columns")
+                read = table.read(record, number, knobs)
+                if read is None:
+                    skipped += 1
+                    continue
+                key, row = read
+                if key in rows:
+                    which = ", ".join(f"{k}={v}" for k, v in zip(knobs, key))
+                    raise SpecError(f"{path}: row {number}: the same candidate as row "
+                                    f"{rows[key].row} ({which})")
+                rows[key] = row
+    except OSError as exc:
+        raise SpecError(f"cluster.replay: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"cluster.replay: {path} is not a text (UTF-8) file") from None
+    except csv.Error as exc:
+        raise SpecError(f"{path}: not a CSV file: {exc}") from None
+    return ReplayTable(path, knobs, rows, _notes(path, header, knobs, len(rows), skipped, space))
+
+
+def _notes(path: Path, header, knobs: tuple, count: int, skipped: int, space) -> list[str]:
+    notes = [f"replay: {count} measured candidates in {path.name}"]
+    ignored = [c for c in header if c not in KNOB_NAMES + METRICS + KEPT + SKIP_MARKERS]
+    if ignored:
+        notes.append(f"replay: columns ignored: {', '.join(ignored)}")
+    if skipped:
+        notes.append(f"replay: {skipped} rows skipped (interrupted, repeats, confirm re-runs, "
+                     "infrastructure failures: not a candidate's own measurement)")
+    unmatched = [name for name in space.searched() if name not in knobs]
+    if unmatched:
+        notes.append(f"replay: no column for {', '.join(unmatched)}: a row matches any value")
+    return notes

@@ -1,0 +1,173 @@
+"""Run one trial as a subprocess.
+
+Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launches the trial
+program (directly for one worker, under ``msrun`` for several), enforces the wall-clock timeout
+and the per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
+of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program is read:
+`autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as
+one :func:`run_trial` per node (`autotune.execution.dispatch` places them), each launching that
+node's msrun; the node of rank 0 returns the metrics. Its own ``oom`` is a worker over the
+budget; the study remembers a candidate's own failure and retries the infrastructure's
+(`autotune.study.retry`).
+
+It owns the trial's whole process tree (`autotune.execution.processes`): msrun starts each
+worker in a session of its own, out of reach of a process-group kill, so every descendant of the
+launched process is tracked while it runs. The budget is the largest RSS of any of them (msrun
+itself aside: it is no device), and however the trial ends — done, timeout, over budget,
+cancelled (a prune, Ctrl-C) — none of them outlives :func:`run_trial`. Should the runner itself
+be killed, the launched process dies with it (``PR_SET_PDEATHSIG``) and msrun's workers die with
+msrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.execution.classify import classify
+from autotune.execution.placement import NodeLaunch
+from autotune.execution.processes import ProcessTree
+from autotune.jobs import Result
+from autotune.spec import entry as entry_loader
+from autotune.spec.backends import backend_of
+from autotune.train import NODE_VARIABLE, PROGRAM_PATH
+from autotune.train.lifetime import die_with_parent_hook
+from autotune.train.msrun import msrun_args
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.25
+STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, a cancel)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """This node's part of a trial that spans several: its ranks, and where rank 0's node
+    listens (msrun's scheduler)."""
+
+    launch: NodeLaunch
+    master_addr: str
+    master_port: int
+
+
+def command(config_path: Path, workers: int, log_dir: Path, port: int,
+            bind_cores: bool = False, node: NodeRun | None = None) -> list[str]:
+    """The argument list that runs the trial program with ``workers`` ranks, under msrun
+    (`autotune.train.msrun`, the builder exported launch scripts use too) when there are several —
+    this node's share of them with ``node``. ``bind_cores`` pins each msrun worker to its own
+    cores: measured on the 2-core CPU, unpinned dp = 2 step times jump between ~46 and ~75 ms
+    from run to run; pinned they stay within 44–47 ms."""
+    if workers == 1:
+        return [sys.executable, str(PROGRAM_PATH), str(config_path)]
+    msrun = Path(sys.executable).with_name("msrun")
+    if node is None:
+        args = msrun_args(workers, workers, master_port=port, log_dir=str(log_dir),
+                          bind_core=bind_cores)
+    else:
+        args = msrun_args(workers, node.launch.local_workers, master_port=node.master_port,
+                          master_addr=node.master_addr, node_rank=node.launch.msrun_node_rank,
+                          log_dir=str(log_dir), bind_core=bind_cores)
+    return [str(msrun), *args, str(PROGRAM_PATH), str(config_path)]
+
+
+def _environment(extra: dict | None = None, config: dict | None = None) -> dict:
+    env = {**os.environ, **(extra or {})}
+    # an entry model imports from model.yaml's folder (and its file's): `autotune.spec.entry`
+    entry = (config or {}).get("model", {}).get("entry")
+    imports = entry_loader.import_dirs(entry, config.get("model_dir")) if entry else []
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), *imports,
+                                                      env.get("PYTHONPATH")]))
+    # msrun starts its workers with the `python` on PATH: make it this interpreter.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("GLOG_v", "3")  # MindSpore C++ logs: errors only
+    return env
+
+
+def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: float | None,
+              workers: int, node: NodeRun | None = None, env: dict | None = None) -> Result:
+    """Run the trial program for ``config`` in ``trial_dir`` with ``workers`` ranks — only this
+    node's share of them with ``node`` (its logs under ``logs/node<i>``; rank 0's node returns
+    the metrics, the others ``ok`` without). ``env``: variables to add (the devices Ray gave)."""
+    backend = backend_of(config.get("backend", "cpu"))
+    trial_dir = trial_dir.resolve()  # the program runs with the trial folder as its cwd
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    config_path = trial_dir / "config.json"
+    temporary = trial_dir / f"config.json.{os.getpid()}"  # nodes on one host share the folder
+    temporary.write_text(json.dumps(config, indent=2))
+    temporary.replace(config_path)
+    log_dir = trial_dir / "logs" / (f"node{node.launch.index}" if node else "")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # Pinning starts from core 0 on every msrun: nodes of one trial may share a host (as Ray
+    # nodes on one machine do), so only a single-node trial pins.
+    argv = command(config_path, workers, log_dir, free_port(),
+                   bind_cores=backend.pins_cores and node is None, node=node)
+    if node is not None:
+        env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
+    started = time.monotonic()
+    with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
+        # msrun does not say how it was started, nor which devices Ray gave: the log does
+        given = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
+        out.write(f"launched: {' '.join(given + [shlex.join(argv)])}\n")
+        out.flush()
+        # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
+        # this thread, even when the whole driver is SIGKILLed.
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
+                                env=_environment(env, config), start_new_session=True,
+                                preexec_fn=die_with_parent_hook())
+        tree = ProcessTree(proc.pid)
+        try:
+            outcome, detail, stop_s = _supervise(proc, tree, started, timeout_s, memory_limit_mb,
+                                                 launcher=proc.pid if workers > 1 else None)
+        except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
+            tree.stop(STOP_GRACE_S, reap=proc.poll)
+            proc.wait()
+            raise
+    run_s = time.monotonic() - started
+    if outcome:
+        return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
+    if node is not None and node.launch.index > 0 and proc.returncode == 0:
+        return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
+    return classify(proc.returncode, trial_dir, log_dir, run_s, backend)
+
+
+def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,
+               memory_limit_mb: float | None, launcher: int | None) -> tuple[str, str, float | None]:
+    """Wait for exit; stop the tree on timeout or when a worker exceeds the memory budget.
+    Returns (outcome, detail, seconds from launch to the decision) for a stopped trial."""
+    while True:
+        exited = proc.poll() is not None
+        tree.refresh()
+        now = time.monotonic() - started
+        if exited:
+            break
+        if now > timeout_s:
+            tree.stop(STOP_GRACE_S, reap=proc.poll)
+            proc.wait()
+            return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)", now
+        if memory_limit_mb:
+            pid, rss = tree.largest_rss(exclude=launcher)
+            if rss > memory_limit_mb:
+                tree.stop(0, reap=proc.poll)  # over its memory: no grace
+                proc.wait()
+                return "oom", (f"a worker reached {rss:.0f} MB, over the "
+                               f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
+                               f"{now:.1f} s in)"), now
+        time.sleep(POLL_S)
+    # Processes msrun left behind (it exits when the scheduler does) must not outlive the trial.
+    tree.stop(STOP_GRACE_S)
+    return "", "", None
+
+

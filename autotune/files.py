@@ -1,0 +1,53 @@
+"""Writing what a user keeps: strict JSON values, and folders that appear whole or not at all.
+
+Contract:
+- :func:`json_safe` returns a value JSON can hold as it is: non-finite floats (NaN, ±inf, which
+  strict JSON and Optuna's storage of user attrs do not have) become None, in dicts, lists and
+  tuples too (tuples become lists).
+- :func:`staged_folder` is a context manager giving a new private folder beside ``out``; when
+  the block ends normally the folder replaces ``out`` (an existing ``out`` — a folder, or
+  anything else — is kept until the new one is in place, then removed), and when it raises the staged folder is removed and
+  ``out`` is left as it was. The caller checks beforehand whether ``out`` may be replaced.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def json_safe(value):
+    """``value`` with every non-finite float as None (see the module doc)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+@contextmanager
+def staged_folder(out: Path):
+    """Yield a folder to fill; it becomes ``out`` when the block succeeds (see the module doc)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        staged.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary folder
+        yield staged
+        if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+            # keep what was there until the new folder is in place
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(staged, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(staged, out)  # an empty folder is replaced atomically
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise

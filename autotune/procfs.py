@@ -1,0 +1,88 @@
+"""What Linux's ``/proc`` says of a process: the one reader of ``/proc/PID/stat``.
+
+Contract (pure Python; where ``/proc`` is missing every reader answers "no such process"):
+
+- :func:`stat` is one process's parent, start time (clock ticks since boot: with the pid it
+  names one process, so a reused pid is never taken for it), resident set and whether it has
+  ended (a zombie); None when there is no such process.
+- :func:`snapshot` is every process visible now; :func:`start_ticks` the start time of a
+  process that still runs (None for a zombie or no process); :func:`cmdline` its arguments.
+- :func:`started_at` is when the calling process started, in wall-clock (epoch) seconds.
+
+Driver identity (`autotune.storage.drivers`), the process trees a trial owns
+(`autotune.execution.processes`), the trial program's own clock (`autotune.train`) and the
+tests read processes only through here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@dataclass(frozen=True)
+class Stat:
+    ppid: int
+    start: int      # start time in clock ticks since boot: with the pid, names one process
+    rss_mb: float
+    zombie: bool    # exited, not yet reaped: holds no memory, cannot be signalled
+
+
+def stat(pid: int | str) -> Stat | None:
+    """One process's ``/proc/PID/stat`` (``"self"`` for the caller), or None when there is no
+    such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
+        return Stat(int(fields[1]), int(fields[19]), int(fields[21]) * PAGE_MB,
+                    fields[0] in (b"Z", b"X"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None when it does not run (a
+    zombie has ended too)."""
+    info = stat(pid)
+    return None if info is None or info.zombie else info.start
+
+
+def snapshot() -> dict[int, Stat]:
+    """Every process visible in /proc right now."""
+    found = {}
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.name.isdigit():
+            info = stat(int(entry.name))
+            if info is not None:
+                found[int(entry.name)] = info
+    return found
+
+
+def cmdline(pid: int) -> str:
+    """The arguments process ``pid`` was started with, joined by spaces ("" when gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def started_at() -> float:
+    """Wall-clock time (epoch s) the calling process started; now where /proc is unavailable."""
+    info = stat("self")
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    if info is None:
+        return time.time()
+    return time.time() - (uptime - info.start / os.sysconf("SC_CLK_TCK"))

@@ -1,0 +1,135 @@
+"""What to try next: the sampler, de-duplication and feasibility.
+
+Contract: a :class:`Proposer` turns the study's sampler into runnable jobs. :meth:`propose`
+asks one trial and returns an `autotune.jobs.Job`: a new candidate that may run, or one
+``settled`` by an answer that needs no run — a candidate already tried (answered from memory,
+``repeat_of``), one running now in a trial of :attr:`running` (outcome
+`autotune.jobs.RUNNING`, answered when that trial ends), or one that breaks a constraint or is
+predicted out of memory (``infeasible``, with the reason). It may ask and enqueue; it never
+runs anything and never records an outcome: the study's loop hands settled answers and results
+to its recorder and tells the proposer what it learnt with :meth:`remember`. Each trial it
+asks is claimed by this driver (`autotune.storage.drivers.Drivers.claim`) before anything else
+is written to it.
+
+- Feasibility is :func:`autotune.spec.constraints.violations` and the cost model's memory
+  screen, with the study's calibration (:attr:`calibration`, kept up to date by the loop).
+- ``search.sampler: auto``: a :class:`~autotune.search.prior.Prior` chooses the candidates (enqueued
+  with user attr ``proposed_by: prior``, the sampler filling in the knobs the prior leaves to
+  it) whenever nothing else is queued, taking the objectives it ranks by in turn; the sampler
+  proposes alone once the prior has nothing left. Every proposed candidate is marked in the
+  prior, so it never comes again.
+- ``--sampler grid``: :meth:`start_grid` queues every candidate not tried yet; each is enqueued
+  just before its ask (Optuna scans every waiting trial on each ask).
+- :meth:`ask_queued` asks the trial at the head of the queue (a retry, a confirm re-run) and
+  runs it as it is: no repeat or feasibility check.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import deque
+
+from optuna.trial import TrialState
+
+from autotune import costmodel
+from autotune.jobs import RUNNING, Job, Result
+from autotune.spec.constraints import violations
+from autotune.spec.space import SearchSpace
+
+
+class Proposer:
+    """Asks the study's sampler for candidates and screens them (see the module doc)."""
+
+    def __init__(self, spec, space: SearchSpace, study, prior=None, measurements=None,
+                 drivers=None):
+        self.spec, self.space, self.study = spec, space, study
+        self.drivers = drivers  # autotune.storage.drivers.Drivers: marks each asked trial as its own
+        self.calibration = None
+        self.prior = prior
+        # (estimate, peak MB, step ms) of the measured trials: the recorder appends to it
+        self.measurements = measurements if measurements is not None else []
+        self._turn = 0  # several objectives the prior ranks by: they take turns
+        # candidate → (number, outcome, metrics, detail) of a finished trial: a repeat is
+        # answered from here, without reading storage again
+        self.seen: dict = {}
+        self.grid: deque = deque()  # (candidate, params) still to try, for --sampler grid
+        # candidate → number of a trial running now (any driver's; kept by the search loop
+        # when several drivers share the study)
+        self.running: dict = {}
+
+    def remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
+        """``candidate`` ended so: a later proposal of it is answered with this."""
+        self.seen[candidate] = (number, outcome, metrics or {}, detail)
+        if self.prior is not None:
+            self.prior.mark(candidate)
+
+    def start_grid(self) -> int:
+        """Queue every candidate of the space not tried yet; returns how many."""
+        self.grid = deque((c, self.space.params_of(c)) for c in self.space.candidates()
+                          if c not in self.seen)
+        return len(self.grid)
+
+    def verdict(self, candidate) -> tuple:
+        """(estimate, reason): the reason is empty when the candidate may run."""
+        reasons = violations(self.spec, candidate)
+        estimate = costmodel.estimate(self.spec, candidate, self.calibration)
+        infeasible = reasons or not estimate.feasible
+        return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
+
+    def _ask(self):
+        with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+            trial = self.study.ask()
+        if self.drivers is not None:
+            self.drivers.claim(trial)
+        candidate, attrs = self.space.sample(trial)
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+        return trial, candidate
+
+    def propose(self) -> Job:
+        """Ask one candidate; settle it at once when it needs no run (see the module doc)."""
+        started = time.perf_counter()
+        if self.grid:
+            self.study.enqueue_trial(self.grid.popleft()[1])
+        elif self.prior is not None and not self.study.get_trials(deepcopy=False,
+                                                                  states=(TrialState.WAITING,)):
+            self._from_prior()  # what is queued (the baseline, a retry, a re-run) runs first
+        trial, candidate = self._ask()
+        if self.prior is not None:
+            self.prior.mark(candidate)
+        if candidate in self.seen:
+            number, outcome, metrics, detail = self.seen[candidate]
+            return Job(trial, candidate, settled=Result(outcome, metrics, detail,
+                                                        repeat_of=number))
+        if candidate in self.running:  # its outcome is known once that trial ends
+            return Job(trial, candidate, settled=Result(RUNNING,
+                                                        repeat_of=self.running[candidate]))
+        estimate, reason = self.verdict(candidate)
+        driver_s = time.perf_counter() - started
+        if reason:
+            return Job(trial, candidate, estimate, driver_s, Result("infeasible", detail=reason))
+        return Job(trial, candidate, estimate, driver_s)
+
+    def _from_prior(self) -> None:
+        """Queue the prior's next candidate, by the objective whose turn it is, unless the
+        prior has nothing left (then the sampler proposes)."""
+        objective = self.prior.objectives[self._turn % len(self.prior.objectives)]
+        self._turn += 1
+        candidate = self.prior.next(self.measurements, self.calibration, objective)
+        if candidate is not None:
+            self.study.enqueue_trial(self.prior.params(candidate),
+                                     user_attrs={"proposed_by": "prior"})
+
+    def ask_queued(self) -> Job:
+        """Ask the queued trial and run it as it is (no repeat or feasibility check)."""
+        started = time.perf_counter()
+        trial, candidate = self._ask()
+        estimate, _ = self.verdict(candidate)
+        return Job(trial, candidate, estimate, time.perf_counter() - started)
+
+    def again(self, original) -> Job:
+        """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
+        self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
+        return self.ask_queued()

@@ -1,0 +1,114 @@
+"""Backends: where a trial runs — one :class:`Backend` object each, the one place that says so.
+
+Contract: :data:`BACKENDS` maps ``cluster.backend`` names to their :class:`Backend`. A backend
+states how its trials are answered (``kind``: a real MindSpore ``program``, the cost model's
+``estimate``, a replay ``table``), which knob values and compute dtypes it executes (the knobs
+themselves are defined in `autotune.spec.knobs`), and, for the real ones, the Ray resource a device
+is, the ``ray start`` flag that provides it, the variable through which Ray hands a task its
+devices, MindSpore's device target, how a trial's peak memory is read (host RSS of a worker on
+CPU, MindSpore's memory-pool statistics on a device: host RSS says nothing about device memory)
+and which log lines of a failed worker mean out-of-memory. Adding a backend is one entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune.spec.knobs import DTYPES
+
+# Lines of a failed run that mean it ran out of memory, matched case-insensitively. Host:
+# Python's MemoryError, C++'s bad_alloc. MindSpore's device memory pool (2.10's libraries,
+# `strings mindspore/lib/*.so`): "Device(id:0) memory isn't enough and alloc failed",
+# "Memory not enough", "Allocate memory failed", "Out of Memory!!! Request memory size", and
+# "... plus alloc size : N is more than total mem size : M"; CUDA's "out of memory"; Ascend's
+# CANN error code EL0004 ("Failed to allocate memory"). Recorded lines:
+# tests/fixtures/oom_lines.txt.
+HOST_OOM = ("memoryerror", "std::bad_alloc", "out of memory", "memory not enough",
+            "memory is not enough", "allocate memory failed")
+DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
+                         "allocate device memory failed", "failed to allocate memory",
+                         "more than total mem size")
+ASCEND_OOM = DEVICE_OOM + ("el0004",)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend (see the module doc). ``limits`` maps a knob to the values this backend
+    executes (knobs not listed: every value) and the reason printed when others are dropped."""
+
+    name: str
+    kind: str                               # "program", "estimate" or "table"
+    compute_dtypes: tuple = DTYPES
+    limits: dict = field(default_factory=dict)
+    device_target: str | None = None        # MindSpore's set_device
+    ray_resource: str | None = None         # what one device is to Ray
+    ray_start_flag: str = ""                # how a Ray node advertises N of them
+    visible_devices: str | None = None      # the variable Ray sets to a task's devices
+    device_memory: bool = False             # peak memory from MindSpore's pool, not host RSS
+    oom_markers: tuple = HOST_OOM
+    # msrun pins each worker to its own cores: on CPU a trial has its node's cores to itself;
+    # on a GPU/Ascend node several trials may share the host's cores, and pinning would collide.
+    pins_cores: bool = False
+    default_profile: str = "a100-80g"       # the cost model's device when cluster.device is unset
+
+    @property
+    def runs_program(self) -> bool:
+        return self.kind == "program"
+
+    def executes(self, knob: str, value) -> bool:
+        """Whether a trial of this backend can run ``knob`` = ``value``."""
+        return knob not in self.limits or value in self.limits[knob][0]
+
+    def why_not(self, knob: str) -> str:
+        """Why some values of ``knob`` do not run here ("" when all do)."""
+        return self.limits[knob][1] if knob in self.limits else ""
+
+    def resources(self, devices: int) -> dict:
+        """Ray resources of ``devices`` devices of this backend on one node, as a placement
+        bundle: on CPU a device is a core (a worker process); an accelerator's trial also
+        holds one CPU for its launcher."""
+        if self.ray_resource == "CPU":
+            return {"CPU": devices}
+        return {self.ray_resource: devices, "CPU": 1}
+
+    def task_options(self, devices: int) -> dict:
+        """``ray.remote(...).options`` asking for :meth:`resources` of ``devices``."""
+        wanted = self.resources(devices)
+        options = {"num_cpus": wanted.pop("CPU")}
+        if "GPU" in wanted:
+            options["num_gpus"] = wanted.pop("GPU")
+        if wanted:
+            options["resources"] = wanted
+        return options
+
+    def oom_in(self, text: str) -> bool:
+        """Whether ``text`` (a failed run's log lines) says it ran out of memory."""
+        lowered = text.lower()
+        return any(marker in lowered for marker in self.oom_markers)
+
+
+_O2 = (("O0", "O1", "pynative"), "O2 sinks the whole graph through CANN, Ascend only")
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    # bfloat16 on CPU: MindSpore 2.10 has no bfloat16 MatMul kernel ("Select CPU operator[MatMul]
+    # fail! Unsupported data type!"), measured by tests/test_train_program.py::
+    # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
+    Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
+            ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu"),
+    Backend("gpu", "program", limits={"jit_level": _O2}, device_target="GPU", ray_resource="GPU",
+            ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
+            device_memory=True, oom_markers=DEVICE_OOM),
+    # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
+    Backend("ascend", "program", device_target="Ascend", ray_resource="NPU",
+            ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
+            device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b"),
+    # simulate and replay run no graph: every value is theirs (the device profile decides, and
+    # the cost model rejects O2 off Ascend).
+    Backend("simulate", "estimate"),
+    Backend("replay", "table"),
+)}
+
+
+def backend_of(name: str) -> Backend:
+    """The backend called ``name`` (a name spec validation accepted)."""
+    return BACKENDS[name]

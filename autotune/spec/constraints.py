@@ -1,0 +1,39 @@
+"""The hard constraints a candidate must meet before any device time is spent on it.
+
+Contract: :func:`violations` lists, as readable reasons, every constraint a candidate breaks
+(empty: structurally valid). It needs the model's dimensions, the global batch and the
+cluster's devices from the spec, and the candidate's knobs; nothing is run or estimated.
+"""
+
+from __future__ import annotations
+
+from autotune.layout import builtin_layout_reasons
+
+
+def violations(spec: Spec, c: Candidate) -> list[str]:
+    """The hard constraints (the README's "Search spaces") that ``c`` breaks, as readable reasons:
+    dp·tp·pp = cluster.devices; tp divides num_heads and hidden_size; pp divides num_layers; the
+    global batch divides by dp·grad_accum (pp = 1) or by dp·micro_batches with micro_batches ≥ pp
+    (pp > 1); and for a built-in family split by tp or pp, what its layout needs besides."""
+    reasons = []
+    m, batch = spec.model, spec.train.global_batch_size
+    if c.devices != spec.cluster.devices:
+        reasons.append(f"dp·tp·pp = {c.devices} ≠ cluster.devices = {spec.cluster.devices}")
+    if c.tp > 1 and m.num_heads is not None and m.num_heads % c.tp:
+        reasons.append(f"tp = {c.tp} does not divide num_heads = {m.num_heads}")
+    if c.tp > 1 and m.hidden_size is not None and m.hidden_size % c.tp:
+        reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
+    if c.pp > 1 and m.num_layers is not None and m.num_layers % c.pp:
+        reasons.append(f"pp = {c.pp} does not divide num_layers = {m.num_layers}")
+    if c.pp == 1 and batch % (c.dp * c.grad_accum):
+        reasons.append(f"global_batch_size = {batch} is not divisible by dp·grad_accum = "
+                       f"{c.dp * c.grad_accum}")
+    if c.pp > 1 and batch % (c.dp * c.micro_batches):
+        reasons.append(f"global_batch_size = {batch} is not divisible by dp·micro_batches = "
+                       f"{c.dp * c.micro_batches}")
+    if c.pp > 1 and c.micro_batches < c.pp:
+        reasons.append(f"micro_batches = {c.micro_batches} < pp = {c.pp}")
+    if not reasons and m.family is not None and (c.tp > 1 or c.pp > 1):
+        # the rest of what the layout needs: the vocabulary and the FFN width split too
+        reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp)
+    return reasons

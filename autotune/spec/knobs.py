@@ -1,0 +1,93 @@
+"""The one place that defines each tuning knob.
+
+A :class:`Knob` states the knob's name (as stored in the study), its value type, what it means,
+how MindSpore and MindFormers apply it, and whether the cost model can tell its values apart.
+Everything else (search-space parsing, sampling, constraints, the trial program, export) reads
+these definitions instead of repeating them. Which values a backend executes is the backend's
+to say (`autotune.spec.backends`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JIT_LEVELS = ("O0", "O1", "O2", "pynative")
+RECOMPUTE_MODES = ("none", "selective", "full")
+DTYPES = ("float16", "bfloat16", "float32")
+# Only float16 is loss-scaled: float32 and bfloat16 have float32's exponent range.
+LOSS_SCALED_DTYPES = ("float16",)
+# Steps without an overflow before the dynamic loss scaler doubles the scale: MindFormers'
+# default scale_window for DynamicLossScaleUpdateCell, which the trial program and every export
+# apply alike.
+SCALE_WINDOW = 1000
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A tuning knob."""
+
+    name: str
+    kind: type
+    meaning: str
+    mindspore: str
+    mindformers: str
+    default: object = None
+    # Whether the cost model's effect of the knob's values is known: where it is not, the
+    # simulate backend fixes the knob (a "finding" there would be fixed in advance) and the
+    # prior of sampler auto leaves it to the sampler. unestimated_because says why, in notes.
+    estimable: bool = True
+    unestimated_because: str = ""
+
+
+_NUMERICS = "the cost model cannot tell its values apart (they change numerics, not work)"
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("dp", int, "data-parallel replicas (devices / (tp·pp) when 'auto')",
+             "set_auto_parallel_context(parallel_mode=DATA_PARALLEL|SEMI_AUTO_PARALLEL, device_num)",
+             "parallel_config.data_parallel", default=1),
+        Knob("tp", int, "tensor parallel ways (Megatron-style: column/row-parallel layers, "
+             "vocab-parallel embedding and head)",
+             "explicit collectives in the tp group (trial program); operator shard strategies "
+             "under SEMI_AUTO_PARALLEL",
+             "parallel_config.model_parallel", default=1),
+        Knob("pp", int, "pipeline stages",
+             "layers split into stages, 1F1B over micro-batches (trial program); "
+             "set_auto_parallel_context(pipeline_stages=pp)",
+             "parallel_config.pipeline_stage", default=1),
+        Knob("micro_batches", int, "pipeline micro-batches (used when pp > 1)",
+             "1F1B micro-batches per step (trial program); nn.PipelineCell(net, micro_size=micro_batches)",
+             "parallel_config.micro_batch_num", default=1),
+        Knob("fusion_mb", int, "AllReduce fusion bucket threshold in MB",
+             'set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})',
+             "parallel.comm_fusion", default=64),
+        Knob("grad_accum", int, "gradient accumulation steps (used when pp == 1)",
+             "accumulate grads/K over K micro-steps, one AllReduce and one update per step",
+             "runner_config.gradient_accumulation_steps", default=1),
+        Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
+             "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
+             "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False,
+             unestimated_because=_NUMERICS),
+        Knob("warmup_steps", int, "linear warmup steps before cosine decay",
+             "LearningRateSchedule: linear warmup then cosine over train.total_steps",
+             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False,
+             unestimated_because=_NUMERICS),
+        Knob("jit_level", str, "graph compile level, or PyNative execution",
+             "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
+             "or set_context(mode=PYNATIVE_MODE)",
+             "context.jit_config.jit_level", default="O1",
+             estimable=False, unestimated_because="the cost model's jit-level factors on "
+             "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)"),
+        Knob("recompute", str, "activation recomputation",
+             "Cell.recompute() on each block (full) or on the attention core (selective)",
+             "recompute_config.recompute / select_recompute", default="none"),
+    )
+}
+
+KNOB_NAMES = tuple(KNOBS)
+
+
+def is_active(name: str, pp: int) -> bool:
+    """micro_batches only acts with pipeline stages, grad_accum only without."""
+    return not (name == "micro_batches" and pp == 1) and not (name == "grad_accum" and pp > 1)

@@ -1,0 +1,289 @@
+"""model.yaml → a typed, validated :class:`Spec`.
+
+Contract: :func:`load_spec` either returns a fully validated spec or raises :class:`SpecError`
+whose message names the file and the field path (``cluster.devices: must be ≥ 1``). It reads
+files only; it never writes anything, so a bad file leaves no trace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autotune.shapes import FAMILIES
+from autotune.spec import entry as entry_loader
+from autotune.spec.backends import BACKENDS
+from autotune.spec.errors import SpecError
+from autotune.spec.knobs import DTYPES
+from autotune.spec.objectives import OBJECTIVES
+from autotune.spec.yaml_file import load_yaml
+
+SAMPLERS = ("auto", "tpe", "random", "grid", "cmaes", "nsga2", "gp")
+TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
+DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: str | None
+    entry: str | None
+    num_layers: int | None  # dimensions are None only for an entry model that omits them
+    hidden_size: int | None
+    num_heads: int | None
+    ffn_hidden_size: int | None
+    seq_length: int | None
+    vocab_size: int | None
+    dtype: str
+    tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
+    extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
+
+    def as_config(self) -> dict:
+        """The ``model`` section a trial program receives: the fields plus an entry's extras."""
+        fields = asdict(self)
+        del fields["tp_rules"]  # for export's layout, not for the trainer
+        return {**fields.pop("extra"), **fields}
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    global_batch_size: int
+    learning_rate: float
+    total_steps: int
+    save_every: int = 1000  # steps between checkpoints of the exported run
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    backend: str
+    devices: int
+    devices_per_node: int
+    device_memory_gb: float | None  # None: the device profile's own memory (16 GB on cpu)
+    device: str | dict | None
+    replay: str | None = None  # backend replay: the table's path (resolved against model.yaml)
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    space: dict
+    space_source: str
+    n_trials: int
+    sampler: str
+    objectives: tuple[str, ...]
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    steps: int
+    measure_after: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Spec:
+    study: str
+    model: ModelSpec
+    train: TrainSpec
+    cluster: ClusterSpec
+    search: SearchSpec
+    trial: TrialSpec
+    source: str = field(default="")
+    raw: dict = field(default_factory=dict, repr=False, compare=False)  # the input mapping
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Section:
+    """Reads typed fields out of one mapping, naming ``section.field`` in every error."""
+
+    def __init__(self, data, path: str, source: str):
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: {path}: must be a mapping")
+        self.data, self.path, self.source = data, path, source
+        self.used: set[str] = set()
+
+    def fail(self, key: str, message: str):
+        raise SpecError(f"{self.source}: {self.path}.{key}: {message}")
+
+    def get(self, key, kind, default=..., minimum=None, choices=None):
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None and default is not ...:
+            if default is ...:
+                self.fail(key, "is required")
+            return default
+        value = self.data[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is float and isinstance(value, float) and not math.isfinite(value):
+            self.fail(key, f"must be a finite number, got {value}")
+        if kind is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            self.fail(key, f"must be {names}, got {value!r}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be ≥ {minimum}, got {value}")
+        if choices is not None and value not in choices:
+            self.fail(key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+
+    def reject_unknown(self):
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            self.fail(unknown[0], "unknown field")
+
+
+def load_spec(path: str | Path, overrides: dict | None = None) -> Spec:
+    """Load and validate a model.yaml. ``overrides`` replace fields by dotted path first
+    (``{"search.n_trials": 4, "study": "S"}``), so CLI flags get the same validation."""
+    path = Path(path)
+    data = load_yaml(path)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, last = dotted.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[last] = value
+    return parse_spec(data, path)
+
+
+def parse_spec(data: dict, path: Path) -> Spec:
+    source = str(path)
+    top = _Section(data, "", source)
+    top.path = "<top>"
+    study = top.get("study", str, default=path.stem)
+    if not study.strip() or "/" in study:
+        top.fail("study", "must be a non-empty name without '/'")
+    model = _parse_model(_Section(data.get("model"), "model", source), path.parent)
+    top.used.add("model")
+    train = _parse_train(_Section(data.get("train"), "train", source))
+    top.used.add("train")
+    cluster = _parse_cluster(_Section(data.get("cluster"), "cluster", source), path.parent)
+    top.used.add("cluster")
+    runs = BACKENDS[cluster.backend].compute_dtypes
+    if model.dtype not in runs:
+        raise SpecError(f"{source}: model.dtype: {model.dtype} does not run on backend "
+                        f"{cluster.backend} (it runs {', '.join(runs)})")
+    search = _parse_search(_Section(data.get("search"), "search", source), path.parent)
+    top.used.add("search")
+    trial = _parse_trial(_Section(data.get("trial"), "trial", source))
+    top.used.add("trial")
+    unknown = sorted(set(data) - top.used)
+    if unknown:
+        raise SpecError(f"{source}: {unknown[0]}: unknown field")
+    return Spec(study, model, train, cluster, search, trial, source, data)
+
+
+def _parse_model(s: _Section, base: Path) -> ModelSpec:
+    family = s.get("family", str, default=None, choices=FAMILIES)
+    entry = s.get("entry", str, default=None)
+    if (family is None) == (entry is None):
+        s.fail("family", "give exactly one of model.family (transformer | mlp) or model.entry")
+    if entry is not None:
+        entry = _check_entry(entry, base, s)
+    # A built-in family needs its dimensions; an entry model may give them for the cost model.
+    required = ... if family is not None else None
+    dims = {key: s.get(key, int, minimum=1, default=required)
+            for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")}
+    if dims["hidden_size"] and dims["num_heads"] and dims["hidden_size"] % dims["num_heads"]:
+        s.fail("hidden_size", f"{dims['hidden_size']} is not a multiple of model.num_heads = "
+                              f"{dims['num_heads']} (each head gets hidden_size / num_heads)")
+    dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
+    if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
+        dims["ffn_hidden_size"] = 4 * dims["hidden_size"]
+    dtype = s.get("dtype", str, default="float32", choices=DTYPES)
+    tp_rules = s.get("tp_rules", dict, default={})
+    for glob, split in tp_rules.items():
+        if not isinstance(glob, str) or split not in TP_SPLITS:
+            s.fail(f"tp_rules.{glob}", f"must be one of {', '.join(TP_SPLITS)}, got {split!r}")
+    extra = {}
+    if entry is None:
+        s.reject_unknown()
+    else:  # a user model may take settings of its own; they reach build(config) untouched
+        extra = {k: v for k, v in s.data.items() if k not in s.used}
+    return ModelSpec(family, entry, dtype=dtype, **dims, tp_rules=tp_rules, extra=extra)
+
+
+def _check_entry(entry: str, base: Path, s: _Section) -> str:
+    """Import ``entry`` now (`autotune.spec.entry`'s rule), so a bad entry fails at validation
+    rather than inside a trial. Returns it with a file's path made absolute."""
+    try:
+        entry_loader.load(entry, base)
+        return entry_loader.resolve(entry, base)
+    except entry_loader.EntryError as exc:
+        s.fail("entry", str(exc).removeprefix("model.entry: "))
+
+
+def _parse_train(s: _Section) -> TrainSpec:
+    t = TrainSpec(s.get("global_batch_size", int, minimum=1),
+                  s.get("learning_rate", float, default=1e-3),
+                  s.get("total_steps", int, default=10000, minimum=1),
+                  s.get("save_every", int, default=1000, minimum=1))
+    if not t.learning_rate > 0:
+        s.fail("learning_rate", f"must be > 0, got {t.learning_rate}")
+    s.reject_unknown()
+    return t
+
+
+def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
+    backend = s.get("backend", str, default="cpu", choices=tuple(BACKENDS))
+    devices = s.get("devices", int, minimum=1)
+    per_node = s.get("devices_per_node", int, default=min(devices, 8), minimum=1)
+    memory = s.get("device_memory_gb", float, default=None)
+    if memory is not None and not memory > 0:
+        s.fail("device_memory_gb", f"must be > 0, got {memory}")
+    device = s.get("device", (str, dict), default=None)
+    if devices > per_node and devices % per_node:
+        s.fail("devices", f"{devices} devices do not fill whole nodes of {per_node}")
+    # the table itself is read when a search starts (autotune.execution.replay), not here: an export of a
+    # replay study re-reads this file without needing the table
+    replay = s.get("replay", str, default=None)
+    reads_table = BACKENDS[backend].kind == "table"
+    if reads_table and replay is None:
+        s.fail("replay", f"is required with backend {backend}: a CSV of measured candidates")
+    if not reads_table and replay is not None:
+        s.fail("replay", f"is read by backend replay only (backend is {backend})")
+    s.reject_unknown()
+    return ClusterSpec(backend, devices, per_node, memory, device,
+                       str((base / replay).resolve()) if replay else None)
+
+
+def _parse_search(s: _Section, base: Path) -> SearchSpec:
+    raw = s.get("space", (str, dict), default=str(DEFAULT_SPACE))
+    if isinstance(raw, str):
+        file = (base / raw).resolve()
+        space, source = load_yaml(file), str(file)
+    else:
+        space, source = raw, f"{s.source}: search.space"
+    objectives = s.get("objectives", (list, str), default=["goodput"])
+    objectives = [objectives] if isinstance(objectives, str) else objectives
+    if not objectives or len(set(objectives)) != len(objectives):
+        s.fail("objectives", "must list distinct objectives")
+    for name in objectives:
+        if name not in OBJECTIVES:
+            s.fail("objectives", f"unknown objective {name!r} (use {', '.join(OBJECTIVES)})")
+    search = SearchSpec(space=space, space_source=source,
+                        n_trials=s.get("n_trials", int, default=12, minimum=1),
+                        sampler=s.get("sampler", str, default="auto", choices=SAMPLERS),
+                        objectives=tuple(objectives),
+                        seed=s.get("seed", int, default=None))
+    s.reject_unknown()
+    return search
+
+
+def _parse_trial(s: _Section) -> TrialSpec:
+    t = TrialSpec(s.get("steps", int, default=30, minimum=1),
+                  s.get("measure_after", int, default=5, minimum=0),
+                  s.get("timeout_s", float, default=600.0))
+    if t.measure_after >= t.steps:
+        s.fail("measure_after", f"must be < trial.steps ({t.steps}), got {t.measure_after}")
+    if not t.timeout_s > 0:
+        s.fail("timeout_s", f"must be > 0, got {t.timeout_s}")
+    s.reject_unknown()
+    return t

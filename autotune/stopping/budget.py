@@ -1,0 +1,154 @@
+"""When a study stops before ``--trials``: a budget of time or device-hours, or a flat search.
+
+Contract:
+- :func:`parse_budget` reads ``--budget``: a wall time of the study (``90s``, ``30m``, ``2h``)
+  or device-hours (``40dh``: the sum over trials of run time × devices); anything else, or not
+  > 0, is a SpecError naming ``--budget``.
+- A :class:`Stopper` follows a study's runs and answers :meth:`Stopper.reason` before each new
+  dispatch: a reason to stop, or None.
+  - Budget: stop when what was used plus what the next run will take would exceed it — the
+    next run taken at the median of the finished runs' cost; for device-hours each trial still
+    running is counted at that median too (it will spend it). Before any run finished nothing is
+    known, so the first one is dispatched. Wall time is the study's own: summed over its
+    sessions (stored as study attr ``wall_s_used`` after every run, so a resume or a crash keeps
+    it; stored on a real backend also without a budget, so a later ``--budget`` counts it) — the
+    driver's clock on a real backend, the recorded ``run_s`` of each run on replay (as if run
+    one after another). Device-hours are recomputed from the runs in storage.
+  - ``--stop-when-flat``: stop once at least :data:`FLAT_MIN_RUNS` runs finished and the last
+    ``max(FLAT_MIN_WINDOW, runs // 3)`` of them did not improve the best first objective by
+    more than :data:`FLAT_GAIN` (relative): a plateau that long rarely ends in these spaces.
+- :meth:`Stopper.used` is the budget's progress text (``1.2 of 40 dh (3%)``).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+from autotune.spec.backends import backend_of
+from autotune.spec.errors import SpecError
+from autotune.storage.counting import counted
+from autotune.storage.schema import knobs_of, maximizes, outcome_of
+
+WALL_UNITS = {"s": 1, "m": 60, "h": 3600}
+FLAT_MIN_RUNS = 8
+FLAT_MIN_WINDOW = 5
+FLAT_GAIN = 0.01
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str       # "wall" (seconds of the study) or "device" (device-seconds)
+    seconds: float
+
+    def show(self, seconds: float) -> str:
+        if self.kind == "device":
+            return f"{seconds / 3600:.3g} dh"
+        return f"{seconds / 60:.3g} min" if self.seconds < 3 * 3600 else f"{seconds / 3600:.3g} h"
+
+
+def parse_budget(text: str) -> Budget:
+    """``--budget`` (see the module doc)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(dh|h|m|s)\s*", text or "")
+    if not match or not float(match[1]) > 0:
+        raise SpecError(f"--budget {text!r}: give a wall time of the study (90s, 30m, 2h) or "
+                        "device-hours (40dh: run time × devices, summed over trials), > 0")
+    number, unit = float(match[1]), match[2]
+    if unit == "dh":
+        return Budget("device", number * 3600)
+    return Budget("wall", number * WALL_UNITS[unit])
+
+
+def _devices(frozen) -> int:
+    knobs = knobs_of(frozen)
+    return int(knobs["dp"] * knobs["tp"] * knobs["pp"]) if None not in knobs.values() else 0
+
+
+class Stopper:
+    """Follows the runs of one session of a study (see the module doc)."""
+
+    def __init__(self, study, budget: Budget | None, flat: bool, virtual_clock: bool):
+        self.study, self.budget, self.flat = study, budget, flat
+        self.virtual = virtual_clock
+        self.wall_before = float(study.user_attrs.get("wall_s_used", 0.0))
+        self.started = time.monotonic()
+        self.session_runs_s = 0.0
+        self.costs: list[float] = []   # per finished run: run_s (wall) or run_s × devices
+        self.device_s = 0.0
+        self.values: list = []         # first objective per run (None: not ok), in order
+        self.maximize = maximizes(study)
+        for t in study.get_trials(deepcopy=False):  # what earlier sessions ran
+            if counted(t) and outcome_of(t) != "infeasible":
+                self._add(float(t.user_attrs.get("run_s") or 0.0), _devices(t),
+                          t.values[0] if t.values else None)
+
+    def _add(self, run_s: float, devices: int, value) -> None:
+        self.device_s += run_s * devices
+        self.costs.append(run_s * devices if self.budget and self.budget.kind == "device" else run_s)
+        self.values.append(value)
+
+    def finished(self, run_s: float, devices: int, value, counted: bool) -> None:
+        """A run ended (``counted``: it counts toward N; a retried failure or a re-run does
+        not enter the flat rule but costs its time)."""
+        self.session_runs_s += run_s
+        if counted:
+            self._add(run_s, devices, value)
+        else:
+            self.device_s += run_s * devices
+        if self.budget or not self.virtual:  # so a later --budget counts this session too
+            self.study.set_user_attr("wall_s_used", round(self.wall_used(), 3))
+
+    def wall_used(self) -> float:
+        session = self.session_runs_s if self.virtual else time.monotonic() - self.started
+        return self.wall_before + session
+
+    def _used(self) -> float:
+        return self.device_s if self.budget.kind == "device" else self.wall_used()
+
+    def used(self) -> str:
+        """The budget's progress text, or "" without a budget."""
+        if not self.budget:
+            return ""
+        used = self._used()
+        return (f"budget {self.budget.show(used)} of {self.budget.show(self.budget.seconds)} "
+                f"({used / self.budget.seconds:.0%})")
+
+    def reason(self, running: int, flat: bool = True) -> str | None:
+        """Why no further run should be dispatched now (``running``: trials in flight;
+        ``flat``: the flat rule applies too — not to confirm-phase re-runs)."""
+        if self.budget and self.costs:
+            median = statistics.median(self.costs)
+            ahead = median * (running + 1 if self.budget.kind == "device" else 1)
+            if self._used() + ahead > self.budget.seconds:
+                return (f"budget: {self.used()} used; the next run would take about "
+                        f"{self.budget.show(median)}: stopping")
+        if flat and self.flat and len(self.values) >= FLAT_MIN_RUNS:
+            window = max(FLAT_MIN_WINDOW, len(self.values) // 3)
+            best = max if self.maximize else min
+            before = [v for v in self.values[:-window] if v is not None]
+            recent = [v for v in self.values[-window:] if v is not None]
+            if before and (not recent or not self._gain(best(before), best(recent))):
+                return (f"flat: the last {window} runs did not improve the best by more than "
+                        f"{FLAT_GAIN:.0%}: stopping (--stop-when-flat)")
+        return None
+
+    def _gain(self, best: float, new: float) -> bool:
+        if self.maximize:
+            return new > best * (1 + FLAT_GAIN)
+        return new < best * (1 - FLAT_GAIN)
+
+
+def check_budget_backend(budget: Budget | None, spec, table) -> None:
+    """A budget needs runs that take time: refused on simulate, and on a replay table without
+    ``run_s``."""
+    if budget is None:
+        return
+    if backend_of(spec.cluster.backend).kind == "estimate":
+        raise SpecError(f"--budget: {spec.cluster.backend} trials take no time; a budget needs a backend that "
+                        "runs trials, or a replay table with a run_s column")
+    if table is not None and not any(row.run_s for row in table.rows.values()):
+        raise SpecError(f"--budget: {table.path} has no run_s column: replayed runs would take "
+                        "no time")
+

@@ -1,0 +1,272 @@
+"""The loop of one study run: proposals → executor → recorder, while devices are free.
+
+Contract: a :class:`Loop` only schedules. It asks the proposer (`autotune.search.proposer`) for
+jobs while the executor has devices free, submits them, hands every settled answer and finished
+result to the recorder (`autotune.study.recorder`), stops clearly slow trials
+(`autotune.stopping.pruning`), and stops dispatching when the stopper says so
+(`autotune.stopping.budget`). On Ctrl-C or a crash it records the running trials
+``interrupted`` (a resume runs them again). A candidate's own failure is remembered, an
+infrastructure failure retried once (`autotune.study.retry`).
+
+- :meth:`Loop.run` runs until the study has N trials that count (finished, or running in
+  another driver, which is then waited for). With several drivers (on a storage with
+  heartbeats, `autotune.storage.drivers`) it counts, under the study's lock before each ask,
+  the finished trials and those running in any driver (`autotune.storage.counting.wanted`); it
+  syncs what the others asked and measured into its proposer (never proposed again: a proposal
+  of a candidate running elsewhere is settled as its repeat when that trial ends) and its
+  calibration, and fails the trials of a dead driver (`autotune.storage.recovery`) so their
+  candidates run again.
+- :meth:`Loop.run_confirm` runs the confirm phase's re-runs (`autotune.study.confirm`).
+- :func:`load_history` is what earlier sessions (or other drivers) tried, into the proposer and
+  the calibration.
+"""
+
+from __future__ import annotations
+
+import time
+
+from optuna.trial import TrialState
+
+from autotune import costmodel
+from autotune.jobs import RUNNING, Job, Result
+from autotune.search.proposer import Proposer
+from autotune.spec.candidate import Candidate
+from autotune.spec.objectives import objective_values
+from autotune.stopping.budget import Stopper
+from autotune.stopping.pruning import SlowTrialPruner, StepWatcher
+from autotune.storage import counting, schema
+from autotune.storage.drivers import HEARTBEAT_S, OWNER, Drivers
+from autotune.storage.recovery import recover_interrupted
+from autotune.study import retry
+from autotune.study.progress import Progress
+from autotune.study.recorder import Recorder
+
+MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new to offer
+WAIT_S = 2.0       # how often a driver with nothing to ask looks at the others' trials
+
+
+def load_history(spec, study, proposer: Proposer, recorder: Recorder,
+                  trials=None) -> set[int]:
+    """What earlier sessions of this study (or, ``trials``, other drivers) tried: remembered by
+    the proposer, and their measurements refit the calibration (estimates recomputed: the cost
+    model is deterministic). Returns the numbers of the finished trials it read."""
+    read = set()
+    for t in study.get_trials(deepcopy=False) if trials is None else trials:
+        if not t.state.is_finished():
+            continue
+        read.add(t.number)
+        if not retry.remembered_after_restart(t):
+            continue
+        candidate, metrics = Candidate(**schema.knobs_of(t)), schema.metrics_of(t)
+        proposer.remember(candidate, t.number, schema.outcome_of(t), metrics,
+                          t.user_attrs.get("detail", ""))
+        if schema.outcome_of(t) == "ok":
+            recorder.add_measurement(costmodel.estimate(spec, candidate), metrics, store=False)
+    proposer.calibration = recorder.calibration
+    return read
+
+
+class Loop:
+    """Proposals → executor → recorder, while devices are free (see the module doc)."""
+
+    def __init__(self, spec, study, proposer: Proposer, executor, recorder: Recorder,
+                 progress: Progress, stopper: Stopper, drivers: Drivers, synced=()):
+        self.spec, self.study, self.progress = spec, study, progress
+        self.proposer, self.executor, self.recorder = proposer, executor, recorder
+        self.stopper, self.noted = stopper, set()
+        self.drivers = drivers
+        self.synced = set(synced)  # finished trials the proposer and the calibration know
+        self.parked: dict = {}     # number → settled Job repeating a trial running elsewhere
+        self.recovered = time.monotonic()
+        self.live: dict = {}      # number → Job running
+        self.watchers: dict = {}  # number → StepWatcher of a running trial
+        self.repeats = 0          # consecutive re-sampled candidates
+        self.retries = 0          # infrastructure failures queued again and not asked yet
+        self.prunable = isinstance(study.pruner, SlowTrialPruner)
+
+    def _settle(self, job: Job) -> None:
+        settled = job.settled
+        if settled.outcome == RUNNING:  # answered when that trial ends (:meth:`_sync`)
+            job.trial.set_user_attr("repeat_of", settled.repeat_of)  # it does not count
+            self.parked[job.number] = job
+        else:
+            self.recorder.settled(job)
+        if settled.repeat_of is not None:
+            self.repeats += 1
+            if self.repeats == MAX_REPEATS:
+                self.progress.note(f"the sampler proposed {MAX_REPEATS} tried candidates in a "
+                                   "row: the space looks exhausted, stopping")
+            return
+        self.repeats = 0
+        self.proposer.remember(job.candidate, job.number, settled.outcome, detail=settled.detail)
+
+    def _stop(self, flat: bool = True) -> bool:
+        """Whether the budget (or, ``flat``, a flat search) says dispatch no more; each kind
+        of reason is noted once."""
+        reason = self.stopper.reason(len(self.live), flat)
+        if reason and reason.split(":")[0] not in self.noted:
+            self.noted.add(reason.split(":")[0])
+            self.progress.note(reason)
+        return reason is not None
+
+    def run(self, n_trials: int) -> None:
+        """Propose, run and record until the study has ``n_trials`` trials that count, finished
+        (or running in another driver, which is then waited for)."""
+        def next_job():
+            # a retried failure did not count toward N: one more ask, even past MAX_REPEATS
+            retrying, self.retries = self.retries, 0
+            while (self.repeats < MAX_REPEATS or retrying) and not self._stop():
+                retrying = 0
+                with self.drivers.lock():
+                    self._sync()
+                    if counting.wanted(self.study, n_trials) <= 0:
+                        return None
+                    proposal = self.proposer.propose()
+                if proposal.settled is not None:
+                    self._settle(proposal)
+                    continue
+                self.repeats = 0
+                return proposal
+            return None
+
+        try:
+            while True:
+                self._drive(next_job)
+                if self.repeats >= MAX_REPEATS or self._stop():
+                    return
+                self._sync()
+                if counting.wanted(self.study, n_trials) > 0:
+                    continue  # a trial elsewhere ended without counting (or was interrupted)
+                running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if not self.parked and not any(map(counting.will_count, running)):
+                    return
+                time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
+        except BaseException:
+            for job in self.parked.values():  # never ran: nothing to run again
+                schema.record(self.study, job.trial, self.recorder.objectives, "interrupted",
+                              extra={"repeat_of": job.settled.repeat_of})
+            raise
+
+    def _sync(self) -> None:
+        """With several drivers: what the others asked and finished, into the proposer and the
+        calibration; the repeats parked until their original ended, settled; every
+        ``HEARTBEAT_S``, the trials of a dead driver failed and queued again."""
+        if not self.drivers.shared:
+            return
+        if time.monotonic() - self.recovered > HEARTBEAT_S:
+            self.recovered = time.monotonic()
+            gone = recover_interrupted(self.study, self.drivers.me)
+            if gone:
+                self.progress.note(f"trials {gone} lost their driver and will run again")
+        trials = self.study.get_trials(deepcopy=False)
+        new = [t for t in trials if t.number not in self.synced]
+        # this driver's own trials were remembered and measured when they ended
+        self.synced |= load_history(self.spec, self.study, self.proposer, self.recorder,
+                                    [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me])
+        self.synced |= {t.number for t in new if t.state.is_finished()}
+        self.proposer.running = {}
+        for t in filter(counting.will_count, trials):
+            knobs = schema.knobs_of(t)
+            if None not in knobs.values():  # else still being sampled
+                candidate = Candidate(**knobs)
+                self.proposer.running[candidate] = t.number
+                if self.proposer.prior is not None:
+                    self.proposer.prior.mark(candidate)
+        for number, job in list(self.parked.items()):
+            original = trials[job.settled.repeat_of]
+            if original.state.is_finished():
+                job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
+                                     original.user_attrs.get("detail", ""),
+                                     repeat_of=original.number)
+                self.recorder.settled(job)
+                del self.parked[number]
+
+    def run_confirm(self, originals: list) -> None:
+        """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
+        queue = list(originals)
+
+        def next_job():
+            if self._stop(flat=False):
+                return None
+            with self.drivers.lock():  # no other driver pops the queued re-run
+                if self.retries:  # a re-run lost to the infrastructure, queued again
+                    self.retries -= 1
+                    return self.proposer.ask_queued()
+                return self.proposer.again(queue.pop(0)) if queue else None
+
+        self._drive(next_job)
+
+    def _drive(self, next_job) -> None:
+        """Submit ``next_job()``s while devices are free, record results, until it returns
+        None and nothing runs."""
+        free = self.executor.capacity()  # at least one trial's worth: executor.check said so
+        held, exhausted = None, False
+        try:
+            while True:
+                while free > 0 and (held is not None or not exhausted):
+                    held = held or next_job()
+                    if held is None:
+                        exhausted = True
+                        break
+                    if held.candidate.devices > free:
+                        break  # wait for devices to free up
+                    self._submit(held)
+                    free -= held.candidate.devices
+                    held = None
+                if exhausted and held is None and not self.live:
+                    return
+                for number, result in self.executor.wait(timeout_s=1.0):
+                    free += self._finished(number, result)
+                exhausted = exhausted and not self.retries  # a retry is one more job
+                free += self._prune_slow()
+        except BaseException:
+            # Ctrl-C or a crash: the running trials are cancelled and recorded as interrupted
+            # and their candidates re-enqueued, so a later --resume runs them again.
+            cancelled = [self.live.pop(n).trial for n in self.executor.cancel_all()]
+            for trial in cancelled + ([held.trial] if held else []):
+                self.recorder.interrupted(trial)
+            raise
+
+    def _submit(self, job) -> None:
+        self.executor.submit(job)
+        self.live[job.number] = job
+        steps = self.executor.steps_dir(job.number)
+        if self.prunable and steps is not None and "confirm_of" not in job.trial.user_attrs:
+            # a confirm re-run is measured whole
+            self.watchers[job.number] = StepWatcher(
+                job.trial, steps, self.spec.train.global_batch_size, self.spec.trial.measure_after)
+        self.progress.trial_started(job.number, job.candidate)
+
+    def _finished(self, number: int, result: Result) -> int:
+        """Record a finished trial; return the devices it frees."""
+        job = self.live.pop(number)
+        self.watchers.pop(number, None)
+        again = self.recorder.finished(job, result)
+        values = objective_values(self.recorder.objectives, result.metrics)
+        if result.outcome != "infeasible":  # a replay table without the candidate: no run
+            self.stopper.finished(result.run_s or 0.0, job.candidate.devices,
+                                  values[0] if values and result.outcome == "ok" else None,
+                                  counted=not again and "confirm_of" not in job.trial.user_attrs)
+        if again:
+            self.retries += 1
+        elif retry.remembered(job.trial, result):
+            self.proposer.remember(job.candidate, job.number, result.outcome, result.metrics,
+                                   result.detail)
+        self.proposer.calibration = self.recorder.calibration
+        return job.candidate.devices
+
+    def _prune_slow(self) -> int:
+        """Stop running trials the pruner finds clearly slow; return the devices freed."""
+        freed = 0
+        for number, watcher in list(self.watchers.items()):
+            if number in self.live and watcher.report():
+                self.executor.cancel(number)
+                job = self.live.pop(number)
+                del self.watchers[number]
+                step, goodput = watcher.last
+                detail = (f"goodput {goodput:.4g} after step {step} is below "
+                          f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
+                self.recorder.pruned(job, detail)
+                self.proposer.remember(job.candidate, number, "pruned", detail=detail)
+                freed += job.candidate.devices
+        return freed

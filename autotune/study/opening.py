@@ -1,0 +1,104 @@
+"""Opening a study for a run: create it, or resume it and check that it is the same study.
+
+Contract:
+- :func:`open_study` (storage: a URL, or an Optuna storage object) creates the study (storing
+  the spec, objectives, backend, :func:`fingerprint` and param encoding), or loads it with
+  ``resume``; it refuses to reuse a name without ``resume`` and refuses a resume whose
+  fingerprint differs, naming what changed (SpecError). Two drivers starting at once on a
+  server database: one creates, the other resumes (`autotune.storage.drivers.locked`).
+- :func:`fingerprint` is what makes two runs the same study: the ``model`` and ``train``
+  sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb, and a
+  replay study's table by its SHA-256), the resolved search space, the objectives and
+  ``trial.steps``/``measure_after``. Not ``n_trials``, the sampler, the seed or the timeout:
+  those may change between runs of one study.
+- :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.spec.encoding`):
+  stored on every study when it is created; a study created before ordered knobs has none and
+  keeps its categorical params; an encoding this version does not know is a SpecError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+
+from autotune.spec.encoding import CATEGORICAL, ENCODINGS
+from autotune.spec.errors import SpecError
+from autotune.spec.model_yaml import Spec
+from autotune.spec.objectives import directions as objective_directions
+from autotune.storage.drivers import locked
+from autotune.storage.opening import open_storage
+
+
+def fingerprint(spec: Spec, space) -> dict:
+    """The parts of a study that must not change when it is resumed, as plain JSON values."""
+    c = spec.cluster
+    cluster = {"backend": c.backend, "devices": c.devices, "devices_per_node": c.devices_per_node,
+               "device": c.device, "device_memory_gb": c.device_memory_gb}
+    if c.replay:  # another table is another world (only replay studies have the key)
+        cluster["replay_sha256"] = hashlib.sha256(Path(c.replay).read_bytes()).hexdigest()
+    parts = {
+        "model": asdict(spec.model),
+        "train": asdict(spec.train),
+        "cluster": cluster,
+        "space": {name: list(values) for name, values in space.domains.items()},
+        "objectives": list(spec.search.objectives),
+        "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
+    }
+    return json.loads(json.dumps(parts, default=str))  # what storage gives back
+
+
+def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, sampler,
+               pruner=None) -> optuna.Study:
+    """Create the study, or load it when resuming (see the module doc)."""
+    directions = objective_directions(spec.search.objectives)
+    if isinstance(storage, str):  # else an Optuna storage object (benchmarks: in memory)
+        url, storage = storage, open_storage(storage, create=True)
+    else:
+        url = type(storage).__name__
+    with locked(storage, 0):  # two drivers starting at once: one creates, the other resumes
+        study, exists = _create_or_load(spec, space, storage, url, study_name, resume, sampler,
+                                        pruner)
+    if exists and [d.name.lower() for d in study.directions] != directions:
+        raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
+    return study
+
+
+def _create_or_load(spec, space, storage, url, study_name, resume, sampler, pruner):
+    """(the study, whether it existed before)."""
+    directions = objective_directions(spec.search.objectives)
+    exists = study_name in optuna.get_all_study_names(storage)
+    if exists and not resume:
+        raise SpecError(f"--study: study {study_name!r} already exists in {url}; "
+                        "pass --resume to continue it or choose another name")
+    mine = fingerprint(spec, space)
+    if exists:
+        stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get("fingerprint")
+        changed = [part for part in mine if stored is not None and stored.get(part) != mine[part]]
+        if changed:
+            raise SpecError(f"--resume: {study_name!r} was run with other {', '.join(changed)} "
+                            f"({spec.source} changed since); resume it with the file it was "
+                            "created with, or start a new study")
+    study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
+                                directions=directions, load_if_exists=True, pruner=pruner)
+    if not exists:
+        study.set_user_attr("model_yaml", spec.raw)
+        study.set_user_attr("model_yaml_path", spec.source)
+        study.set_user_attr("objectives", list(spec.search.objectives))
+        study.set_user_attr("backend", spec.cluster.backend)
+        study.set_user_attr("fingerprint", mine)
+        study.set_user_attr("param_encoding", space.encoding)
+    return study, exists
+
+
+def encoding_of(study: optuna.Study) -> str:
+    """How ``study`` samples its knobs (see the module doc)."""
+    encoding = study.user_attrs.get("param_encoding", CATEGORICAL)
+    if encoding not in ENCODINGS:
+        raise SpecError(f"--resume: {study.study_name!r} samples its knobs as {encoding!r}, which "
+                        f"this autotune does not know ({', '.join(ENCODINGS)}); resume it with "
+                        "the autotune that created it")
+    return encoding

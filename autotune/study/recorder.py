@@ -1,0 +1,102 @@
+"""The recording of results: storage, the cost model's calibration, the diagnosis, progress.
+
+Contract: a :class:`Recorder` is the only part of a study's run that writes trial outcomes
+(through `autotune.storage.schema`). For every way a trial ends — settled without a run,
+finished by its executor, pruned while running, interrupted — it stores the outcome with its
+metrics, estimate and timing; an ``ok`` trial with an estimate also gets its ``diagnosis``
+(`autotune.costmodel.diagnosis`, against this study's device memory). It refits the study's
+calibration from measured ``ok`` trials (study attr ``calibration``; only for executors whose
+results are measurements) and tells the progress display. What a failure means for the next
+proposals is `autotune.study.retry`'s rule; the recorder answers whether a finished trial must
+run again (:meth:`finished`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from autotune import costmodel
+from autotune.costmodel.diagnosis import diagnose
+from autotune.jobs import Job, Result
+from autotune.storage import schema
+from autotune.storage.recovery import requeue
+from autotune.study import retry
+
+
+class Recorder:
+    """Writes outcomes, keeps the calibration (see the module doc)."""
+
+    def __init__(self, spec, study, progress, calibrates: bool):
+        self.spec, self.study, self.progress = spec, study, progress
+        self.objectives = spec.search.objectives
+        self.calibrates = calibrates
+        self.pairs: list = []  # (estimate, measured peak MB, measured step ms)
+        self.calibration = None
+        self.memory_gb = costmodel.resolve_profile(spec.cluster).memory_gb
+
+    def add_measurement(self, estimate, metrics: dict, store: bool = True) -> None:
+        """Refit the per-study correction of the cost model with one more measured trial."""
+        if not self.calibrates or not {"peak_memory_mb", "step_time_ms"} & set(metrics):
+            return
+        self.pairs.append((estimate, metrics.get("peak_memory_mb"), metrics.get("step_time_ms")))
+        self.calibration = costmodel.Calibration.from_pairs(self.pairs)
+        if store:
+            self.store_calibration()
+
+    def store_calibration(self) -> None:
+        self.study.set_user_attr("calibration", self.calibration.as_dict())
+
+    def _record(self, trial, result: Result, extra: dict) -> None:
+        if result.outcome == "ok" and "estimate" in extra:
+            # why it is as fast as it is, kept beside what it measured
+            breakdown = (extra["estimate"].get("breakdown") or {}).get("time_s")
+            found = diagnose(breakdown, result.metrics, schema.knobs_of(trial), self.memory_gb)
+            if found:
+                extra["diagnosis"] = found
+        schema.record(self.study, trial, self.objectives, result.outcome, result.metrics,
+                      result.detail, extra)
+
+    def settled(self, job: Job) -> None:
+        """A trial answered without a run (infeasible, or a repeat of a tried candidate)."""
+        result, extra = job.settled, {}
+        if result.repeat_of is not None:
+            extra["repeat_of"] = result.repeat_of
+        elif job.estimate is not None:
+            extra["estimate"] = job.estimate.as_dict()
+        schema.record(self.study, job.trial, self.objectives, result.outcome, result.metrics,
+                      result.detail, extra)
+        if result.repeat_of is None:
+            self.progress.trial_done(job.number, result.outcome, {}, result.detail)
+
+    def finished(self, job: Job, result: Result) -> bool:
+        """Record a finished trial; True when its candidate must run once more (a first
+        infrastructure failure, queued again here)."""
+        trial = job.trial
+        if result.outcome == "ok":
+            self.add_measurement(job.estimate, result.metrics)
+        timing = result.timing()
+        extra = {"estimate": job.estimate.as_dict(), **timing, **retry.attrs(result)}
+        if timing:
+            extra["driver_s"] = round(job.driver_s, 4)
+        started = time.perf_counter()
+        self._record(trial, result, extra)
+        self.progress.driver_seconds += time.perf_counter() - started + job.driver_s
+        if retry.needs_retry(trial, result):  # not counted: its candidate runs once more
+            retry.retry(self.study, trial)
+            self.progress.note(retry.retry_note(trial.number, result))
+            return True
+        self.progress.trial_done(trial.number, result.outcome, result.metrics, result.detail,
+                                 again_of=trial.user_attrs.get("confirm_of"))
+        return False
+
+    def pruned(self, job: Job, detail: str) -> None:
+        schema.record(self.study, job.trial, self.objectives, "pruned", detail=detail,
+                      extra={"estimate": job.estimate.as_dict()})
+        self.progress.trial_done(job.number, "pruned", {}, detail)
+
+    def interrupted(self, trial) -> None:
+        """The driver stops before ``trial`` finished: recorded, and its candidate queued to
+        run again on ``--resume``."""
+        requeue(self.study, trial.params, schema.role_of(trial))
+        schema.record(self.study, trial, self.objectives, "interrupted",
+                      detail="the driver stopped before this trial finished")

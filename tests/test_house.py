@@ -1,0 +1,259 @@
+"""The house: packages by concept with checked import contracts, and each piece of logic once.
+
+`lint-imports` checks the contracts of pyproject.toml (make test runs it first); here a violation
+of each contract is planted in a copy of the package and seen to break exactly that contract,
+so no contract is one that cannot fail.
+"""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "autotune"
+LINT = Path(sys.executable).with_name("lint-imports")
+
+# contract id → (module file, the import that breaks it)
+PLANTED = {
+    "layers": ("storage/schema.py", "import autotune.study.run"),
+    "spec": ("spec/knobs.py", "import optuna"),
+    "layout": ("layout.py", "import autotune.spec.knobs"),
+    "costmodel": ("costmodel/estimate.py", "import optuna"),
+    "train": ("train/config.py", "import autotune.spec.space"),
+    "storage": ("storage/schema.py", "import autotune.costmodel"),
+    "search": ("search/proposer.py", "import autotune.execution.executors"),
+    "execution": ("execution/executors.py", "import autotune.storage.schema"),
+    "stopping": ("stopping/budget.py", "import autotune.search.prior"),
+    "analysis": ("analysis/frames.py", "import autotune.study.run"),
+    "export": ("export/writer.py", "import autotune.study.run"),
+}
+
+
+def lint(root: Path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the copy shadows the installed package
+    return subprocess.run([str(LINT), "--config", str(root / "pyproject.toml"), "--no-cache", *args],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def contract_ids() -> list[str]:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return [c["id"] for c in config["contracts"]]
+
+
+def test_every_contract_has_a_planted_violation():
+    assert sorted(PLANTED) == sorted(contract_ids())
+
+
+def test_the_package_keeps_its_contracts():
+    done = lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"Contracts: {len(PLANTED)} kept, 0 broken." in done.stdout
+
+
+def test_a_planted_violation_breaks_its_contract(tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(PACKAGE, copy / "autotune", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    for contract, (module, line) in PLANTED.items():
+        target = copy / "autotune" / module
+        original = target.read_text()
+        target.write_text(original + f"\n{line}  # planted by tests/test_house.py\n")
+        try:
+            done = lint(copy, "--contract", contract)
+        finally:
+            target.write_text(original)
+        assert done.returncode == 1 and "BROKEN" in done.stdout, (contract, done.stdout)
+        assert f"{module.replace('/', '.').removesuffix('.py')}" in done.stdout.replace(
+            "autotune.", ""), (contract, done.stdout)
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_encoding_takes_only_distributions_of_optuna():
+    # the one import the spec contract lets through
+    optuna = {m for m in _imports(PACKAGE / "spec" / "encoding.py") if m.split(".")[0] == "optuna"}
+    assert optuna == {"optuna.distributions"}
+
+
+def test_package_inits_re_export_nothing_that_drags_in_more():
+    # a package __init__ that imports its modules would hand every caller their imports (the
+    # trial program imports spec.knobs and must not get spec.space's Optuna with it)
+    for package in ("spec", "storage", "search", "execution", "stopping", "study", "analysis",
+                    "train"):
+        imported = {m for m in _imports(PACKAGE / package / "__init__.py") if m.startswith("autotune")}
+        assert not imported, (package, imported)
+
+
+def _sources():
+    return [(p, p.read_text()) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def _assignments(name: str) -> list[Path]:
+    return [p for p, text in _sources() for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+
+
+def test_the_scale_window_is_defined_once():
+    assert _assignments("SCALE_WINDOW") == [PACKAGE / "spec" / "knobs.py"]
+    from autotune.export import configs
+    from autotune.spec.knobs import SCALE_WINDOW
+    assert configs.loss_scale_cell(type("C", (), {"loss_scale": 1024})())["scale_window"] == SCALE_WINDOW
+
+
+def test_proc_stat_is_read_in_one_place():
+    readers = [p for p, text in _sources() if "/stat\"" in text or "/stat'" in text]
+    assert readers == [PACKAGE / "procfs.py"]
+
+
+def test_the_start_ticks_of_a_process_agree_everywhere():
+    from autotune import procfs
+    from autotune.storage.drivers import alive, driver_id
+
+    me = driver_id()
+    assert me.split("/")[-1] == str(procfs.start_ticks(os.getpid()))
+    assert alive(me) is True
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        theirs = driver_id(child.pid)
+        assert alive(theirs) is True and procfs.stat(child.pid).ppid == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+    assert alive(theirs) is False and procfs.start_ticks(child.pid) is None
+
+
+def test_the_first_objectives_direction_is_read_in_one_place():
+    readers = [p for p, text in _sources() if "StudyDirection" in text or '"MAXIMIZE"' in text
+               or '== "maximize"' in text]
+    assert readers == [PACKAGE / "storage" / "schema.py"]
+
+
+def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
+    # a temporary folder beside the output, renamed into place: files.staged_folder, used by
+    # the export and the report
+    makers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "mkdtemp(" in text]
+    assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
+    users = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text]
+    assert users == ["analysis/report/__init__.py", "export/writer.py", "files.py"]
+
+    from autotune.files import staged_folder
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with staged_folder(out) as staged:
+            (staged / "half.txt").write_text("half")
+            raise RuntimeError("failed half way")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "old.txt").exists()
+    with staged_folder(out) as staged:
+        (staged / "new.txt").write_text("new")
+    assert [p.name for p in out.iterdir()] == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_values_json_cannot_hold_become_null_in_one_place():
+    nan, inf = float("nan"), float("inf")
+    definers = [p for p, text in _sources() for node in ast.walk(ast.parse(text))
+                if isinstance(node, ast.FunctionDef) and "isfinite" in ast.unparse(node)
+                and "return None" in ast.unparse(node) and "isinstance(value, dict)" in ast.unparse(node)]
+    assert definers == [PACKAGE / "files.py"]
+    from autotune.files import json_safe
+    from autotune.storage.schema import settle
+    assert json_safe({"a": [nan, 1.0, (inf,)]}) == {"a": [None, 1.0, [None]]}
+    _, _, attrs = settle(["goodput"], "error", {"loss_last": nan}, extra={"estimate": {"x": -inf}})
+    assert attrs["loss_last"] is None and attrs["estimate"] == {"x": None}
+
+
+ENTRY = """
+import mindspore as ms
+from mindspore import nn
+
+import helper  # a neighbour of model.yaml
+
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Dense(helper.WIDTH, 4)
+
+    def construct(self, x):
+        return self.dense(x)
+
+
+def build(config):
+    import numpy as np
+
+    def dataset(step, shard, num_shards):
+        rng = np.random.default_rng(step)
+        n = config["train"]["global_batch_size"] // num_shards
+        return rng.standard_normal((n, helper.WIDTH)).astype(np.float32), rng.integers(0, 4, n).astype(np.int32)
+
+    return Net(), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), dataset
+"""
+
+
+def sibling_entry_model(tmp_path) -> Path:
+    """model.yaml with ``entry: "mymodel:build"``, mymodel.py (which imports its neighbour
+    helper.py) beside it."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "mymodel.py").write_text(textwrap.dedent(ENTRY))
+    (folder / "helper.py").write_text("WIDTH = 8\n")
+    (folder / "model.yaml").write_text(textwrap.dedent("""
+        study: sibling
+        model: {entry: "mymodel:build", dtype: float32}
+        train: {global_batch_size: 8}
+        cluster: {backend: cpu, devices: 1}
+        search: {space: {fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0,
+                         jit_level: O1, recompute: none}, n_trials: 1}
+        trial: {steps: 3, measure_after: 1, timeout_s: 240}
+        """))
+    return folder / "model.yaml"
+
+
+def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_trial(tmp_path):
+    from autotune.execution.runner import _environment
+    from autotune.export.params import model_parameters
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.model_yaml import load_spec
+    from autotune.train.config import trial_config
+
+    path = sibling_entry_model(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)  # none of the three may rely on the current folder
+    try:
+        spec = load_spec(path)  # validation imports it
+        candidate = Candidate(1, 1, 1, 1, 64, 1, 1024, 0, "O1", "none")
+        config = trial_config(spec, candidate, study="s", number=0, out_dir=elsewhere, steps=3,
+                              measure_after=1)
+        assert model_parameters(spec, config) == {"dense.weight": (4, 8), "dense.bias": (4,)}
+    finally:
+        os.chdir(ROOT)
+    # the trial program's process: the runner's environment, the trial folder as its cwd
+    code = ("import json, sys; from autotune.train.entry import build; "
+            "net, loss, data = build(json.load(open(sys.argv[1]))); "
+            "print(sorted(p.name for p in net.get_parameters()))")
+    (elsewhere / "config.json").write_text(__import__("json").dumps(config))
+    done = subprocess.run([sys.executable, "-c", code, "config.json"], cwd=elsewhere,
+                          env=_environment(config=config), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['dense.bias', 'dense.weight']"
