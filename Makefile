@@ -18,10 +18,15 @@ $(STAMP): pyproject.toml
 search: $(STAMP)
 	$(BIN)/autotune search examples/quickstart.yaml --study quickstart-$$(date +%Y%m%d-%H%M%S)
 
+# The fast tier: the import contracts, unit and contract tests, the loop's logic on the replay
+# backend, and one real end-to-end search (~4 min on 2 cores).
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-# Slower proofs (4-worker layouts, exported runs that train and resume); CI runs them after make test.
+# Every multi-process proof: layouts that train alike, process-tree kills, two-node clusters,
+# PostgreSQL drivers, exported runs that train and resume, the loop on real trials. CI runs it
+# after make test.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow tests
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.spec.backends import BACKENDS
-from autotune.execution.placement import node_plan, unplaceable
+from autotune.execution.nodes import node_plan, unplaceable
 from autotune.execution.classify import oom_evidence
 
 FIXTURES = Path(__file__).parent / "fixtures"

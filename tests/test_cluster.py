@@ -19,6 +19,9 @@ import autotune
 from autotune.execution.runner import free_port, run_trial
 from test_search import stop_cluster
 
+# multi-process proofs: make test-slow
+pytestmark = pytest.mark.slow
+
 RAY = str(Path(sys.executable).with_name("ray"))
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 

@@ -148,6 +148,7 @@ def check_study(storage, study, n):
     return trials
 
 
+@pytest.mark.slow
 def test_two_simulate_drivers_reach_n_in_total_without_running_a_candidate_twice(tmp_path, postgres):
     study, n = "sim-two", 24
     results = drivers(tmp_path, SIMULATE, postgres, study, n, ["--sampler", "tpe"])
@@ -212,6 +213,7 @@ TINY_CPU = (ONE_DEVICE.replace("  n_trials: 2\n", "").replace("objectives: [good
             .replace("steps: 8, measure_after: 2", "steps: 6, measure_after: 2"))
 
 
+@pytest.mark.slow
 def test_two_real_drivers_on_cpu_share_a_study_and_run_the_confirm_phase_once(tmp_path, postgres):
     """Two real drivers (each with its embedded Ray, one-device MindSpore trials) on one study:
     N = 4 finished trials in total, asked by both, overlapping in time; the baseline once; the

@@ -287,7 +287,7 @@ def test_launch_sh_is_valid_and_runs_msrun(export_222, tmp_path):
     subprocess.run(["bash", str(script), "--steps", "5", "--out", str(tmp_path / "run")],
                    check=True, env=env)
     args = (tmp_path / "args").read_text().split("\n")
-    # autotune.msrun's options; no --bind_core: this export runs on GPUs
+    # autotune.train.msrun's options; no --bind_core: this export runs on GPUs
     assert args[:9] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
                         "--master_port=9123", "--node_rank=0", f"--log_dir={tmp_path / 'run' / 'logs'}",
                         "--join=True", "--cluster_time_out=120", "--tail_worker_log=0"]

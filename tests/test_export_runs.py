@@ -23,6 +23,9 @@ from autotune.spec.model_yaml import parse_spec  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train_program import _free_port, run  # noqa: E402
 
+# multi-process proofs: make test-slow
+pytestmark = pytest.mark.slow
+
 MODEL = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4,
          "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 64, "dtype": "float32"}
 SCALARS = {"global_step", "loss_scale", "loss_scale.cur_iter", "loss_scale.last_overflow_iter", "step"}

@@ -82,6 +82,7 @@ def test_the_pruner_waits_for_the_backoff(tmp_path):
     assert sorted(trial.storage.get_trial(trial._trial_id).intermediate_values) == [8, 9, 10, 11]
 
 
+@pytest.mark.slow
 def test_underflow_share_is_measured_at_the_settled_scale(tmp_path):
     small, _ = train(tmp_path, "s1", knobs={"loss_scale": 1.0}, steps=4)
     large, _ = train(tmp_path, "s1024", knobs={"loss_scale": 2.0 ** 10}, steps=4)
@@ -93,6 +94,7 @@ def test_underflow_share_is_measured_at_the_settled_scale(tmp_path):
         assert m["goodput"] == pytest.approx(m["throughput"] * (1 - m["underflow_share"]))
 
 
+@pytest.mark.slow
 def test_float32_has_no_underflow_to_measure(tmp_path):
     metrics, _ = train(tmp_path, "f32", model={"dtype": "float32"}, steps=3)
     assert metrics["underflow_share"] == 0 and math.isfinite(metrics["goodput"])

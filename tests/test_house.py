@@ -257,3 +257,52 @@ def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_tr
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "['dense.bias', 'dense.weight']"
+
+
+def test_the_trials_the_search_ran_are_one_set_for_every_view(tmp_path):
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.analysis import frames, ranking, view
+    from autotune.export.from_study import select_trial
+    from autotune.storage.counting import search_trials
+    from autotune.study.confirm import plan
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = optuna_study(storage)
+
+    def trial(state, value=None, tp=1, **attrs):
+        outcome = {TrialState.COMPLETE: "ok", TrialState.FAIL: "error"}[state]
+        return create_trial(state=state, values=None if value is None else [value],
+                            params={"log2_tp": tp.bit_length() - 1},
+                            distributions={"log2_tp": IntDistribution(0, 2)},
+                            user_attrs={"outcome": attrs.pop("outcome", outcome), "tp": tp,
+                                        "dp": 8 // tp, **attrs})
+
+    study.add_trials([
+        trial(TrialState.COMPLETE, 100.0, baseline=True),                 # 0 the baseline
+        trial(TrialState.COMPLETE, 120.0, tp=2),                          # 1
+        trial(TrialState.COMPLETE, 999.0, tp=2, repeat_of=1),             # 2 answered from memory
+        trial(TrialState.COMPLETE, 500.0, tp=2, confirm_of=1),            # 3 a confirm re-run
+        trial(TrialState.FAIL, tp=4, outcome="interrupted"),              # 4 ran again later
+        trial(TrialState.FAIL, tp=4, infrastructure=True),                # 5 lost, retried
+        trial(TrialState.COMPLETE, 110.0, tp=4, retry_of=5),              # 6 its retry
+        trial(TrialState.COMPLETE, 150.0, tp=4, warm_start="earlier#3"),  # 7 a warm start's
+    ])
+    searched = [t.number for t in search_trials(study.get_trials())]
+    assert searched == [0, 1, 6, 7]
+    assert [t.number for t in view.view("s", storage).ran] == searched             # show, report
+    assert [t.number for t in ranking.ranked_ok(study)] == [7, 1, 6, 0]            # rankings
+    summary = frames.summary(["s"], storage)["s"]                                  # compare
+    assert summary["best_trial"] == 7 and summary["trials_to_3pct"] == 4
+    assert [t.number for t in plan(study, top=1, runs=1)] == [7, 0]                # confirm
+    assert select_trial(study).number == ranking.best_confirmed(study).number == 1  # export
+    assert select_trial(study, 6).number == 6
+
+
+def optuna_study(storage):
+    import optuna
+
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    study.set_user_attr("objectives", ["goodput"])
+    return study

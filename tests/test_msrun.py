@@ -1,4 +1,4 @@
-"""autotune.msrun: the options trials and launch.sh pass to msrun, read back by msrun's own parser."""
+"""autotune.train.msrun: the options trials and launch.sh pass to msrun, read back by msrun's own parser."""
 
 import pytest
 

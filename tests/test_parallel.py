@@ -124,6 +124,7 @@ def reference(tmp_path_factory):
     return _launch(tmp_path_factory.mktemp("ref") / "r", dict(dp=1, tp=1, pp=1, grad_accum=2))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_layouts_train_to_the_same_losses(tmp_path, reference, name):
     losses, ranks = _launch(tmp_path / name, LAYOUTS[name])

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from autotune import procfs
 from autotune.execution.runner import run_trial
+
+# multi-process proofs: make test-slow
+pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 # On this CPU a worker holds ~415 MB once MindSpore is imported (the scheduler, which runs the
@@ -25,20 +29,8 @@ BUDGET_MB = 480
 
 def processes() -> dict[int, tuple[int, int, str]]:
     """pid → (ppid, start time, command line) of every live process (zombies left out)."""
-    found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if fields[0] not in (b"Z", b"X"):
-            found[int(entry.name)] = (int(fields[1]), int(fields[19]), cmdline)
-    return found
+    return {pid: (info.ppid, info.start, procfs.cmdline(pid))
+            for pid, info in procfs.snapshot().items() if not info.zombie}
 
 
 def processes_mentioning(text) -> dict[int, str]:
@@ -128,6 +120,7 @@ CTRL_C = """
 import json, sys
 from pathlib import Path
 from autotune.execution.runner import run_trial
+
 folder = Path(sys.argv[1])
 try:
     run_trial(json.loads(sys.argv[2]), folder, 180, None, 2)

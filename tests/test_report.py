@@ -235,6 +235,7 @@ def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
     assert summary["trials_to_3pct"] == ran.index(reached) + 1
 
 
+@pytest.mark.slow
 def test_report_and_show_of_a_real_cpu_study(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", write(tmp_path, REAL_CPU), "--storage", storage, "--no-confirm",

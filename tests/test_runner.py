@@ -3,8 +3,13 @@ failing, one worker (no msrun) to stay fast."""
 
 from pathlib import Path
 
+import pytest
+
 from autotune.execution import runner
 from autotune.execution.runner import run_trial
+
+# multi-process proofs: make test-slow
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

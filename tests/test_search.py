@@ -64,6 +64,42 @@ def write(tmp_path, text):
     return path
 
 
+def test_a_real_search_of_every_layout_into_sqlite_then_export(tmp_path, capsys, monkeypatch):
+    """make test's one end-to-end search: the baseline (dp2), then one trial of each other
+    layout (a plain sampler opens so: pp2, tp2), each a real two-worker MindSpore run through
+    the embedded Ray into the default SQLite storage; then the best is exported."""
+    path = write(tmp_path, TINY_CPU)
+    monkeypatch.chdir(tmp_path)  # the defaults a user gets: trials/ and its database here
+    monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
+    assert main(["search", str(path), "--trials", "3", "--sampler", "tpe", "--no-confirm"]) == 0
+    out = capsys.readouterr().out
+    assert "[3/3]" in out and "best " in out and "ETA" in out
+    storage = "sqlite:///trials/autotune.db"
+    frame = autotune.trials_frame("tiny", storage)
+    assert list(frame["outcome"]) == ["ok", "ok", "ok"], frame["detail"].tolist()
+    assert frame["baseline"].tolist() == [True, False, False]
+    assert sorted(zip(frame["dp"], frame["tp"], frame["pp"])) == [(1, 1, 2), (1, 2, 1), (2, 1, 1)]
+    for _, t in frame.iterrows():
+        folder = tmp_path / "trials" / "tiny" / str(t["number"])
+        logs = sorted(p.name for p in (folder / "logs").glob("worker_*.log"))
+        assert logs == ["worker_0.log", "worker_1.log"]
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["goodput"] == pytest.approx(t["goodput"]) and t["goodput"] > 0
+    # every layout starts from the same weights and data: the same first loss (float16)
+    assert frame["loss_first"].max() == pytest.approx(frame["loss_first"].min(), rel=1e-2)
+    assert not ray_processes(), "embedded Ray left processes behind"
+
+    out = tmp_path / "export"
+    assert main(["export", "tiny", "--out", str(out), "--storage", storage]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    best = frame.set_index("number").loc[summary["trial"]]
+    assert summary["knobs"] == {k: best[k] for k in KNOB_NAMES}
+    import mindspore
+    strategy = mindspore.parallel.build_searched_strategy(str(out / "strategy.ckpt"))
+    assert len(strategy) == len(summary["parameters"]) * 3  # each parameter and its two moments
+
+
+@pytest.mark.slow
 def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     path = write(tmp_path, TINY_CPU)
     storage = "sqlite:///trials/autotune.db"  # the defaults a user gets: relative to the cwd
@@ -234,6 +270,7 @@ def stop_cluster(temp: str) -> None:
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, monkeypatch):
     from autotune.execution.runner import free_port
 
@@ -262,6 +299,7 @@ def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, mo
     assert frame["queued_s"].max() < frame["run_s"].min()
 
 
+@pytest.mark.slow
 def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     # graph mode first (sets the best), then PyNative, which runs several times slower
     text = ONE_DEVICE.replace("objectives: [goodput, final_loss]", "objectives: [goodput]")
@@ -317,6 +355,7 @@ def test_resume_refuses_a_changed_study_and_accepts_a_new_budget(tmp_path, capsy
     assert len(autotune.trials_frame("sim", storage)) == before
 
 
+@pytest.mark.slow
 def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_confirmed_best(tmp_path, capsys):
     text = ONE_DEVICE.replace("objectives: [goodput, final_loss]", "objectives: [goodput]")
     path = write(tmp_path, text)
@@ -386,6 +425,7 @@ def ran(study) -> list:
     return [t for t in study.trials if "repeat_of" not in t.user_attrs]
 
 
+@pytest.mark.slow
 def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, monkeypatch):
     monkeypatch.setattr("autotune.study.loop.MAX_REPEATS", 6)  # the space is exhausted after two
     (tmp_path / "broken.py").write_text(BROKEN_MODEL)
@@ -421,11 +461,11 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
     import signal
     import time
 
+    from autotune import procfs
+
     def parent(pid):
-        try:
-            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return 0
+        info = procfs.stat(pid)
+        return info.ppid if info else 0
 
     def descends_from_us(pid):
         while pid > 1:
@@ -452,6 +492,7 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
     return killed
 
 
+@pytest.mark.slow
 def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resume(tmp_path, capsys):
     import threading
 

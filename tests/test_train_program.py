@@ -14,6 +14,9 @@ import pytest
 from autotune.train import PROGRAM_PATH
 from autotune.train.metrics import METRIC_KEYS
 
+# multi-process proofs: make test-slow
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -156,6 +159,7 @@ BF16_STEP = """
 import sys
 import mindspore as ms
 from autotune.train import engine, entry, program, step
+
 ms.set_device(sys.argv[1])
 ms.set_context(mode=ms.GRAPH_MODE)
 program.numpy2_workaround(ms)

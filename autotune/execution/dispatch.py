@@ -4,7 +4,7 @@ Contract: a :class:`Dispatcher` runs :func:`autotune.execution.runner.run_trial`
 holding the trial's devices — CPUs, GPUs or Ascend NPUs, as its backend says
 (`autotune.spec.backends`). A trial
 that fits one node (``devices_per_node``) is one task; a larger one gets a placement group of one
-bundle per node (STRICT_SPREAD, `autotune.execution.placement`) and one task per bundle, each launching
+bundle per node (STRICT_SPREAD, `autotune.execution.nodes`) and one task per bundle, each launching
 its node's msrun, with rank 0's node as msrun's master. The devices Ray assigns a task reach
 msrun and MindSpore through the backend's variable (CUDA_VISIBLE_DEVICES,
 ASCEND_RT_VISIBLE_DEVICES). It decides nothing about what to try: the study's loop submits, and
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.execution.placement import node_plan, unplaceable
+from autotune.execution.nodes import node_plan, unplaceable
 from autotune.execution.processes import Guard
 from autotune.execution.runner import NodeRun, free_port, run_trial
 from autotune.jobs import Result

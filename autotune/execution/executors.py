@@ -8,8 +8,10 @@ loop (`autotune.study.loop`) drives every executor the same way:
   ``capacity()`` devices that may run at once; ``submit(job)`` starts an `autotune.jobs.Job`;
   ``wait(timeout_s)`` returns ``(number, Result)`` of the trials finished since the last call
   (``[]`` when none finished in time); ``cancel(number)`` stops one running trial (it is not reported);
-  ``cancel_all()`` stops every running one and returns their numbers. Executors are context
-  managers (the dispatched one starts and stops Ray).
+  ``cancel_all()`` stops every running one and returns their numbers;
+  ``continue_from(runs)`` says how often each candidate ran before this session (a resumed
+  study: a replay table goes on with each candidate's next row; the others need not know).
+  Executors are context managers (the dispatched one starts and stops Ray).
 - ``measures``: results are measurements (calibrate the cost model from them); ``noisy``: a
   second run of the same candidate may differ (a confirm phase makes sense); ``virtual_clock``:
   a trial takes no time here (only the seconds its result says it took); ``instant``: a trial's
@@ -24,6 +26,8 @@ real MindSpore program through Ray (`autotune.execution.dispatch`).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from pathlib import Path
 
 from autotune.jobs import Job, Result
@@ -78,6 +82,9 @@ class InstantExecutor:
     def cancel_all(self) -> list[int]:
         return []  # nothing is ever running
 
+    def continue_from(self, runs: dict) -> None:
+        pass  # an estimate is the same every time
+
     def steps_dir(self, number: int) -> Path | None:
         return None
 
@@ -90,20 +97,60 @@ class SimulateExecutor(InstantExecutor):
 
 
 class ReplayExecutor(InstantExecutor):
-    """backend ``replay``: the trial is its candidate's row of the replay table; a candidate
-    not in the table is ``infeasible``."""
+    """backend ``replay``: a trial is the next row of its candidate in the replay table
+    (`autotune.execution.replay`); a candidate not in the table is ``infeasible``. Trials run
+    side by side as ``cluster.pool_devices`` holds them, on a virtual clock: each ends the
+    ``run_s`` of its row after it started (a row without one ends at once), the earliest first.
+    Its runs are ``noisy`` when some candidate has several rows."""
 
     measures = True
 
     def __init__(self, spec, table):
         super().__init__(spec)
         self.table = table
+        self.noisy = table.varies
+        self.runs: dict = {}      # candidate → its runs so far in this study (its next row)
+        self.clock = 0.0          # virtual seconds since the session started
+        self._running: list = []  # heap of (ends at, order, number, result)
+        self._order = itertools.count()
+
+    def capacity(self) -> int:
+        return self.spec.cluster.pool_devices or self.spec.cluster.devices
+
+    def continue_from(self, runs: dict) -> None:
+        self.runs = dict(runs)
 
     def evaluate(self, candidate, estimate) -> Result:
-        row = self.table.lookup(candidate)
-        if row is None:
+        rows = self.table.rows_of(candidate)
+        if not rows:
             return Result("infeasible", detail="not in the replay table")
-        return Result(row.outcome, dict(row.metrics), row.detail, run_s=row.run_s)
+        taken = self.runs.get(candidate, 0)
+        self.runs[candidate] = taken + 1
+        row = rows[taken % len(rows)]
+        return Result(row.outcome, dict(row.metrics), row.detail, row.infrastructure,
+                      run_s=row.run_s)
+
+    def submit(self, job: Job) -> None:
+        result = self.evaluate(job.candidate, job.estimate)
+        heapq.heappush(self._running, (self.clock + (result.run_s or 0.0), next(self._order),
+                                       job.number, result))
+
+    def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
+        """The trials that end first on the virtual clock (every one that ends then)."""
+        done = []
+        while self._running and (not done or self._running[0][0] == self.clock):
+            self.clock, _, number, result = heapq.heappop(self._running)
+            done.append((number, result))
+        return done
+
+    def cancel(self, number: int) -> None:
+        self._running = [entry for entry in self._running if entry[2] != number]
+        heapq.heapify(self._running)
+
+    def cancel_all(self) -> list[int]:
+        numbers = [entry[2] for entry in self._running]
+        self._running.clear()
+        return numbers
 
 
 class DispatchedExecutor:
@@ -161,6 +208,9 @@ class DispatchedExecutor:
 
     def cancel_all(self) -> list[int]:
         return self._dispatcher.cancel_all()
+
+    def continue_from(self, runs: dict) -> None:
+        pass  # a real run measures anew
 
 
 def make_executor(spec, study_dir: Path, ray_address: str | None = None, replay_table=None):

@@ -13,12 +13,16 @@ rows count from 1, the header excluded) and the column; nothing is written eithe
   an empty cell is a metric not measured. ``run_s`` (seconds the run took) is kept for the
   trial's timing, ``detail`` for a failed row's reason.
 - ``outcome`` (``ok`` when the column is absent or the cell empty) is any trial outcome; an
-  ``ok`` row needs a finite value for every objective of the study.
-- Rows that are not a candidate's own measurement are skipped: ``interrupted`` ones, and those
-  a study's own CSV (``autotune compare --csv``) marks as a repeat (``repeat_of``), a
-  confirm-phase re-run (``confirm_of``) or an infrastructure failure (``infrastructure``).
-- Every other column is ignored, with one note naming them all. Two rows of one candidate are
-  an error.
+  ``ok`` row needs a finite value for every objective of the study. An ``error`` row whose
+  ``infrastructure`` cell is true is a failure of the infrastructure, not of the candidate
+  (the study retries it); ``infrastructure`` on any other outcome is an error.
+- A candidate may have several rows, in table order: each run of it in a session takes the next
+  (after the last, the first again), so re-runs see the spread that was measured
+  (:meth:`ReplayTable.rows_of`; :attr:`ReplayTable.varies` when some candidate has several).
+- Rows that are no run of their candidate are skipped: ``interrupted`` ones, and those a study's
+  own CSV (``autotune compare --csv``) marks as a repeat (``repeat_of``: answered from storage).
+  Its confirm-phase re-runs and retried failures are runs: further rows of their candidate.
+- Every other column is ignored, with one note naming them all.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, is_active
 from autotune.spec.objectives import OBJECTIVES
 
-SKIP_MARKERS = ("repeat_of", "confirm_of", "infrastructure")
-KEPT = ("outcome", "run_s", "detail")
+SKIP_MARKERS = ("repeat_of",)
+KEPT = ("outcome", "run_s", "detail", "infrastructure", "confirm_of", "retry_of")
 FALSE, TRUE = ("false", "0", "no"), ("true", "1", "yes")
 
 
@@ -47,22 +51,24 @@ class Row:
     detail: str
     run_s: float | None
     row: int
+    infrastructure: bool = False
 
 
 class ReplayTable:
-    """Candidates → their measured rows (see the module doc)."""
+    """Candidates → their measured rows, in table order (see the module doc)."""
 
     def __init__(self, path: Path, knobs: tuple, rows: dict, notes: list[str]):
         self.path, self.knobs, self.rows, self.notes = path, knobs, rows, notes
+        self.varies = any(len(found) > 1 for found in rows.values())
 
     def key(self, values) -> tuple:
         """The lookup key of a candidate (or of a row's values): its value of each knob column."""
         get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
         return tuple(get(name) for name in self.knobs)
 
-    def lookup(self, candidate) -> Row | None:
-        """The row that measured ``candidate``, or None when the table has none."""
-        return self.rows.get(self.key(candidate))
+    def rows_of(self, candidate) -> list[Row]:
+        """The rows that measured ``candidate``, in table order (none: not in the table)."""
+        return self.rows.get(self.key(candidate), [])
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -145,7 +151,17 @@ class _Reader:
             if not math.isfinite(run_s) or run_s < 0:
                 self.fail(row, "run_s", f"{run_s} is not a duration in seconds")
         detail = "" if outcome == "ok" else (record.get("detail") or "").strip()
-        return tuple(values[name] for name in knobs), Row(outcome, metrics, detail, run_s, row)
+        infrastructure = self.flag(row, "infrastructure", record.get("infrastructure"))
+        if infrastructure and outcome != "error":
+            self.fail(row, "infrastructure", f"only an error is the infrastructure's, not {outcome!r}")
+        return tuple(values[name] for name in knobs), Row(outcome, metrics, detail, run_s, row,
+                                                          infrastructure)
+
+    def flag(self, row: int, name: str, text: str | None) -> bool:
+        text = (text or "").strip().lower()
+        if text not in ("", "nan", "none") + FALSE + TRUE:
+            self.fail(row, name, f"{text!r} is not true or false")
+        return text in TRUE
 
 
 def load_table(spec, space) -> ReplayTable:
@@ -172,28 +188,27 @@ def load_table(spec, space) -> ReplayTable:
                     skipped += 1
                     continue
                 key, row = read
-                if key in rows:
-                    which = ", ".join(f"{k}={v}" for k, v in zip(knobs, key))
-                    raise SpecError(f"{path}: row {number}: the same candidate as row "
-                                    f"{rows[key].row} ({which})")
-                rows[key] = row
+                rows.setdefault(key, []).append(row)
     except OSError as exc:
         raise SpecError(f"cluster.replay: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise SpecError(f"cluster.replay: {path} is not a text (UTF-8) file") from None
     except csv.Error as exc:
         raise SpecError(f"{path}: not a CSV file: {exc}") from None
-    return ReplayTable(path, knobs, rows, _notes(path, header, knobs, len(rows), skipped, space))
+    return ReplayTable(path, knobs, rows, _notes(path, header, knobs, rows, skipped, space))
 
 
-def _notes(path: Path, header, knobs: tuple, count: int, skipped: int, space) -> list[str]:
-    notes = [f"replay: {count} measured candidates in {path.name}"]
+def _notes(path: Path, header, knobs: tuple, rows: dict, skipped: int, space) -> list[str]:
+    runs = sum(map(len, rows.values()))
+    notes = [f"replay: {len(rows)} measured candidates in {path.name}"
+             + (f" ({runs} rows: a candidate's runs take its rows in turn)" if runs > len(rows)
+                else "")]
     ignored = [c for c in header if c not in KNOB_NAMES + METRICS + KEPT + SKIP_MARKERS]
     if ignored:
         notes.append(f"replay: columns ignored: {', '.join(ignored)}")
     if skipped:
-        notes.append(f"replay: {skipped} rows skipped (interrupted, repeats, confirm re-runs, "
-                     "infrastructure failures: not a candidate's own measurement)")
+        notes.append(f"replay: {skipped} rows skipped (interrupted runs and repeats: no run of "
+                     "their candidate)")
     unmatched = [name for name in space.searched() if name not in knobs]
     if unmatched:
         notes.append(f"replay: no column for {', '.join(unmatched)}: a row matches any value")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.execution.classify import classify
-from autotune.execution.placement import NodeLaunch
+from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader

@@ -26,7 +26,7 @@ Contract: :func:`launch_script` returns the script text. The script
 - expects ``python`` on PATH to import MindSpore and ``autotune`` (or MindFormers): msrun starts
   its workers with the literal ``python``.
 
-The msrun options come from :func:`autotune.msrun.msrun_args`, as the trials' do.
+The msrun options come from :func:`autotune.train.msrun.msrun_args`, as the trials' do.
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ class ClusterSpec:
     device_memory_gb: float | None  # None: the device profile's own memory (16 GB on cpu)
     device: str | dict | None
     replay: str | None = None  # backend replay: the table's path (resolved against model.yaml)
+    # backend replay: the devices the replayed pool holds, so trials of `devices` run side by
+    # side as on a pool that holds several (None: one trial at a time)
+    pool_devices: int | None = None
 
 
 @dataclass(frozen=True)
@@ -241,17 +244,19 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
     device = s.get("device", (str, dict), default=None)
     if devices > per_node and devices % per_node:
         s.fail("devices", f"{devices} devices do not fill whole nodes of {per_node}")
-    # the table itself is read when a search starts (autotune.execution.replay), not here: an export of a
-    # replay study re-reads this file without needing the table
+    # the table itself is read when a search starts (autotune.execution.replay), not here: an
+    # export of a replay study re-reads this file without needing the table
     replay = s.get("replay", str, default=None)
+    pool = s.get("pool_devices", int, default=None, minimum=devices)
     reads_table = BACKENDS[backend].kind == "table"
     if reads_table and replay is None:
         s.fail("replay", f"is required with backend {backend}: a CSV of measured candidates")
-    if not reads_table and replay is not None:
-        s.fail("replay", f"is read by backend replay only (backend is {backend})")
+    for name, value in (("replay", replay), ("pool_devices", pool)):
+        if not reads_table and value is not None:
+            s.fail(name, f"is read by backend replay only (backend is {backend})")
     s.reject_unknown()
     return ClusterSpec(backend, devices, per_node, memory, device,
-                       str((base / replay).resolve()) if replay else None)
+                       str((base / replay).resolve()) if replay else None, pool)
 
 
 def _parse_search(s: _Section, base: Path) -> SearchSpec:

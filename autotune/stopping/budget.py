@@ -148,7 +148,7 @@ def check_budget_backend(budget: Budget | None, spec, table) -> None:
     if backend_of(spec.cluster.backend).kind == "estimate":
         raise SpecError(f"--budget: {spec.cluster.backend} trials take no time; a budget needs a backend that "
                         "runs trials, or a replay table with a run_s column")
-    if table is not None and not any(row.run_s for row in table.rows.values()):
+    if table is not None and not any(row.run_s for rows in table.rows.values() for row in rows):
         raise SpecError(f"--budget: {table.path} has no run_s column: replayed runs would take "
                         "no time")
 

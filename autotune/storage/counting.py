@@ -10,6 +10,8 @@ Contract (reads trials only; every rule on a frozen trial's state and user attrs
   first infrastructure failure (:func:`retried`: only its retry, ``retry_of``, counts).
 - :func:`will_count`: a RUNNING trial (of any driver) that will count when it ends, as far as
   can be told now; :func:`wanted`: how many more trials to ask for N.
+- :func:`ran` — a trial that ran its candidate to an end, whatever came of it: finished, not a
+  repeat, not a warm-start copy, neither ``infeasible`` (never run) nor ``interrupted``.
 - :func:`is_search_trial` — the one definition of *the trials the search ran*: the study's own
   measurement of each candidate it tried, i.e. a counted trial or one a warm start brought in.
   Rankings, the confirm phase, export, ``show``, ``report`` and ``compare``, the failure memory
@@ -51,6 +53,12 @@ def wanted(study, n_trials: int) -> int:
     done = sum(counted(t) or will_count(t) for t in trials)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     return max(n_trials - done, waiting)
+
+
+def ran(frozen: optuna.trial.FrozenTrial) -> bool:
+    """Whether a trial ran its candidate (see the module doc)."""
+    return (frozen.state.is_finished() and outcome_of(frozen) not in ("infeasible", "interrupted")
+            and not {"repeat_of", "warm_start"} & set(frozen.user_attrs))
 
 
 def is_search_trial(frozen: optuna.trial.FrozenTrial) -> bool:

@@ -26,6 +26,7 @@ This is the only package that brings search, stopping, execution and storage tog
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,14 +40,16 @@ from autotune.search.prior import prior_for
 from autotune.search.proposer import Proposer
 from autotune.search.samplers import make_sampler
 from autotune.spec.backends import backend_of
+from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import Spec
 from autotune.spec.space import SearchSpace
 from autotune.stopping.budget import Budget, Stopper, check_budget_backend
 from autotune.stopping.pruning import SlowTrialPruner
-from autotune.storage.counting import counted, wanted
+from autotune.storage.counting import counted, ran, wanted
 from autotune.storage.drivers import Drivers
 from autotune.storage.recovery import recover_interrupted
+from autotune.storage.schema import knobs_of
 from autotune.study import confirm
 from autotune.study.bulkgrid import run_bulk_grid
 from autotune.study.loop import Loop, load_history
@@ -119,6 +122,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
                                                 "step_time_ms": step_ms}, store=False)
         synced = load_history(spec, study, proposer, recorder)
         trials = study.get_trials(deepcopy=False)
+        executor.continue_from(Counter(Candidate(**knobs_of(t)) for t in trials if ran(t)))
         already = sum(counted(t) for t in trials)
         if spec.search.sampler == "grid":
             n_trials = already + proposer.start_grid()

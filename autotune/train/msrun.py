@@ -34,7 +34,7 @@ def msrun_args(workers: int, local_workers: int, *, master_port: int | str, log_
     """msrun's options (see the module doc).
 
     ``node_rank=None`` leaves rank assignment to msrun (one node); an int node rank numbers this
-    node's ranks from ``node_rank · local_workers`` (a smaller last node: `autotune.execution.placement`). ``tail_worker`` is the global
+    node's ranks from ``node_rank · local_workers`` (a smaller last node: `autotune.execution.nodes`). ``tail_worker`` is the global
     rank whose log msrun copies to its console; ``None`` tails none, so msrun starts no ``tail -f``
     per worker (processes that outlive a killed msrun). ``bind_core`` pins each worker to its
     own cores (the CPU backend: docs/export.md).

@@ -1,0 +1,74 @@
+"""Studies made before the packages were regrouped still open: show, report, compare, export and
+--resume on a storage written by autotune at commit ae122fc (tests/fixtures/old_studies/README.md
+says how it was made): a simulate study, a replay study and a real CPU study with a confirm
+phase."""
+
+import json
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.cli import main
+from autotune.storage import counting
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "old_studies"
+STUDIES = ("old-sim", "old-rep", "old-cpu")
+
+
+@pytest.fixture
+def old(tmp_path, monkeypatch):
+    """A copy of the fixture folder, as the current folder (the studies were made there and
+    name their model.yaml relative to it); yields the storage URL."""
+    folder = tmp_path / "old"
+    shutil.copytree(FIXTURE, folder)
+    monkeypatch.chdir(folder)
+    return f"sqlite:///{folder}/autotune.db"
+
+
+def test_show_compare_and_report_open_every_old_study(old, tmp_path, capsys):
+    for name in STUDIES:
+        assert main(["show", name, "--storage", old]) == 0, name
+    out = capsys.readouterr().out
+    assert "confirmed" in out and "noise floor: 30.5%" in out  # old-cpu's confirm phase
+    assert main(["show", "old-cpu", "--trial", "1", "--storage", old]) == 0
+    assert "verdict:" in capsys.readouterr().out
+    assert main(["compare", *STUDIES, "--storage", old]) == 0
+    assert "confirmed_mean" in capsys.readouterr().out
+    assert main(["report", *STUDIES, "--storage", old, "--out", str(tmp_path / "report")]) == 0
+    index = (tmp_path / "report" / "index.html").read_text()
+    assert all(name in index for name in STUDIES)
+
+
+def test_export_takes_each_old_studys_best(old, tmp_path, capsys):
+    for name in STUDIES:
+        out = tmp_path / name
+        assert main(["export", name, "--out", str(out), "--storage", old]) == 0, name
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["study"] == name and (out / "strategy.ckpt").exists()
+    # the old CPU study's confirm phase found its baseline best (640.6 ± 180.7 against 616.2)
+    assert json.loads((tmp_path / "old-cpu" / "summary.json").read_text())["trial"] == 0
+
+
+@pytest.mark.parametrize("name, yaml_file", [("old-sim", "sim.yaml"), ("old-rep", "rep.yaml")])
+def test_an_old_study_resumes(old, name, yaml_file):
+    before = optuna.load_study(study_name=name, storage=old)
+    counted = sum(map(counting.counted, before.trials))
+    assert main(["search", yaml_file, "--storage", old, "--resume",
+                 "--trials", str(counted + 2)]) == 0
+    after = optuna.load_study(study_name=name, storage=old)
+    assert sum(map(counting.counted, after.trials)) == counted + 2
+    assert after.trials[:len(before.trials)] == before.trials  # nothing of it rewritten
+
+
+@pytest.mark.slow
+def test_the_old_cpu_study_resumes_with_real_trials(old):
+    before = optuna.load_study(study_name="old-cpu", storage=old)
+    counted = sum(map(counting.counted, before.trials))
+    assert main(["search", "cpu.yaml", "--storage", old, "--resume", "--no-confirm",
+                 "--artifacts", "trials", "--trials", str(counted + 1)]) == 0
+    after = optuna.load_study(study_name="old-cpu", storage=old)
+    new = after.trials[len(before.trials):]
+    assert [t.user_attrs["outcome"] for t in new] == ["ok"]
+    assert sum(map(counting.counted, after.trials)) == counted + 1
