@@ -77,8 +77,8 @@ def main() -> None:
 
         t = time.monotonic()
         study = run_study(spec, space, storage=f"sqlite:///{work}/s{round_}.db",
-                           study_name="overhead", n_trials=len(candidates), resume=False,
-                           artifacts=work / f"search{round_}", progress=Progress(Console(quiet=True)))
+                          study_name="overhead", n_trials=len(candidates), resume=False,
+                          artifacts=work / f"search{round_}", progress=Progress(Console(quiet=True)))
         total = time.monotonic() - t
         trials = [t for t in study.trials if "wall_s" in t.user_attrs]
         for t in trials:

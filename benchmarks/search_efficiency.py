@@ -104,8 +104,8 @@ def one_study(model: Path, table: Path, sampler: str, seed: int, runs: int) -> l
     quiet = Progress(Console(file=io.StringIO()))
     while len(ran) < runs and trials <= 20 * runs:
         study = run_study(spec, space, storage=storage, study_name="bench", n_trials=trials,
-                           resume=trials > runs, artifacts=Path(tempfile.gettempdir()),
-                           progress=quiet)
+                          resume=trials > runs, artifacts=Path(tempfile.gettempdir()),
+                          progress=quiet)
         ran = runs_of(study)
         trials += runs - len(ran)
     return ran[:runs]

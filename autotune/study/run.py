@@ -62,10 +62,10 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
-               resume: bool, artifacts: Path, ray_address: str | None = None,
-               progress: Progress | None = None, confirm_top: int = 2,
-               confirm_runs: int = 2, budget: Budget | None = None,
-               stop_when_flat: bool = False, warm: tuple = ()) -> optuna.Study:
+              resume: bool, artifacts: Path, ray_address: str | None = None,
+              progress: Progress | None = None, confirm_top: int = 2,
+              confirm_runs: int = 2, budget: Budget | None = None,
+              stop_when_flat: bool = False, warm: tuple = ()) -> optuna.Study:
     """Run (or resume) the study to ``n_trials`` finished trials — fewer when ``budget`` or
     ``stop_when_flat`` stops it first — and return it (see the module doc). On a backend whose
     runs are noisy, then re-run the ``confirm_top`` best trials and the baseline
