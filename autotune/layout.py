@@ -76,7 +76,12 @@ MINDFORMERS_RULES = {
     "*embedding.word_embeddings.*": "column",
     "*output_layer.*": "column",
 }
-BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES}
+# The built-in llama family is named as MindFormers' legacy llama (unfused: no qkv_concat) and
+# split as MindFormers splits it.
+LLAMA_RULES = {glob: split for glob, split in MINDFORMERS_RULES.items()
+               if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
+               and "w_qkv" not in glob and "w_gate_hidden" not in glob}
+BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES, "llama": LLAMA_RULES}
 # Prefixes of the optimizer's per-parameter state (MindSpore's AdamWeightDecay: first and second
 # moments, cloned from the parameters as "<prefix>.<parameter name>").
 OPTIMIZER_STATES = ("adam_m", "adam_v")

@@ -34,7 +34,8 @@ def test_estimate_fills_the_knobs_not_set_with_the_studys_baseline(capsys):
     # first value of its domain (fusion 1 MB, O0)
     assert out["candidate"] == {"dp": 8, "tp": 8, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
                                 "grad_accum": 1, "loss_scale": 65536, "warmup_steps": 2000,
-                                "jit_level": "O1", "recompute": "none"}
+                                "jit_level": "O1", "recompute": "none",
+                                "parallel_optimizer": False}
     baseline = build_space(load_spec(LLAMA), {"tp": 8}).baseline()
     assert out["candidate"] == baseline.as_dict()
 

@@ -28,7 +28,7 @@ train: {global_batch_size: 64}
 cluster: {backend: replay, replay: table.csv, devices: 8, devices_per_node: 8, device: a100-80g}
 search:
   space: {tp: [1, 2, 4], pp: 1, fusion_mb: 64, grad_accum: 1, loss_scale: 65536,
-          warmup_steps: 0, jit_level: O1, recompute: none}
+          warmup_steps: 0, jit_level: O1, recompute: none, parallel_optimizer: false}
   n_trials: 3
   sampler: tpe
   seed: 0

@@ -17,6 +17,9 @@ from test_train_program import BIN, PROGRAM_PATH, _free_port, make_config, run  
 TRANSFORMER = {"family": "transformer", "num_layers": 4, "hidden_size": 32, "num_heads": 4,
                "ffn_hidden_size": 64, "seq_length": 8, "vocab_size": 64}
 MLP = {"family": "mlp", "num_layers": 2, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
+# grouped-query attention: 4 query heads share 2 key/value heads
+LLAMA = {"family": "llama", "num_layers": 4, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+         "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
 MIRROR = {"SF": "RF", "RB": "SB"}
 
 
@@ -48,7 +51,9 @@ def ms():
 
 
 @pytest.mark.parametrize("cfg, layouts", [(TRANSFORMER, [(1, 2, 2), (2, 2, 1), (1, 4, 4)]),
-                                          (MLP, [(1, 2, 2), (2, 1, 2)])], ids=["transformer", "mlp"])
+                                          (MLP, [(1, 2, 2), (2, 1, 2)]),
+                                          (LLAMA, [(1, 2, 2), (2, 2, 1), (1, 2, 4)])],
+                         ids=["transformer", "mlp", "llama"])
 def test_every_rank_holds_its_slices_of_the_same_initial_weights(ms, cfg, layouts):
     from autotune.train import models, weights
     from autotune.train.parallel import Placement
@@ -93,9 +98,40 @@ def test_fused_qkv_is_head_major(ms):
     np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
 
 
-def _launch(out, knobs, steps=4, model=None, dtype="float32"):
+def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
+    """One llama attention against numpy: Hugging Face's LLaMA — rotate-half rotary embeddings
+    (θ 10000) on q and k, query head j reading key/value head j // (heads / kv_heads)."""
+    from autotune.train import models, weights
+    cfg = dict(LLAMA, num_layers=1)
+    network = models.build_network(cfg)
+    weights.initialize(network, cfg, models.SINGLE, seed=5)
+    attn = network.model.layers[0].attention
+    b, s, h, heads, kv = 2, cfg["seq_length"], cfg["hidden_size"], cfg["num_heads"], cfg["num_kv_heads"]
+    d = h // heads
+    x = np.random.default_rng(0).standard_normal((b, s, h)).astype(np.float32)
+
+    def split(y, n):
+        return y.reshape(b, s, n, d).transpose(0, 2, 1, 3)
+
+    angles = np.outer(np.arange(s), 10000.0 ** -(np.arange(0, d, 2) / d))
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+
+    def rope(y):
+        return y * cos + np.concatenate([-y[..., d // 2:], y[..., :d // 2]], -1) * sin
+
+    q = rope(split(x @ attn.wq.weight.asnumpy().T, heads))
+    k = np.repeat(rope(split(x @ attn.wk.weight.asnumpy().T, kv)), heads // kv, axis=1)
+    v = np.repeat(split(x @ attn.wv.weight.asnumpy().T, kv), heads // kv, axis=1)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + np.triu(np.full((s, s), -1e4), k=1)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    ctx = (probs / probs.sum(-1, keepdims=True)) @ v
+    expected = ctx.transpose(0, 2, 1, 3).reshape(b, s, h) @ attn.wo.weight.asnumpy().T
+    np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def _launch(out, knobs, steps=4, model=None, dtype="float32", base=TRANSFORMER):
     workers = knobs["dp"] * knobs["tp"] * knobs["pp"]
-    config = make_config(out, model={**TRANSFORMER, "dtype": dtype, **(model or {})},
+    config = make_config(out, model={**base, "dtype": dtype, **(model or {})},
                          knobs={"warmup_steps": 0, **knobs}, steps=steps, batch=16)
     cfg = json.loads(config.read_text())
     cfg["trial"]["measure_after"] = 1
@@ -136,6 +172,22 @@ def test_layouts_train_to_the_same_losses(tmp_path, reference, name):
         assert ranks[0]["weights_sha256"] != ranks[1]["weights_sha256"]
     assert [(r["stage"], r["tp_index"]) for r in ranks] == (
         [(0, 0), (1, 0)] if name == "pp2" else [(0, 0), (0, 1)] if name == "tp2" else [(0, 0), (0, 0)])
+
+
+@pytest.fixture(scope="module")
+def llama_reference(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("llama") / "r", dict(dp=1, tp=1, pp=1, grad_accum=2),
+                   base=LLAMA)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*LAYOUTS, "tp2pp2"])
+def test_llama_layouts_train_to_the_same_losses(tmp_path, llama_reference, name):
+    """The llama family (grouped-query: tp2 splits its 2 key/value heads) under every layout."""
+    knobs = LAYOUTS.get(name, dict(dp=1, tp=2, pp=2, micro_batches=2))
+    losses, _ = _launch(tmp_path / name, knobs, base=LLAMA)
+    assert len(losses) == 4 and llama_reference[-1] < llama_reference[0]
+    np.testing.assert_allclose(losses, llama_reference, rtol=1e-4)
 
 
 @pytest.mark.slow

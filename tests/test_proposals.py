@@ -41,7 +41,8 @@ def test_numeric_knobs_reach_the_sampler_as_ordered_distributions(tmp_path):
     expected = {"log2_tp": IntDistribution(0, 2), "log2_pp": IntDistribution(0, 1),
                 "log2_fusion_mb": IntDistribution(4, 8, step=4),
                 "log2_micro_batches": IntDistribution(1, 2),
-                "grad_accum": IntDistribution(1, 3), "recompute": CategoricalDistribution(["none", "full"])}
+                "grad_accum": IntDistribution(1, 3), "recompute": CategoricalDistribution(["none", "full"]),
+                "parallel_optimizer": CategoricalDistribution([False, True])}
     seen = {}
     for t in study.trials:
         seen.update(t.distributions)

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
                "seq_length": 8, "vocab_size": 64}
 MLP = {"family": "mlp", "num_layers": 3, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
+LLAMA = {"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+         "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def test_package_import_does_not_load_mindspore():
     assert Path(out.stdout.strip()) == ROOT / "autotune" / "train" / "__main__.py"
 
 
-@pytest.mark.parametrize("cfg", [TRANSFORMER, MLP], ids=["transformer", "mlp"])
+@pytest.mark.parametrize("cfg", [TRANSFORMER, MLP, LLAMA], ids=["transformer", "mlp", "llama"])
 def test_parameter_shapes_match_network(ms, cfg):
     from autotune.train import models
     network = models.build_network(cfg)

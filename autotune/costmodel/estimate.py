@@ -11,8 +11,9 @@ Contract:
   dimensions (an ``entry`` that gives none) is ``feasible=True`` with reason ``"no dimensions
   given: not estimated"`` and NaN numbers: nothing is known against it, so the real trial
   decides. Bad ``cluster.device`` input raises :class:`~autotune.spec.errors.SpecError`.
-- ``engine`` says what executes the step: ``"trainer"`` (default) is autotune's trainer (float32
-  parameters, gradients and accumulators; pipeline stages that run each forward twice);
+- ``engine`` says what executes the step: ``"trainer"`` (default) is autotune's trainer
+  (parameters, gradients and accumulators in ``model.param_dtype``, Adam's moments in
+  ``model.optimizer_dtype``; pipeline stages that run each forward twice);
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
@@ -39,6 +40,7 @@ from autotune.costmodel.memory import ENGINES, memory_per_stage, rank_params
 from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.timing import step_time
 from autotune.costmodel.workload import workload_for
+from autotune.spec.attention import fused_refusal
 from autotune.spec.constraints import violations
 
 # Headroom left on every device for allocator fragmentation and transient buffers the model
@@ -71,6 +73,13 @@ class Estimate:
             "tflops_per_device", "mfu", "breakdown")}
 
 
+def fused_attention(model, profile) -> bool:
+    """Whether the run computes ``model``'s attention fused: asked for (``flash_attention``), on
+    a device that has the fused operator (Ascend) and a model it accepts
+    (`autotune.spec.attention`). Elsewhere the scores are stored, and priced so."""
+    return model.flash_attention and profile.kind == "ascend" and not fused_refusal(model)
+
+
 def _unknown(feasible: bool, reason: str) -> Estimate:
     return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
 
@@ -87,18 +96,20 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
     if candidate.jit_level == "O2" and profile.kind != "ascend":
         return _unknown(False, f"jit_level O2 sinks the graph through CANN: Ascend only "
                                f"(device profile {profile.name} is {profile.kind})")
-    work = workload_for(spec.model)
+    work = workload_for(spec.model, fused_attention(spec.model, profile))
     if work is None:
         return _unknown(True, NOT_ESTIMATED)
 
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
     n_micro = candidate.micro_batches if candidate.pp > 1 else candidate.grad_accum
     micro_batch = max(1, batch // (candidate.dp * n_micro))
+    model = spec.model
     stages = memory_per_stage(work, candidate, micro_batch, n_micro, dtype, profile.framework_gb,
-                              engine)
+                              engine, model.param_dtype, model.optimizer_dtype)
     memory = max(stages, key=lambda parts: sum(parts.values()))
     times, flops = step_time(work, candidate, profile, spec.cluster, micro_batch, n_micro,
-                             dtype, max(rank_params(work, candidate.tp, candidate.pp)), engine)
+                             dtype, max(rank_params(work, candidate.tp, candidate.pp)), engine,
+                             model.param_dtype)
     if calibration is not None:
         memory = {k: v * calibration.memory_factor for k, v in memory.items()}
         times = {k: v * calibration.time_factor for k, v in times.items()}

@@ -14,10 +14,13 @@ Model (sources in the docstrings below and in ``workload.py``):
   :func:`autotune.layout.builtin_layout` — the layout the trainer builds and the export writes
   (Megatron-style TP splits; the first stage holds the embeddings, the last the final norm and
   head). An ``entry`` model with transformer dimensions is laid out as the built-in transformer.
-- Model states, as the trainer keeps them: float32 parameters whatever the compute dtype, float32
-  gradients, AdamWeightDecay's two float32 moments = 4 + 4 + 8 = 16 bytes per local parameter.
-  When a step has more than one micro-batch (``grad_accum`` > 1, or pp > 1 with
-  ``micro_batches`` > 1) the trainer adds one float32 accumulator per parameter: 4 more.
+- Model states, as the trainer keeps them: parameters and their gradients in ``param_dtype``
+  (``model.param_dtype``, MindFormers' ``param_init_type``; float32 unless given, whatever the
+  compute dtype) and Adam's two moments in ``optimizer_dtype`` (float32 unless given, as
+  MindFormers' ``FP32StateAdamWeightDecay`` keeps them): 4 + 4 + 8 = 16 bytes per local
+  parameter in float32, 2 + 2 + 8 = 12 with float16 parameters. When a step has more than one
+  micro-batch (``grad_accum`` > 1, or pp > 1 with ``micro_batches`` > 1) the trainer adds one
+  accumulator per parameter, in ``param_dtype``.
   Megatron-LM in 16-bit mixed precision keeps what Rajbhandari et al. 2020 ("ZeRO", §3.1)
   count: 16-bit parameters and gradients (accumulated in place) and fp32 master weights,
   momentum and variance = 2 + 2 + 12. Optimizer-state sharding is not a knob here and is not
@@ -61,13 +64,16 @@ STATE_PARTS = ("params", "grads", "accumulators", "optimizer_states")
 FUSION_FILL = 0.25
 
 
-def state_bytes(engine: str, dtype: str, n_micro: int) -> dict:
+def state_bytes(engine: str, dtype: str, n_micro: int, param_dtype: str = "float32",
+                optimizer_dtype: str = "float32") -> dict:
     """Bytes per local parameter of each model-state part (see the module doc). ``grads`` is
     also what the data-parallel all-reduce moves per parameter."""
     if engine == "megatron":
         half = dtype != "float32"
         return dict(zip(STATE_PARTS, (2, 2, 0, 12) if half else (4, 4, 0, 8)))
-    return dict(zip(STATE_PARTS, (4, 4, 4 if n_micro > 1 else 0, 8)))
+    param = DTYPE_BYTES[param_dtype]
+    return dict(zip(STATE_PARTS, (param, param, param if n_micro > 1 else 0,
+                                  2 * DTYPE_BYTES[optimizer_dtype])))
 
 
 @lru_cache(maxsize=1024)
@@ -108,10 +114,11 @@ def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n
 
 
 def memory_per_stage(work: Workload, candidate, micro_batch: int, n_micro: int, dtype: str,
-                     framework_gb: float, engine: str = "trainer") -> list[dict]:
+                     framework_gb: float, engine: str = "trainer", param_dtype: str = "float32",
+                     optimizer_dtype: str = "float32") -> list[dict]:
     """One breakdown dict (GiB by part) per pipeline stage."""
     params_per_stage = rank_params(work, candidate.tp, candidate.pp)
-    per_param = state_bytes(engine, dtype, n_micro)
+    per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     stages = []
     for stage, params in enumerate(params_per_stage):
         fusion = 0.0

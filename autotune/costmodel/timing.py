@@ -41,8 +41,9 @@ Model:
   contiguous rank blocks, a pipeline over several nodes always has such a boundary somewhere;
   the stages away from it send at the intra-node rate.)
 - Gradient accumulation (pp = 1): m = grad_accum micro-steps of compute, one DP all-reduce.
-- Data-parallel all-reduce of the gradients (``memory.state_bytes``: the trainer's are
-  float32, 4 bytes per local parameter of the stage with most; Megatron's 16-bit ones 2), in
+- Data-parallel all-reduce of the gradients (``memory.state_bytes``: the trainer's are in the
+  parameters' dtype, 4 bytes per local parameter of the stage with most in float32; Megatron's
+  16-bit ones 2), in
   buckets of ``fusion_mb × FUSION_FILL``; each bucket pays the α terms, all pay the bandwidth
   term once. Buckets are reduced while the last micro-batch's backward (⅔ of its compute and
   knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
@@ -98,7 +99,7 @@ def crossings(dp: int, tp: int, pp: int, per_node: int) -> tuple[bool, bool, tup
 
 def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: int,
               n_micro: int, dtype: str, params_per_device: float,
-              engine: str = "trainer") -> tuple[dict, dict]:
+              engine: str = "trainer", param_dtype: str = "float32") -> tuple[dict, dict]:
     """Seconds per step by part, and FLOPs per step (see module doc)."""
     tp_crosses, dp_crosses, boundaries = crossings(c.dp, c.tp, c.pp, cluster.devices_per_node)
 
@@ -115,7 +116,7 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
     if engine == "trainer" and c.pp > 1:
         window = 0.0  # the update (and its all-reduce) runs after the pipeline has drained
-    grad_bytes = params_per_device * state_bytes(engine, dtype, n_micro)["grads"]
+    grad_bytes = params_per_device * state_bytes(engine, dtype, n_micro, param_dtype)["grads"]
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
         "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window),

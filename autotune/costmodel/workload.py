@@ -22,6 +22,15 @@ from ``ffn = 4h`` to any ``ffn_hidden_size``:
   activations and tensor parallelism t (34·sbh + 5·as²b at t = 1); 24 = 8 (attention) + 16
   (MLP, 4·ffn/h with ffn = 4h). Selective recompute drops the 5·as²b/t attention-core term;
   full recompute keeps only the 2·sbh layer input.
+- ``llama`` (MindFormers' legacy llama, `autotune.shapes`): the same accounting for its layer —
+  grouped-query Q/K/V (K and V of ``kv_heads`` heads), the output projection, a three-matrix
+  SwiGLU, two RMSNorms, no dropout. Per layer and sample, 16-bit activations kept for the
+  backward: the two norm inputs and outputs (8·s·h), Q, K, V after the rotary embedding and the
+  output projection's input ((4h + 4·kv_dim)·s/t), the SwiGLU's gate, up, SiLU and product
+  (8·s·ffn/t), and the softmax output (2·a·s²/t).
+- Fused attention (``fused_attention``: MindSpore's flash_attention_score, Ascend): the score
+  tensors are never stored, so the s² term of the activations goes (its FLOPs stay: the fused
+  kernel recomputes them in the backward).
 - Tensor-parallel collectives (Megatron, Shoeybi et al. 2019, as the trainer runs them): per
   layer :meth:`Workload.tp_forward_allreduces` in forward and as many in backward; a
   vocab-parallel token embedding (transformer) all-reduces its output in forward; the
@@ -52,6 +61,7 @@ class Workload(ABC):
     ffn: int
     seq: int
     vocab: int
+    fused_attention: bool = False  # the s² scores never stored (see the module doc)
 
     def layout_config(self) -> dict:
         """The ``model`` section :func:`autotune.layout.builtin_layout` lays out."""
@@ -143,7 +153,7 @@ class Transformer(Workload):
             return 2 * s * h * scale
         per_token = 10 + (8 + 4 * self.ffn / h) / tp  # = 10 + 24/t when ffn = 4h
         stored = s * h * per_token
-        if mode == "none":
+        if mode == "none" and not self.fused_attention:
             stored += 5 * a * s * s / tp  # softmax input/output and dropout mask
         return stored * scale
 
@@ -193,11 +203,50 @@ class MLP(Workload):
         return 1  # after fc_out (its backward twin sits before fc_in)
 
 
-def workload_for(model) -> Workload | None:
-    """The :class:`Workload` of a spec's ``model`` section, or ``None`` if it has no dimensions."""
+@dataclass(frozen=True)
+class Llama(Transformer):
+    """MindFormers' legacy llama layer: RMSNorm → grouped-query attention with rotary
+    embeddings → RMSNorm → SwiGLU (w2(silu(w1·x) · w3·x)); no dropout, untied head."""
+
+    family: ClassVar[str] = "llama"
+    kv_heads: int = 0  # key/value heads (grouped-query attention)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    def layout_config(self) -> dict:
+        return {**super().layout_config(), "num_kv_heads": self.kv_heads}
+
+    def layer_flops(self) -> float:
+        s, h, f, kv = self.seq, self.hidden, self.ffn, self.kv_dim
+        # 2·(2h² + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, 4·s·h per token for QKᵀ
+        # and AV; backward = 2 × forward.
+        return 3 * (s * (4 * h * h + 4 * h * kv + 6 * h * f) + 4 * s * s * h)
+
+    def layer_activations(self, tp: int, mode: str, dtype_bytes: int) -> float:
+        s, h, a = self.seq, self.hidden, self.heads
+        scale = dtype_bytes / 2  # the counts below are 16-bit bytes
+        if mode == "full":
+            return 2 * s * h * scale
+        stored = s * (8 * h + (4 * h + 4 * self.kv_dim + 8 * self.ffn) / tp)
+        if mode == "none" and not self.fused_attention:
+            stored += 2 * a * s * s / tp  # the softmax output (no dropout)
+        return stored * scale
+
+    def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
+        return 0.0  # no embedding dropout
+
+
+def workload_for(model, fused_attention: bool = False) -> Workload | None:
+    """The :class:`Workload` of a spec's ``model`` section, or ``None`` if it has no dimensions.
+    ``fused_attention``: the device runs the model's attention fused (see the module doc)."""
     dims = (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size,
             model.seq_length, model.vocab_size)
     if any(d is None for d in dims):
         return None
-    cls = MLP if model.family == "mlp" else Transformer
-    return cls(*dims)
+    if model.family == "llama":
+        return Llama(*dims, fused_attention, kv_heads=model.num_kv_heads or model.num_heads)
+    if model.family == "mlp":
+        return MLP(*dims)
+    return Transformer(*dims, fused_attention)

@@ -6,8 +6,10 @@ rows count from 1, the header excluded) and the column; nothing is written eithe
 
 - Knob columns (named as the knobs are) say which candidate a row measured; a knob without a
   column matches any value. A value must be one the knob can take in the space (for ``dp:
-  auto``: devices / (tp·pp)); ``micro_batches`` and ``grad_accum`` are read only where they act
-  (``micro_batches`` with pp > 1, ``grad_accum`` with pp = 1), as a candidate resolves them.
+  auto``: devices / (tp·pp)); a knob is read only where it acts on the row's layout
+  (``micro_batches`` with pp > 1, ``grad_accum`` with pp = 1, ``parallel_optimizer`` with
+  dp > 1: `autotune.spec.knobs.is_active`), as a candidate resolves it; true/false for a
+  boolean knob.
 - Metric columns are named as trial metrics (`autotune.jobs.METRICS`: ``goodput``,
   ``step_time_ms``, ``peak_memory_mb``, ``loss_last``, …): numbers (``diverged``: true/false),
   an empty cell is a metric not measured. ``run_s`` (seconds the run took) is kept for the
@@ -74,6 +76,13 @@ class ReplayTable:
         return len(self.rows)
 
 
+def _acts(name: str, dp: int | None, pp: int | None) -> bool:
+    """Whether knob ``name`` acts on a row of this dp and pp (None: the table has no column for
+    it, so the row may stand for any value and every knob is read as written)."""
+    dps, pps = (1, 2) if dp is None else (dp,), (1, 2) if pp is None else (pp,)
+    return any(is_active(name, d, p) for d in dps for p in pps)
+
+
 def _allowed(space, spec) -> dict:
     """knob → the values a candidate of ``space`` can have for it (where the knob acts)."""
     allowed = {name: set(space.domains[name]) for name in KNOB_NAMES}
@@ -104,6 +113,10 @@ class _Reader:
             if not number.is_integer():
                 self.fail(row, name, f"{text!r} is not an integer")
             value = int(number)
+        elif KNOBS[name].kind is bool:
+            if text.lower() not in FALSE + TRUE:
+                self.fail(row, name, f"{text!r} is not true or false")
+            value = text.lower() in TRUE
         else:
             value = text
         if value not in self.allowed[name]:
@@ -133,9 +146,10 @@ class _Reader:
             return None
         values = {}
         pp = self.knob(row, "pp", record["pp"]) if "pp" in knobs else None
+        dp = self.knob(row, "dp", record["dp"]) if "dp" in knobs else None
         for name in knobs:
-            if pp is not None and not is_active(name, pp):
-                values[name] = 1  # does not act here: as a candidate resolves it
+            if not _acts(name, dp, pp):
+                values[name] = KNOBS[name].default  # does not act here: as a candidate resolves it
             else:
                 values[name] = self.knob(row, name, record[name])
         metrics = {name: self.metric(row, name, record[name]) for name in METRICS

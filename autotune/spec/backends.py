@@ -50,6 +50,7 @@ class Backend:
     # on a GPU/Ascend node several trials may share the host's cores, and pinning would collide.
     pins_cores: bool = False
     default_profile: str = "a100-80g"       # the cost model's device when cluster.device is unset
+    fused_attention: bool = False           # runs flash_attention_score (`autotune.spec.attention`)
 
     @property
     def runs_program(self) -> bool:
@@ -101,7 +102,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
     Backend("ascend", "program", device_target="Ascend", ray_resource="NPU",
             ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
-            device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b"),
+            device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b",
+            fused_attention=True),
     # simulate and replay run no graph: every value is theirs (the device profile decides, and
     # the cost model rejects O2 off Ascend).
     Backend("simulate", "estimate"),

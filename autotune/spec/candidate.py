@@ -19,6 +19,7 @@ class Candidate:
     warmup_steps: int
     jit_level: str
     recompute: str
+    parallel_optimizer: bool = False
 
     @property
     def devices(self) -> int:

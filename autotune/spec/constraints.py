@@ -12,15 +12,19 @@ from autotune.layout import builtin_layout_reasons
 
 def violations(spec: Spec, c: Candidate) -> list[str]:
     """The hard constraints (the README's "Search spaces") that ``c`` breaks, as readable reasons:
-    dp·tp·pp = cluster.devices; tp divides num_heads and hidden_size; pp divides num_layers; the
-    global batch divides by dp·grad_accum (pp = 1) or by dp·micro_batches with micro_batches ≥ pp
-    (pp > 1); and for a built-in family split by tp or pp, what its layout needs besides."""
+    dp·tp·pp = cluster.devices; tp divides num_heads, num_kv_heads (llama) and hidden_size; pp
+    divides num_layers; the global batch divides by dp·grad_accum (pp = 1) or by
+    dp·micro_batches with micro_batches ≥ pp (pp > 1); and for a built-in family split by tp or
+    pp, what its layout needs besides."""
     reasons = []
     m, batch = spec.model, spec.train.global_batch_size
     if c.devices != spec.cluster.devices:
         reasons.append(f"dp·tp·pp = {c.devices} ≠ cluster.devices = {spec.cluster.devices}")
     if c.tp > 1 and m.num_heads is not None and m.num_heads % c.tp:
         reasons.append(f"tp = {c.tp} does not divide num_heads = {m.num_heads}")
+    if c.tp > 1 and m.num_kv_heads and m.num_kv_heads % c.tp:
+        # a rank holds whole key/value heads; MindFormers' llama refuses it too
+        reasons.append(f"tp = {c.tp} does not divide num_kv_heads = {m.num_kv_heads}")
     if c.tp > 1 and m.hidden_size is not None and m.hidden_size % c.tp:
         reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
     if c.pp > 1 and m.num_layers is not None and m.num_layers % c.pp:

@@ -37,6 +37,10 @@ class Knob:
     # prior of sampler auto leaves it to the sampler. unestimated_because says why, in notes.
     estimable: bool = True
     unestimated_because: str = ""
+    # A knob added after studies were first stored: a study that predates it ran at its default,
+    # and neither its fingerprint nor its trials name it (`autotune.study.opening`,
+    # `autotune.storage.schema.knobs_of`).
+    added_later: bool = False
 
 
 _NUMERICS = "the cost model cannot tell its values apart (they change numerics, not work)"
@@ -82,12 +86,28 @@ KNOBS: dict[str, Knob] = {
         Knob("recompute", str, "activation recomputation",
              "Cell.recompute() on each block (full) or on the attention core (selective)",
              "recompute_config.recompute / select_recompute", default="none"),
+        Knob("parallel_optimizer", bool,
+             "shard the optimizer over the data-parallel group (MindSpore's parallel optimizer, "
+             "level1: weights and optimizer states; acts with dp > 1)",
+             "set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config="
+             "{'parallel_optimizer_threshold': 64}); the trial program shards Adam's moments "
+             "over its dp group with explicit collectives (docs/parallel.md)",
+             "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)", default=False,
+             added_later=True),
     )
 }
 
 KNOB_NAMES = tuple(KNOBS)
 
 
-def is_active(name: str, pp: int) -> bool:
-    """micro_batches only acts with pipeline stages, grad_accum only without."""
-    return not (name == "micro_batches" and pp == 1) and not (name == "grad_accum" and pp > 1)
+def is_active(name: str, dp: int, pp: int) -> bool:
+    """Whether knob ``name`` acts on a candidate of data-parallel size ``dp`` and ``pp`` stages:
+    micro_batches only with pipeline stages, grad_accum only without, parallel_optimizer only
+    with a data-parallel group to shard over. A knob that does not act takes its default."""
+    if name == "micro_batches":
+        return pp > 1
+    if name == "grad_accum":
+        return pp == 1
+    if name == "parallel_optimizer":
+        return dp > 1
+    return True

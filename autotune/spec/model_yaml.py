@@ -11,8 +11,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autotune.shapes import FAMILIES
+from autotune.shapes import FAMILIES, llama_ffn
 from autotune.spec import entry as entry_loader
+from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES
@@ -35,6 +36,10 @@ class ModelSpec:
     seq_length: int | None
     vocab_size: int | None
     dtype: str
+    num_kv_heads: int | None = None  # llama: grouped-query attention (None: every head)
+    param_dtype: str = "float32"     # parameters (and gradients) as the run keeps them
+    optimizer_dtype: str = "float32"  # the optimizer's moments
+    flash_attention: bool = False    # fused attention (no s² scores) where the backend has it
     tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 
@@ -170,9 +175,13 @@ def parse_spec(data: dict, path: Path) -> Spec:
     cluster = _parse_cluster(_Section(data.get("cluster"), "cluster", source), path.parent)
     top.used.add("cluster")
     runs = BACKENDS[cluster.backend].compute_dtypes
-    if model.dtype not in runs:
-        raise SpecError(f"{source}: model.dtype: {model.dtype} does not run on backend "
-                        f"{cluster.backend} (it runs {', '.join(runs)})")
+    for name in ("dtype", "param_dtype", "optimizer_dtype"):
+        if getattr(model, name) not in runs:
+            raise SpecError(f"{source}: model.{name}: {getattr(model, name)} does not run on "
+                            f"backend {cluster.backend} (it runs {', '.join(runs)})")
+    if model.flash_attention and BACKENDS[cluster.backend].fused_attention and fused_refusal(model):
+        raise SpecError(f"{source}: model.flash_attention: {fused_refusal(model)} (backend "
+                        f"{cluster.backend} runs the fused operator)")
     search = _parse_search(_Section(data.get("search"), "search", source), path.parent)
     top.used.add("search")
     trial = _parse_trial(_Section(data.get("trial"), "trial", source))
@@ -183,11 +192,18 @@ def parse_spec(data: dict, path: Path) -> Spec:
     return Spec(study, model, train, cluster, search, trial, source, data)
 
 
+# Model fields added after studies were first stored: at these values a study's fingerprint
+# leaves them out, so a study made before them still resumes (`autotune.study.opening`).
+LATER_MODEL_FIELDS = {"num_kv_heads": None, "param_dtype": "float32", "optimizer_dtype": "float32",
+                      "flash_attention": False}
+
+
 def _parse_model(s: _Section, base: Path) -> ModelSpec:
     family = s.get("family", str, default=None, choices=FAMILIES)
     entry = s.get("entry", str, default=None)
     if (family is None) == (entry is None):
-        s.fail("family", "give exactly one of model.family (transformer | mlp) or model.entry")
+        s.fail("family", f"give exactly one of model.family ({' | '.join(FAMILIES)}) or "
+                         "model.entry")
     if entry is not None:
         entry = _check_entry(entry, base, s)
     # A built-in family needs its dimensions; an entry model may give them for the cost model.
@@ -199,8 +215,19 @@ def _parse_model(s: _Section, base: Path) -> ModelSpec:
                               f"{dims['num_heads']} (each head gets hidden_size / num_heads)")
     dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
     if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
-        dims["ffn_hidden_size"] = 4 * dims["hidden_size"]
+        # llama: MindFormers' SwiGLU width; the others: 4·hidden
+        dims["ffn_hidden_size"] = (llama_ffn(dims["hidden_size"]) if family == "llama"
+                                   else 4 * dims["hidden_size"])
+    kv = s.get("num_kv_heads", int, minimum=1, default=None)
+    if kv is not None and family != "llama":
+        s.fail("num_kv_heads", "grouped-query attention is the llama family's (model.family: llama)")
+    if kv is not None and dims["num_heads"] % kv:
+        s.fail("num_kv_heads", f"{kv} does not divide model.num_heads = {dims['num_heads']} "
+                               "(each key/value head serves a whole group of query heads)")
     dtype = s.get("dtype", str, default="float32", choices=DTYPES)
+    precision = {"param_dtype": s.get("param_dtype", str, default="float32", choices=DTYPES),
+                 "optimizer_dtype": s.get("optimizer_dtype", str, default="float32", choices=DTYPES),
+                 "flash_attention": s.get("flash_attention", bool, default=False)}
     tp_rules = s.get("tp_rules", dict, default={})
     for glob, split in tp_rules.items():
         if not isinstance(glob, str) or split not in TP_SPLITS:
@@ -210,7 +237,8 @@ def _parse_model(s: _Section, base: Path) -> ModelSpec:
         s.reject_unknown()
     else:  # a user model may take settings of its own; they reach build(config) untouched
         extra = {k: v for k, v in s.data.items() if k not in s.used}
-    return ModelSpec(family, entry, dtype=dtype, **dims, tp_rules=tp_rules, extra=extra)
+    return ModelSpec(family, entry, dtype=dtype, **dims, num_kv_heads=kv, **precision,
+                     tp_rules=tp_rules, extra=extra)
 
 
 def _check_entry(entry: str, base: Path, s: _Section) -> str:

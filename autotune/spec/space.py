@@ -45,6 +45,10 @@ def parse_domain(name: str, raw, source: str) -> tuple:
         raise SpecError(f"{where}: empty domain")
     allowed = {"jit_level": JIT_LEVELS, "recompute": RECOMPUTE_MODES}.get(name)
     for value in values:
+        if knob.kind is bool:
+            if not isinstance(value, bool):
+                raise SpecError(f"{where}: values must be true or false, got {value!r}")
+            continue
         if knob.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise SpecError(f"{where}: values must be integers, got {value!r}")
         if knob.kind is str and (not isinstance(value, str) or value not in allowed):
@@ -101,12 +105,16 @@ class SearchSpace:
         values = dict(values)
         if values["dp"] == "auto":
             values["dp"] = max(1, self.devices // (values["tp"] * values["pp"]))
-        # micro_batches only means something with pipeline stages, grad_accum only without.
-        if values["pp"] == 1:
-            values["micro_batches"] = 1
-        else:
-            values["grad_accum"] = 1
+        for name in KNOB_NAMES:
+            if not is_active(name, values["dp"], values["pp"]):
+                values[name] = KNOBS[name].default
         return Candidate(**values)
+
+    def _dp(self, values: dict) -> int:
+        """dp of a candidate whose dp, tp and pp are drawn (``auto``: the devices left)."""
+        if values["dp"] == "auto":
+            return max(1, self.devices // (values["tp"] * values["pp"]))
+        return values["dp"]
 
     @cached_property
     def params(self) -> dict:
@@ -121,7 +129,9 @@ class SearchSpace:
         values, own = {}, set()
         for name in KNOB_NAMES:
             domain = self.domains[name]
-            if len(domain) > 1 and is_active(name, values.get("pp", 1)):  # pp comes before both
+            # dp, tp and pp come before every knob that depends on them
+            active = name in ("dp", "tp", "pp") or is_active(name, self._dp(values), values["pp"])
+            if len(domain) > 1 and active:
                 values[name] = self.params[name].suggest(trial)
                 if self.params[name].holds_value:
                     own.add(name)
@@ -133,12 +143,13 @@ class SearchSpace:
     def params_of(self, candidate: Candidate) -> dict:
         """The Optuna params a trial sampling ``candidate`` suggests (searched, active knobs)."""
         return {param.name: param.encode(getattr(candidate, name))
-                for name, param in self.params.items() if is_active(name, candidate.pp)}
+                for name, param in self.params.items()
+                if is_active(name, candidate.dp, candidate.pp)}
 
     def attrs_of(self, candidate: Candidate) -> dict:
         """The knobs of ``candidate`` its trial stores as user attrs (see :meth:`sample`)."""
         own = {name for name, param in self.params.items()
-               if param.holds_value and is_active(name, candidate.pp)}
+               if param.holds_value and is_active(name, candidate.dp, candidate.pp)}
         return {k: v for k, v in candidate.as_dict().items() if k not in own}
 
     def distributions(self) -> dict:
@@ -149,7 +160,7 @@ class SearchSpace:
         """Whether a trial of this space could have run ``candidate``."""
         values, auto = candidate.as_dict(), self.domains["dp"] == ("auto",)
         for name in KNOB_NAMES:
-            if not (name == "dp" and auto or not is_active(name, candidate.pp)
+            if not (name == "dp" and auto or not is_active(name, candidate.dp, candidate.pp)
                     or values[name] in self.domains[name]):
                 return False
         return self._resolve(values | ({"dp": "auto"} if auto else {})) == candidate

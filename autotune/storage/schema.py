@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from autotune.files import json_safe
 from autotune.jobs import METRICS, OUTCOMES
-from autotune.spec.knobs import KNOB_NAMES
+from autotune.spec.knobs import KNOB_NAMES, KNOBS
 from autotune.spec.objectives import objective_values
 
 PRUNED_OUTCOMES = ("infeasible", "oom", "diverged", "timeout", "pruned")
@@ -85,8 +85,12 @@ def metrics_of(frozen: optuna.trial.FrozenTrial) -> dict:
 
 
 def knobs_of(frozen: optuna.trial.FrozenTrial) -> dict:
-    """Every knob value of a trial: sampled params, and the rest from user attrs."""
-    return {name: frozen.params.get(name, frozen.user_attrs.get(name)) for name in KNOB_NAMES}
+    """Every knob value of a trial: sampled params, and the rest from user attrs; a knob added
+    since the trial was stored (`autotune.spec.knobs.Knob.added_later`) at its default, the
+    value the trial ran with."""
+    return {name: frozen.params.get(name, frozen.user_attrs.get(
+                name, KNOBS[name].default if KNOBS[name].added_later else None))
+            for name in KNOB_NAMES}
 
 
 def maximizes(study: optuna.Study) -> bool:

@@ -6,28 +6,34 @@ Contract:
   ``resume``; it refuses to reuse a name without ``resume`` and refuses a resume whose
   fingerprint differs, naming what changed (SpecError). Two drivers starting at once on a
   server database: one creates, the other resumes (`autotune.storage.drivers.locked`).
-- :func:`fingerprint` is what makes two runs the same study: the ``model`` and ``train``
-  sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb, and a
+- :func:`fingerprint` is what makes two runs the same study: the ``model`` (a field added
+  since studies were first stored is left out at its default, so an older study still matches)
+  and ``train`` sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb, and a
   replay study's table by its SHA-256), the resolved search space, the objectives and
   ``trial.steps``/``measure_after``. Not ``n_trials``, the sampler, the seed or the timeout:
   those may change between runs of one study.
 - :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.spec.encoding`):
   stored on every study when it is created; a study created before ordered knobs has none and
   keeps its categorical params; an encoding this version does not know is a SpecError.
+- :func:`as_created` is the space a resumed study keeps running: its encoding, and each knob
+  added since it was created (`autotune.spec.knobs.Knob.added_later`) fixed at the default the
+  study ran with. The fingerprint leaves such a knob out while it is fixed at its default, so a
+  study created before it resumes (and a new study that fixes it so fingerprints alike).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import optuna
 
 from autotune.spec.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec.errors import SpecError
-from autotune.spec.model_yaml import Spec
+from autotune.spec.knobs import KNOBS
+from autotune.spec.model_yaml import LATER_MODEL_FIELDS, Spec
 from autotune.spec.objectives import directions as objective_directions
 from autotune.storage.drivers import locked
 from autotune.storage.opening import open_storage
@@ -40,11 +46,15 @@ def fingerprint(spec: Spec, space) -> dict:
                "device": c.device, "device_memory_gb": c.device_memory_gb}
     if c.replay:  # another table is another world (only replay studies have the key)
         cluster["replay_sha256"] = hashlib.sha256(Path(c.replay).read_bytes()).hexdigest()
+    # a field added later, at the value that means what studies before it ran, is left out
+    model = {k: v for k, v in asdict(spec.model).items()
+             if k not in LATER_MODEL_FIELDS or v != LATER_MODEL_FIELDS[k]}
     parts = {
-        "model": asdict(spec.model),
+        "model": model,
         "train": asdict(spec.train),
         "cluster": cluster,
-        "space": {name: list(values) for name, values in space.domains.items()},
+        "space": {name: list(values) for name, values in space.domains.items()
+                  if not (KNOBS[name].added_later and values == (KNOBS[name].default,))},
         "objectives": list(spec.search.objectives),
         "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
     }
@@ -76,7 +86,9 @@ def _create_or_load(spec, space, storage, url, study_name, resume, sampler, prun
                         "pass --resume to continue it or choose another name")
     mine = fingerprint(spec, space)
     if exists:
-        stored = optuna.load_study(study_name=study_name, storage=storage).user_attrs.get("fingerprint")
+        old = optuna.load_study(study_name=study_name, storage=storage)
+        stored = old.user_attrs.get("fingerprint")
+        mine = fingerprint(spec, as_created(old, space)[0])
         changed = [part for part in mine if stored is not None and stored.get(part) != mine[part]]
         if changed:
             raise SpecError(f"--resume: {study_name!r} was run with other {', '.join(changed)} "
@@ -92,6 +104,24 @@ def _create_or_load(spec, space, storage, url, study_name, resume, sampler, prun
         study.set_user_attr("fingerprint", mine)
         study.set_user_attr("param_encoding", space.encoding)
     return study, exists
+
+
+def as_created(study: optuna.Study, space) -> tuple:
+    """(the space ``study`` keeps running, notes saying what was kept as it was); see the module
+    doc."""
+    notes, domains = [], dict(space.domains)
+    stored = (study.user_attrs.get("fingerprint") or {}).get("space")
+    for name, knob in KNOBS.items():
+        if stored is not None and knob.added_later and name not in stored \
+                and domains[name] != (knob.default,):
+            domains[name] = (knob.default,)
+            notes.append(f"{name}: fixed to {knob.default}: {study.study_name!r} was created "
+                         "before the knob existed")
+    encoding = encoding_of(study)
+    if encoding != space.encoding:
+        notes.append(f"{study.study_name!r} was created before ordered knobs: its knobs stay "
+                     f"{encoding} params")
+    return replace(space, domains=domains, encoding=encoding), notes
 
 
 def encoding_of(study: optuna.Study) -> str:

@@ -27,7 +27,6 @@ This is the only package that brings search, stopping, execution and storage tog
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -53,7 +52,7 @@ from autotune.storage.schema import knobs_of
 from autotune.study import confirm
 from autotune.study.bulkgrid import run_bulk_grid
 from autotune.study.loop import Loop, load_history
-from autotune.study.opening import encoding_of, open_study
+from autotune.study.opening import as_created, open_study
 from autotune.study.progress import Progress
 from autotune.study.recorder import Recorder
 from autotune.study.warmstart import earlier_studies, warm_start
@@ -103,12 +102,9 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
                stop_when_flat) -> optuna.Study:
     """Open the study and run it on the entered ``executor`` (see :func:`run_study`)."""
     study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
-    for note in table.notes if table else ():
+    space, kept = as_created(study, space)
+    for note in (*(table.notes if table else ()), *kept):
         progress.note(note)
-    if encoding_of(study) != space.encoding:
-        space = replace(space, encoding=encoding_of(study))
-        progress.note(f"{study_name!r} was created before ordered knobs: its knobs stay "
-                      f"{space.encoding} params")
     drivers = Drivers(study)
     interrupted = recover_interrupted(study, drivers.me)
     if interrupted:

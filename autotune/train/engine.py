@@ -18,8 +18,11 @@ from dataclasses import dataclass
 
 import mindspore as ms
 from mindspore import nn
+from mindspore.common.initializer import initializer
+from mindspore.common.parameter import ParameterTuple
 
 from autotune import layout
+from autotune.shapes import TOKEN_FAMILIES
 from autotune.train import entry, models, pipeline, schedule, step
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.parallel import Placement
@@ -52,18 +55,30 @@ class Engine:
         return self._probe
 
 
-def make_optimizer(network, learning_rate):
-    """AdamW (β 0.9/0.95, GPT-style), weight decay 0.1 on matrices only (not norms, biases)."""
+def make_optimizer(network, learning_rate, state_dtype=ms.float32):
+    """AdamW (β 0.9/0.95, GPT-style), weight decay 0.1 on matrices only (not norms, biases), its
+    moments in ``state_dtype`` (``model.optimizer_dtype``). Moments of another dtype than their
+    parameter — float32 moments of float16 parameters, MindFormers' FP32StateAdamWeightDecay —
+    take MindSpore's unfused update, which computes in float32 and stores each buffer in its own
+    dtype (the fused kernel wants one dtype)."""
     params = network.trainable_params()
     groups = [{"params": [p for p in params if len(p.shape) > 1], "weight_decay": 0.1},
               {"params": [p for p in params if len(p.shape) <= 1], "weight_decay": 0.0}]
-    return nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=learning_rate, beta1=0.9,
-                              beta2=0.95, eps=1e-8)
+    optimizer = nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=learning_rate,
+                                   beta1=0.9, beta2=0.95, eps=1e-8)
+    if any(p.dtype != state_dtype for p in optimizer.parameters):
+        def moments(prefix):
+            return ParameterTuple(ms.Parameter(initializer("zeros", p.shape, state_dtype),
+                                               name=f"{prefix}.{p.name}")
+                                  for p in optimizer.parameters)
+        optimizer.moments1, optimizer.moments2 = moments("adam_m"), moments("adam_v")
+        optimizer.use_fused_opt = False
+    return optimizer
 
 
 def _boundary(model: dict, micro_batch: int) -> tuple:
     """Shape of the hidden state one micro-batch sends between pipeline stages."""
-    if model["family"] == "transformer":
+    if model["family"] in TOKEN_FAMILIES:
         return (micro_batch, model["seq_length"], model["hidden_size"])
     return (micro_batch, model["hidden_size"])
 
@@ -97,6 +112,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     dtype = model.get("dtype", "float32")
     if dtype != "float32":
         step.set_compute_dtype(network, COMPUTE[dtype])
+    if model.get("param_dtype", "float32") != "float32":
+        step.set_param_dtype(network, COMPUTE[model["param_dtype"]])
     if knobs["recompute"] != "none":
         if not hasattr(network, "apply_recompute"):
             raise ConfigError("knobs.recompute: the network has no apply_recompute(mode) method")
@@ -105,7 +122,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
         warmup, total = knobs["warmup_steps"], train["total_steps"]
     else:
         warmup, total = schedule.trial_schedule(knobs["warmup_steps"], train["total_steps"], trial["steps"])
-    optimizer = make_optimizer(network, schedule.WarmupCosineLR(train["learning_rate"], warmup, total))
+    optimizer = make_optimizer(network, schedule.WarmupCosineLR(train["learning_rate"], warmup, total),
+                               COMPUTE[model.get("optimizer_dtype", "float32")])
     scaling = dtype == "float16"
     p, micro = placement, micro_steps(knobs)
     parallel = step.Parallelism(p.dp, p.dp_group, agree=p.tp > 1 or p.pp > 1,

@@ -41,13 +41,14 @@ placement's tp group), parameters named as in the whole model with the local sha
 (`autotune.train.weights`), a stage input/output of one fixed shape, and a loss for a
 vocabulary-split head. The entry interface does not pass a placement yet.
 
-Built-in families (``model.family`` = ``transformer`` | ``mlp``, ``entry`` null) come from
+Built-in families (``model.family`` = ``transformer`` | ``mlp`` | ``llama``, ``entry`` null) come from
 `autotune.train.models`, built for one rank of the layout, with synthetic data from
 `autotune.train.data`.
 """
 
 from mindspore import nn
 
+from autotune.shapes import TOKEN_FAMILIES
 from autotune.spec import entry as entry_loader
 from autotune.spec.entry import EntryError
 from autotune.train import data, models, tp_layers, weights
@@ -64,7 +65,7 @@ def build_builtin(config: dict, placement: Placement = SINGLE):
     network = models.build_network(model, placement)
     weights.initialize(network, model, placement, seed)
     loss_fn = tp_layers.cross_entropy(model["vocab_size"], placement.tp, placement.tp_index, placement.tp_group)
-    if model["family"] == "transformer":
+    if model["family"] in TOKEN_FAMILIES:
         dataset = data.TokenChains(batch, model["seq_length"], model["vocab_size"], seed=seed)
     else:
         dataset = data.TeacherClasses(batch, model["hidden_size"], model["vocab_size"], seed=seed)

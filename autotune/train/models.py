@@ -1,4 +1,5 @@
-"""Built-in model families a trial trains: ``transformer`` (GPT-style decoder) and ``mlp``.
+"""Built-in model families a trial trains: ``transformer`` (GPT-style decoder), ``mlp``, and
+``llama`` (MindFormers' legacy LLaMA, `autotune.train.llama`).
 
 A network is built for one rank of a layout (`autotune.train.parallel.Placement`; by default the
 whole model on one rank): the layers of its pipeline stage, each holding its tensor-parallel
@@ -29,8 +30,9 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from autotune.layout import stage_layers
-from autotune.train.parallel import Placement
 from autotune.shapes import FAMILIES
+from autotune.train.llama import Llama
+from autotune.train.parallel import Placement
 from autotune.train.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
 
 LN_EPS = 1e-5
@@ -214,4 +216,6 @@ def build_network(model_cfg: dict, placement: Placement = SINGLE) -> nn.Cell:
     if family == "mlp":
         return ResidualMLP(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["ffn_hidden_size"],
                            model_cfg["vocab_size"], placement)
+    if family == "llama":
+        return Llama(model_cfg, placement)
     raise ValueError(f"model.family: unknown built-in family {family!r} (expected one of {', '.join(FAMILIES)})")

@@ -43,7 +43,8 @@ _finite = ops.MultitypeFuncGraph("finite")
 
 @_mul.register("Tensor", "Tensor")
 def _mul_tensor(factor, grad):
-    return grad * ops.cast(factor, grad.dtype)
+    # in float32: 1 / loss scale underflows a float16 factor (2⁻³² is below its smallest)
+    return ops.cast(ops.cast(grad, ms.float32) * ops.cast(factor, ms.float32), grad.dtype)
 
 
 @_accumulate.register("Tensor", "Tensor")
@@ -66,15 +67,33 @@ def _finite_tensor(grad):
     return ops.isfinite(grad).all()
 
 
+def _keeps_float32(cell) -> bool:
+    return (isinstance(cell, (nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d))
+            or getattr(cell, "keep_float32", False))
+
+
+def set_param_dtype(network: nn.Cell, dtype) -> nn.Cell:
+    """Keep ``network``'s parameters in ``dtype`` (``model.param_dtype``, MindFormers'
+    ``param_init_type``), their gradients and accumulators with them; a norm's stay float32,
+    as MindFormers keeps them in ``layernorm_compute_type``."""
+    kept = {id(p) for _, cell in network.cells_and_names() if _keeps_float32(cell)
+            for p in cell.get_parameters(expand=False)}
+    for param in network.get_parameters():
+        if id(param) not in kept and param.dtype != dtype:
+            param.set_dtype(dtype)
+    return network
+
+
 def set_compute_dtype(network: nn.Cell, dtype) -> nn.Cell:
-    """Compute ``network`` in ``dtype`` (float16) with float32 parameters; norms stay float32.
+    """Compute ``network`` in ``dtype`` (float16) with float32 parameters; norms stay float32
+    (MindSpore's, and any cell with ``keep_float32 = True``, as the llama family's RMSNorm).
 
     ``to_float`` rather than ``amp.auto_mixed_precision(net, "O2")``: O2 wraps cells and renames
     every parameter (``_backbone.…``), which would break checkpoints and the export's names.
     """
     network.to_float(dtype)
     for _, cell in network.cells_and_names():
-        if isinstance(cell, (nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
+        if _keeps_float32(cell):
             cell.to_float(ms.float32)
     return network
 

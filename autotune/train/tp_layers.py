@@ -10,8 +10,10 @@ the plain layers, with no collective in the graph.
 - :class:`RowParallelDense`: weight (out, in/tp) applied to this rank's share of the inputs; the
   partial products are summed by :class:`~autotune.train.parallel.ReduceFromGroup`, and the
   whole bias is added once, after the sum.
+- Both take ``bias=False`` for a layer without one (MindFormers' llama has none).
 - :class:`VocabParallelEmbedding`: rows [t·V/tp, (t+1)·V/tp) of the token table; ids outside them
-  look up zeros, and the sum over the group completes every row.
+  look up zeros, and the sum over the group completes every row (:func:`vocab_lookup`, which a
+  table of another name uses too).
 - :class:`VocabParallelCrossEntropy`: the mean cross-entropy of logits split over the vocabulary,
   without gathering them: a common shift (the global max), the sum of exponentials and the target
   logit are each summed over the group.
@@ -45,10 +47,11 @@ def _linear(x, weight, bias):
 
 
 class ColumnParallelDense(nn.Cell):
-    def __init__(self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None):
+    def __init__(self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None,
+                 bias: bool = True):
         super().__init__()
         self.weight = _zeros(out_dim // tp, in_dim)
-        self.bias = _zeros(out_dim // tp)
+        self.bias = _zeros(out_dim // tp) if bias else None
         self.copy = CopyToGroup(group) if tp > 1 else None
 
     def construct(self, x):
@@ -58,34 +61,42 @@ class ColumnParallelDense(nn.Cell):
 
 
 class RowParallelDense(nn.Cell):
-    def __init__(self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None):
+    def __init__(self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None,
+                 bias: bool = True):
         super().__init__()
         self.weight = _zeros(out_dim, in_dim // tp)
-        self.bias = _zeros(out_dim)
+        self.bias = _zeros(out_dim) if bias else None
         self.reduce = ReduceFromGroup(group) if tp > 1 else None
 
     def construct(self, x):
         y = _linear(x, self.weight, None)
         if self.reduce is not None:
             y = self.reduce(y)
+        if self.bias is None:
+            return y
         return y + ops.cast(self.bias, y.dtype)
+
+
+def vocab_lookup(table, ids, start: int, reduce):
+    """Rows ``ids`` of a token table of which this rank holds rows [start, start + len(table));
+    ``reduce`` (the group's sum, or None for a whole table) completes them."""
+    if reduce is None:
+        return ops.gather(table, ids, 0)
+    local = ids - start
+    mine = ops.logical_and(local >= 0, local < table.shape[0])
+    rows = ops.gather(table, ops.select(mine, local, ops.zeros_like(local)), 0)
+    return reduce(rows * ops.cast(mine, rows.dtype).expand_dims(-1))
 
 
 class VocabParallelEmbedding(nn.Cell):
     def __init__(self, vocab: int, hidden: int, tp: int = 1, tp_index: int = 0, group: str | None = None):
         super().__init__()
-        self.rows = vocab // tp
-        self.start = tp_index * self.rows
-        self.embedding_table = _zeros(self.rows, hidden)
+        self.start = tp_index * (vocab // tp)
+        self.embedding_table = _zeros(vocab // tp, hidden)
         self.reduce = ReduceFromGroup(group) if tp > 1 else None
 
     def construct(self, ids):
-        if self.reduce is None:
-            return ops.gather(self.embedding_table, ids, 0)
-        local = ids - self.start
-        mine = ops.logical_and(local >= 0, local < self.rows)
-        rows = ops.gather(self.embedding_table, ops.select(mine, local, ops.zeros_like(local)), 0)
-        return self.reduce(rows * ops.cast(mine, rows.dtype).expand_dims(-1))
+        return vocab_lookup(self.embedding_table, ids, self.start, self.reduce)
 
 
 class VocabParallelCrossEntropy(nn.Cell):

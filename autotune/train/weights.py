@@ -9,8 +9,8 @@ checks that the network holds exactly the parameters the layout gives this rank,
 shapes the layout promises, and raises RuntimeError otherwise.
 
 Distributions (MindSpore's own defaults for these layers): Dense weight and bias
-U(±1/√fan_in), fan_in the full weight's input width; embedding tables N(0, 0.01); norm gains 1,
-shifts 0.
+U(±1/√fan_in), fan_in the full weight's input width; embedding tables N(0, 0.01); norm gains 1
+(LayerNorm's ``gamma``, RMSNorm's ``…norm.weight`` / ``norm_out.weight``), shifts 0.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ def _stream(seed: int, name: str) -> np.random.Generator:
 def full_value(name: str, shape: tuple, shapes: dict, seed: int) -> np.ndarray:
     """The initial value of parameter ``name`` of the whole model (``shapes``: all full shapes)."""
     rng = _stream(seed, name)
-    if name.endswith(".gamma"):
+    if name.endswith((".gamma", "norm.weight", "norm_out.weight")):
         return np.ones(shape, np.float32)
     if name.endswith(".beta"):
         return np.zeros(shape, np.float32)
-    if name.endswith("embedding_table"):
+    if name.endswith(("embedding_table", "embedding_weight")):
         return (0.01 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
     weight = name[:-len("bias")] + "weight" if name.endswith(".bias") else name
     bound = 1.0 / np.sqrt(shapes[weight][1])

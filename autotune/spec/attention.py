@@ -1,0 +1,32 @@
+"""Fused attention (``model.flash_attention``, MindFormers' ``use_flash_attention``): where it
+runs, and what it asks of the model.
+
+MindSpore 2.10 runs fused attention (``flash_attention_score``) on Ascend only, in float16 or
+bfloat16, with a head dimension that is a multiple of 16 (docs/mindformers.md, "Flash
+attention"). Elsewhere a model with ``flash_attention: true`` computes the plain softmax
+attention, and the cost model prices the s² score tensors there.
+
+Contract: :func:`fused_refusal` says why the fused operator cannot run ``model`` (a spec's
+``model`` section), or "" when it can; a backend that runs it (`autotune.spec.backends`, on
+Ascend) refuses such a model at validation rather than fall back silently.
+"""
+
+from __future__ import annotations
+
+from autotune.shapes import TOKEN_FAMILIES
+
+FUSED_DTYPES = ("float16", "bfloat16")
+HEAD_DIM_MULTIPLE = 16
+
+
+def fused_refusal(model) -> str:
+    """Why fused attention cannot run ``model`` ("" when it can)."""
+    if model.family not in TOKEN_FAMILIES:
+        return f"the {model.family or 'entry'} model has no attention the fused operator replaces"
+    if model.dtype not in FUSED_DTYPES:
+        return f"the fused operator computes in {' or '.join(FUSED_DTYPES)}, not {model.dtype}"
+    head_dim = model.hidden_size // model.num_heads
+    if head_dim % HEAD_DIM_MULTIPLE:
+        return (f"the head dimension {head_dim} (hidden_size / num_heads) is not a multiple of "
+                f"{HEAD_DIM_MULTIPLE}")
+    return ""

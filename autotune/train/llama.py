@@ -1,0 +1,228 @@
+"""The ``llama`` family: MindFormers' legacy LLaMA decoder, for one rank of a layout.
+
+What LLaMA-family models trained with MindFormers run (docs/mindformers.md, "The llama family",
+read from ``mindformers/models/llama`` at v1.5.0): token embedding (first stage), pre-norm
+decoder layers — RMSNorm, grouped-query self-attention with rotary position embeddings,
+RMSNorm, a SwiGLU feed-forward ``w2(silu(w1·x) · w3·x)`` — a final RMSNorm and an untied LM head
+(last stage); no biases, no dropout. Parameters are named as MindFormers names them
+(``model.layers.3.attention.wq.weight``, ``model.layers.3.feed_forward.w1.weight``,
+``model.tok_embeddings.embedding_weight``, ``lm_head.weight``; `autotune.shapes`) and split as it
+splits them under tensor parallelism (`autotune.layout`): Q, K, V, w1 and w3 column-parallel,
+wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
+
+- Grouped-query attention: ``num_kv_heads`` key/value heads, each serving ``num_heads /
+  num_kv_heads`` query heads (query head j reads key/value head j // group, as Hugging Face's and
+  MindFormers' ``repeat_kv``). Under tensor parallelism a rank holds whole key/value heads with
+  their query heads: tp must divide ``num_kv_heads`` (MindFormers refuses otherwise, and so does
+  the search space, `autotune.spec.constraints`).
+- Rotary embedding as MindFormers' ``FreqsMgr``/``RotaryEmbedding``: θ = 10000, frequencies over
+  the head dimension, the "rotate half" form (halves, not interleaved pairs), computed in
+  float32.
+- RMSNorm ``x · rsqrt(mean(x²) + ε) · w`` with ε = 1e-5 (MindFormers' ``rms_norm_eps`` default),
+  in float32 whatever the compute dtype (its ``layernorm_compute_type``).
+
+Recompute modes: ``full`` recomputes every layer, ``selective`` the attention core.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.common.initializer import initializer
+
+from autotune.layout import stage_layers
+from autotune.shapes import kv_heads
+from autotune.train.parallel import Placement
+from autotune.train.tp_layers import (ColumnParallelDense, ReduceFromGroup, RowParallelDense,
+                                      vocab_lookup)
+
+RMS_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+
+class RMSNorm(nn.Cell):
+    """x · rsqrt(mean(x²) + ε) · weight, computed in float32 (the weight is float32 too)."""
+
+    keep_float32 = True  # `autotune.train.step.set_compute_dtype` leaves it in float32
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = ms.Parameter(initializer("ones", (dim,), ms.float32))
+
+    def construct(self, x):
+        x32 = ops.cast(x, ms.float32)
+        normed = x32 * ops.rsqrt((x32 * x32).mean(axis=-1, keep_dims=True) + RMS_EPS)
+        return normed * self.weight
+
+
+class Embedding(nn.Cell):
+    """The vocab-parallel token table, under MindFormers' name ``embedding_weight``."""
+
+    def __init__(self, vocab: int, hidden: int, p: Placement):
+        super().__init__()
+        self.start = p.tp_index * (vocab // p.tp)
+        self.embedding_weight = ms.Parameter(initializer("zeros", (vocab // p.tp, hidden),
+                                                         ms.float32))
+        self.reduce = ReduceFromGroup(p.tp_group) if p.tp > 1 else None
+
+    def construct(self, ids):
+        return vocab_lookup(self.embedding_weight, ids, self.start, self.reduce)
+
+
+def rotary_tables(seq: int, head_dim: int):
+    """(cos, sin) of the rotary angles, (seq, head_dim) float32: position × θ^(−2i/head_dim),
+    the frequencies repeated over both halves. Made in the graph: a tensor attribute would be
+    cast to the compute dtype through numpy, which has no bfloat16."""
+    inv = ops.exp(ops.arange(0, head_dim, 2, dtype=ms.float32) * (-math.log(ROPE_THETA) / head_dim))
+    angles = ops.arange(0, seq, dtype=ms.float32).expand_dims(1) * inv.expand_dims(0)
+    angles = ops.concat((angles, angles), axis=-1)
+    return ops.cos(angles), ops.sin(angles)
+
+
+def rotate(x, cos, sin):
+    """The rotary embedding of ``x`` (batch, heads, seq, head_dim): x·cos + rotate_half(x)·sin,
+    rotate_half(x) = [−x₂, x₁] of x's two halves; in float32, returned in x's dtype."""
+    x32 = ops.cast(x, ms.float32)
+    half = x.shape[-1] // 2
+    rotated = ops.concat((-x32[..., half:], x32[..., :half]), axis=-1)
+    return ops.cast(x32 * cos + rotated * sin, x.dtype)
+
+
+class AttentionCore(nn.Cell):
+    """Causal softmax(q·kᵀ/√d)·v, key/value heads repeated over their query heads. A cell of its
+    own so that selective recompute targets exactly the (seq × seq) tensors."""
+
+    def __init__(self, seq: int, head_dim: int, group: int):
+        super().__init__()
+        self.seq, self.group = seq, group
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.qk = ops.BatchMatMul(transpose_b=True)
+        self.pv = ops.BatchMatMul()
+        self.softmax = ops.Softmax(axis=-1)
+
+    def _repeat(self, x):
+        """(b, kv, s, d) → (b, kv·group, s, d): head j of the result is head j // group."""
+        if self.group == 1:
+            return x
+        b, kv, s, d = x.shape
+        return ops.broadcast_to(x.expand_dims(2), (b, kv, self.group, s, d)).reshape(
+            b, kv * self.group, s, d)
+
+    def construct(self, q, k, v):
+        scores = self.qk(q, self._repeat(k)) * self.scale
+        # the mask is made here: a tensor attribute would be cast through numpy (no bfloat16)
+        mask = ops.triu(ops.full((self.seq, self.seq), -1.0e4, dtype=ms.float32), 1)
+        probs = self.softmax(ops.cast(scores, ms.float32) + mask)  # float32: fp16 exp overflows
+        return self.pv(ops.cast(probs, q.dtype), self._repeat(v))
+
+
+class Attention(nn.Cell):
+    """Grouped-query self-attention over this rank's heads: wq, wk, wv column-parallel, wo
+    row-parallel, rotary embeddings on q and k."""
+
+    def __init__(self, hidden: int, heads: int, kv: int, seq: int, p: Placement):
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.heads, self.kv = heads // p.tp, kv // p.tp
+        kv_dim = kv * self.head_dim
+        self.wq = ColumnParallelDense(hidden, hidden, p.tp, p.tp_group, bias=False)
+        self.wk = ColumnParallelDense(hidden, kv_dim, p.tp, p.tp_group, bias=False)
+        self.wv = ColumnParallelDense(hidden, kv_dim, p.tp, p.tp_group, bias=False)
+        self.wo = RowParallelDense(hidden, hidden, p.tp, p.tp_group, bias=False)
+        self.core = AttentionCore(seq, self.head_dim, heads // kv)
+
+    def _heads(self, x, n):
+        b, s, _ = x.shape
+        return x.reshape(b, s, n, self.head_dim).transpose(0, 2, 1, 3)
+
+    def construct(self, x):
+        b, s, _ = x.shape
+        cos, sin = rotary_tables(s, self.head_dim)
+        q = rotate(self._heads(self.wq(x), self.heads), cos, sin)
+        k = rotate(self._heads(self.wk(x), self.kv), cos, sin)
+        ctx = self.core(q, k, self._heads(self.wv(x), self.kv))
+        return self.wo(ctx.transpose(0, 2, 1, 3).reshape(b, s, self.heads * self.head_dim))
+
+
+class FeedForward(nn.Cell):
+    """SwiGLU: w2(silu(w1·x) · w3·x); w1 (gate) and w3 (up) column-, w2 (down) row-parallel."""
+
+    def __init__(self, hidden: int, ffn: int, p: Placement):
+        super().__init__()
+        self.w1 = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group, bias=False)
+        self.w2 = RowParallelDense(ffn, hidden, p.tp, p.tp_group, bias=False)
+        self.w3 = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group, bias=False)
+
+    def construct(self, x):
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Cell):
+    """h = x + attention(attention_norm(x)); h + feed_forward(ffn_norm(h))."""
+
+    def __init__(self, hidden: int, heads: int, kv: int, ffn: int, seq: int, p: Placement):
+        super().__init__()
+        self.attention_norm = RMSNorm(hidden)
+        self.attention = Attention(hidden, heads, kv, seq, p)
+        self.ffn_norm = RMSNorm(hidden)
+        self.feed_forward = FeedForward(hidden, ffn, p)
+
+    def construct(self, x):
+        h = x + ops.cast(self.attention(self.attention_norm(x)), x.dtype)
+        return h + ops.cast(self.feed_forward(self.ffn_norm(h)), h.dtype)
+
+
+class Backbone(nn.Cell):
+    """MindFormers' ``LlamaModel`` part of this stage: embedding, layers, final norm."""
+
+    def __init__(self, cfg: dict, p: Placement):
+        super().__init__()
+        self.first, self.last = p.first, p.last
+        hidden, heads = cfg["hidden_size"], cfg["num_heads"]
+        if p.first:
+            self.tok_embeddings = Embedding(cfg["vocab_size"], hidden, p)
+        self.layers = nn.SequentialCell(OrderedDict(
+            (str(i), DecoderLayer(hidden, heads, kv_heads(cfg), cfg["ffn_hidden_size"],
+                                  cfg["seq_length"], p))
+            for i in stage_layers(cfg["num_layers"], p.pp, p.stage)))
+        if p.last:
+            self.norm_out = RMSNorm(hidden)
+
+    def construct(self, x):
+        if self.first:
+            x = self.tok_embeddings(x)
+        x = self.layers(x)
+        if self.last:
+            x = self.norm_out(x)
+        return x
+
+
+class Llama(nn.Cell):
+    """MindFormers' ``LlamaForCausalLM`` for one rank (see the module doc): token ids (batch,
+    seq) → logits (batch, seq, vocab / tp); a middle or last stage maps the hidden state
+    (batch, seq, hidden) instead, a non-last stage returns it."""
+
+    def __init__(self, cfg: dict, p: Placement):
+        super().__init__()
+        self.last = p.last
+        self.model = Backbone(cfg, p)
+        if p.last:
+            self.lm_head = ColumnParallelDense(cfg["hidden_size"], cfg["vocab_size"], p.tp,
+                                               p.tp_group, bias=False)
+
+    def construct(self, x):
+        x = self.model(x)
+        if self.last:
+            x = self.lm_head(x)
+        return x
+
+    def apply_recompute(self, mode):
+        """none | full (each layer) | selective (each attention core)."""
+        for layer in self.model.layers.cells():
+            if mode == "full":
+                layer.recompute()
+            elif mode == "selective":
+                layer.attention.core.recompute()
