@@ -33,7 +33,7 @@ train: {global_batch_size: 8, learning_rate: 5.0e-3, total_steps: 200}
 cluster: {backend: cpu, devices: 2, devices_per_node: 1, device_memory_gb: 8}
 search:
   space: {tp: [1, 2], pp: 1, fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0,
-          jit_level: O1, recompute: none}
+          jit_level: O1, recompute: none, parallel_optimizer: false}
   n_trials: 2
   objectives: [goodput, final_loss]  # two objectives: no pruner stops the slower tp trial
 trial: {steps: 8, measure_after: 2, timeout_s: 240}
