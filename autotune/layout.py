@@ -24,6 +24,13 @@ Contract (pure Python, no MindSpore):
 - The trainer's checkpoints hold, per rank, its slice of every parameter of its stage and of the
   Adam moments of each (:data:`OPTIMIZER_STATES`, laid out like their parameter):
   :func:`with_optimizer_states` adds those, so a strategy file describes exactly what is saved.
+- The parallel optimizer (MindSpore's at its default level, read from its source in
+  docs/parallel.md): :func:`with_optimizer_shards` marks each parameter whose optimizer update is
+  split further along dim 0 of its tp slice (:class:`OptimizerShard`) over every rank of the stage
+  that holds the same slice — the dp group for a tp-split parameter, all dp·tp ranks of the stage
+  for a replicated one — unless its full size is at most the threshold (64 KB by default) or that
+  dim 0 does not divide evenly. A sharded rank saves only its shard of the parameter and of its
+  moments, as MindSpore's parallel optimizer does.
 """
 
 from __future__ import annotations
@@ -82,6 +89,11 @@ LLAMA_RULES = {glob: split for glob, split in MINDFORMERS_RULES.items()
                if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
                and "w_qkv" not in glob and "w_gate_hidden" not in glob}
 BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES, "llama": LLAMA_RULES}
+# Bytes per element of the dtypes a model's parameters, compute or optimizer states may take.
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+# MindSpore's (and MindFormers') default parallel_optimizer_threshold, in KB: parameters no larger
+# than this are not sharded.
+OPTIMIZER_SHARD_THRESHOLD_KB = 64
 # Prefixes of the optimizer's per-parameter state (MindSpore's AdamWeightDecay: first and second
 # moments, cloned from the parameters as "<prefix>.<parameter name>").
 OPTIMIZER_STATES = ("adam_m", "adam_v")
@@ -90,13 +102,29 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|layer|h)\.(\d+)\.")
 
 
 @dataclass(frozen=True)
+class OptimizerShard:
+    """How the parallel optimizer splits a parameter's tp slice along dim 0: over ``size`` ranks
+    that stride by ``step`` in the stage's rank order (MindSpore's ``opt_weight_shard_size`` and
+    ``opt_weight_shard_step``: ``tp`` for a tp-split parameter, 1 for a replicated one)."""
+
+    size: int
+    step: int
+
+    def index(self, dp_index: int, tp_index: int, tp: int) -> int:
+        """Which of the ``size`` shards the rank at (dp_index, tp_index) holds."""
+        return dp_index if self.step == tp and tp > 1 else dp_index * tp + tp_index
+
+
+@dataclass(frozen=True)
 class ParamLayout:
-    """One parameter: full shape, pipeline stage, and the dimension split across tp (or None)."""
+    """One parameter: full shape, pipeline stage, the dimension split across tp (or None), and
+    the parallel optimizer's shard of it (or None)."""
 
     name: str
     shape: tuple[int, ...]
     stage: int
     split_dim: int | None
+    opt_shard: OptimizerShard | None = None
 
     def tensor_map(self) -> list[int]:
         # Entries index the device matrix [dp, tp] from the right: 0 is the tp axis, -1 = whole.
@@ -115,6 +143,24 @@ class ParamLayout:
             size = self.shape[self.split_dim] // tp
             index[self.split_dim] = slice(tp_index * size, (tp_index + 1) * size)
         return tuple(index)
+
+    def shard_rows(self, tp: int, dp_index: int, tp_index: int) -> slice:
+        """The rows (dim 0 of this rank's tp slice) whose update this rank owns; all of them
+        without an optimizer shard."""
+        rows = self.local_shape(tp)[0] if self.shape else 1
+        if self.opt_shard is None:
+            return slice(0, rows)
+        size = rows // self.opt_shard.size
+        start = self.opt_shard.index(dp_index, tp_index, tp) * size
+        return slice(start, start + size)
+
+    def rank_shape(self, tp: int) -> tuple[int, ...]:
+        """The shape this rank's optimizer updates and saves: its tp slice, its optimizer shard
+        of that slice when it has one."""
+        local = self.local_shape(tp)
+        if self.opt_shard is None:
+            return local
+        return (local[0] // self.opt_shard.size, *local[1:])
 
 
 def split_kind(name: str, rules: dict) -> str:
@@ -198,6 +244,27 @@ def with_optimizer_states(layouts: dict) -> dict:
     states = {f"{prefix}.{name}": replace(p, name=f"{prefix}.{name}")
               for prefix in OPTIMIZER_STATES for name, p in layouts.items()}
     return {**layouts, **states}
+
+
+def optimizer_shard(p: ParamLayout, dp: int, tp: int, element_bytes: int,
+                    threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB) -> OptimizerShard | None:
+    """The parallel optimizer's shard of ``p`` (see the module doc), or None if it stays whole."""
+    size, step = (dp, tp) if p.split_dim is not None else (dp * tp, 1)
+    if dp == 1 or size == 1 or not p.shape:
+        return None
+    if math.prod(p.shape) * element_bytes <= threshold_kb * 1024:
+        return None
+    if p.local_shape(tp)[0] % size:
+        return None
+    return OptimizerShard(size, step)
+
+
+def with_optimizer_shards(layouts: dict, dp: int, tp: int, element_bytes: int,
+                          threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB) -> dict:
+    """``layouts`` with the parallel optimizer's shards marked (``element_bytes``: the
+    parameters' dtype size, which the threshold is measured in)."""
+    return {name: replace(p, opt_shard=optimizer_shard(p, dp, tp, element_bytes, threshold_kb))
+            for name, p in layouts.items()}
 
 
 def rank_elements(layouts: dict, tp: int, stage: int) -> int:

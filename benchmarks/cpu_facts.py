@@ -357,6 +357,7 @@ def worker(out: Path, ir_dir: Path) -> None:
     x = ms.Tensor(np.ones((2, 3), np.float32))
     attempt("AllGather on the world group", lambda: ops.AllGather(), x)
     attempt("AllGather on a created 2-rank group", lambda: ops.AllGather(group=PAIR), x)
+    attempt("ReduceScatter on the world group", lambda: ops.ReduceScatter(), ms.Tensor(np.ones((4, 3), np.float32)))
     world = communication.GlobalComm.WORLD_COMM_GROUP
     attempt("Send on the world group",
             lambda: ops.Send(sr_tag=0, dest_rank=1 - rank, group=world), x)

@@ -515,3 +515,47 @@ def test_calibrated_memory_decides_feasibility():
     cal = Calibration(memory_factor=80 * 0.95 / raw.memory_gb_per_device)
     est = estimate(spec, cand(), calibration=cal)
     assert raw.feasible and not est.feasible and "predicted 76.0 GB/device" in est.reason
+
+
+# -- the parallel optimizer, as the trainer runs it ----------------------------------------------
+
+def test_parallel_optimizer_memory_and_traffic_by_hand():
+    # h=128, ffn=512, V=256, s=32, L=2, float32 parameters: sharded (over 64 KB, dim 0 even) are
+    # qkv 384·128, fc_in 512·128, fc_out 128·512 per layer, the token table 256·128 and the head
+    # 256·128; proj 128·128 is 64 KB exactly and stays whole, as do biases, norms, positions.
+    sharded = 2 * (384 * 128 + 512 * 128 + 128 * 512) + 256 * 128 + 256 * 128
+    assert sharded == 425984
+    spec = spec_of({"hidden_size": 128, "ffn_hidden_size": 512}, cluster={"devices": 2})
+    on_candidate = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
+    off, on = (estimate(spec, c, engine="trainer") for c in (cand(dp=2), on_candidate))
+    m_off, m_on = off.breakdown["memory_gb"], on.breakdown["memory_gb"]
+    # each of the 2 ranks keeps Adam's two float32 moments of half the sharded rows …
+    assert (m_off["optimizer_states"] - m_on["optimizer_states"]) * GIB == pytest.approx(8 * sharded / 2)
+    # … and a float32 copy of its half, which the optimizer updates before the rows are gathered
+    assert (m_on["params"] - m_off["params"]) * GIB == pytest.approx(4 * sharded / 2)
+    assert m_on["grads"] == m_off["grads"] and m_on["activations"] == m_off["activations"]
+    # the gather: one all-reduce of the sharded parameters (float32) over the dp group of 2
+    profile = resolve_profile(spec.cluster)
+    gather = allreduce_time(4 * sharded, 2, profile.intra_node_gbps, profile)
+    t_off, t_on = off.breakdown["time_s"], on.breakdown["time_s"]
+    assert t_on["dp_comm"] - t_off["dp_comm"] == pytest.approx(gather)
+    # Adam reads and writes the state of the rows a rank owns only
+    whole = t_off["optimizer"] / (states_bytes(off) / 16)
+    assert t_on["optimizer"] == pytest.approx(whole * (states_bytes(off) / 16 - sharded / 2))
+    # MindSpore's own (the simulate backend's default engine) keeps only the owned half of each
+    # sharded parameter, with no copy, and reduce-scatters + all-gathers what it all-reduced
+    ms_off, ms_on = (estimate(spec, c) for c in (cand(dp=2), on_candidate))
+    assert ms_off.breakdown == off.breakdown
+    m_ms = ms_on.breakdown["memory_gb"]
+    assert (m_off["params"] - m_ms["params"]) * GIB == pytest.approx(4 * sharded / 2)
+    assert m_ms["optimizer_states"] == m_on["optimizer_states"]
+    assert ms_on.breakdown["time_s"]["dp_comm"] == t_off["dp_comm"]
+
+
+def test_parallel_optimizer_changes_nothing_without_a_dp_group_or_for_megatron():
+    spec = spec_of({"hidden_size": 128, "ffn_hidden_size": 512}, cluster={"devices": 2})
+    on = Candidate(1, 2, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
+    assert estimate(spec, on).breakdown == estimate(spec, cand(tp=2)).breakdown
+    on_dp = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
+    assert estimate(spec, on_dp, engine="megatron").breakdown == \
+        estimate(spec, cand(dp=2), engine="megatron").breakdown

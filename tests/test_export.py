@@ -394,3 +394,27 @@ def test_user_tp_rules_come_before_the_defaults(tmp_path):
     assert params["lm_head.weight"]["split_dim"] is None
     assert params["layers.2.attention.wo.weight"]["split_dim"] == 0
     assert params["layers.1.attention.wq.weight"]["split_dim"] == 0  # default rule still applies
+
+
+def test_parallel_optimizer_export_lays_out_the_shards_and_turns_it_on(tmp_path):
+    # h=128, ffn=512: qkv (384·128), fc_in (512·128) and fc_out (128·512) are over 64 KB in
+    # float32 and split by tp 2: their slices' dim 0 is sharded over the dp group of 2, whose
+    # ranks stride by tp (MindSpore's opt_weight_shard_step); everything else stays whole.
+    spec = make_spec(tmp_path, hidden=128, ffn_hidden_size=512)
+    out = tmp_path / "po"
+    write_export(spec, candidate(parallel_optimizer=True), TRIAL, out)
+    sharded = {f"blocks.{i}.{part}.weight" for i in range(LAYERS)
+               for part in ("attn.qkv", "mlp.fc_in", "mlp.fc_out")}
+    merged = build_searched_strategy(str(out / "strategy.ckpt"))
+    assert len(merged) == 3 * len(expected_params())
+    for key, layout in merged.items():
+        name = key.split("-", 1)[1].removeprefix("adam_m.").removeprefix("adam_v.")
+        shard = (layout.opt_weight_shard_step, layout.opt_weight_shard_size)
+        assert shard == ((2, 2) if name in sharded else (0, 0)), key
+    par = yaml.safe_load((out / "launch.yaml").read_text())["auto_parallel_context"]
+    assert par["enable_parallel_optimizer"] is True
+    assert par["parallel_optimizer_config"] == {"parallel_optimizer_threshold": 64}
+    off = tmp_path / "off"
+    write_export(spec, candidate(), TRIAL, off)
+    assert all(lay.opt_weight_shard_size == 0
+               for lay in build_searched_strategy(str(off / "strategy.ckpt")).values())

@@ -199,6 +199,24 @@ def test_overlay_merged_over_llama2_is_what_mindformers_rule_gives(tmp_path):
     assert "#   parallel.comm_fusion: (absent) -> " in header
 
 
+def test_a_tuned_parallel_optimizer_stays_on_over_a_base_that_has_it_on(tmp_path):
+    out = export(tmp_path, "po", dict(LAYOUTS["dp8"], parallel_optimizer=True), device="ascend-910b",
+                 base=LLAMA2)
+    merged = read_yaml(out / "mindformers.yaml")
+    base = read_yaml(LLAMA2)
+    assert merged["parallel"]["enable_parallel_optimizer"] is True
+    # the base's own threshold (and its gradient_accumulation_shard) are kept as they were
+    assert merged["parallel"]["parallel_optimizer_config"] == base["parallel"]["parallel_optimizer_config"]
+    changes = json.loads((out / "summary.json").read_text())["mindformers"]["changes"]
+    assert not [c for c in changes if "parallel_optimizer" in c["key"]]
+    assert "optimizer_shard" not in json.dumps(merged["parallel_config"])
+    # without a base, the overlay turns it on with MindFormers' default threshold
+    overlay = read_yaml(export(tmp_path, "po-overlay", dict(LAYOUTS["dp8"], parallel_optimizer=True),
+                               device="ascend-910b") / "mindformers.yaml")
+    assert overlay["parallel"]["enable_parallel_optimizer"] is True
+    assert overlay["parallel"]["parallel_optimizer_config"] == {"parallel_optimizer_threshold": 64}
+
+
 @pytest.mark.parametrize("base, dtype", [(LLAMA2, "float16"), (QWEN3, "bfloat16")], ids=["llama2", "qwen3-bf16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_trains_as_tuned_under_mindformers(tmp_path, base, dtype, layout):

@@ -31,15 +31,20 @@ MODEL = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads
 SCALARS = {"global_step", "loss_scale", "loss_scale.cur_iter", "loss_scale.last_overflow_iter", "step"}
 
 
-def export(tmp_path, tp, pp, dtype="float32", loss_scale=1024) -> Path:
-    spec = parse_spec({"study": "runs", "model": {**MODEL, "dtype": dtype},
+# big enough for the parallel optimizer: qkv (384·128), fc_in (512·128), fc_out (128·512) are over
+# its 64 KB threshold in float32, the rest is not
+SHARDED_MODEL = {**MODEL, "hidden_size": 128, "ffn_hidden_size": 512}
+
+
+def export(tmp_path, tp, pp, dtype="float32", loss_scale=1024, parallel_optimizer=False, model=MODEL) -> Path:
+    spec = parse_spec({"study": "runs", "model": {**model, "dtype": dtype},
                        "train": {"global_batch_size": 16, "learning_rate": 0.01, "total_steps": 100,
                                  "save_every": 2},
                        "cluster": {"backend": "cpu", "devices": 2, "devices_per_node": 2},
                        "trial": {"steps": 10, "measure_after": 4}}, tmp_path / "model.yaml")
     c = Candidate(dp=2 // (tp * pp), tp=tp, pp=pp, micro_batches=2 if pp > 1 else 1, fusion_mb=16,
                   grad_accum=1 if pp > 1 else 2, loss_scale=loss_scale, warmup_steps=10, jit_level="O1",
-                  recompute="none")
+                  recompute="none", parallel_optimizer=parallel_optimizer)
     out = tmp_path / f"tp{tp}pp{pp}"
     write_export(spec, c, {"number": 1, "study": "runs", "metrics": {}, "estimate": None}, out)
     return out
@@ -55,15 +60,15 @@ def launch(out: Path, *args) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
 
 
-def whole_model_loss(merged: dict, step: int) -> float:
+def whole_model_loss(merged: dict, step: int, model=MODEL) -> float:
     """The tp1·pp1 model with the merged weights, on the global batch of ``step``."""
     from autotune.train import data, models, program, tp_layers
     ms.set_context(mode=ms.GRAPH_MODE)
     program.numpy2_workaround(ms)
-    network = models.build_network(MODEL)
+    network = models.build_network(model)
     not_loaded, _ = ms.load_param_into_net(network, merged, strict_load=True)
     assert not not_loaded
-    x, y = data.TokenChains(16, MODEL["seq_length"], MODEL["vocab_size"], seed=0)(step)
+    x, y = data.TokenChains(16, model["seq_length"], model["vocab_size"], seed=0)(step)
     logits = ms.ops.cast(network(ms.Tensor(x)), ms.float32)
     return float(tp_layers.TokenCrossEntropy()(logits, ms.Tensor(y)).asnumpy())
 
@@ -112,3 +117,39 @@ def test_resume_continues_exactly_where_the_run_stopped(tmp_path, tp, pp):
     np.testing.assert_allclose([s["loss"] for s in resumed], [s["loss"] for s in straight], rtol=1e-5)
     assert [s["loss_scale"] for s in resumed] == [s["loss_scale"] for s in straight]
     assert resumed[0]["overflow"] and len({s["loss_scale"] for s in resumed}) > 1
+
+
+@pytest.mark.slow
+def test_a_parallel_optimizer_run_saves_shards_that_merge_into_the_whole_model(tmp_path):
+    """dp2 with the parallel optimizer: each rank saves its half of the sharded parameters and of
+    their moments; transform_checkpoints with the exported strategy.ckpt (opt_weight_shard_*)
+    merges them into the whole model, which computes the run's loss; --resume continues exactly."""
+    out = export(tmp_path, 1, 1, parallel_optimizer=True, model=SHARDED_MODEL)
+    steps = launch(out, "--steps", "3")
+    summary = json.loads((out / "summary.json").read_text())
+    sharded = {f"blocks.{i}.{part}.weight" for i in range(2) for part in ("attn.qkv", "mlp.fc_in", "mlp.fc_out")}
+    halves = {}
+    for rank in range(2):
+        held = ms.load_checkpoint(str(out / "run" / "checkpoint" / f"rank_{rank}" / "step_00000002.ckpt"))
+        for name, p in summary["parameters"].items():
+            rows = p["shape"][0] // 2 if name in sharded else p["shape"][0]
+            for prefix in ("", "adam_m.", "adam_v."):
+                assert list(held[prefix + name].shape) == [rows, *p["shape"][1:]], f"rank {rank} {prefix}{name}"
+        halves[rank] = held
+    # the two ranks hold different halves of a sharded parameter, the same whole of any other
+    name = "blocks.0.mlp.fc_in.weight"
+    assert not np.array_equal(halves[0][name].asnumpy(), halves[1][name].asnumpy())
+    np.testing.assert_array_equal(halves[0]["embed.tok.embedding_table"].asnumpy(), halves[1]["embed.tok.embedding_table"].asnumpy())
+    source = tmp_path / "step2"
+    for rank in range(2):
+        (source / f"rank_{rank}").mkdir(parents=True)
+        shutil.copy(out / "run" / "checkpoint" / f"rank_{rank}" / "step_00000002.ckpt", source / f"rank_{rank}")
+    transform_checkpoints(str(source), str(tmp_path / "merged"), "whole_", str(out / "strategy.ckpt"), None)
+    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "whole_0.ckpt"))
+    assert list(merged[name].shape) == summary["parameters"][name]["shape"]
+    np.testing.assert_array_equal(merged[name].asnumpy()[:256], halves[0][name].asnumpy())
+    assert whole_model_loss(merged, 2, SHARDED_MODEL) == pytest.approx(steps[2]["loss"], rel=1e-5)
+    # resuming rebuilds the whole parameters from the restored shards
+    resumed = launch(out, "--steps", "5", "--resume")
+    straight = launch(out, "--steps", "5", "--out", str(tmp_path / "straight"))
+    np.testing.assert_allclose([s["loss"] for s in resumed], [s["loss"] for s in straight], rtol=1e-5)

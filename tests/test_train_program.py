@@ -168,7 +168,7 @@ config = {"seed": 0, "train": {"global_batch_size": 4},
                     "ffn_hidden_size": 32, "seq_length": 8, "vocab_size": 32}}
 network, loss_fn, dataset = entry.build(config)
 step.set_compute_dtype(network, ms.bfloat16)
-optimizer = engine.make_optimizer(network, 1e-3)
+optimizer = engine.make_optimizer(network.trainable_params(), 1e-3)
 _, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=1, scaling=False, loss_scale=1)
 x, y = dataset(0)
 loss, _, _ = apply(ms.Tensor(x), ms.Tensor(y))

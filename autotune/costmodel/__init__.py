@@ -2,10 +2,11 @@
 
 API (what the search loop and the CLI call):
 
-- ``estimate(spec, candidate, calibration=None, engine="trainer") -> Estimate`` — the verdict
+- ``estimate(spec, candidate, calibration=None, engine=None) -> Estimate`` — the verdict
   on one candidate (feasible or why not, memory per device, step time, samples/s, TFLOP/s per
-  device, MFU and a breakdown) as autotune's trainer runs it (``engine="megatron"``: as
-  Megatron-LM would); ``Estimate.as_dict()`` is its strict-JSON form.
+  device, MFU and a breakdown) as autotune's trainer runs it, or on the ``simulate`` backend as
+  MindSpore runs the export (``engine`` overrides: ``"trainer"``, ``"mindspore"``,
+  ``"megatron"``); ``Estimate.as_dict()`` is its strict-JSON form.
 - ``format_estimate(estimate) -> str`` — the same as a readable table.
 - ``resolve_profile(cluster) -> DeviceProfile`` — the hardware numbers a cluster section means
   (``PROFILES`` lists the named ones).

@@ -3,7 +3,7 @@
 
 Contract:
 
-- ``estimate(spec, candidate, calibration=None, engine="trainer") -> Estimate`` never runs
+- ``estimate(spec, candidate, calibration=None, engine=None) -> Estimate`` never runs
   anything. It is infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks
   a hard constraint (:func:`autotune.spec.constraints.violations`, the layout's included; numbers NaN),
   asks for ``O2`` on a device that is not Ascend, or needs more than ``device memory ×
@@ -11,9 +11,13 @@ Contract:
   dimensions (an ``entry`` that gives none) is ``feasible=True`` with reason ``"no dimensions
   given: not estimated"`` and NaN numbers: nothing is known against it, so the real trial
   decides. Bad ``cluster.device`` input raises :class:`~autotune.spec.errors.SpecError`.
-- ``engine`` says what executes the step: ``"trainer"`` (default) is autotune's trainer
+- ``engine`` says what executes the step: ``"trainer"`` is autotune's trainer
   (parameters, gradients and accumulators in ``model.param_dtype``, Adam's moments in
-  ``model.optimizer_dtype``; pipeline stages that run each forward twice);
+  ``model.optimizer_dtype``; pipeline stages that run each forward twice; the parallel
+  optimizer as `autotune.train.sharding` runs it), the default for a backend that runs trials;
+  ``"mindspore"`` is the export run by MindSpore itself (the trainer's accounting, but the
+  parallel optimizer as MindSpore runs it: ``memory.py``), the default for the ``simulate``
+  backend, whose trials stand for that run;
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
@@ -41,6 +45,7 @@ from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.timing import step_time
 from autotune.costmodel.workload import workload_for
 from autotune.spec.attention import fused_refusal
+from autotune.spec.backends import backend_of
 from autotune.spec.constraints import violations
 
 # Headroom left on every device for allocator fragmentation and transient buffers the model
@@ -84,9 +89,15 @@ def _unknown(feasible: bool, reason: str) -> Estimate:
     return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
 
 
+def default_engine(spec) -> str:
+    """What executes ``spec``'s trials (see the module doc)."""
+    return "mindspore" if backend_of(spec.cluster.backend).kind == "estimate" else "trainer"
+
+
 def estimate(spec, candidate, calibration: Calibration | None = None,
-             engine: str = "trainer") -> Estimate:
+             engine: str | None = None) -> Estimate:
     """The verdict on ``candidate`` for ``spec`` (see the module doc)."""
+    engine = engine or default_engine(spec)
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     profile = resolve_profile(spec.cluster)

@@ -5,8 +5,12 @@ that stage needs; the estimate reports the largest. Parts (the breakdown keys): 
 ``grads``, ``accumulators``, ``optimizer_states``, ``activations``, ``overhead``.
 :func:`rank_params` is the parameter count per stage, cached;
 :func:`state_bytes` the bytes per parameter by part. ``engine`` (one of :data:`ENGINES`) names
-what executes the step: ``"trainer"``, autotune's trainer, or ``"megatron"``, Megatron-LM as the
-published runs that ``benchmarks/costmodel_validation.py`` prices used it.
+what executes the step: ``"trainer"``, autotune's trainer (every real trial); ``"mindspore"``,
+MindSpore's own semi-auto parallel run of the export (what MindFormers runs; the ``simulate``
+backend's trials stand for it), priced as the trainer but for the parallel optimizer (its
+pipeline too: MindSpore's own 1F1B is not modelled separately); or
+``"megatron"``, Megatron-LM as the published runs that ``benchmarks/costmodel_validation.py``
+prices used it.
 
 Model (sources in the docstrings below and in ``workload.py``):
 
@@ -23,8 +27,16 @@ Model (sources in the docstrings below and in ``workload.py``):
   accumulator per parameter, in ``param_dtype``.
   Megatron-LM in 16-bit mixed precision keeps what Rajbhandari et al. 2020 ("ZeRO", §3.1)
   count: 16-bit parameters and gradients (accumulated in place) and fp32 master weights,
-  momentum and variance = 2 + 2 + 12. Optimizer-state sharding is not a knob here and is not
-  modelled.
+  momentum and variance = 2 + 2 + 12.
+- The parallel optimizer (knob ``parallel_optimizer``, dp > 1), as the trainer runs it
+  (`autotune.train.sharding`; which parameters are sharded and over how many ranks is
+  :func:`autotune.layout.with_optimizer_shards`): Adam's moments only for the rows a device
+  owns, plus a copy of those rows of each sharded parameter (what the optimizer updates before
+  the rows are gathered back), in ``param_dtype``, counted under ``params``
+  (:func:`optimizer_elements`). Gradients and accumulators stay whole. MindSpore's own
+  parallel optimizer at its default level (``"mindspore"``) keeps only the owned rows of a
+  sharded parameter too, gathering it for each use: no copies. Megatron runs are priced
+  without it.
 - Activations per layer and sample by recompute mode: Korthikanti et al. 2022 (``workload.py``).
   Under full recompute the layer being back-propagated is rebuilt whole, so one layer of
   un-recomputed activations comes on top (gradient buffers reuse the memory of freed
@@ -47,15 +59,16 @@ Model (sources in the docstrings below and in ``workload.py``):
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
-from autotune.costmodel.workload import DTYPE_BYTES, Workload
-from autotune.layout import builtin_layout, rank_elements
+from autotune.costmodel.workload import Workload
+from autotune.layout import DTYPE_BYTES, builtin_layout, rank_elements, with_optimizer_shards
 
 GIB = 2**30
 MIB = 2**20
 
-ENGINES = ("trainer", "megatron")
+ENGINES = ("trainer", "mindspore", "megatron")
 STATE_PARTS = ("params", "grads", "accumulators", "optimizer_states")
 
 # docs/mindspore-cpu.md, "Fusion buckets": with comm_fusion mode "size", a bucket closes once it
@@ -83,6 +96,39 @@ def rank_params(work: Workload, tp: int, pp: int) -> tuple[int, ...]:
     candidates that share a handful of layouts, and laying out a model walks every parameter."""
     layouts, _ = builtin_layout(work.layout_config(), tp, pp)
     return tuple(rank_elements(layouts, tp, stage) for stage in range(pp))
+
+
+def shards_optimizer(candidate, engine: str) -> bool:
+    """Whether the parallel optimizer changes what ``engine`` runs for ``candidate``."""
+    return engine != "megatron" and getattr(candidate, "parallel_optimizer", False) and candidate.dp > 1
+
+
+@lru_cache(maxsize=1024)
+def optimizer_elements(work: Workload, dp: int, tp: int, pp: int, param_bytes: int) -> tuple:
+    """Per stage, under the parallel optimizer: ``(owned, shard_rows, gathered_dp,
+    gathered_stage)`` — the elements whose moments one device keeps, the elements of its shard
+    copies, and the elements of its sharded parameters (tp slices) rebuilt after each update
+    over the dp group (tp-split parameters) and over the stage's dp·tp ranks (replicated ones;
+    the dp group too when tp = 1)."""
+    layouts, _ = builtin_layout(work.layout_config(), tp, pp)
+    layouts = with_optimizer_shards(layouts, dp, tp, param_bytes)
+    per_stage = []
+    for stage in range(pp):
+        owned = shard_rows = gathered_dp = gathered_stage = 0
+        for p in layouts.values():
+            if p.stage != stage:
+                continue
+            mine = math.prod(p.rank_shape(tp))
+            owned += mine
+            if p.opt_shard is not None:
+                shard_rows += mine
+                whole = math.prod(p.local_shape(tp))
+                if p.split_dim is not None or tp == 1:
+                    gathered_dp += whole
+                else:
+                    gathered_stage += whole
+        per_stage.append((owned, shard_rows, gathered_dp, gathered_stage))
+    return tuple(per_stage)
 
 
 def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n_micro: int,
@@ -119,12 +165,23 @@ def memory_per_stage(work: Workload, candidate, micro_batch: int, n_micro: int, 
     """One breakdown dict (GiB by part) per pipeline stage."""
     params_per_stage = rank_params(work, candidate.tp, candidate.pp)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
+    sharded = None
+    if shards_optimizer(candidate, engine):
+        sharded = optimizer_elements(work, candidate.dp, candidate.tp, candidate.pp,
+                                     per_param["params"])
     stages = []
     for stage, params in enumerate(params_per_stage):
         fusion = 0.0
         if candidate.dp > 1:
             fusion = min(candidate.fusion_mb * MIB * FUSION_FILL, params * per_param["grads"])
         parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
+        if sharded is not None:
+            owned, shard_rows, on_dp, on_stage = sharded[stage]
+            parts["optimizer_states"] = owned * per_param["optimizer_states"] / GIB
+            if engine == "trainer":  # the shard copies the trainer's optimizer updates
+                parts["params"] += shard_rows * per_param["params"] / GIB
+            else:  # MindSpore keeps the owned rows only, not the whole parameter
+                parts["params"] -= (on_dp + on_stage - shard_rows) * per_param["params"] / GIB
         parts["activations"] = stage_activations(work, candidate, stage, micro_batch, n_micro,
                                                  dtype, engine) / GIB
         parts["overhead"] = framework_gb + fusion / GIB

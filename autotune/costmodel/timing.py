@@ -53,7 +53,15 @@ Model:
   ``comm_overlap`` scales the window: 1 where collectives run on their own streams
   (accelerators), 0 on the CPU backend, which runs a graph's kernels in turn.
 - Optimizer: Adam is memory-bound: ≈ 32 bytes per local parameter moved (read and write its
-  16 bytes of state) at device memory bandwidth.
+  16 bytes of state) at device memory bandwidth; under the parallel optimizer only the rows a
+  device owns (``memory.optimizer_elements``).
+- Parallel optimizer, as the trainer runs it (`autotune.train.sharding`): the gradients keep
+  their all-reduce, and after the update each sharded parameter is rebuilt by one all-reduce
+  of its tp slice in ``param_dtype`` over the ranks that share it (the dp group, or the
+  stage's dp·tp ranks for a replicated parameter), after the step's backward: never hidden,
+  added to ``dp_comm``. MindSpore's own parallel optimizer (``"mindspore"``) reduce-scatters
+  those gradients and all-gathers the parameters instead: (n−1)/n of the bytes each, what the
+  ring all-reduce it replaces moves, so its ``dp_comm`` is the unsharded one.
 - Host: the profile's per-step overhead. Loss scale and warmup steps have no effect on step time
   or memory (they change numerics, not work), so the model ignores them.
 """
@@ -62,10 +70,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autotune.costmodel.memory import FUSION_FILL, MIB, state_bytes
+from autotune.costmodel.memory import (FUSION_FILL, MIB, optimizer_elements, shards_optimizer,
+                                       state_bytes)
 from autotune.costmodel.profiles import DeviceProfile
-from autotune.costmodel.workload import DTYPE_BYTES, Workload
-from autotune.layout import rank_of
+from autotune.costmodel.workload import Workload
+from autotune.layout import DTYPE_BYTES, rank_of
 
 OPTIMIZER_BYTES_PER_PARAM = 32  # read + write of the 16 bytes/param of Adam state
 BACKWARD_SHARE = 2 / 3          # backward = 2 × forward FLOPs (Narayanan et al. 2021)
@@ -114,14 +123,25 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
             stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses), gbps(crossed),
                                               micro_batch, dtype, stage, engine)
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
-    if engine == "trainer" and c.pp > 1:
+    if engine != "megatron" and c.pp > 1:
         window = 0.0  # the update (and its all-reduce) runs after the pipeline has drained
-    grad_bytes = params_per_device * state_bytes(engine, dtype, n_micro, param_dtype)["grads"]
+    per_param = state_bytes(engine, dtype, n_micro, param_dtype)
+    grad_bytes = params_per_device * per_param["grads"]
+    updated, gather = params_per_device, 0.0
+    if shards_optimizer(c, engine):
+        # the stage with the most owned rows, and the slowest rebuild of any stage
+        sharded = optimizer_elements(work, c.dp, c.tp, c.pp, per_param["params"])
+        updated = max(owned for owned, *_ in sharded)
+        gather = 0.0 if engine == "mindspore" else max((allreduce_time(on_dp * per_param["params"], c.dp, gbps(dp_crosses), profile)
+                      if on_dp else 0.0)
+                     + (allreduce_time(on_stage * per_param["params"], c.dp * c.tp,
+                                       gbps(dp_crosses or tp_crosses), profile) if on_stage else 0.0)
+                     for _, _, on_dp, on_stage in sharded)
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
-        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window),
+        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window) + gather,
         "bubble": (c.pp - 1) * sum(pace.values()),
-        "optimizer": params_per_device * OPTIMIZER_BYTES_PER_PARAM
+        "optimizer": updated * OPTIMIZER_BYTES_PER_PARAM
                      / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
         "host": profile.step_overhead_ms * 1e-3,
     }
@@ -135,7 +155,7 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
 
 def _forwards_twice(engine: str, pp: int) -> bool:
     """Whether the stages before the last run each micro-batch's forward twice."""
-    return engine == "trainer" and pp > 1
+    return engine != "megatron" and pp > 1
 
 
 def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float,

@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 # Bytes per element of the compute dtype (activations, TP and pipeline messages).
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)

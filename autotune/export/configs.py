@@ -21,7 +21,7 @@ Contract (all pure functions of spec, candidate and trial; nothing here touches 
 from __future__ import annotations
 
 from autotune.files import json_safe
-from autotune.layout import ParamLayout
+from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
 from autotune.spec.backends import Backend, backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.knobs import KNOBS, LOSS_SCALED_DTYPES, SCALE_WINDOW
@@ -85,6 +85,15 @@ def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     return config
 
 
+def parallel_optimizer(c: Candidate) -> dict:
+    """The parallel-optimizer keys of MindSpore's auto-parallel context (MindFormers' ``parallel``
+    section has the same): on with the threshold the trials ran (MindSpore's default), or off."""
+    keys = {"enable_parallel_optimizer": c.parallel_optimizer}
+    if c.parallel_optimizer:
+        keys["parallel_optimizer_config"] = {"parallel_optimizer_threshold": OPTIMIZER_SHARD_THRESHOLD_KB}
+    return keys
+
+
 def loss_scale_cell(c: Candidate) -> dict:
     """``DynamicLossScaleUpdateCell``'s arguments for the tuned initial scale."""
     return {"loss_scale_value": c.loss_scale, "scale_factor": SCALE_FACTOR,
@@ -101,7 +110,7 @@ def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
     # Semi-auto computes the loss over the global batch, so its gradients are already means.
     parallel = {"parallel_mode": mode, "device_num": c.devices,
                 "gradients_mean": mode == "data_parallel",
-                "enable_parallel_optimizer": False,  # strategy.ckpt lays out whole optimizer states
+                **parallel_optimizer(c),
                 "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}}}
     if mode == "semi_auto_parallel":
         parallel.update(pipeline_stages=c.pp, full_batch=True)

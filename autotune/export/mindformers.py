@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
-                                     loss_scaled, micro_batch_size, run_backend)
+                                     loss_scaled, micro_batch_size, parallel_optimizer, run_backend)
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
@@ -68,7 +68,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             "parallel_mode": 1 if semi else 0,  # MindFormers' codes: 0 data, 1 semi-auto parallel
             "gradients_mean": not semi,         # semi-auto's loss is already the global mean
             "full_batch": semi,
-            "enable_parallel_optimizer": False,  # strategy.ckpt lays out whole optimizer states
+            **parallel_optimizer(c),
             "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}},
         },
         "parallel_config": {
@@ -183,6 +183,10 @@ def document(spec: Spec, c: Candidate, trial: dict,
         return header + _dump({BASE_CONFIG: UNSET_BASE, **tuned}), []
     base = load_base(base_path)
     _check_base(spec, base, str(base_path))
+    base_optimizer = (base.get("parallel") or {}).get("parallel_optimizer_config")
+    if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:
+        # the base's own threshold stays (ours is only MindFormers' default)
+        tuned["parallel"].pop("parallel_optimizer_config", None)
     merged, changes = merge(tuned, base, replace=True)
     lines = "".join(f"#   {ch['key']}: {_value(ch['old']) if 'old' in ch else '(absent)'} -> "
                     f"{_value(ch['new'])}\n" for ch in changes)

@@ -10,8 +10,9 @@ Contract:
   RuntimeError unless it holds exactly the expected parameters: MindSpore silently copies a
   parameter the file lacks whole to every rank, so a gap would otherwise go unnoticed.
 
-Each layout item uses the device matrix ``[dp, tp]`` of its stage (see ``layout.py``), no field
-and no optimizer-state sharding. A stage map also needs at least one ``parallel_strategy_item``:
+Each layout item uses the device matrix ``[dp, tp]`` of its stage (see ``layout.py``), no field,
+and the parallel optimizer's ``opt_weight_shard_step``/``opt_weight_shard_size`` where the
+layout shards the parameter (``ParamLayout.opt_shard``). A stage map also needs at least one ``parallel_strategy_item``:
 the merge reads the stage number from there. There is one item per parameter, keyed by the bare
 parameter name, carrying its stage and per-dimension split. Semi-auto parallel looks operator
 strategies up under ``<Primitive>_<first parameter name>`` (``MatMul_blocks.0.attn.qkv.weight``),
@@ -49,8 +50,10 @@ def _stage_map(layouts: list[ParamLayout], stage: int, dp: int, tp: int):
         parallel.param_split_shape.add()
         parallel.indices_offset.add()
         parallel.field = 0
-        parallel.opt_weight_shard_step = 0
-        parallel.opt_weight_shard_size = 0
+        # the parallel optimizer's shard of the slice (what a sharded rank saves), as MindSpore
+        # writes it: the ranks' stride and count; 0/0 when the slice is saved whole
+        parallel.opt_weight_shard_step = p.opt_shard.step if p.opt_shard else 0
+        parallel.opt_weight_shard_size = p.opt_shard.size if p.opt_shard else 0
     return strategy_map
 
 

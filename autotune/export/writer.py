@@ -24,7 +24,7 @@ from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
 from autotune.files import staged_folder
-from autotune.layout import plan_layout, with_optimizer_states
+from autotune.layout import DTYPE_BYTES, plan_layout, with_optimizer_shards, with_optimizer_states
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
@@ -83,6 +83,13 @@ def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_co
     script.chmod(0o755)
 
 
+def saved_layouts(spec: Spec, c: Candidate, layouts: dict) -> dict:
+    """``layouts`` as the run saves them: with the parallel optimizer's shards when it is on."""
+    if not c.parallel_optimizer:
+        return layouts
+    return with_optimizer_shards(layouts, c.dp, c.tp, DTYPE_BYTES[spec.model.param_dtype])
+
+
 def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | os.PathLike,
                  reshard_from: str | None = None, overwrite: bool = False,
                  mindformers_base: str | None = None) -> list[Path]:
@@ -109,8 +116,9 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
     mindformers_yaml, changes = mindformers.document(spec, c, trial, mindformers_base)
 
     with staged_folder(out_dir) as staged:
-        # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments
-        saved = with_optimizer_states(layouts)
+        # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments,
+        # each a shard of its slice where the parallel optimizer splits it
+        saved = with_optimizer_states(saved_layouts(spec, c, layouts))
         write_strategies(saved, c.dp, c.tp, c.pp, staged)
         check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}

@@ -90,8 +90,9 @@ KNOBS: dict[str, Knob] = {
              "shard the optimizer over the data-parallel group (MindSpore's parallel optimizer, "
              "level1: weights and optimizer states; acts with dp > 1)",
              "set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config="
-             "{'parallel_optimizer_threshold': 64}); the trial program shards Adam's moments "
-             "over its dp group with explicit collectives (docs/parallel.md)",
+             "{'parallel_optimizer_threshold': 64}); the trial program updates each rank's dim-0 "
+             "shard of every parameter over 64 KB and gathers the shards back with explicit "
+             "collectives (docs/parallel.md)",
              "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)", default=False,
              added_later=True),
     )

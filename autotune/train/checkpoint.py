@@ -8,7 +8,8 @@ checkpoint that looks complete.
 
 A checkpoint holds this rank's slice of every parameter of its stage (whole-model names), the
 optimizer's moments of each (``adam_m.<name>``, ``adam_v.<name>``, sliced like the parameter —
-the export's ``strategy.ckpt`` lays them out), and, whole on every rank, the optimizer's
+the export's ``strategy.ckpt`` lays them out; under the parallel optimizer a sharded parameter
+and its moments hold this rank's shard of that slice), and, whole on every rank, the optimizer's
 ``global_step``, the loss scale and its updater's counters, and ``step``: the steps completed.
 Gradient accumulators are zero between steps and are not saved.
 
@@ -29,6 +30,7 @@ import mindspore as ms
 from autotune.layout import OPTIMIZER_STATES
 
 STEP = "step"
+SHARD_PREFIX = "shard."  # the parallel optimizer's shard parameters (autotune.train.sharding)
 
 
 class CheckpointError(ValueError):
@@ -40,12 +42,17 @@ def rank_dir(folder, rank: int) -> Path:
 
 
 def state_tensors(network, optimizer, state, step_counter) -> dict:
-    """``{name: Parameter}`` of everything a checkpoint holds (see the module doc)."""
+    """``{name: Parameter}`` of everything a checkpoint holds (see the module doc). Under the
+    parallel optimizer a sharded parameter and its moments are saved as this rank's shard
+    (`autotune.train.sharding`'s ``shard.<name>``) under the parameter's own names, as MindSpore
+    saves them and as strategy.ckpt's ``opt_weight_shard_size`` describes."""
     tensors = {p.name: p for p in network.get_parameters()}
     for p in optimizer.get_parameters():
         # the moments strategy.ckpt lays out (one name rule: autotune.layout), and the step
         if p.name.startswith(tuple(f"{prefix}." for prefix in OPTIMIZER_STATES)) or p.name == "global_step":
-            tensors[p.name] = p
+            tensors[p.name.replace(f".{SHARD_PREFIX}", ".", 1)] = p
+        elif p.name.startswith(SHARD_PREFIX):
+            tensors[p.name[len(SHARD_PREFIX):]] = p
     tensors["loss_scale"] = state.scale
     tensors["loss_scale.cur_iter"] = state.updater.cur_iter
     tensors["loss_scale.last_overflow_iter"] = state.updater.last_overflow_iter

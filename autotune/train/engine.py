@@ -24,6 +24,7 @@ from mindspore.common.parameter import ParameterTuple
 from autotune import layout
 from autotune.shapes import TOKEN_FAMILIES
 from autotune.train import entry, models, pipeline, schedule, step
+from autotune.train import sharding as sharding_mod
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.parallel import Placement
 
@@ -39,6 +40,7 @@ class Engine:
     run_micro: object      # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors
     micro: int
     make_probe: object = None  # () → autotune.train.probe.UnderflowProbe (float16 only)
+    sharding: object = None    # autotune.train.sharding.Sharding under the parallel optimizer
     _probe: object = None
 
     def step(self, inputs, labels):
@@ -55,15 +57,27 @@ class Engine:
         return self._probe
 
 
-def make_optimizer(network, learning_rate, state_dtype=ms.float32):
-    """AdamW (β 0.9/0.95, GPT-style), weight decay 0.1 on matrices only (not norms, biases), its
-    moments in ``state_dtype`` (``model.optimizer_dtype``). Moments of another dtype than their
-    parameter — float32 moments of float16 parameters, MindFormers' FP32StateAdamWeightDecay —
-    take MindSpore's unfused update, which computes in float32 and stores each buffer in its own
-    dtype (the fused kernel wants one dtype)."""
-    params = network.trainable_params()
-    groups = [{"params": [p for p in params if len(p.shape) > 1], "weight_decay": 0.1},
-              {"params": [p for p in params if len(p.shape) <= 1], "weight_decay": 0.0}]
+def _decays(param) -> bool:
+    return len(param.shape) > 1
+
+
+def optimizer_order(params) -> list:
+    """``params`` in the order the optimizer holds them (decayed matrices first), which is the
+    order its gradients must come in."""
+    params = list(params)
+    return [p for p in params if _decays(p)] + [p for p in params if not _decays(p)]
+
+
+def make_optimizer(params, learning_rate, state_dtype=ms.float32):
+    """AdamW (β 0.9/0.95, GPT-style) over ``params`` (the network's trainable parameters, or
+    their shards under the parallel optimizer), weight decay 0.1 on matrices only (not norms,
+    biases), its moments in ``state_dtype`` (``model.optimizer_dtype``). Moments of another dtype
+    than their parameter — float32 moments of float16 parameters, MindFormers'
+    FP32StateAdamWeightDecay — take MindSpore's unfused update, which computes in float32 and
+    stores each buffer in its own dtype (the fused kernel wants one dtype). The optimizer's
+    parameters come in :func:`optimizer_order`."""
+    groups = [{"params": [p for p in params if _decays(p)], "weight_decay": 0.1},
+              {"params": [p for p in params if not _decays(p)], "weight_decay": 0.0}]
     optimizer = nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=learning_rate,
                                    beta1=0.9, beta2=0.95, eps=1e-8)
     if any(p.dtype != state_dtype for p in optimizer.parameters):
@@ -122,10 +136,15 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
         warmup, total = knobs["warmup_steps"], train["total_steps"]
     else:
         warmup, total = schedule.trial_schedule(knobs["warmup_steps"], train["total_steps"], trial["steps"])
-    optimizer = make_optimizer(network, schedule.WarmupCosineLR(train["learning_rate"], warmup, total),
+    p, micro = placement, micro_steps(knobs)
+    weights = ParameterTuple(optimizer_order(network.trainable_params()))
+    sharding = None
+    if knobs.get("parallel_optimizer"):
+        sharding = sharding_mod.plan(weights, model, p, layout.DTYPE_BYTES[model.get("param_dtype", "float32")])
+    optimizer = make_optimizer(list(weights) if sharding is None else sharding.update_params,
+                               schedule.WarmupCosineLR(train["learning_rate"], warmup, total),
                                COMPUTE[model.get("optimizer_dtype", "float32")])
     scaling = dtype == "float16"
-    p, micro = placement, micro_steps(knobs)
     parallel = step.Parallelism(p.dp, p.dp_group, agree=p.tp > 1 or p.pp > 1,
                                 loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0)
     jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
@@ -134,18 +153,19 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     if p.pp == 1:
         accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
                                              loss_scale=loss_scale, scale_window=scale_window,
-                                             jit_level=jit_level, parallel=parallel)
+                                             jit_level=jit_level, parallel=parallel, weights=weights,
+                                             sharding=sharding)
 
         def run_micro(xs, ys):
             for j in range(micro - 1):
                 accumulate(xs[j], ys[j])
             return apply(xs[-1], ys[-1])
 
-        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, make_probe)
+        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, make_probe, sharding)
 
-    weights = optimizer.parameters
     state = step.TrainState(weights, micro, loss_scale, scale_window)
-    cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel)}
+    cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel,
+                                     weights=weights, sharding=sharding)}
     if p.last:
         cells["last"] = pipeline.LastStageStep(step.NetWithLoss(network, loss_fn), weights, state, micro)
     else:
@@ -158,4 +178,4 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
     micro_batch = train["global_batch_size"] // (p.dp * micro)
     stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
-    return Engine(network, optimizer, state, dataset, stage.step, micro, make_probe)
+    return Engine(network, optimizer, state, dataset, stage.step, micro, make_probe, sharding)

@@ -208,6 +208,8 @@ def _checkpoints(cfg, engine, placement, ms):
         if path is None:
             raise ConfigError(f"checkpoint.resume: no checkpoint in {checkpoint.rank_dir(folder, rank)}")
         checkpoint.restore(path, tensors)
+        if engine.sharding is not None:  # the shards were restored: rebuild the whole weights
+            engine.sharding.rebuild()
         return tensors, folder, section.get("save_every"), int(counter.asnumpy())
     if section.get("init_from"):
         path = checkpoint.latest(section["init_from"], rank)
@@ -215,6 +217,8 @@ def _checkpoints(cfg, engine, placement, ms):
             raise ConfigError(f"checkpoint.init_from: no checkpoint in "
                               f"{checkpoint.rank_dir(section['init_from'], rank)}")
         checkpoint.restore(path, {p.name: p for p in engine.network.get_parameters()})
+        if engine.sharding is not None:  # whole weights were loaded: cut this rank's shards
+            engine.sharding.refresh_shards()
     return tensors, folder, section.get("save_every"), 0
 
 

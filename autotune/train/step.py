@@ -137,10 +137,13 @@ class Parallelism:
 class _Update(nn.Cell):
     """Reduce over dp, unscale, agree on overflow, update, zero the accumulators."""
 
-    def __init__(self, optimizer, state, *, accum_steps, scaling, parallel: Parallelism):
+    def __init__(self, optimizer, state, *, accum_steps, scaling, parallel: Parallelism, weights=None,
+                 sharding=None):
         super().__init__(auto_prefix=False)
-        self.weights = optimizer.parameters
+        # the network's weights: the optimizer's own parameters unless it updates shards of them
+        self.weights = optimizer.parameters if weights is None else weights
         self.optimizer = optimizer
+        self.sharding = sharding  # autotune.train.sharding.Sharding, or None
         self.state = state
         self.hyper_map = ops.HyperMap()
         self.accum_steps, self.scaling = accum_steps, scaling
@@ -176,7 +179,11 @@ class _Update(nn.Cell):
         else:
             overflow = ops.zeros((), ms.bool_)
         if finite:
-            loss = ops.depend(loss, self.optimizer(grads))
+            if self.sharding is None:
+                loss = ops.depend(loss, self.optimizer(grads))
+            else:
+                updated = ops.depend(ops.zeros((), ms.float32), self.optimizer(self.sharding.cut(grads)))
+                loss = ops.depend(loss, self.sharding.gather(updated))
         if self.accum_steps > 1:
             # zero the accumulators for the next step, after the update has consumed them
             zeroed = self.hyper_map(_zero, self.state.accum)
@@ -193,8 +200,10 @@ class TrainStep(_Update):
     global-batch mean loss, whether the update was skipped, and the scale this step used.
     """
 
-    def __init__(self, net_with_loss, optimizer, state, *, accum_steps, apply, scaling, parallel):
-        super().__init__(optimizer, state, accum_steps=accum_steps, scaling=scaling, parallel=parallel)
+    def __init__(self, net_with_loss, optimizer, state, *, accum_steps, apply, scaling, parallel, weights=None,
+                 sharding=None):
+        super().__init__(optimizer, state, accum_steps=accum_steps, scaling=scaling, parallel=parallel,
+                         weights=weights, sharding=sharding)
         self.network = net_with_loss
         self.network.set_grad()
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
@@ -231,18 +240,22 @@ class ApplyStep(_Update):
 
 
 def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale, scale_window=SCALE_WINDOW,
-                jit_level=None, parallel: Parallelism | None = None):
+                jit_level=None, parallel: Parallelism | None = None, weights=None, sharding=None):
     """``(accumulate_cell or None, apply_cell)`` for ``network`` trained by ``optimizer`` without
     pipeline stages.
 
     ``scaling`` turns dynamic loss scaling on (float16 compute), starting at ``loss_scale``.
-    ``jit_level`` (O0/O1/O2) is set on both cells when given (GRAPH_MODE only).
+    ``jit_level`` (O0/O1/O2) is set on both cells when given (GRAPH_MODE only). ``sharding``
+    (`autotune.train.sharding`): the optimizer updates shards of ``weights`` (the network's
+    trainable parameters in the optimizer's order; default: the optimizer's own parameters).
     """
     parallel = parallel or Parallelism()
     net_with_loss = NetWithLoss(network, loss_fn)
-    state = TrainState(optimizer.parameters, accum_steps, loss_scale if scaling else 1.0, scale_window)
+    weights = optimizer.parameters if weights is None else weights
+    state = TrainState(weights, accum_steps, loss_scale if scaling else 1.0, scale_window)
     cells = [TrainStep(net_with_loss, optimizer, state, accum_steps=accum_steps, apply=apply, scaling=scaling,
-                       parallel=parallel) for apply in ((False, True) if accum_steps > 1 else (True,))]
+                       parallel=parallel, weights=weights, sharding=sharding)
+             for apply in ((False, True) if accum_steps > 1 else (True,))]
     for cell in cells:
         cell.set_train()
         if jit_level:

@@ -1,0 +1,50 @@
+"""The parallel optimizer's shards as `autotune.layout` defines them (MindSpore's rules at its
+default level: docs/parallel.md), worked out by hand."""
+
+from autotune.layout import OptimizerShard, ParamLayout, optimizer_shard, with_optimizer_shards
+
+
+def lay(shape, split_dim=None):
+    return ParamLayout("w", shape, 0, split_dim)
+
+
+def test_a_tp_split_parameter_is_sharded_over_its_dp_group_striding_by_tp():
+    # 512 × 128 float32 = 256 KB, column-split over tp 2: each rank's 256 rows over dp 4
+    shard = optimizer_shard(lay((512, 128), split_dim=0), dp=4, tp=2, element_bytes=4)
+    assert shard == OptimizerShard(size=4, step=2)
+    row_split = optimizer_shard(lay((128, 512), split_dim=1), dp=4, tp=2, element_bytes=4)
+    assert row_split == OptimizerShard(size=4, step=2)  # dim 0 of the slice, whatever was split
+
+
+def test_a_replicated_parameter_is_sharded_over_all_dp_tp_ranks_of_its_stage():
+    assert optimizer_shard(lay((512, 128)), dp=2, tp=2, element_bytes=4) == OptimizerShard(4, 1)
+    assert optimizer_shard(lay((512, 128)), dp=2, tp=1, element_bytes=4) == OptimizerShard(2, 1)
+
+
+def test_threshold_is_the_full_size_in_the_parameter_dtype_and_inclusive():
+    # 128 × 128 float32 = 64 KB exactly: "not larger than the threshold" stays whole
+    assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=4) is None
+    assert optimizer_shard(lay((130, 128)), dp=2, tp=1, element_bytes=4) == OptimizerShard(2, 1)
+    # the same shape in float16 is 32 KB
+    assert optimizer_shard(lay((130, 128)), dp=2, tp=1, element_bytes=2) is None
+    assert optimizer_shard(lay((130, 128)), dp=2, tp=1, element_bytes=4, threshold_kb=0) is not None
+
+
+def test_no_shard_without_a_dp_group_or_an_even_split_of_dim_0():
+    assert optimizer_shard(lay((1024, 128)), dp=1, tp=2, element_bytes=4) is None
+    assert optimizer_shard(lay((1023, 128)), dp=2, tp=1, element_bytes=4) is None  # 1023 rows
+    # column split 1024/2 = 512 rows per tp rank, 512 % 3 ≠ 0
+    assert optimizer_shard(lay((1024, 128), split_dim=0), dp=3, tp=2, element_bytes=4) is None
+
+
+def test_each_rank_owns_its_rows_in_mindspore_rank_order():
+    split = with_optimizer_shards({"w": lay((512, 128), split_dim=0)}, dp=2, tp=2, element_bytes=4)["w"]
+    # tp slice 256 rows; dp index d owns rows d·128 … of it, whatever its tp index
+    assert [split.shard_rows(2, d, t) for d in range(2) for t in range(2)] == [
+        slice(0, 128), slice(0, 128), slice(128, 256), slice(128, 256)]
+    assert split.rank_shape(2) == (128, 128)
+    whole = with_optimizer_shards({"w": lay((512, 128))}, dp=2, tp=2, element_bytes=4)["w"]
+    # replicated: the stage's rank dp_index·tp + tp_index owns the k-th quarter
+    assert [whole.shard_rows(2, d, t) for d in range(2) for t in range(2)] == [
+        slice(0, 128), slice(128, 256), slice(256, 384), slice(384, 512)]
+    assert whole.rank_shape(2) == (128, 128)
