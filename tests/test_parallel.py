@@ -290,5 +290,5 @@ def test_parallel_optimizer_equals_unsharded_with_tensor_and_pipeline_parallelis
     ranks of its stage; under pipeline stages the update is the apply cell's."""
     off, _ = _launch(tmp_path / "off", knobs, steps=3, base=SHARDED_LAYOUT_MODEL)
     on, _ = _launch(tmp_path / "on", dict(knobs, parallel_optimizer=True), steps=3, base=SHARDED_LAYOUT_MODEL)
-    assert off[-1] < off[0]
+    assert len(set(off)) == 3  # the weights moved every step
     np.testing.assert_allclose(on, off, rtol=1e-5)
