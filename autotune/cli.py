@@ -207,9 +207,9 @@ def cmd_export(args) -> int:
     print(f"exported trial #{trial.number} of {args.study} to {args.out}:")
     for file in files:
         print(f"  {file}")
-    if args.mindformers_base:
-        changed = json.loads((Path(args.out) / "summary.json").read_text())["mindformers"]["changes"]
-        print(f"mindformers.yaml: {args.mindformers_base} with {len(changed)} keys changed "
+    merged = json.loads((Path(args.out) / "summary.json").read_text()).get("mindformers")
+    if merged:
+        print(f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
               "(listed at its top)")
     return 0
 
@@ -290,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     export.add_argument("--mindformers-base", metavar="PATH.yaml",
                         help="your model's MindFormers config: mindformers.yaml becomes it with the "
-                             "tuned settings merged in (default: an overlay naming base_config)")
+                             "tuned settings merged in (default: model.yaml's "
+                             "export.mindformers_base, else an overlay naming base_config)")
     export.add_argument("--storage")
     export.set_defaults(run=cmd_export)
 
