@@ -234,3 +234,19 @@ def test_the_configs_own_baseline_is_feasible_and_the_ratio_is_against_it(tmp_pa
     study = _search(tmp_path, f"sqlite:///{tmp_path}/s.db", trials=4)
     assert study.trials[0].user_attrs["outcome"] == "ok"
     assert "vs baseline #0" in capsys.readouterr().out
+
+
+def test_published_mindformers_runs_are_estimated_from_their_own_configs():
+    # benchmarks/costmodel_validation.py, Table 3: MindFormers' Llama 2 runs on Atlas 800T A2
+    import sys
+    sys.path.insert(0, str(FIXTURES.parents[2] / "benchmarks"))
+    try:
+        import costmodel_validation as validation
+    finally:
+        sys.path.pop(0)
+    rows = validation.mindformers_rows()
+    assert len(rows) >= 3
+    layouts = {r["config"]: (r["candidate"].dp, r["candidate"].tp, r["candidate"].pp) for r in rows}
+    assert layouts["finetune_llama2_70b_bf16_32p.yaml"] == (1, 4, 8)
+    for r in rows:  # tokens/s/device within ±20% of the published figure
+        assert abs(r["error"]) < 0.20, r

@@ -58,8 +58,6 @@ def export_study(name: str, storage: str | None, out: Path, number: int | None =
             raise SpecError(f"{spec.source}: export.mindformers_base: {mindformers_base}: no such "
                             "file (the MindFormers config to merge into); pass --mindformers-base "
                             "PATH.yaml")
-    elif mindformers_base is not None and not Path(mindformers_base).is_file():
-        raise SpecError(f"--mindformers-base {mindformers_base}: no such file")
     record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
               "estimate": trial.user_attrs.get("estimate")}
     files = write_export(spec, Candidate(**knobs_of(trial)), record, out, reshard_from=reshard_from,
