@@ -250,3 +250,16 @@ def test_published_mindformers_runs_are_estimated_from_their_own_configs():
     assert layouts["finetune_llama2_70b_bf16_32p.yaml"] == (1, 4, 8)
     for r in rows:  # tokens/s/device within ±20% of the published figure
         assert abs(r["error"]) < 0.20, r
+
+
+def test_estimate_takes_the_baseline_and_set_wins_over_it(tmp_path, capsys):
+    assert init(tmp_path, LLAMA7, "--backend", "simulate", "--total-steps", "1000")[0] == 0
+    capsys.readouterr()
+    model = str(tmp_path / "model.yaml")
+    assert main(["estimate", model, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["candidate"]
+    assert (out["dp"], out["grad_accum"], out["parallel_optimizer"]) == (8, 8, True)
+    assert main(["estimate", model, "--set", "parallel_optimizer=false", "--set", "tp=2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["candidate"]
+    assert (out["dp"], out["tp"], out["grad_accum"], out["parallel_optimizer"]) == (4, 2, 8, False)

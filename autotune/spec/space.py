@@ -13,7 +13,8 @@ Contract:
 - A model.yaml ``baseline:`` (the user's own configuration) is the space's
   :meth:`SearchSpace.baseline`: where a knob is fixed for the backend or the dtype, the
   baseline's value is the one kept, and a baseline the space does not hold, or one that breaks a
-  hard constraint, is a SpecError naming ``baseline.<knob>``.
+  hard constraint, is a SpecError naming ``baseline.<knob>``; a knob an override (``--set``)
+  fixes takes the override's value instead.
 """
 
 from __future__ import annotations
@@ -255,18 +256,21 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
         domains["grad_accum"] = (1,)
     space = SearchSpace(domains, spec.cluster.devices, tuple(notes),
                         preset=tuple(spec.baseline.items()))
-    _check_baseline(spec, space)
+    _check_baseline(spec, space, set(overrides or ()))
     return space
 
 
-def _check_baseline(spec: Spec, space: SearchSpace) -> None:
-    """SpecError unless the space holds model.yaml's baseline and the baseline is valid."""
+def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
+    """SpecError unless the space holds model.yaml's baseline and the baseline is valid. A knob
+    ``--set`` fixes wins over the baseline's value (the baseline takes the value it fixed)."""
     if not spec.baseline:
         return
     base = space.baseline()
     where = f"{spec.source}: baseline"
+    if overridden & {"tp", "pp"}:
+        overridden.add("dp")  # dp follows the layout --set chose
     for name, value in spec.baseline.items():
-        if not is_active(name, base.dp, base.pp):
+        if name in overridden or not is_active(name, base.dp, base.pp):
             continue
         held = space.domains[name]
         if name == "dp" and held == ("auto",):
@@ -276,7 +280,7 @@ def _check_baseline(spec: Spec, space: SearchSpace) -> None:
             raise SpecError(f"{where}.{name}: {value!r} is not in the search space "
                             f"({', '.join(map(str, held))}); add it to search.space.{name}")
     broken = violations(spec, base)
-    if broken:
+    if broken and not overridden:  # with --set the candidate is the user's to judge
         raise SpecError(f"{where}: {broken[0]}")
 
 
