@@ -1,4 +1,4 @@
-"""The ``autotune`` command: search, estimate, export, compare, report, show, validate, studies.
+"""The ``autotune`` command: init, search, estimate, export, compare, report, show, validate, studies.
 
 Contract: bad input (a model.yaml field, a flag, a study name) prints ``error: …`` naming the
 field or file and exits 2 with nothing written; Ctrl-C during a search exits 130 after the
@@ -44,6 +44,28 @@ def _load(args, extra_overrides: dict | None = None):
     spec = load_spec(args.model_yaml, overrides)
     space = build_space(spec, _knob_settings(getattr(args, "set", None)))
     return spec, space
+
+
+def cmd_init(args) -> int:
+    from autotune.spec.mindformers_init import init_text
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise SpecError(f"--out {out}: exists (pass --force to replace it)")
+    text, warnings = init_text(args.mindformers, out, args.devices, args.devices_per_node,
+                               args.backend, args.total_steps)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out} from {args.mindformers} ({len(warnings)} warnings, listed at its top)")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
 
 
 def cmd_search(args) -> int:
@@ -185,9 +207,9 @@ def cmd_export(args) -> int:
     print(f"exported trial #{trial.number} of {args.study} to {args.out}:")
     for file in files:
         print(f"  {file}")
-    if args.mindformers_base:
-        changed = json.loads((Path(args.out) / "summary.json").read_text())["mindformers"]["changes"]
-        print(f"mindformers.yaml: {args.mindformers_base} with {len(changed)} keys changed "
+    merged = json.loads((Path(args.out) / "summary.json").read_text()).get("mindformers")
+    if merged:
+        print(f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
               "(listed at its top)")
     return 0
 
@@ -195,6 +217,20 @@ def cmd_export(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
+
+    init = verbs.add_parser("init", help="write a model.yaml from a MindFormers config")
+    init.add_argument("--mindformers", required=True, metavar="CONFIG.yaml",
+                      help="a MindFormers training config (its base_config chain is followed)")
+    init.add_argument("--devices", type=_positive, help="devices to tune for (default: the "
+                      "config's dp × mp × pp; another count keeps the global batch, scales dp)")
+    init.add_argument("--devices-per-node", type=_positive)
+    init.add_argument("--backend", choices=("ascend", "gpu", "cpu", "simulate"),
+                      help="default: the config's context.device_target")
+    init.add_argument("--total-steps", type=_positive,
+                      help="length of the real run (required when the config says -1)")
+    init.add_argument("--out", default="model.yaml", help="the file to write (default model.yaml)")
+    init.add_argument("--force", action="store_true", help="replace an existing --out")
+    init.set_defaults(run=cmd_init)
 
     search = verbs.add_parser("search", help="tune the knobs of MODEL_YAML with real trials")
     search.add_argument("model_yaml")
@@ -254,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     export.add_argument("--mindformers-base", metavar="PATH.yaml",
                         help="your model's MindFormers config: mindformers.yaml becomes it with the "
-                             "tuned settings merged in (default: an overlay naming base_config)")
+                             "tuned settings merged in (default: model.yaml's "
+                             "export.mindformers_base, else an overlay naming base_config)")
     export.add_argument("--storage")
     export.set_defaults(run=cmd_export)
 

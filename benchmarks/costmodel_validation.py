@@ -32,6 +32,16 @@ Sources:
   MT-NLG  Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
           §2.4: batch 1920 on 280/350/420 DGX A100 → 126/121/113 TFLOP/s per GPU (vocab 50,272).
 
+Table 3 — LLaMA-family runs MindFormers published on Ascend (Atlas 800T A2: the ``ascend-910b``
+profile), each read from its own config by ``autotune init --mindformers``'s reader (the
+baseline: the config's own layout, batch, dtypes, flash attention and recompute) and priced with
+the default engine, as a study of that model.yaml would price it. The metric is MindFormers'
+``tokens/s/p`` (tokens per second per device); the memory column is the estimate beside the
+config's ``max_device_memory``, which the published run fitted in. Source for every row:
+github.com/mindspore-ai/mindformers at 15218ea4 (the last commit with Llama 2),
+``docs/model_cards/llama2.md``, "模型性能" (Atlas 800T A2 table); the configs are that commit's
+``configs/llama2/*.yaml``, verbatim in ``benchmarks/mindformers_configs/``.
+
 Table 2 — the (tp, pp) ranking for GPT-3 175B on A100s (8 per node), full recompute: on 64 GPUs
 with batch 64 (Korthikanti et al.'s setting) and on 1,024 GPUs with batch 1,536. Tensor
 parallelism inside the node and pipelining across nodes should win; TP groups that cross a node
@@ -44,9 +54,13 @@ import math
 import statistics
 from pathlib import Path
 
+import yaml
+
 from autotune.costmodel import PROFILES, estimate
 from autotune.spec.candidate import Candidate
+from autotune.spec.mindformers_init import init_text
 from autotune.spec.model_yaml import parse_spec
+from autotune.spec.space import build_space
 
 ENGINE = "megatron"  # the published runs used Megatron-LM (see the module doc)
 
@@ -169,8 +183,59 @@ def ranking_table(gpus: int, batch: int) -> None:
         f"({tp},{pp}) {est.memory_gb_per_device:.0f} GB" for tp, pp, est in infeasible))
 
 
+MINDFORMERS_CONFIGS = Path(__file__).resolve().parent / "mindformers_configs"
+# (config in MINDFORMERS_CONFIGS, tokens/s/p that docs/model_cards/llama2.md reports)
+MINDFORMERS_RUNS = [
+    ("pretrain_llama2_7b_bf16.yaml", 4160),
+    ("finetune_llama2_7b.yaml", 3484),
+    ("finetune_llama2_13b_bf16.yaml", 1691),
+    ("finetune_llama2_70b_bf16_32p.yaml", 337),
+]
+
+
+def mindformers_run(config: str) -> tuple:
+    """(spec, baseline candidate) of a published MindFormers config, as ``autotune init
+    --mindformers CONFIG --backend simulate`` reads it."""
+    out = MINDFORMERS_CONFIGS / "model.yaml"  # never written: only names the file for errors
+    text, _ = init_text(MINDFORMERS_CONFIGS / config, out, backend="simulate", total_steps=1000)
+    spec = parse_spec(yaml.safe_load(text), out)
+    return spec, build_space(spec).baseline()
+
+
+def mindformers_rows() -> list[dict]:
+    """Table 3's rows: config, layout, reported and estimated tokens/s/device, error, memory."""
+    rows = []
+    for config, reported in MINDFORMERS_RUNS:
+        spec, c = mindformers_run(config)
+        est = estimate(spec, c)
+        tokens = est.samples_per_s * spec.model.seq_length / c.devices
+        rows.append({"config": config, "candidate": c, "reported": reported, "estimate": tokens,
+                     "error": tokens / reported - 1, "memory_gb": est.memory_gb_per_device,
+                     "cap_gb": spec.cluster.max_device_memory_gb})
+    return rows
+
+
+def mindformers_table() -> None:
+    print("Table 3: MindFormers' published LLaMA-2 runs on Atlas 800T A2 (ascend-910b), "
+          "tokens/s per device")
+    head = (f"{'config':<36}{'layout':<22}{'rc':<5}{'reported':>9}{'estimate':>9}{'error':>8}"
+            f"{'mem GB':>8}{'cap GB':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in mindformers_rows():
+        c = r["candidate"]
+        layout = (f"dp{c.dp} tp{c.tp} pp{c.pp} " + (f"mb{c.micro_batches}" if c.pp > 1
+                                                      else f"acc{c.grad_accum}"))
+        print(f"{r['config']:<36}{layout:<22}{c.recompute[:4]:<5}{r['reported']:>9}"
+              f"{r['estimate']:>9.0f}{r['error']:>+8.1%}{r['memory_gb']:>8.1f}{r['cap_gb']:>7g}")
+    print("memory above the cap: the parallel optimizer's sharding is not priced yet (every "
+          "config turns it on; it acts where dp > 1, so not in the 70B's dp1)")
+
+
 if __name__ == "__main__":
     validation_table()
+    print()
+    mindformers_table()
     print("\nTable 2")
     ranking_table(64, 64)      # Korthikanti et al. 2022's 175B setting: one model replica
     ranking_table(1024, 1536)  # Narayanan et al. 2021 Table 2's batch, 16 replicas

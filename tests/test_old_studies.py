@@ -1,5 +1,5 @@
-"""Studies made before the packages were regrouped still open: show, report, compare, export and
---resume on a storage written by autotune at commit ae122fc (tests/fixtures/old_studies/README.md
+"""Studies made before the packages were regrouped still open: show, report, compare, export,
+--resume and --warm-start on a storage written by autotune at commit ae122fc (tests/fixtures/old_studies/README.md
 says how it was made): a simulate study, a replay study and a real CPU study with a confirm
 phase."""
 
@@ -60,6 +60,17 @@ def test_an_old_study_resumes(old, name, yaml_file):
     after = optuna.load_study(study_name=name, storage=old).get_trials()
     assert sum(map(counting.counted, after)) == counted + 2
     assert len(after) > len(before) and after[:len(before)] == before  # nothing rewritten
+
+
+def test_a_new_study_warm_starts_from_an_old_one(old):
+    # model.yaml's later fields (baseline, export, cluster.max_device_memory_gb) at their
+    # defaults leave the fingerprint an old study compares against as it was
+    assert main(["search", "sim.yaml", "--storage", old, "--warm-start", "old-sim",
+                 "--study", "new-sim", "--trials", "8"]) == 0
+    new = optuna.load_study(study_name="new-sim", storage=old)
+    assert any(str(t.user_attrs.get("warm_start", "")).startswith("old-sim#") for t in new.trials)
+    stored = optuna.load_study(study_name="old-sim", storage=old).user_attrs["fingerprint"]
+    assert new.user_attrs["fingerprint"]["cluster"] == stored["cluster"]
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ Contract:
   anything. It is infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks
   a hard constraint (:func:`autotune.spec.constraints.violations`, the layout's included; numbers NaN),
   asks for ``O2`` on a device that is not Ascend, or needs more than ``device memory ×
-  SAFETY_MARGIN`` per device (the reason carries the predicted memory). A model without
+  SAFETY_MARGIN`` per device — or than ``cluster.max_device_memory_gb`` where given (MindSpore's
+  ``max_device_memory``, a cap already: no margin on top) — (the reason carries the predicted
+  memory). A model without
   dimensions (an ``entry`` that gives none) is ``feasible=True`` with reason ``"no dimensions
   given: not estimated"`` and NaN numbers: nothing is known against it, so the real trial
   decides. Bad ``cluster.device`` input raises :class:`~autotune.spec.errors.SpecError`.
@@ -127,9 +129,11 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
 
     memory_gb, seconds = sum(memory.values()), sum(times.values())
     devices = candidate.devices
-    limit = profile.memory_gb * SAFETY_MARGIN
+    cap = spec.cluster.max_device_memory_gb
     reason = ""
-    if memory_gb > limit:
+    if cap is not None and memory_gb > cap:  # MindSpore's max_device_memory: a cap already
+        reason = f"predicted {memory_gb:.1f} GB/device > max_device_memory {cap:g} GB"
+    elif cap is None and memory_gb > profile.memory_gb * SAFETY_MARGIN:
         reason = (f"predicted {memory_gb:.1f} GB/device > {profile.memory_gb:g} GB × "
                   f"{SAFETY_MARGIN} safety margin")
     return Estimate(

@@ -7,7 +7,9 @@ Contract:
   first) — all by the ranking of `autotune.analysis.ranking`. SpecError when there is none.
 - :func:`export_study` loads the study (`autotune.storage.opening`), selects the trial, rebuilds
   the spec the study was created with and writes the export (`autotune.export.writer`);
-  returns the trial and the files written.
+  returns the trial and the files written. mindformers.yaml merges into ``mindformers_base``
+  (``--mindformers-base``) or else the model.yaml's ``export.mindformers_base`` (written by
+  ``autotune init --mindformers``); a base that is not there is a SpecError naming it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def export_study(name: str, storage: str | None, out: Path, number: int | None =
     study = load_study(name, storage)
     trial = select_trial(study, number)
     spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]))
+    if mindformers_base is None and spec.mindformers_base is not None:
+        mindformers_base = spec.mindformers_base
+        if not Path(mindformers_base).is_file():
+            raise SpecError(f"{spec.source}: export.mindformers_base: {mindformers_base}: no such "
+                            "file (the MindFormers config to merge into); pass --mindformers-base "
+                            "PATH.yaml")
     record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
               "estimate": trial.user_attrs.get("estimate")}
     files = write_export(spec, Candidate(**knobs_of(trial)), record, out, reshard_from=reshard_from,

@@ -4,15 +4,8 @@ Contract (no MindFormers import: it cannot be installed next to autotune, docs/m
 - :func:`overlay` is every key autotune sets, each for a reason docs/mindformers.md states with
   its MindFormers source ("What the overlay sets"). MindFormers' global batch under it is
   ``train.global_batch_size`` in every layout, pure data parallel included.
-- :func:`load_base` reads a MindFormers config as MindFormers' ``MindFormerConfig._file2dict``
-  does (``mindformers/tools/register/config.py``): ``yaml.safe_load``, then each ``base_config``
-  (a path or a list of paths, relative to the including file's folder) loaded the same way,
-  several bases combined with a shallow ``dict.update``, and the file merged over them by
-  :func:`merge`. Any problem is a :class:`SpecError` naming the file (and the key).
-- :func:`merge` is MindFormers' ``_merge_a_into_b``: a mapping merges into a mapping (or into
-  null) key by key, anything else replaces. Where MindFormers' own rule would crash — a mapping
-  over a scalar or a list — it raises :class:`MergeConflict`, or with ``replace=True`` replaces
-  the value whole. It returns the merged dict and every leaf it changed.
+- The base is read and merged by MindFormers' own rule, `autotune.spec.mindformers_file`
+  (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too.
 - :func:`document` returns ``(mindformers.yaml text, changes)``: without a base, the overlay with
   a ``base_config`` the user must set (its header says so); with one, the complete config — the
   base with the overlay merged in — and a header listing every changed key (old -> new).
@@ -21,7 +14,6 @@ Contract (no MindFormers import: it cannot be installed next to autotune, docs/m
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import yaml
@@ -31,21 +23,11 @@ from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
+from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
 from autotune.spec.model_yaml import Spec
-from autotune.spec.yaml_file import load_yaml
 
-BASE_CONFIG = "base_config"
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.
 UNSET_BASE = "SET-ME-your-model-mindformers-config.yaml"
-_ABSENT = object()
-
-
-class MergeConflict(Exception):
-    """MindFormers' merge would crash at ``key``: a mapping over a scalar or a list."""
-
-    def __init__(self, key: str, old):
-        super().__init__(f"{key}: a mapping cannot be merged over {json.dumps(old)}")
-        self.key, self.old = key, old
 
 
 def overlay(spec: Spec, c: Candidate) -> dict:
@@ -93,62 +75,6 @@ def overlay(spec: Spec, c: Candidate) -> dict:
     }
 
 
-def _same(old, new) -> bool:
-    if isinstance(old, bool) or isinstance(new, bool):
-        return type(old) is type(new) and old == new
-    if isinstance(old, (int, float)) and isinstance(new, (int, float)):
-        return old == new
-    return type(old) is type(new) and old == new
-
-
-def merge(a: dict, b: dict | None, replace: bool = False, _path: str = "") -> tuple[dict, list]:
-    """``a`` merged over ``b`` by MindFormers' ``_merge_a_into_b``; returns (merged, changes)
-    with each change ``{"key": dotted, "old": value, "new": value}`` (no "old": it was absent)."""
-    # MindFormers: b = b.copy() if b is not None else a.copy()
-    merged = dict(b) if b is not None else dict(a)
-    changes = []
-    for key, value in a.items():
-        dotted = f"{_path}{key}"
-        old = b.get(key, _ABSENT) if b is not None else _ABSENT
-        if isinstance(value, dict) and key in merged:
-            if b is None or isinstance(old, dict):
-                merged[key], inner = merge(value, old if isinstance(old, dict) else None, replace,
-                                           f"{dotted}.")
-                changes += inner
-                continue
-            if old is not None and not replace:  # MindFormers: `old.copy()[k] = …` fails
-                raise MergeConflict(dotted, old)
-        merged[key] = value  # over null MindFormers' merge also gives the mapping itself
-        if old is _ABSENT:
-            changes.append({"key": dotted, "new": value})
-        elif not _same(old, value):
-            changes.append({"key": dotted, "old": old, "new": value})
-    return merged, changes
-
-
-def load_base(path: str | os.PathLike, _seen: tuple = ()) -> dict:
-    """A MindFormers config with its base_config chain resolved (see the module doc)."""
-    path = Path(path)
-    real = path.resolve()
-    if real in _seen:
-        raise SpecError(f"{path}: base_config includes itself ({' -> '.join(map(str, _seen))})")
-    data = load_yaml(real)
-    if BASE_CONFIG not in data:
-        return data
-    names = data.pop(BASE_CONFIG)
-    names = names if isinstance(names, list) else [names]
-    combined = {}
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise SpecError(f"{path}: base_config: expected a file name, got {name!r}")
-        # MindFormers joins the name to the including file's folder as given (not resolved).
-        combined.update(load_base(os.path.join(os.path.dirname(path), name), (*_seen, real)))
-    try:
-        return merge(data, combined)[0]
-    except MergeConflict as exc:
-        raise SpecError(f"{path}: MindFormers cannot merge it over its base_config: {exc}") from None
-
-
 def _check_base(spec: Spec, base: dict, where: str) -> None:
     model = base.get("model")
     model_config = model.get("model_config") if isinstance(model, dict) else None
@@ -181,7 +107,7 @@ def document(spec: Spec, c: Candidate, trial: dict,
                   "# --mindformers-base YOUR.yaml to get the complete config. docs/mindformers.md\n"
                   "# says why each key is set. Knobs map to:\n" + knob_lines)
         return header + _dump({BASE_CONFIG: UNSET_BASE, **tuned}), []
-    base = load_base(base_path)
+    base = load_config(base_path)
     _check_base(spec, base, str(base_path))
     base_optimizer = (base.get("parallel") or {}).get("parallel_optimizer_config")
     if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:

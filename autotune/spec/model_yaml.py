@@ -3,6 +3,13 @@
 Contract: :func:`load_spec` either returns a fully validated spec or raises :class:`SpecError`
 whose message names the file and the field path (``cluster.devices: must be ≥ 1``). It reads
 files only; it never writes anything, so a bad file leaves no trace.
+
+Sections added for configurations that come from MindFormers (``autotune init --mindformers``,
+docs/mindformers.md), each optional and absent in older files: ``baseline`` (the knobs of the
+configuration the user runs today, in knob names; `autotune.spec.space` makes it trial 0 and
+checks the space holds it), ``cluster.max_device_memory_gb`` (MindSpore's ``max_device_memory``:
+the cap the cost model screens against, with no margin on top) and ``export.mindformers_base``
+(the MindFormers config ``autotune export`` merges into by default; resolved against this file).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from autotune.spec import entry as entry_loader
 from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import DTYPES
+from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
 from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.yaml_file import load_yaml
 
@@ -69,6 +76,9 @@ class ClusterSpec:
     # backend replay: the devices the replayed pool holds, so trials of `devices` run side by
     # side as on a pool that holds several (None: one trial at a time)
     pool_devices: int | None = None
+    # MindSpore's max_device_memory: the memory a run may use, already a cap (None: the
+    # device's memory with the cost model's safety margin)
+    max_device_memory_gb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,8 @@ class Spec:
     trial: TrialSpec
     source: str = field(default="")
     raw: dict = field(default_factory=dict, repr=False, compare=False)  # the input mapping
+    baseline: dict = field(default_factory=dict)  # knob → value of the user's own configuration
+    mindformers_base: str | None = None  # export merges into this MindFormers config (absolute)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,10 +198,28 @@ def parse_spec(data: dict, path: Path) -> Spec:
     top.used.add("search")
     trial = _parse_trial(_Section(data.get("trial"), "trial", source))
     top.used.add("trial")
+    baseline = _parse_baseline(_Section(data.get("baseline"), "baseline", source))
+    top.used.add("baseline")
+    export = _Section(data.get("export"), "export", source)
+    base = export.get("mindformers_base", str, default=None)
+    export.reject_unknown()
+    top.used.add("export")
     unknown = sorted(set(data) - top.used)
     if unknown:
         raise SpecError(f"{source}: {unknown[0]}: unknown field")
-    return Spec(study, model, train, cluster, search, trial, source, data)
+    return Spec(study, model, train, cluster, search, trial, source, data, baseline,
+                str((path.parent / base).resolve()) if base else None)
+
+
+def _parse_baseline(s: _Section) -> dict:
+    """``baseline:`` → {knob: value}, each value of its knob's type (the space checks the rest)."""
+    choices = {"jit_level": JIT_LEVELS, "recompute": RECOMPUTE_MODES}
+    for name in s.data:
+        if name not in KNOBS:
+            s.fail(name, f"unknown knob (known: {', '.join(KNOBS)})")
+    return {name: s.get(name, knob.kind, choices=choices.get(name),
+                        minimum=None if knob.kind is not int else 0)
+            for name, knob in KNOBS.items() if name in s.data}
 
 
 # Model fields added after studies were first stored: at these values a study's fingerprint
@@ -267,8 +297,10 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
     devices = s.get("devices", int, minimum=1)
     per_node = s.get("devices_per_node", int, default=min(devices, 8), minimum=1)
     memory = s.get("device_memory_gb", float, default=None)
-    if memory is not None and not memory > 0:
-        s.fail("device_memory_gb", f"must be > 0, got {memory}")
+    cap = s.get("max_device_memory_gb", float, default=None)
+    for name, value in (("device_memory_gb", memory), ("max_device_memory_gb", cap)):
+        if value is not None and not value > 0:
+            s.fail(name, f"must be > 0, got {value}")
     device = s.get("device", (str, dict), default=None)
     if devices > per_node and devices % per_node:
         s.fail("devices", f"{devices} devices do not fill whole nodes of {per_node}")
@@ -284,7 +316,7 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
             s.fail(name, f"is read by backend replay only (backend is {backend})")
     s.reject_unknown()
     return ClusterSpec(backend, devices, per_node, memory, device,
-                       str((base / replay).resolve()) if replay else None, pool)
+                       str((base / replay).resolve()) if replay else None, pool, cap)
 
 
 def _parse_search(s: _Section, base: Path) -> SearchSpec:

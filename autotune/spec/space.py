@@ -10,6 +10,11 @@ Contract:
   value under the knob's own name (`autotune.storage.schema.knobs_of`).
 - The space of a study holds only candidates that may meet the hard constraints
   (`autotune.spec.constraints`): values no feasible layout uses are dropped with a note.
+- A model.yaml ``baseline:`` (the user's own configuration) is the space's
+  :meth:`SearchSpace.baseline`: where a knob is fixed for the backend or the dtype, the
+  baseline's value is the one kept, and a baseline the space does not hold, or one that breaks a
+  hard constraint, is a SpecError naming ``baseline.<knob>``; a knob an override (``--set``)
+  fixes takes the override's value instead.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ class SearchSpace:
     devices: int
     notes: tuple[str, ...] = ()
     encoding: str = ORDERED  # how knobs become Optuna params (`autotune.spec.encoding`)
+    preset: tuple = ()  # (knob, value) pairs of model.yaml's baseline
 
     def searched(self) -> list[str]:
         """Knobs with more than one value (these become Optuna params)."""
@@ -166,11 +172,12 @@ class SearchSpace:
         return self._resolve(values | ({"dp": "auto"} if auto else {})) == candidate
 
     def baseline(self) -> Candidate:
-        """The untuned configuration: each knob's default, or the nearest value the space
-        allows (trial 0 of a new study, so the gain of tuning is measured)."""
-        values = {}
+        """The configuration trial 0 of a new study runs, so the gain of tuning is measured:
+        model.yaml's ``baseline`` where it gives a knob, else the knob's default, or the
+        nearest value the space allows."""
+        values, preset = {}, dict(self.preset)
         for name in KNOB_NAMES:
-            domain, default = self.domains[name], KNOBS[name].default
+            domain, default = self.domains[name], preset.get(name, KNOBS[name].default)
             if default in domain or not all(isinstance(v, int) for v in domain):
                 values[name] = default if default in domain else domain[0]
             else:
@@ -234,7 +241,8 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
             notes.append(f"{name}: {', '.join(map(str, dropped))} removed on {backend.name}: "
                          f"{backend.why_not(name)}")
         if backend.kind == "estimate" and not KNOBS[name].estimable and len(kept) > 1:
-            kept = (KNOBS[name].default if KNOBS[name].default in kept else kept[0],)
+            preferred = spec.baseline.get(name, KNOBS[name].default)
+            kept = (preferred if preferred in kept else kept[0],)
             notes.append(f"{name}: fixed to {kept[0]} on {backend.name}: "
                          f"{KNOBS[name].unestimated_because}")
         domains[name] = kept
@@ -246,7 +254,34 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
         domains["micro_batches"] = (1,)
     if 1 not in domains["pp"]:
         domains["grad_accum"] = (1,)
-    return SearchSpace(domains, spec.cluster.devices, tuple(notes))
+    space = SearchSpace(domains, spec.cluster.devices, tuple(notes),
+                        preset=tuple(spec.baseline.items()))
+    _check_baseline(spec, space, set(overrides or ()))
+    return space
+
+
+def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
+    """SpecError unless the space holds model.yaml's baseline and the baseline is valid. A knob
+    ``--set`` fixes wins over the baseline's value (the baseline takes the value it fixed)."""
+    if not spec.baseline:
+        return
+    base = space.baseline()
+    where = f"{spec.source}: baseline"
+    if overridden & {"tp", "pp"}:
+        overridden.add("dp")  # dp follows the layout --set chose
+    for name, value in spec.baseline.items():
+        if name in overridden or not is_active(name, base.dp, base.pp):
+            continue
+        held = space.domains[name]
+        if name == "dp" and held == ("auto",):
+            if value != base.dp:
+                raise SpecError(f"{where}.dp: {value} is not devices / (tp·pp) = {base.dp}")
+        elif value not in held:
+            raise SpecError(f"{where}.{name}: {value!r} is not in the search space "
+                            f"({', '.join(map(str, held))}); add it to search.space.{name}")
+    broken = violations(spec, base)
+    if broken and not overridden:  # with --set the candidate is the user's to judge
+        raise SpecError(f"{where}: {broken[0]}")
 
 
 def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
@@ -264,7 +299,7 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
                          "or pipeline parallelism")
     dtype = spec.model.dtype
     if dtype not in LOSS_SCALED_DTYPES and len(domains["loss_scale"]) > 1:
-        default = KNOBS["loss_scale"].default
+        default = spec.baseline.get("loss_scale", KNOBS["loss_scale"].default)
         domains["loss_scale"] = (default if default in domains["loss_scale"] else domains["loss_scale"][0],)
         notes.append(f"loss_scale: fixed to {domains['loss_scale'][0]}: {dtype} compute is not "
                      "loss-scaled, so the value changes nothing")

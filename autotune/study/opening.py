@@ -8,8 +8,8 @@ Contract:
   server database: one creates, the other resumes (`autotune.storage.drivers.locked`).
 - :func:`fingerprint` is what makes two runs the same study: the ``model`` (a field added
   since studies were first stored is left out at its default, so an older study still matches)
-  and ``train`` sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb, and a
-  replay study's table by its SHA-256), the resolved search space, the objectives and
+  and ``train`` sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb,
+  max_device_memory_gb where given, and a replay study's table by its SHA-256), the resolved search space, the objectives and
   ``trial.steps``/``measure_after``. Not ``n_trials``, the sampler, the seed or the timeout:
   those may change between runs of one study.
 - :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.spec.encoding`):
@@ -44,6 +44,8 @@ def fingerprint(spec: Spec, space) -> dict:
     c = spec.cluster
     cluster = {"backend": c.backend, "devices": c.devices, "devices_per_node": c.devices_per_node,
                "device": c.device, "device_memory_gb": c.device_memory_gb}
+    if c.max_device_memory_gb is not None:  # a later field: absent from older fingerprints
+        cluster["max_device_memory_gb"] = c.max_device_memory_gb
     if c.replay:  # another table is another world (only replay studies have the key)
         cluster["replay_sha256"] = hashlib.sha256(Path(c.replay).read_bytes()).hexdigest()
     # a field added later, at the value that means what studies before it ran, is left out

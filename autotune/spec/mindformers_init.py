@@ -1,0 +1,73 @@
+"""``autotune init --mindformers CONFIG.yaml``: a commented model.yaml from a MindFormers config.
+
+Contract: :func:`init_text` returns ``(model.yaml text, warnings)`` for the config
+(`autotune.spec.mindformers_config.read_config` decides every key), writing nothing. The text
+names on each line the config key (or flag) its value came from, states in its header the
+config, the warnings and any ``--devices`` rescaling, holds ``baseline:`` (the config's own
+settings in knob names), an inline search space that contains the baseline, and
+``export.mindformers_base`` (the config's path, relative to ``out``'s folder, absolute when it
+is not under it) so ``autotune export`` merges into it. absolute when the config is not under that folder). The text is validated as a model.yaml would be (`parse_spec`, the
+space and its baseline: `autotune.spec.space.build_space`) before it is returned: what it
+returns runs; else a :class:`SpecError` naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from autotune.spec.errors import SpecError
+from autotune.spec.mindformers_config import read_config
+from autotune.spec.model_yaml import parse_spec
+from autotune.spec.space import build_space
+
+
+def _flow(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=1000, sort_keys=False).strip().removesuffix("\n...")\
+        .removesuffix("...").strip()
+
+
+def _section(name: str, rows: list) -> list[str]:
+    width = max(len(f"{k}: {_flow(v)}") for k, v, _ in rows) + 2
+    lines = [f"{name}:"]
+    for key, value, source in rows:
+        text = f"{key}: {_flow(value)}"
+        lines.append(f"  {text:<{width}}# {source}")
+    return lines
+
+
+def init_text(config: str | os.PathLike, out: str | os.PathLike, devices: int | None = None,
+              devices_per_node: int | None = None, backend: str | None = None,
+              total_steps: int | None = None) -> tuple[str, list[str]]:
+    """(model.yaml text, warnings) for MindFormers config ``config`` written to ``out``."""
+    config, out = Path(config), Path(out)
+    r = read_config(config, devices, devices_per_node, backend, total_steps)
+    relative = os.path.relpath(config.resolve(), out.resolve().parent)
+    if relative.startswith(".."):  # outside out's folder: the absolute path says more
+        relative = str(config.resolve())
+    header = [f"# autotune init --mindformers {config}",
+              "# Written from that MindFormers config (its base_config chain merged); each value",
+              "# names the key it came from. docs/mindformers.md decides each key. baseline: is",
+              "# the config's own settings: the study runs it first (trial 0) and prints every gain",
+              "# against it. autotune export merges the tuned settings into export.mindformers_base."]
+    header += [f"# NOTE: {note}" for note in r.notes]
+    header += [f"# WARNING: {warning}" for warning in r.warnings]
+    lines = header + [f"study: {_flow(r.study)}"]
+    for name in ("model", "train", "cluster", "baseline"):
+        lines += _section(name, getattr(r, name))
+    lines += ["search:",
+              "  # the default space (search_spaces/default.yaml) for knobs not named here; these",
+              "  # hold the baseline's values",
+              "  space:"]
+    lines += [f"    {knob}: {_flow(domain)}" for knob, domain in r.space.items()]
+    lines += ["export:", f"  mindformers_base: {_flow(relative)}"]
+    text = "\n".join(lines) + "\n"
+    data = yaml.safe_load(text)
+    try:
+        build_space(parse_spec(data, out))
+    except SpecError as exc:
+        raise SpecError(f"{config}: the model.yaml it gives is not valid: "
+                        f"{str(exc).removeprefix(f'{out}: ')}") from None
+    return text, r.warnings
