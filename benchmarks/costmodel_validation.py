@@ -228,8 +228,8 @@ def mindformers_table() -> None:
                                                       else f"acc{c.grad_accum}"))
         print(f"{r['config']:<36}{layout:<22}{c.recompute[:4]:<5}{r['reported']:>9}"
               f"{r['estimate']:>9.0f}{r['error']:>+8.1%}{r['memory_gb']:>8.1f}{r['cap_gb']:>7g}")
-    print("memory above the cap: the parallel optimizer's sharding is not priced yet (every "
-          "config turns it on; it acts where dp > 1, so not in the 70B's dp1)")
+    print("every config turns the parallel optimizer on; it acts where dp > 1 (not the 70B's dp1), "
+          "priced as MindSpore runs it (engine 'mindspore', the simulate backend's)")
 
 
 if __name__ == "__main__":

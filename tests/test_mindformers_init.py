@@ -227,9 +227,6 @@ def test_init_search_export_merges_into_the_config(tmp_path, capsys):
                  "--mindformers-base", str(moved)]) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="the 7B baseline (dp8, parallel optimizer on) is priced "
-                   "without the parallel optimizer's memory terms (another change, issue 17 item 3)"
-                   ": ~109 GB > max_device_memory 58 GB, so trial 0 is infeasible")
 def test_the_configs_own_baseline_is_feasible_and_the_ratio_is_against_it(tmp_path, capsys):
     study = _search(tmp_path, f"sqlite:///{tmp_path}/s.db", trials=4)
     assert study.trials[0].user_attrs["outcome"] == "ok"

@@ -60,8 +60,9 @@ Model:
   of its tp slice in ``param_dtype`` over the ranks that share it (the dp group, or the
   stage's dp·tp ranks for a replicated parameter), after the step's backward: never hidden,
   added to ``dp_comm``. MindSpore's own parallel optimizer (``"mindspore"``) reduce-scatters
-  those gradients and all-gathers the parameters instead: (n−1)/n of the bytes each, what the
-  ring all-reduce it replaces moves, so its ``dp_comm`` is the unsharded one.
+  those gradients instead of all-reducing them (half the volume, overlapped as the all-reduce
+  is) and all-gathers the parameters before their use ((n−1)/n · S/B, priced exposed: an
+  assumption the calibration corrects).
 - Host: the profile's per-step overhead. Loss scale and warmup steps have no effect on step time
   or memory (they change numerics, not work), so the model ignores them.
 """
@@ -129,14 +130,13 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     grad_bytes = params_per_device * per_param["grads"]
     updated, gather = params_per_device, 0.0
     if shards_optimizer(c, engine):
-        # the stage with the most owned rows, and the slowest rebuild of any stage
         sharded = optimizer_elements(work, c.dp, c.tp, c.pp, per_param["params"])
-        updated = max(owned for owned, *_ in sharded)
-        gather = 0.0 if engine == "mindspore" else max((allreduce_time(on_dp * per_param["params"], c.dp, gbps(dp_crosses), profile)
-                      if on_dp else 0.0)
-                     + (allreduce_time(on_stage * per_param["params"], c.dp * c.tp,
-                                       gbps(dp_crosses or tp_crosses), profile) if on_stage else 0.0)
-                     for _, _, on_dp, on_stage in sharded)
+        updated = max(owned for owned, *_ in sharded)  # the stage with the most owned rows
+        gather = max(_sharded_traffic(c, profile, gbps(dp_crosses), gbps(dp_crosses or tp_crosses),
+                                      on_dp * per_param["params"], on_stage * per_param["params"],
+                                      engine) for _, _, on_dp, on_stage in sharded)
+        if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
+            grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_param["grads"] / 2
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
         "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window) + gather,
@@ -151,6 +151,24 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     if _forwards_twice(engine, c.pp):  # each of the pp − 1 stages but the last, once more
         executed += batch * (c.pp - 1) * (work.layers // c.pp) * work.forward_layer_flops()
     return breakdown, {"model": model, "executed": executed}
+
+
+def allgather_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -> float:
+    """Ring all-gather into ``nbytes`` over ``n`` ranks: (n−1)/n · S/B + (n−1)·α_hop + α_launch."""
+    if n <= 1:
+        return 0.0
+    alpha = (profile.collective_latency_us + (n - 1) * profile.hop_latency_us) * 1e-6
+    return alpha + (n - 1) / n * nbytes / (gbps * 1e9 * profile.link_efficiency)
+
+
+def _sharded_traffic(c, profile: DeviceProfile, dp_gbps: float, stage_gbps: float,
+                     on_dp: float, on_stage: float, engine: str) -> float:
+    """Seconds a step spends rebuilding the sharded parameters (``on_dp`` bytes shared by the dp
+    group, ``on_stage`` by the stage's dp·tp ranks): the trainer's all-reduce of zero-padded
+    shards, or MindSpore's all-gather before their use (see the module doc)."""
+    collective = allreduce_time if engine == "trainer" else allgather_time
+    return ((collective(on_dp, c.dp, dp_gbps, profile) if on_dp else 0.0)
+            + (collective(on_stage, c.dp * c.tp, stage_gbps, profile) if on_stage else 0.0))
 
 
 def _forwards_twice(engine: str, pp: int) -> bool:
