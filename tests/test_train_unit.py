@@ -128,3 +128,45 @@ def test_entry_loads_a_file_and_checks_the_contract(ms, tmp_path):
         entry.entry_loader.load("no_such_module_here:build", tmp_path)
     with pytest.raises(entry.EntryError, match="model.family"):
         entry.build({"model": {"family": "cnn", "entry": None}})
+
+
+@pytest.mark.parametrize("family", ["llama", "transformer"])
+def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, family, monkeypatch):
+    """flash_attention_score has no CPU kernel: what is checked here is the call the fused core
+    makes — BNSD inputs as the plain core gets them (grouped-query key/value heads unrepeated),
+    the causal mask of discarded positions, the 1/√d scale — standing in for the operator with
+    the plain core's own result."""
+    from autotune.train import fused, models
+    from autotune.train.models import SINGLE
+
+    cfg = {"family": family, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+           "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
+    if family == "transformer":
+        cfg.pop("num_kv_heads")
+    network = models.build_network(cfg, SINGLE)
+    plain = [cell.core for _, cell in network.cells_and_names() if hasattr(cell, "core")]
+    assert fused.use_fused_attention(network, cfg["seq_length"]) == 2
+    cores = [cell.core for _, cell in network.cells_and_names() if hasattr(cell, "core")]
+    assert all(isinstance(core, fused.FusedCore) for core in cores)
+    calls = []
+
+    def operator(q, k, v, head_num, **kwargs):
+        calls.append((q.shape, k.shape, head_num, kwargs))
+        return plain[0](q, k, v)
+
+    monkeypatch.setattr(ms.ops, "flash_attention_score", operator)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        kv = 2 if family == "llama" else 4
+        rng = np.random.default_rng(0)
+        q = ms.Tensor(rng.standard_normal((2, 4, 8, 8)).astype(np.float32))
+        k, v = (ms.Tensor(rng.standard_normal((2, kv, 8, 8)).astype(np.float32)) for _ in range(2))
+        np.testing.assert_allclose(cores[0](q, k, v).asnumpy(), plain[0](q, k, v).asnumpy())
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    (q_shape, k_shape, heads, kwargs), = calls
+    assert (q_shape, k_shape, heads) == ((2, 4, 8, 8), (2, kv, 8, 8), 4)
+    assert kwargs["input_layout"] == "BNSD" and kwargs["sparse_mode"] == 0
+    assert kwargs["scalar_value"] == pytest.approx(1 / math.sqrt(8))
+    mask = kwargs["attn_mask"].asnumpy()
+    assert mask.dtype == np.uint8 and (mask == np.triu(np.ones((8, 8)), 1)).all()

@@ -23,7 +23,8 @@ from mindspore.common.parameter import ParameterTuple
 
 from autotune import layout
 from autotune.shapes import TOKEN_FAMILIES
-from autotune.train import entry, models, pipeline, schedule, step
+from autotune.spec.backends import BACKENDS
+from autotune.train import entry, fused, models, pipeline, schedule, step
 from autotune.train import sharding as sharding_mod
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.parallel import Placement
@@ -123,6 +124,9 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
     ms.set_seed(cfg.get("seed", 0))  # an entry model draws its own weights: identical on every rank
     network, loss_fn, dataset = entry.build(cfg, placement)
+    if model.get("flash_attention") and not model.get("entry") and \
+            BACKENDS[cfg.get("backend", "cpu")].fused_attention:
+        fused.use_fused_attention(network, model["seq_length"])
     dtype = model.get("dtype", "float32")
     if dtype != "float32":
         step.set_compute_dtype(network, COMPUTE[dtype])
