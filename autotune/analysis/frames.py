@@ -84,7 +84,8 @@ def summary(studies, storage: str | None = None) -> pd.DataFrame:
         row["device_hours"] = float((frame["run_s"].astype(float).fillna(0) * devices).sum() / 3600)
         first = next(c for c in frame.columns if c.startswith("value_"))
         if len(ok):
-            best = ok.sort_values(first, ascending=not maximize).iloc[0]
+            # stable: of equal values the earliest trial is the best (as pandas idxmax answers)
+            best = ok.sort_values(first, ascending=not maximize, kind="stable").iloc[0]
             row["best_trial"] = int(best["number"])
             row[f"best_{first[len('value_'):]}"] = best[first]
             confirmed = ranking.best_confirmed(study)
