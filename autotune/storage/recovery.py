@@ -3,7 +3,12 @@ queued again.
 
 Contract:
 - :func:`requeue` queues params to run again (a resumed study runs them under a new trial
-  number), unless they already wait.
+  number), unless they already wait. :func:`requeue_trial` queues an interrupted trial's
+  candidate, keeping its role (`autotune.storage.schema.role_of`) — but not a repeat's (its
+  candidate is its original's) nor a confirm-phase re-run's: the confirm phase recomputes from
+  storage which re-runs are missing (`autotune.study.confirm.plan`), and a queued copy would
+  be asked by the search, found already measured and stored as a copy of the original's value —
+  a confirmation that measured nothing.
 - :func:`recover_interrupted` fails the RUNNING trials whose driver is gone and requeues each
   candidate (keeping its role, `autotune.storage.schema.role_of`); a live driver's trials are
   never touched, nor this driver's own (``me``). Gone means: its driver (user attr ``driver``,
@@ -38,6 +43,13 @@ def requeue(study: optuna.Study, params: dict, user_attrs: dict | None = None) -
         study.enqueue_trial(params, user_attrs=user_attrs)
 
 
+def requeue_trial(study: optuna.Study, trial) -> None:
+    """Queue the candidate of ``trial`` (frozen or live), interrupted, to run again with its
+    role — unless it is a repeat or a confirm-phase re-run (see the module doc)."""
+    if not {"repeat_of", "confirm_of"} & set(trial.user_attrs):
+        requeue(study, trial.params, role_of(trial))
+
+
 class RequeueStale:
     """The storage's stale-trial callback: queues the candidate of each trial Optuna's
     ``fail_stale_trials`` failed, and keeps their numbers for the caller to report."""
@@ -46,8 +58,7 @@ class RequeueStale:
         self.numbers: list[int] = []
 
     def __call__(self, study: optuna.Study, frozen) -> None:
-        if "repeat_of" not in frozen.user_attrs:  # a repeat's candidate is its original's
-            requeue(study, frozen.params, role_of(frozen))
+        requeue_trial(study, frozen)
         self.numbers.append(frozen.number)
 
 
@@ -80,7 +91,6 @@ def recover_interrupted(study: optuna.Study, me: str | None = None) -> list[int]
             study.tell(frozen.number, state=TrialState.FAIL)
         except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
             continue  # another driver recovered it first, or its driver finished it after all
-        if "repeat_of" not in frozen.user_attrs:
-            requeue(study, frozen.params, role_of(frozen))
+        requeue_trial(study, frozen)
         numbers.append(frozen.number)
     return sorted(numbers)

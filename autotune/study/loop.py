@@ -81,7 +81,7 @@ class Loop:
         self.live: dict = {}      # number → Job running
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.repeats = 0          # consecutive re-sampled candidates
-        self.retries = 0          # infrastructure failures queued again and not asked yet
+        self.retries: list = []   # trials failed by infrastructure whose retry waits, unasked
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
 
     def _settle(self, job: Job) -> None:
@@ -114,9 +114,9 @@ class Loop:
         (or running in another driver, which is then waited for)."""
         def next_job():
             # a retried failure did not count toward N: one more ask, even past MAX_REPEATS
-            retrying, self.retries = self.retries, 0
+            retrying, self.retries = bool(self.retries), []
             while (self.repeats < MAX_REPEATS or retrying) and not self._stop():
-                retrying = 0
+                retrying = False
                 with self.drivers.lock():
                     self._sync()
                     if counting.wanted(self.study, n_trials) <= 0:
@@ -190,8 +190,7 @@ class Loop:
                 return None
             with self.drivers.lock():  # no other driver pops the queued re-run
                 if self.retries:  # a re-run lost to the infrastructure, queued again
-                    self.retries -= 1
-                    return self.proposer.ask_queued()
+                    return self.proposer.rerun(self.retries.pop(0))
                 return self.proposer.again(queue.pop(0)) if queue else None
 
         self._drive(next_job)
@@ -248,7 +247,7 @@ class Loop:
                                   values[0] if values and result.outcome == "ok" else None,
                                   counted=not again and "confirm_of" not in job.trial.user_attrs)
         if again:
-            self.retries += 1
+            self.retries.append(number)
         elif retry.remembered(job.trial, result):
             self.proposer.remember(job.candidate, job.number, result.outcome, result.metrics,
                                    result.detail)

@@ -19,7 +19,7 @@ from autotune import costmodel
 from autotune.costmodel.diagnosis import diagnose
 from autotune.jobs import Job, Result
 from autotune.storage import schema
-from autotune.storage.recovery import requeue
+from autotune.storage.recovery import requeue_trial
 from autotune.study import retry
 
 
@@ -96,7 +96,7 @@ class Recorder:
 
     def interrupted(self, trial) -> None:
         """The driver stops before ``trial`` finished: recorded, and its candidate queued to
-        run again on ``--resume``."""
-        requeue(self.study, trial.params, schema.role_of(trial))
+        run again on ``--resume`` (`autotune.storage.recovery.requeue_trial`)."""
+        requeue_trial(self.study, trial)
         schema.record(self.study, trial, self.objectives, "interrupted",
                       detail="the driver stopped before this trial finished")
