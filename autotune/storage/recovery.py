@@ -11,13 +11,15 @@ Contract:
   a confirmation that measured nothing.
 - :func:`recover_interrupted` fails the RUNNING trials whose driver is gone and requeues each
   candidate (keeping its role, `autotune.storage.schema.role_of`); a live driver's trials are
-  never touched, nor this driver's own (``me``). Gone means: its driver (user attr ``driver``,
+  never touched, nor this driver's own (``me``). On a storage without heartbeats (SQLite: one
+  driver) every RUNNING trial not of ``me`` is gone — a driver on another host (a fresh
+  container, a copied database) cannot be judged there, and waiting for it would never end. On a
+  storage with heartbeats, gone means: its driver (user attr ``driver``,
   `autotune.storage.drivers`) ran on this machine and its process has ended; or its heartbeats
   are stale (Optuna's ``fail_stale_trials``, whose callback on a server storage is
   :class:`RequeueStale`); or, a trial without a driver (a study run before drivers were
-  recorded, or a driver that died between asking and recording itself), at once on a storage
-  without heartbeats (one driver: nobody else can be running it) and after ``GRACE_S`` from its
-  start on one with them. A trial failed through its heartbeats has no ``outcome`` attr (a
+  recorded, or a driver that died between asking and recording itself), after ``GRACE_S`` from
+  its start. A trial failed through its heartbeats has no ``outcome`` attr (a
   finished trial's attrs cannot be set): `autotune.storage.schema.outcome_of` reads it as
   ``interrupted``.
 """
@@ -64,10 +66,12 @@ class RequeueStale:
 
 def _gone(frozen, shared: bool) -> bool:
     """Whether the driver of a RUNNING trial is gone (see the module doc)."""
+    if not shared:
+        return True  # one driver: whatever runs but is not its own was left by a dead one
     owner = frozen.user_attrs.get(OWNER)
     if owner is not None:
         return alive(owner) is False
-    return not shared or datetime.now() - frozen.datetime_start > timedelta(seconds=GRACE_S)
+    return datetime.now() - frozen.datetime_start > timedelta(seconds=GRACE_S)
 
 
 def recover_interrupted(study: optuna.Study, me: str | None = None) -> list[int]:

@@ -138,7 +138,8 @@ class Loop:
                 if counting.wanted(self.study, n_trials) > 0:
                     continue  # a trial elsewhere ended without counting (or was interrupted)
                 running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not self.parked and not any(map(counting.will_count, running)):
+                if not self.parked and (not self.drivers.shared  # one driver: nobody to wait for
+                                        or not any(map(counting.will_count, running))):
                     return
                 time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
         except BaseException:
