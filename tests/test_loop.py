@@ -275,3 +275,41 @@ def test_a_resume_on_sqlite_reruns_what_a_driver_on_another_host_left_running(tm
     study = load(storage)
     assert study.trials[lost].user_attrs["outcome"] == "interrupted"
     assert study.trials[-1].params == {"log2_tp": 2} and study.trials[-1].values == [130.0]
+
+
+def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_traceback(tmp_path):
+    # issue 18, item 4: a driver taken for dead (here: a second driver resuming on SQLite) had
+    # its running trial failed and requeued; its tell then raised UpdateFinishedTrialError
+    from autotune.jobs import Result
+    from autotune.search.proposer import Proposer
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+    from autotune.storage.drivers import Drivers
+    from autotune.storage.recovery import recover_interrupted
+    from autotune.study.progress import Progress
+    from autotune.study.recorder import Recorder
+
+    path, storage = study_files(tmp_path, {1: [100.0], 2: [150.0], 4: [130.0]})
+    assert main(["search", path, "--storage", storage, "--no-confirm", "--trials", "1"]) == 0
+    study = load(storage)
+    spec = load_spec(path)
+    space = build_space(spec)
+    proposer = Proposer(spec, space, study, drivers=Drivers(study))
+    study.enqueue_trial({"log2_tp": 1})
+    job = proposer.propose()
+    assert job.settled is None and job.candidate.tp == 2
+    assert recover_interrupted(study, me="another/driver/pid:[1]/1/1") == [job.number]
+    requeued = study.get_trials(states=(TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in requeued] == [{"log2_tp": 1}]
+    progress = Progress()
+    progress.start(study, done=1, total=2, objectives=spec.search.objectives)
+    recorder = Recorder(spec, study, progress, calibrates=True)
+    metrics = {"goodput": 150.0, "step_time_ms": 1000.0}
+    assert recorder.finished(job, Result("ok", metrics, run_s=60.0)) is False
+    study = load(storage)
+    late = study.trials[-1]
+    assert late.user_attrs["late_of"] == job.number and late.values == [150.0]
+    assert late.params == {"log2_tp": 1} and counting.counted(late)
+    withdrawn = study.trials[requeued[0].number]
+    assert withdrawn.state == TrialState.FAIL and withdrawn.user_attrs["withdrawn_for"] == late.number
+    assert not study.get_trials(states=(TrialState.WAITING,))

@@ -250,8 +250,8 @@ class Loop:
         if again:
             self.retries.append(number)
         elif retry.remembered(job.trial, result):
-            self.proposer.remember(job.candidate, job.number, result.outcome, result.metrics,
-                                   result.detail)
+            self.proposer.remember(job.candidate, self.recorder.late.get(number, number),
+                                   result.outcome, result.metrics, result.detail)
         self.proposer.calibration = self.recorder.calibration
         return job.candidate.devices
 
