@@ -313,3 +313,25 @@ def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_trace
     withdrawn = study.trials[requeued[0].number]
     assert withdrawn.state == TrialState.FAIL and withdrawn.user_attrs["withdrawn_for"] == late.number
     assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monkeypatch):
+    # issue 18, item 5: proposer.running was kept only with several drivers, so with two trials
+    # in flight the sampler's proposal of a running candidate ran it a second time
+    monkeypatch.setattr("autotune.study.loop.MAX_REPEATS", 6)
+    text = (MODEL.replace("device: a100-80g}", "device: a100-80g, pool_devices: 16}")
+            .replace("tp: [1, 2, 4]", "tp: [1, 2]"))
+    path, storage = study_files(tmp_path, {1: [100.0] * 4, 2: [150.0] * 4}, text)
+    # tp2 runs ten times as long as tp1: the asks after tp1 ended see tp2 running
+    table = (tmp_path / "table.csv").read_text().splitlines()
+    (tmp_path / "table.csv").write_text("\n".join(
+        line[:-2] + "600" if line.startswith("2,") else line for line in table) + "\n")
+    assert main(["search", path, "--storage", storage, "--sampler", "random", "--trials", "4",
+                 "--no-confirm"]) == 0
+    study = load(storage)
+    ran = [t.params["log2_tp"] for t in study.trials if "repeat_of" not in t.user_attrs]
+    assert sorted(ran) == [0, 1], [(t.number, t.params, t.user_attrs.get("repeat_of"))
+                                   for t in study.trials]
+    repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
+    assert repeats and all(t.state != TrialState.RUNNING for t in repeats)
+    assert all(t.values == study.trials[t.user_attrs["repeat_of"]].values for t in repeats)

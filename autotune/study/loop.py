@@ -9,7 +9,10 @@ result to the recorder (`autotune.study.recorder`), stops clearly slow trials
 infrastructure failure retried once (`autotune.study.retry`).
 
 - :meth:`Loop.run` runs until the study has N trials that count (finished, or running in
-  another driver, which is then waited for). With several drivers (on a storage with
+  another driver, which is then waited for). A candidate running now — in this driver, or with
+  several drivers in any — is never proposed again (`autotune.search.proposer.Proposer.running`):
+  a proposal of it is parked as its repeat, settled when that trial ends, and no other ask is
+  made until a trial ends. With several drivers (on a storage with
   heartbeats, `autotune.storage.drivers`) it counts, under the study's lock before each ask,
   the finished trials and those running in any driver (`autotune.storage.counting.wanted`); it
   syncs what the others asked and measured into its proposer (never proposed again: a proposal
@@ -83,6 +86,7 @@ class Loop:
         self.repeats = 0          # consecutive re-sampled candidates
         self.retries: list = []   # trials failed by infrastructure whose retry waits, unasked
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
+        self.paused = False       # a proposal was parked: ask again once a trial ended
 
     def _settle(self, job: Job) -> None:
         settled = job.settled
@@ -124,6 +128,9 @@ class Loop:
                     proposal = self.proposer.propose()
                 if proposal.settled is not None:
                     self._settle(proposal)
+                    if proposal.settled.outcome == RUNNING:
+                        self.paused = True  # the sampler wants what runs: ask after it ends
+                        return None
                     continue
                 self.repeats = 0
                 return proposal
@@ -132,28 +139,44 @@ class Loop:
         try:
             while True:
                 self._drive(next_job)
+                self._sync()  # settles the repeats of this driver's trials, all ended now
                 if self.repeats >= MAX_REPEATS or self._stop():
                     return
-                self._sync()
-                if counting.wanted(self.study, n_trials) > 0:
+                paused, self.paused = self.paused, False
+                shared = self.drivers.shared
+                if counting.wanted(self.study, n_trials) > 0 and not (paused and shared):
                     continue  # a trial elsewhere ended without counting (or was interrupted)
                 running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not self.parked and (not self.drivers.shared  # one driver: nobody to wait for
-                                        or not any(map(counting.will_count, running))):
-                    return
+                if not self.parked and not (paused and shared) and (
+                        not shared or not any(map(counting.will_count, running))):
+                    return  # one driver: nobody to wait for
                 time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
-        except BaseException:
+        finally:
             for job in self.parked.values():  # never ran: nothing to run again
                 schema.record(self.study, job.trial, self.recorder.objectives, "interrupted",
                               extra={"repeat_of": job.settled.repeat_of})
-            raise
+            self.parked.clear()
 
     def _sync(self) -> None:
-        """With several drivers: what the others asked and finished, into the proposer and the
-        calibration; the repeats parked until their original ended, settled; every
-        ``HEARTBEAT_S``, the trials of a dead driver failed and queued again."""
-        if not self.drivers.shared:
-            return
+        """The candidates running now into the proposer (this driver's, and with several
+        drivers every driver's); the repeats parked until their original ended, settled. With
+        several drivers also: what the others asked and finished, into the proposer and the
+        calibration, and every ``HEARTBEAT_S`` the trials of a dead driver failed and queued
+        again."""
+        self.proposer.running = {job.candidate: number for number, job in self.live.items()}
+        trials = self._sync_others() if self.drivers.shared else None
+        for number, job in list(self.parked.items()):
+            trials = trials or self.study.get_trials(deepcopy=False)
+            original = trials[job.settled.repeat_of]
+            if original.state.is_finished():
+                job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
+                                     original.user_attrs.get("detail", ""),
+                                     repeat_of=original.number)
+                self.recorder.settled(job)
+                del self.parked[number]
+
+    def _sync_others(self) -> list:
+        """The several-drivers part of :meth:`_sync`; returns the trials it read."""
         if time.monotonic() - self.recovered > HEARTBEAT_S:
             self.recovered = time.monotonic()
             gone = recover_interrupted(self.study, self.drivers.me)
@@ -165,7 +188,6 @@ class Loop:
         self.synced |= load_history(self.spec, self.study, self.proposer, self.recorder,
                                     [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me])
         self.synced |= {t.number for t in new if t.state.is_finished()}
-        self.proposer.running = {}
         for t in filter(counting.will_count, trials):
             knobs = schema.knobs_of(t)
             if None not in knobs.values():  # else still being sampled
@@ -173,14 +195,7 @@ class Loop:
                 self.proposer.running[candidate] = t.number
                 if self.proposer.prior is not None:
                     self.proposer.prior.mark(candidate)
-        for number, job in list(self.parked.items()):
-            original = trials[job.settled.repeat_of]
-            if original.state.is_finished():
-                job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
-                                     original.user_attrs.get("detail", ""),
-                                     repeat_of=original.number)
-                self.recorder.settled(job)
-                del self.parked[number]
+        return trials
 
     def run_confirm(self, originals: list) -> None:
         """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
@@ -215,8 +230,11 @@ class Loop:
                     held = None
                 if exhausted and held is None and not self.live:
                     return
-                for number, result in self.executor.wait(timeout_s=1.0):
+                ended = self.executor.wait(timeout_s=1.0)
+                for number, result in ended:
                     free += self._finished(number, result)
+                if ended and self.paused:  # what the sampler wanted may have ended: ask again
+                    exhausted = self.paused = False
                 exhausted = exhausted and not self.retries  # a retry is one more job
                 free += self._prune_slow()
         except BaseException:
