@@ -335,3 +335,37 @@ def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monke
     repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
     assert repeats and all(t.state != TrialState.RUNNING for t in repeats)
     assert all(t.values == study.trials[t.user_attrs["repeat_of"]].values for t in repeats)
+
+
+def test_a_resumed_budget_counts_confirm_reruns_and_retried_failures(tmp_path, capsys):
+    # issue 18, item 7: a resume summed only the trials that count toward N, so the device time
+    # of confirm re-runs and of retried infrastructure failures vanished from the budget
+    path, storage = study_files(tmp_path, {1: [("error", True), 100.0, 98.0],
+                                           2: [150.0, 140.0], 4: [130.0]})
+    args = ["search", path, "--storage", storage]
+    assert main(args + ["--trials", "2", "--confirm", "1", "--confirm-runs", "1"]) == 0
+    ran = [t for t in load(storage).trials if "run_s" in t.user_attrs]
+    assert len(ran) == 5  # the lost baseline, its retry, tp2, and both re-runs: 5 × 60 s × 8
+    capsys.readouterr()
+    assert main(args + ["--trials", "3", "--resume", "--budget", "0.5dh", "--no-confirm"]) == 0
+    assert "budget: budget 0.667 dh of 0.5 dh (133%) used" in capsys.readouterr().out
+    assert not [t for t in load(storage).trials if t.params == {"log2_tp": 2}]  # tp4 never ran
+
+
+def test_drivers_share_one_device_budget_read_from_storage(tmp_path):
+    # issue 18, item 7: each driver read storage once, so N drivers could each spend the whole
+    # budget; what another driver spent since must stop this one
+    from autotune.stopping.budget import Budget, Stopper
+
+    path, storage = study_files(tmp_path, {1: [100.0], 2: [150.0], 4: [130.0]})
+    assert main(["search", path, "--storage", storage, "--trials", "1", "--no-confirm"]) == 0
+    study = load(storage)
+    stopper = Stopper(study, Budget("device", 2.5 * 480.0), False, virtual_clock=True)
+    assert stopper.reason(0) is None  # 480 used, 480 ahead, 1200 allowed
+    base = study.trials[0]
+    study.add_trial(optuna.trial.create_trial(  # another driver's finished run
+        state=TrialState.COMPLETE, values=[150.0], params={"log2_tp": 1},
+        distributions=base.distributions,
+        user_attrs={**{k: base.user_attrs[k] for k in KNOB_NAMES if k in base.user_attrs},
+                    "tp": 2, "dp": 4, "outcome": "ok", "run_s": 60.0, OWNER: "other/driver"}))
+    assert stopper.reason(0).startswith("budget: budget 0.267 dh of 0.333 dh")

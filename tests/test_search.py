@@ -319,6 +319,8 @@ def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     assert "below 0.5× the best" in frame.loc["pynative", "detail"]
     steps = (tmp_path / "art" / "tiny" / str(frame.loc["pynative", "number"]) / "steps.jsonl")
     assert 3 <= len(steps.read_text().splitlines()) < 200  # stopped early, not run to the end
+    # its devices were held until it stopped: that time counts toward a budget (issue 18, item 7)
+    assert frame.loc["pynative", "run_s"] > 0
     assert not ray_processes()
 
 

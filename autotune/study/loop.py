@@ -82,6 +82,7 @@ class Loop:
         self.parked: dict = {}     # number → settled Job repeating a trial running elsewhere
         self.recovered = time.monotonic()
         self.live: dict = {}      # number → Job running
+        self.submitted: dict = {} # number → the driver's clock when it was submitted
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.repeats = 0          # consecutive re-sampled candidates
         self.retries: list = []   # trials failed by infrastructure whose retry waits, unasked
@@ -248,6 +249,7 @@ class Loop:
     def _submit(self, job) -> None:
         self.executor.submit(job)
         self.live[job.number] = job
+        self.submitted[job.number] = time.monotonic()
         steps = self.executor.steps_dir(job.number)
         if self.prunable and steps is not None and "confirm_of" not in job.trial.user_attrs:
             # a confirm re-run is measured whole
@@ -259,6 +261,7 @@ class Loop:
         """Record a finished trial; return the devices it frees."""
         job = self.live.pop(number)
         self.watchers.pop(number, None)
+        self.submitted.pop(number, None)
         again = self.recorder.finished(job, result)
         values = objective_values(self.recorder.objectives, result.metrics)
         if result.outcome != "infeasible":  # a replay table without the candidate: no run
@@ -284,7 +287,9 @@ class Loop:
                 step, goodput = watcher.last
                 detail = (f"goodput {goodput:.4g} after step {step} is below "
                           f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
-                self.recorder.pruned(job, detail)
+                run_s = time.monotonic() - self.submitted.pop(number)  # its devices were held
+                self.recorder.pruned(job, detail, run_s)
+                self.stopper.finished(run_s, job.candidate.devices, None, counted=True)
                 self.proposer.remember(job.candidate, number, "pruned", detail=detail)
                 freed += job.candidate.devices
         return freed

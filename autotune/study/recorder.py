@@ -98,8 +98,11 @@ class Recorder:
                                  again_of=trial.user_attrs.get("confirm_of"))
         return False
 
-    def pruned(self, job: Job, detail: str) -> None:
-        self._store(job.trial, "pruned", detail=detail, extra={"estimate": job.estimate.as_dict()})
+    def pruned(self, job: Job, detail: str, run_s: float) -> None:
+        """A trial stopped while running as clearly slow, after ``run_s`` seconds on its
+        devices (they count toward a budget)."""
+        self._store(job.trial, "pruned", detail=detail,
+                    extra={"estimate": job.estimate.as_dict(), "run_s": round(run_s, 3)})
         self.progress.trial_done(job.number, "pruned", {}, detail)
 
     def interrupted(self, trial) -> None:
