@@ -301,6 +301,8 @@ def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_trace
     assert recover_interrupted(study, me="another/driver/pid:[1]/1/1") == [job.number]
     requeued = study.get_trials(states=(TrialState.WAITING,))
     assert [t.system_attrs["fixed_params"] for t in requeued] == [{"log2_tp": 1}]
+    # another job of the same params (a retry) is no copy of the failed trial: it stays queued
+    study.enqueue_trial({"log2_tp": 1}, user_attrs={"retry_of": 0})
     progress = Progress()
     progress.start(study, done=1, total=2, objectives=spec.search.objectives)
     recorder = Recorder(spec, study, progress, calibrates=True)
@@ -312,7 +314,7 @@ def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_trace
     assert late.params == {"log2_tp": 1} and counting.counted(late)
     withdrawn = study.trials[requeued[0].number]
     assert withdrawn.state == TrialState.FAIL and withdrawn.user_attrs["withdrawn_for"] == late.number
-    assert not study.get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs for t in study.get_trials(states=(TrialState.WAITING,))] == [{"retry_of": 0}]
 
 
 def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monkeypatch):

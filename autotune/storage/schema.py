@@ -87,7 +87,8 @@ def _record_late(study: optuna.Study, failed, state, values, attrs: dict) -> int
             user_attrs={**kept, **attrs, "late_of": failed.number})))
     with locked(storage, study._study_id):  # no driver asks the queued copy meanwhile
         for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            if t.system_attrs.get("fixed_params") == failed.params:
+            if (t.system_attrs.get("fixed_params") == failed.params  # recovery's copy only,
+                    and not {"retry_of", "confirm_of"} & set(t.user_attrs)):  # no other job
                 storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
                 storage.set_trial_user_attr(t._trial_id, "withdrawn_for", number)
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
