@@ -23,7 +23,7 @@ from autotune.storage.drivers import OWNER, driver_id
 from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage.counting import counted
 from autotune.storage.schema import knobs_of, outcome_of
-from autotune.storage.recovery import RequeueStale, recover_interrupted
+from autotune.storage.recovery import recover_interrupted
 from test_search import ONE_DEVICE  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -167,16 +167,16 @@ def test_recovery_fails_a_dead_or_silent_drivers_trials_and_never_a_live_ones(tm
     heartbeats stopped and the one whose driver process on this machine has ended are failed
     (read back as interrupted) and queued again."""
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db", heartbeat_interval=1,
-                                         grace_period=1,
-                                         heartbeat_stale_trial_callback=RequeueStale())
+                                         grace_period=1)
     study = optuna.create_study(storage=storage, study_name="s")
     x = optuna.distributions.IntDistribution(0, 10)
     gone = subprocess.Popen(["sleep", "0"])
     dead_here = driver_id(gone.pid)  # recorded while it runs, then it ends
     gone.wait()
     with subprocess.Popen(["sleep", "60"]) as sleeper:
-        owners = {"live elsewhere": "otherhost/b00t/123/456",
-                  "silent elsewhere": "otherhost/b00t/124/457", "dead here": dead_here, "live here": driver_id(sleeper.pid), "no driver": None}
+        owners = {"live elsewhere": "otherhost/b00t/pid:[1]/123/456",
+                  "silent elsewhere": "otherhost/b00t/pid:[1]/124/457", "dead here": dead_here,
+                  "live here": driver_id(sleeper.pid), "no driver": None}
         trials = {}
         for i, name in enumerate(owners):
             trials[name] = study.ask()
@@ -205,6 +205,61 @@ def test_recovery_fails_a_dead_or_silent_drivers_trials_and_never_a_live_ones(tm
         frozen[trials[n].number].params["x"] for n in ("silent elsewhere", "dead here"))
     # once the live driver here ends, its trial is recovered too
     assert recover_interrupted(study, me=driver_id()) == [trials["live here"].number]
+
+
+def server_storage(tmp_path, monkeypatch):
+    """The storage a server database gets (`autotune.storage.opening`), heartbeats and all,
+    on SQLite so it runs anywhere, with a grace period of one second."""
+    from autotune.storage import opening
+
+    monkeypatch.setattr(opening, "GRACE_S", 1)
+    monkeypatch.setattr(opening, "HEARTBEAT_S", 1)
+    storage = opening._server_storage(f"sqlite:///{tmp_path}/s.db")
+    return storage, optuna.create_study(storage=storage, study_name="s")
+
+
+def running_trial(study, owner, x=0.0):
+    trial = study.ask()
+    study._storage.set_trial_param(trial._trial_id, "x", x, optuna.distributions.FloatDistribution(0, 10))
+    trial.set_user_attr(OWNER, owner)
+    study._storage.record_heartbeat(trial._trial_id)
+    return trial
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
+                            "ignore:Heartbeat of storage is supposed to be used")
+def test_a_driver_never_fails_its_own_trials_after_a_gap_in_its_heartbeats(tmp_path, monkeypatch):
+    # issue 18, item 4: fail_stale_trials ran without excluding this driver, so a database
+    # outage or a paused VM made a driver fail (and crash on) its own running trials
+    storage, study = server_storage(tmp_path, monkeypatch)
+    mine = running_trial(study, driver_id())
+    time.sleep(2.2)  # this driver's beats stopped for longer than the grace period
+    assert recover_interrupted(study, me=driver_id()) == []
+    assert study.get_trials()[mine.number].state == TrialState.RUNNING
+    assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
+                            "ignore:Heartbeat of storage is supposed to be used")
+def test_a_driver_in_another_pid_namespace_of_this_host_is_judged_by_its_heartbeat(
+        tmp_path, monkeypatch):
+    # issue 18, item 4: alive() judged by hostname + this /proc, so two drivers with one hostname
+    # in different pid namespaces (containers) called each other dead
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                            "from autotune.storage.drivers import driver_id; print(driver_id())"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode:
+        pytest.skip(f"cannot start a process in a new pid namespace here: {probe.stderr[-300:]}")
+    from autotune.storage.drivers import alive
+
+    theirs = probe.stdout.strip()
+    assert alive(theirs) is None  # this /proc cannot tell
+    storage, study = server_storage(tmp_path, monkeypatch)
+    trial = running_trial(study, theirs)
+    assert recover_interrupted(study, me=driver_id()) == []  # its heartbeat is fresh
+    assert study.get_trials()[trial.number].state == TrialState.RUNNING
+    time.sleep(2.2)  # now it stopped beating: gone
+    assert recover_interrupted(study, me=driver_id()) == [trial.number]
 
 
 # test_search's one-device study: goodput only, six steps (two drivers' trials share 2 cores)

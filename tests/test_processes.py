@@ -216,7 +216,8 @@ def test_sigkill_of_the_driver_leaves_no_process_and_resume_reruns_its_trial(tmp
         resumed = subprocess.run(argv + ["--resume"], cwd=tmp_path, capture_output=True, text=True,
                                  timeout=300)
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
-        assert "trials [0] were interrupted and will run again" in resumed.stdout
+        assert "resuming: trial #0 (driver " in resumed.stdout
+        assert "was interrupted" in resumed.stdout and "its candidate runs again" in resumed.stdout
         import optuna
 
         trials = optuna.load_study(study_name=study, storage=storage).trials

@@ -9,7 +9,11 @@ the confirm-phase re-runs of them):
 - :func:`ranked_ok`: every ``ok`` trial the search ran, best first objective first.
 - :func:`baseline_of`: the baseline trial that ran (a re-run of an interrupted baseline counts).
 - :func:`summarize`: for every trial with confirm re-runs (user attr ``confirm_of``), its first
-  objective over the original and its ``ok`` re-runs: mean and sample standard deviation.
+  objective over its ``ok`` re-runs only — measured in the confirm phase, interleaved round by
+  round with the baseline's re-runs — as mean and sample standard deviation. The original's own
+  value is kept beside them (``original``), never in them: it won the selection, so it is the
+  reading most likely to be lucky. A trial that merely repeated an earlier one (``repeat_of``)
+  measured nothing and is no re-run.
 - :func:`noise_floor`: the median over confirmed trials of std / mean (None below two).
 - :func:`best_confirmed`: the confirmed trial with the best mean, or None.
 """
@@ -48,8 +52,9 @@ def baseline_of(study: optuna.Study):
 @dataclass(frozen=True)
 class Confirmed:
     number: int          # the original trial
-    values: tuple        # its first objective, original first, then each ok re-run
+    values: tuple        # its first objective in each ok confirm-phase re-run, in order
     baseline: bool
+    original: float      # the original trial's own first objective (shown beside, not averaged)
 
     @property
     def mean(self) -> float:
@@ -64,15 +69,16 @@ def summarize(study: optuna.Study) -> list[Confirmed]:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     reruns: dict[int, list] = {}
     for t in trials.values():
-        if "confirm_of" in t.user_attrs and t.values is not None:
+        if ("confirm_of" in t.user_attrs and "repeat_of" not in t.user_attrs
+                and t.values is not None):
             reruns.setdefault(t.user_attrs["confirm_of"], []).append(t.values[0])
     confirmed = []
     for number, values in sorted(reruns.items()):
         original = trials.get(number)
         if original is None or original.values is None:
             continue
-        confirmed.append(Confirmed(number, (original.values[0], *values),
-                                   bool(original.user_attrs.get("baseline"))))
+        confirmed.append(Confirmed(number, tuple(values), bool(original.user_attrs.get("baseline")),
+                                   original.values[0]))
     return confirmed
 
 

@@ -75,7 +75,8 @@ def _standing(v: StudyView, console: Console) -> None:
         c = confirmed.get(t.number)
         line = f"{what}: #{t.number} {objective} {fmt(v.value(t))}"
         if c is not None:
-            line += f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} runs"
+            line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
+                     f"(original {fmt(c.original)} not included)")
         console.print(line)
     floor = v.noise_floor
     console.print(f"noise floor: {floor:.1%} (differences below it are not findings)"

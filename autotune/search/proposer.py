@@ -20,8 +20,9 @@ is written to it.
   prior, so it never comes again.
 - ``--sampler grid``: :meth:`start_grid` queues every candidate not tried yet; each is enqueued
   just before its ask (Optuna scans every waiting trial on each ask).
-- :meth:`ask_queued` asks the trial at the head of the queue (a retry, a confirm re-run) and
-  runs it as it is: no repeat or feasibility check.
+- :meth:`again` (a confirm-phase re-run) and :meth:`rerun` (a retry queued for a failed trial)
+  ask exactly the queued trial they are for — never merely the oldest waiting one, which may be
+  another job's — and run it as it is: no repeat or feasibility check.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 import warnings
 from collections import deque
 
+import optuna
 from optuna.trial import TrialState
 
 from autotune import costmodel
@@ -77,16 +79,30 @@ class Proposer:
         infeasible = reasons or not estimate.feasible
         return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
 
-    def _ask(self):
+    def _ask(self, match=None):
+        """Ask a trial: Optuna's next (the oldest waiting, else a new one), or with ``match``
+        the oldest waiting trial it accepts (LookupError when none waits)."""
         with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
-            trial = self.study.ask()
+            trial = self.study.ask() if match is None else self._pop(match)
         if self.drivers is not None:
             self.drivers.claim(trial)
         candidate, attrs = self.space.sample(trial)
         for name, value in attrs.items():
             trial.set_user_attr(name, value)
         return trial, candidate
+
+    def _pop(self, match) -> optuna.Trial:
+        """What ``study.ask`` does with its queue, for the waiting trial ``match`` accepts."""
+        storage = self.study._storage
+        for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            try:
+                if match(frozen) and storage.set_trial_state_values(frozen._trial_id,
+                                                                    TrialState.RUNNING):
+                    return optuna.Trial(self.study, frozen._trial_id)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # withdrawn meanwhile
+        raise LookupError("no such trial waits in the queue")
 
     def propose(self) -> Job:
         """Ask one candidate; settle it at once when it needs no run (see the module doc)."""
@@ -122,14 +138,20 @@ class Proposer:
             self.study.enqueue_trial(self.prior.params(candidate),
                                      user_attrs={"proposed_by": "prior"})
 
-    def ask_queued(self) -> Job:
-        """Ask the queued trial and run it as it is (no repeat or feasibility check)."""
+    def _queued(self, match) -> Job:
+        """Ask the queued trial ``match`` accepts and run it as it is (no repeat or
+        feasibility check)."""
         started = time.perf_counter()
-        trial, candidate = self._ask()
+        trial, candidate = self._ask(match)
         estimate, _ = self.verdict(candidate)
         return Job(trial, candidate, estimate, time.perf_counter() - started)
 
     def again(self, original) -> Job:
         """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
         self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
-        return self.ask_queued()
+        return self._queued(lambda t: t.user_attrs.get("confirm_of") == original.number
+                            and "retry_of" not in t.user_attrs)
+
+    def rerun(self, failed: int) -> Job:
+        """The retry queued for trial ``failed`` (user attr ``retry_of``)."""
+        return self._queued(lambda t: t.user_attrs.get("retry_of") == failed)

@@ -13,7 +13,13 @@ Contract:
     sessions (stored as study attr ``wall_s_used`` after every run, so a resume or a crash keeps
     it; stored on a real backend also without a budget, so a later ``--budget`` counts it) — the
     driver's clock on a real backend, the recorded ``run_s`` of each run on replay (as if run
-    one after another). Device-hours are recomputed from the runs in storage.
+    one after another). Device-hours are re-read from storage before every dispatch, so
+    several drivers share one budget and a resume counts every earlier session: every run
+    that spent device time counts — a trial of the search, a confirm-phase re-run, an
+    infrastructure failure that was retried, a pruned run (its ``run_s`` is the driver's clock
+    from submit to the stop) — at its ``run_s`` × its devices, and every trial running now in
+    any driver at the median. A warm-start copy ran in another study and a repeat did not run:
+    neither counts. The median and the flat rule go by the runs that count toward N.
   - ``--stop-when-flat``: stop once at least :data:`FLAT_MIN_RUNS` runs finished and the last
     ``max(FLAT_MIN_WINDOW, runs // 3)`` of them did not improve the best first objective by
     more than :data:`FLAT_GAIN` (relative): a plateau that long rarely ends in these spaces.
@@ -29,6 +35,8 @@ from dataclasses import dataclass
 
 from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
+from optuna.trial import TrialState
+
 from autotune.storage.counting import counted
 from autotune.storage.schema import knobs_of, maximizes, outcome_of
 
@@ -76,7 +84,6 @@ class Stopper:
         self.started = time.monotonic()
         self.session_runs_s = 0.0
         self.costs: list[float] = []   # per finished run: run_s (wall) or run_s × devices
-        self.device_s = 0.0
         self.values: list = []         # first objective per run (None: not ok), in order
         self.maximize = maximizes(study)
         for t in study.get_trials(deepcopy=False):  # what earlier sessions ran
@@ -85,7 +92,6 @@ class Stopper:
                           t.values[0] if t.values else None)
 
     def _add(self, run_s: float, devices: int, value) -> None:
-        self.device_s += run_s * devices
         self.costs.append(run_s * devices if self.budget and self.budget.kind == "device" else run_s)
         self.values.append(value)
 
@@ -95,8 +101,6 @@ class Stopper:
         self.session_runs_s += run_s
         if counted:
             self._add(run_s, devices, value)
-        else:
-            self.device_s += run_s * devices
         if self.budget or not self.virtual:  # so a later --budget counts this session too
             self.study.set_user_attr("wall_s_used", round(self.wall_used(), 3))
 
@@ -104,8 +108,19 @@ class Stopper:
         session = self.session_runs_s if self.virtual else time.monotonic() - self.started
         return self.wall_before + session
 
+    def device_use(self) -> tuple[float, int]:
+        """(device-seconds spent by every run in storage, trials running now in any driver):
+        see the module doc."""
+        spent, running = 0.0, 0
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state == TrialState.RUNNING:
+                running += "repeat_of" not in t.user_attrs  # a parked repeat runs nothing
+            elif t.state.is_finished() and "warm_start" not in t.user_attrs:
+                spent += float(t.user_attrs.get("run_s") or 0.0) * _devices(t)
+        return spent, running
+
     def _used(self) -> float:
-        return self.device_s if self.budget.kind == "device" else self.wall_used()
+        return self.device_use()[0] if self.budget.kind == "device" else self.wall_used()
 
     def used(self) -> str:
         """The budget's progress text, or "" without a budget."""
@@ -120,8 +135,11 @@ class Stopper:
         ``flat``: the flat rule applies too — not to confirm-phase re-runs)."""
         if self.budget and self.costs:
             median = statistics.median(self.costs)
-            ahead = median * (running + 1 if self.budget.kind == "device" else 1)
-            if self._used() + ahead > self.budget.seconds:
+            used, ahead = self.wall_used(), median
+            if self.budget.kind == "device":
+                used, anywhere = self.device_use()
+                ahead = median * (max(running, anywhere) + 1)
+            if used + ahead > self.budget.seconds:
                 return (f"budget: {self.used()} used; the next run would take about "
                         f"{self.budget.show(median)}: stopping")
         if flat and self.flat and len(self.values) >= FLAT_MIN_RUNS:

@@ -5,10 +5,13 @@ A driver (one ``autotune search`` process) owns the trials it asks. With SQLite 
 a study; on a server database (PostgreSQL) several may share it, on one machine or several.
 
 Contract:
-- :func:`driver_id` names this process: ``host/boot/pid/start`` (the kernel's boot id and the
-  process's start time, so a reused pid or a reboot is not mistaken for the same driver).
-  :func:`alive` answers True or False for a driver of this machine and None for another's
-  (only its heartbeats can tell).
+- :func:`driver_id` names this process: ``host/boot/pidns/pid/start`` (the kernel's boot id,
+  the pid namespace it sees its pid in and the process's start time, so a reused pid, a reboot
+  or a container that shares this hostname is not mistaken for the same driver).
+  :func:`alive` answers True or False only for a driver whose host, boot and pid namespace are
+  this process's (its ``/proc`` can tell), and None for any other (another machine, another
+  container, an id of an older form): only its heartbeats can tell, on a server storage
+  (`autotune.storage.recovery`).
 - Every trial a driver asks carries user attr ``driver`` (:meth:`Drivers.claim`). On a storage
   with heartbeats (any RDB but SQLite, `autotune.storage.opening.open_storage`) the driver records an
   Optuna RDB heartbeat for each of its RUNNING trials every :data:`HEARTBEAT_S` seconds from a
@@ -54,20 +57,28 @@ def _boot_id() -> str:
         return "-"
 
 
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return "-"
+
+
 def driver_id(pid: int | None = None) -> str:
+    """The id of process ``pid`` (default: this one), which must share this process's pid
+    namespace."""
     pid = pid or os.getpid()
-    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{start_ticks(pid) or '-'}"
+    return (f"{socket.gethostname()}/{_boot_id()}/{_pid_namespace()}/{pid}/"
+            f"{start_ticks(pid) or '-'}")
 
 
 def alive(driver: str) -> bool | None:
-    """Whether ``driver`` (a :func:`driver_id`) still runs: None when it ran on another
-    machine (or ``driver`` is not an id)."""
+    """Whether ``driver`` (a :func:`driver_id`) still runs: None when this process's ``/proc``
+    cannot tell (another machine, boot or pid namespace, or not an id of this form)."""
     parts = driver.split("/")
-    if len(parts) != 4 or parts[0] != socket.gethostname():
+    if len(parts) != 5 or parts[:3] != [socket.gethostname(), _boot_id(), _pid_namespace()]:
         return None
-    host, boot, pid, start = parts
-    if boot != _boot_id():
-        return False  # this machine rebooted since
+    pid, start = parts[3:]
     return pid.isdigit() and str(start_ticks(int(pid))) == start
 
 

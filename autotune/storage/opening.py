@@ -25,7 +25,6 @@ from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
 from autotune.spec.errors import SpecError
 from autotune.storage.drivers import GRACE_S, HEARTBEAT_S
-from autotune.storage.recovery import RequeueStale
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
@@ -60,8 +59,7 @@ def _server_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
             with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                    heartbeat_stale_trial_callback=RequeueStale())
+                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
         except (IntegrityError, ProgrammingError):
             if attempt == attempts - 1:
                 raise

@@ -3,23 +3,31 @@ queued again.
 
 Contract:
 - :func:`requeue` queues params to run again (a resumed study runs them under a new trial
-  number), unless they already wait.
+  number), unless they already wait. :func:`requeue_trial` queues an interrupted trial's
+  candidate, keeping its role (`autotune.storage.schema.role_of`) — but not a repeat's (its
+  candidate is its original's) nor a confirm-phase re-run's: the confirm phase recomputes from
+  storage which re-runs are missing (`autotune.study.confirm.plan`), and a queued copy would
+  be asked by the search, found already measured and stored as a copy of the original's value —
+  a confirmation that measured nothing.
 - :func:`recover_interrupted` fails the RUNNING trials whose driver is gone and requeues each
-  candidate (keeping its role, `autotune.storage.schema.role_of`); a live driver's trials are
-  never touched, nor this driver's own (``me``). Gone means: its driver (user attr ``driver``,
-  `autotune.storage.drivers`) ran on this machine and its process has ended; or its heartbeats
-  are stale (Optuna's ``fail_stale_trials``, whose callback on a server storage is
-  :class:`RequeueStale`); or, a trial without a driver (a study run before drivers were
-  recorded, or a driver that died between asking and recording itself), at once on a storage
-  without heartbeats (one driver: nobody else can be running it) and after ``GRACE_S`` from its
-  start on one with them. A trial failed through its heartbeats has no ``outcome`` attr (a
-  finished trial's attrs cannot be set): `autotune.storage.schema.outcome_of` reads it as
-  ``interrupted``.
+  candidate (:func:`requeue_trial`); a live driver's trials are never touched, and a driver
+  never fails its own (``me``) — not even after a gap in its own heartbeats (a database outage, a
+  paused VM): it knows it lives. On a storage without heartbeats (SQLite: one driver) every
+  RUNNING trial not of ``me`` is gone — a driver on another host (a fresh container, a copied
+  database) cannot be judged there, and waiting for it would never end. On a server storage the
+  heartbeat is the truth: a trial is gone when its heartbeats stopped for ``GRACE_S`` (by the
+  database's clock), or at once when its driver's ``/proc`` can be read here
+  (`autotune.storage.drivers.alive`: same host, boot and pid namespace) and that process has
+  ended; a trial without a driver (a study run before drivers were recorded, or a driver that
+  died between asking and recording itself) after ``GRACE_S`` from its start. There, the trial
+  is failed in one write (its driver may be finishing it that very moment: its result then
+  comes late, `autotune.storage.schema.record`), so it has no ``outcome`` attr of its own and
+  `autotune.storage.schema.outcome_of` reads it as ``interrupted``; on SQLite it gets
+  ``outcome: interrupted``.
 """
 
 from __future__ import annotations
 
-import warnings
 from datetime import datetime, timedelta
 
 import optuna
@@ -38,25 +46,22 @@ def requeue(study: optuna.Study, params: dict, user_attrs: dict | None = None) -
         study.enqueue_trial(params, user_attrs=user_attrs)
 
 
-class RequeueStale:
-    """The storage's stale-trial callback: queues the candidate of each trial Optuna's
-    ``fail_stale_trials`` failed, and keeps their numbers for the caller to report."""
-
-    def __init__(self):
-        self.numbers: list[int] = []
-
-    def __call__(self, study: optuna.Study, frozen) -> None:
-        if "repeat_of" not in frozen.user_attrs:  # a repeat's candidate is its original's
-            requeue(study, frozen.params, role_of(frozen))
-        self.numbers.append(frozen.number)
+def requeue_trial(study: optuna.Study, trial) -> None:
+    """Queue the candidate of ``trial`` (frozen or live), interrupted, to run again with its
+    role — unless it is a repeat or a confirm-phase re-run (see the module doc)."""
+    if not {"repeat_of", "confirm_of"} & set(trial.user_attrs):
+        requeue(study, trial.params, role_of(trial))
 
 
-def _gone(frozen, shared: bool) -> bool:
+def _gone(frozen, shared: bool, stale: set) -> bool:
     """Whether the driver of a RUNNING trial is gone (see the module doc)."""
+    if not shared:
+        return True  # one driver: whatever runs but is not its own was left by a dead one
     owner = frozen.user_attrs.get(OWNER)
-    if owner is not None:
-        return alive(owner) is False
-    return not shared or datetime.now() - frozen.datetime_start > timedelta(seconds=GRACE_S)
+    if owner is None:
+        return datetime.now() - frozen.datetime_start > timedelta(seconds=GRACE_S)
+    known = alive(owner)
+    return known is False or (known is None and frozen._trial_id in stale)
 
 
 def recover_interrupted(study: optuna.Study, me: str | None = None) -> list[int]:
@@ -64,23 +69,18 @@ def recover_interrupted(study: optuna.Study, me: str | None = None) -> list[int]
     queue their candidates again; return their numbers."""
     storage, numbers = study._storage, []
     shared = heartbeats(storage)
-    callback = storage.get_heartbeat_stale_trial_callback() if shared else None
-    if isinstance(callback, RequeueStale):
-        before = len(callback.numbers)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-        numbers += callback.numbers[before:]
+    stale = set(storage._get_stale_trial_ids(study._study_id)) if shared else set()
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         mine = me is not None and frozen.user_attrs.get(OWNER) == me
-        if mine or not _gone(frozen, shared):
+        if mine or not _gone(frozen, shared, stale):
             continue
         try:
-            optuna.Trial(study, frozen._trial_id).set_user_attr("outcome", "interrupted")
-            study.tell(frozen.number, state=TrialState.FAIL)
-        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            if not shared:
+                storage.set_trial_user_attr(frozen._trial_id, "outcome", "interrupted")
+            if not storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another driver recovered it first, or its driver finished it after all
-        if "repeat_of" not in frozen.user_attrs:
-            requeue(study, frozen.params, role_of(frozen))
+        requeue_trial(study, frozen)
         numbers.append(frozen.number)
     return sorted(numbers)

@@ -10,6 +10,15 @@ timeout, pruned) is PRUNED so the sampler learns to avoid its region; an error o
 is FAIL (a FAIL trial without a failing ``outcome`` was failed by a recovery: :func:`outcome_of`
 reads it as interrupted). Values storage cannot hold (NaN, infinity) are stored as None.
 
+A result that comes back for a trial another driver already failed (it took this driver for
+dead: `autotune.storage.recovery`) is a *late* result: :func:`record` stores a measured one as a
+new finished trial with the same params and user attrs, plus ``late_of`` = the failed trial's
+number, and withdraws the copy that recovery queued to run again if no driver asked it yet
+(under the study's lock: state FAIL, ``outcome: interrupted``, ``withdrawn_for`` = the new
+trial). So the candidate is measured once and nothing raises; a late answer that measured
+nothing (interrupted, infeasible, a repeat) is dropped — the failed trial already says
+``interrupted``.
+
 Readers: :func:`outcome_of`, :func:`metrics_of`, :func:`knobs_of` (every knob, sampled or not),
 :func:`role_of` (what a trial is for, kept by a trial that runs it again) and :func:`maximizes`
 (the direction of a study's first objective). Which trials count is `autotune.storage.counting`.
@@ -22,6 +31,7 @@ from optuna.trial import TrialState
 
 from autotune.files import json_safe
 from autotune.jobs import METRICS, OUTCOMES
+from autotune.storage.drivers import locked
 from autotune.spec.knobs import KNOB_NAMES, KNOBS
 from autotune.spec.objectives import objective_values
 
@@ -48,12 +58,42 @@ def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = 
 
 
 def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
-           metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> None:
-    """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended."""
+           metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> int | None:
+    """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended.
+    Returns the number of the trial that holds it: ``trial``'s, a new one for a late result,
+    None for a late answer that measured nothing (see the module doc)."""
     state, values, attrs = settle(objectives, outcome, metrics, detail, extra)
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
-    study.tell(trial, values, state=state)
+    try:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, values, state=state)
+        return trial.number
+    except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
+        frozen = study._storage.get_trial(trial._trial_id)
+        if not frozen.state.is_finished():
+            raise
+        return _record_late(study, frozen, state, values, attrs)
+
+
+def _record_late(study: optuna.Study, failed, state, values, attrs: dict) -> int | None:
+    """A late result for ``failed`` (frozen, failed by another driver): see the module doc."""
+    if attrs["outcome"] in ("interrupted", "infeasible") or "repeat_of" in failed.user_attrs:
+        return None
+    kept = {k: v for k, v in failed.user_attrs.items() if k not in ("outcome", "detail")}
+    storage = study._storage
+    number = storage.get_trial_number_from_id(storage.create_new_trial(
+        study._study_id, template_trial=optuna.trial.create_trial(
+            state=state, values=values, params=failed.params, distributions=failed.distributions,
+            user_attrs={**kept, **attrs, "late_of": failed.number})))
+    with locked(storage, study._study_id):  # no driver asks the queued copy meanwhile
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if (t.system_attrs.get("fixed_params") == failed.params  # recovery's copy only,
+                    and not {"retry_of", "confirm_of"} & set(t.user_attrs)):  # no other job
+                storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
+                storage.set_trial_user_attr(t._trial_id, "withdrawn_for", number)
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                break
+    return number
 
 
 def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:

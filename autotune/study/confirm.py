@@ -8,7 +8,8 @@ their spread (`autotune.analysis.ranking`).
 Contract: :func:`plan` names the trials to confirm — the top ``top`` by the ranking
 (`autotune.analysis.ranking`: one objective, the ``top`` best ``ok`` trials; several, the first
 ``top`` of the Pareto front) and the baseline — each as many times as it still needs re-runs to
-have ``runs`` (a re-run lost to the infrastructure and retried is not one), in the order to run
+have ``runs`` (a re-run lost to the infrastructure and retried is not one, nor one interrupted,
+nor a trial that repeated a measurement instead of making one), in the order to run
 them: round by round, so machine noise hits all alike. It reads storage only.
 """
 
@@ -29,7 +30,7 @@ def plan(study: optuna.Study, top: int, runs: int) -> list:
         chosen.append(baseline)
     done = {}
     for t in study.get_trials(deepcopy=False):
-        if ("confirm_of" in t.user_attrs and t.state.is_finished()
-                and outcome_of(t) != "interrupted" and not retried(t)):
+        if ("confirm_of" in t.user_attrs and "repeat_of" not in t.user_attrs
+                and t.state.is_finished() and outcome_of(t) != "interrupted" and not retried(t)):
             done[t.user_attrs["confirm_of"]] = done.get(t.user_attrs["confirm_of"], 0) + 1
     return [t for round_ in range(runs) for t in chosen if done.get(t.number, 0) <= round_]

@@ -9,7 +9,10 @@ result to the recorder (`autotune.study.recorder`), stops clearly slow trials
 infrastructure failure retried once (`autotune.study.retry`).
 
 - :meth:`Loop.run` runs until the study has N trials that count (finished, or running in
-  another driver, which is then waited for). With several drivers (on a storage with
+  another driver, which is then waited for). A candidate running now — in this driver, or with
+  several drivers in any — is never proposed again (`autotune.search.proposer.Proposer.running`):
+  a proposal of it is parked as its repeat, settled when that trial ends, and no other ask is
+  made until a trial ends. With several drivers (on a storage with
   heartbeats, `autotune.storage.drivers`) it counts, under the study's lock before each ask,
   the finished trials and those running in any driver (`autotune.storage.counting.wanted`); it
   syncs what the others asked and measured into its proposer (never proposed again: a proposal
@@ -79,10 +82,12 @@ class Loop:
         self.parked: dict = {}     # number → settled Job repeating a trial running elsewhere
         self.recovered = time.monotonic()
         self.live: dict = {}      # number → Job running
+        self.submitted: dict = {} # number → the driver's clock when it was submitted
         self.watchers: dict = {}  # number → StepWatcher of a running trial
         self.repeats = 0          # consecutive re-sampled candidates
-        self.retries = 0          # infrastructure failures queued again and not asked yet
+        self.retries: list = []   # trials failed by infrastructure whose retry waits, unasked
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
+        self.paused = False       # a proposal was parked: ask again once a trial ended
 
     def _settle(self, job: Job) -> None:
         settled = job.settled
@@ -114,9 +119,9 @@ class Loop:
         (or running in another driver, which is then waited for)."""
         def next_job():
             # a retried failure did not count toward N: one more ask, even past MAX_REPEATS
-            retrying, self.retries = self.retries, 0
+            retrying, self.retries = bool(self.retries), []
             while (self.repeats < MAX_REPEATS or retrying) and not self._stop():
-                retrying = 0
+                retrying = False
                 with self.drivers.lock():
                     self._sync()
                     if counting.wanted(self.study, n_trials) <= 0:
@@ -124,6 +129,9 @@ class Loop:
                     proposal = self.proposer.propose()
                 if proposal.settled is not None:
                     self._settle(proposal)
+                    if proposal.settled.outcome == RUNNING:
+                        self.paused = True  # the sampler wants what runs: ask after it ends
+                        return None
                     continue
                 self.repeats = 0
                 return proposal
@@ -132,27 +140,44 @@ class Loop:
         try:
             while True:
                 self._drive(next_job)
+                self._sync()  # settles the repeats of this driver's trials, all ended now
                 if self.repeats >= MAX_REPEATS or self._stop():
                     return
-                self._sync()
-                if counting.wanted(self.study, n_trials) > 0:
+                paused, self.paused = self.paused, False
+                shared = self.drivers.shared
+                if counting.wanted(self.study, n_trials) > 0 and not (paused and shared):
                     continue  # a trial elsewhere ended without counting (or was interrupted)
                 running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not self.parked and not any(map(counting.will_count, running)):
-                    return
+                if not self.parked and not (paused and shared) and (
+                        not shared or not any(map(counting.will_count, running))):
+                    return  # one driver: nobody to wait for
                 time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
-        except BaseException:
+        finally:
             for job in self.parked.values():  # never ran: nothing to run again
                 schema.record(self.study, job.trial, self.recorder.objectives, "interrupted",
                               extra={"repeat_of": job.settled.repeat_of})
-            raise
+            self.parked.clear()
 
     def _sync(self) -> None:
-        """With several drivers: what the others asked and finished, into the proposer and the
-        calibration; the repeats parked until their original ended, settled; every
-        ``HEARTBEAT_S``, the trials of a dead driver failed and queued again."""
-        if not self.drivers.shared:
-            return
+        """The candidates running now into the proposer (this driver's, and with several
+        drivers every driver's); the repeats parked until their original ended, settled. With
+        several drivers also: what the others asked and finished, into the proposer and the
+        calibration, and every ``HEARTBEAT_S`` the trials of a dead driver failed and queued
+        again."""
+        self.proposer.running = {job.candidate: number for number, job in self.live.items()}
+        trials = self._sync_others() if self.drivers.shared else None
+        for number, job in list(self.parked.items()):
+            trials = trials or self.study.get_trials(deepcopy=False)
+            original = trials[job.settled.repeat_of]
+            if original.state.is_finished():
+                job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
+                                     original.user_attrs.get("detail", ""),
+                                     repeat_of=original.number)
+                self.recorder.settled(job)
+                del self.parked[number]
+
+    def _sync_others(self) -> list:
+        """The several-drivers part of :meth:`_sync`; returns the trials it read."""
         if time.monotonic() - self.recovered > HEARTBEAT_S:
             self.recovered = time.monotonic()
             gone = recover_interrupted(self.study, self.drivers.me)
@@ -164,7 +189,6 @@ class Loop:
         self.synced |= load_history(self.spec, self.study, self.proposer, self.recorder,
                                     [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me])
         self.synced |= {t.number for t in new if t.state.is_finished()}
-        self.proposer.running = {}
         for t in filter(counting.will_count, trials):
             knobs = schema.knobs_of(t)
             if None not in knobs.values():  # else still being sampled
@@ -172,14 +196,7 @@ class Loop:
                 self.proposer.running[candidate] = t.number
                 if self.proposer.prior is not None:
                     self.proposer.prior.mark(candidate)
-        for number, job in list(self.parked.items()):
-            original = trials[job.settled.repeat_of]
-            if original.state.is_finished():
-                job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
-                                     original.user_attrs.get("detail", ""),
-                                     repeat_of=original.number)
-                self.recorder.settled(job)
-                del self.parked[number]
+        return trials
 
     def run_confirm(self, originals: list) -> None:
         """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""
@@ -190,8 +207,7 @@ class Loop:
                 return None
             with self.drivers.lock():  # no other driver pops the queued re-run
                 if self.retries:  # a re-run lost to the infrastructure, queued again
-                    self.retries -= 1
-                    return self.proposer.ask_queued()
+                    return self.proposer.rerun(self.retries.pop(0))
                 return self.proposer.again(queue.pop(0)) if queue else None
 
         self._drive(next_job)
@@ -215,8 +231,11 @@ class Loop:
                     held = None
                 if exhausted and held is None and not self.live:
                     return
-                for number, result in self.executor.wait(timeout_s=1.0):
+                ended = self.executor.wait(timeout_s=1.0)
+                for number, result in ended:
                     free += self._finished(number, result)
+                if ended and self.paused:  # what the sampler wanted may have ended: ask again
+                    exhausted = self.paused = False
                 exhausted = exhausted and not self.retries  # a retry is one more job
                 free += self._prune_slow()
         except BaseException:
@@ -230,6 +249,7 @@ class Loop:
     def _submit(self, job) -> None:
         self.executor.submit(job)
         self.live[job.number] = job
+        self.submitted[job.number] = time.monotonic()
         steps = self.executor.steps_dir(job.number)
         if self.prunable and steps is not None and "confirm_of" not in job.trial.user_attrs:
             # a confirm re-run is measured whole
@@ -241,6 +261,7 @@ class Loop:
         """Record a finished trial; return the devices it frees."""
         job = self.live.pop(number)
         self.watchers.pop(number, None)
+        self.submitted.pop(number, None)
         again = self.recorder.finished(job, result)
         values = objective_values(self.recorder.objectives, result.metrics)
         if result.outcome != "infeasible":  # a replay table without the candidate: no run
@@ -248,10 +269,10 @@ class Loop:
                                   values[0] if values and result.outcome == "ok" else None,
                                   counted=not again and "confirm_of" not in job.trial.user_attrs)
         if again:
-            self.retries += 1
+            self.retries.append(number)
         elif retry.remembered(job.trial, result):
-            self.proposer.remember(job.candidate, job.number, result.outcome, result.metrics,
-                                   result.detail)
+            self.proposer.remember(job.candidate, self.recorder.late.get(number, number),
+                                   result.outcome, result.metrics, result.detail)
         self.proposer.calibration = self.recorder.calibration
         return job.candidate.devices
 
@@ -266,7 +287,9 @@ class Loop:
                 step, goodput = watcher.last
                 detail = (f"goodput {goodput:.4g} after step {step} is below "
                           f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
-                self.recorder.pruned(job, detail)
+                run_s = time.monotonic() - self.submitted.pop(number)  # its devices were held
+                self.recorder.pruned(job, detail, run_s)
+                self.stopper.finished(run_s, job.candidate.devices, None, counted=True)
                 self.proposer.remember(job.candidate, number, "pruned", detail=detail)
                 freed += job.candidate.devices
         return freed

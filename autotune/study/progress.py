@@ -164,10 +164,12 @@ def confirmed_lines(study: optuna.Study, confirmed: list) -> str:
     """The confirmed configurations as mean ± sample std, the best against the baseline with
     its spread, and the noise floor."""
     objective = study.user_attrs.get("objectives", ["objective"])[0]
-    lines = [f"confirmed {objective} (mean ± sd over the original and its re-runs):"]
+    lines = [f"confirmed {objective} (mean ± sd over the confirm-phase re-runs only; the "
+             "original run that won the selection beside it, not in it):"]
     for c in confirmed:
         label = " baseline" if c.baseline else ""
-        lines.append(f"  #{c.number}{label}: {fmt(c.mean)} ± {fmt(c.std)} (n={len(c.values)})")
+        lines.append(f"  #{c.number}{label}: {fmt(c.mean)} ± {fmt(c.std)} (n={len(c.values)}; "
+                     f"original {fmt(c.original)})")
     best, baseline = best_confirmed(study), next((c for c in confirmed if c.baseline), None)
     label = "best confirmed"
     if best is not None and baseline is not None and best.number == baseline.number:

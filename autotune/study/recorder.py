@@ -19,7 +19,7 @@ from autotune import costmodel
 from autotune.costmodel.diagnosis import diagnose
 from autotune.jobs import Job, Result
 from autotune.storage import schema
-from autotune.storage.recovery import requeue
+from autotune.storage.recovery import requeue_trial
 from autotune.study import retry
 
 
@@ -33,6 +33,7 @@ class Recorder:
         self.pairs: list = []  # (estimate, measured peak MB, measured step ms)
         self.calibration = None
         self.memory_gb = costmodel.resolve_profile(spec.cluster).memory_gb
+        self.late: dict = {}   # number → the trial holding its late result (another driver failed it)
 
     def add_measurement(self, estimate, metrics: dict, store: bool = True) -> None:
         """Refit the per-study correction of the cost model with one more measured trial."""
@@ -53,8 +54,17 @@ class Recorder:
             found = diagnose(breakdown, result.metrics, schema.knobs_of(trial), self.memory_gb)
             if found:
                 extra["diagnosis"] = found
-        schema.record(self.study, trial, self.objectives, result.outcome, result.metrics,
-                      result.detail, extra)
+        self._store(trial, result.outcome, result.metrics, result.detail, extra)
+
+    def _store(self, trial, outcome: str, metrics=None, detail: str = "", extra=None) -> None:
+        """`autotune.storage.schema.record`, saying so when the result came late."""
+        stored = schema.record(self.study, trial, self.objectives, outcome, metrics, detail, extra)
+        if stored != trial.number:
+            self.late[trial.number] = stored
+            self.progress.note(
+                f"#{trial.number} was failed by another driver that took this one for dead"
+                + (f": its {outcome} result is recorded as #{stored} (late_of {trial.number})"
+                   if stored is not None else ""))
 
     def settled(self, job: Job) -> None:
         """A trial answered without a run (infeasible, or a repeat of a tried candidate)."""
@@ -63,8 +73,7 @@ class Recorder:
             extra["repeat_of"] = result.repeat_of
         elif job.estimate is not None:
             extra["estimate"] = job.estimate.as_dict()
-        schema.record(self.study, job.trial, self.objectives, result.outcome, result.metrics,
-                      result.detail, extra)
+        self._store(job.trial, result.outcome, result.metrics, result.detail, extra)
         if result.repeat_of is None:
             self.progress.trial_done(job.number, result.outcome, {}, result.detail)
 
@@ -89,14 +98,15 @@ class Recorder:
                                  again_of=trial.user_attrs.get("confirm_of"))
         return False
 
-    def pruned(self, job: Job, detail: str) -> None:
-        schema.record(self.study, job.trial, self.objectives, "pruned", detail=detail,
-                      extra={"estimate": job.estimate.as_dict()})
+    def pruned(self, job: Job, detail: str, run_s: float) -> None:
+        """A trial stopped while running as clearly slow, after ``run_s`` seconds on its
+        devices (they count toward a budget)."""
+        self._store(job.trial, "pruned", detail=detail,
+                    extra={"estimate": job.estimate.as_dict(), "run_s": round(run_s, 3)})
         self.progress.trial_done(job.number, "pruned", {}, detail)
 
     def interrupted(self, trial) -> None:
         """The driver stops before ``trial`` finished: recorded, and its candidate queued to
-        run again on ``--resume``."""
-        requeue(self.study, trial.params, schema.role_of(trial))
-        schema.record(self.study, trial, self.objectives, "interrupted",
-                      detail="the driver stopped before this trial finished")
+        run again on ``--resume`` (`autotune.storage.recovery.requeue_trial`)."""
+        requeue_trial(self.study, trial)
+        self._store(trial, "interrupted", detail="the driver stopped before this trial finished")

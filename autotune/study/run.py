@@ -46,7 +46,7 @@ from autotune.spec.space import SearchSpace
 from autotune.stopping.budget import Budget, Stopper, check_budget_backend
 from autotune.stopping.pruning import SlowTrialPruner
 from autotune.storage.counting import counted, ran, wanted
-from autotune.storage.drivers import Drivers
+from autotune.storage.drivers import OWNER, Drivers
 from autotune.storage.recovery import recover_interrupted
 from autotune.storage.schema import knobs_of
 from autotune.study import confirm
@@ -97,6 +97,14 @@ def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, 
     return study
 
 
+def interrupted_note(study: optuna.Study, number: int, shared: bool) -> str:
+    """The line naming one trial a resume took for interrupted, and whose it was."""
+    owner = study.get_trials(deepcopy=False)[number].user_attrs.get(OWNER, "unknown")
+    why = ("its driver is gone" if shared else
+           "SQLite keeps one driver, so a trial this run did not start is not running")
+    return f"resuming: trial #{number} (driver {owner}) was interrupted ({why}); its candidate runs again"
+
+
 def _run_study(spec, space, executor, progress, table, earlier, *, storage, study_name, n_trials,
                resume, sampler, pruner, confirm_top, confirm_runs, budget,
                stop_when_flat) -> optuna.Study:
@@ -106,9 +114,8 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     for note in (*(table.notes if table else ()), *kept):
         progress.note(note)
     drivers = Drivers(study)
-    interrupted = recover_interrupted(study, drivers.me)
-    if interrupted:
-        progress.note(f"resuming: trials {interrupted} were interrupted and will run again")
+    for number in recover_interrupted(study, drivers.me):
+        progress.note(interrupted_note(study, number, drivers.shared))
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
     proposer = Proposer(spec, space, study, prior_for(spec, space, progress.note), recorder.pairs,
                         drivers)

@@ -134,7 +134,7 @@ def history(v):
     confirmed = next((c for c in v.confirmed if v.best is not None and c.number == v.best.number),
                      None)
     if confirmed is not None:
-        name = f"confirmed best #{confirmed.number}: mean ± sd of {len(confirmed.values)} runs"
+        name = f"confirmed best #{confirmed.number}: mean ± sd of {len(confirmed.values)} re-runs"
         fig.add_trace(go.Scatter(x=[confirmed.number], y=[confirmed.mean], mode="markers",
                                  marker={"symbol": "diamond", "size": 13, "color": "black"},
                                  error_y={"type": "data", "array": [confirmed.std]}, name=name))

@@ -71,7 +71,8 @@ def _standing(v) -> str:
         line = f"{what}: #{t.number} {objective} {fmt(v.value(t))}"
         c = confirmed.get(t.number)
         if c is not None:
-            line += f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} runs"
+            line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
+                     f"(original {fmt(c.original)} not included)")
         rows.append(f"<li>{escape(line)} <small>({escape(knobs)})</small></li>")
     floor = v.noise_floor
     if floor is not None:
