@@ -290,7 +290,7 @@ def test_launch_sh_is_valid_and_runs_msrun(export_222, tmp_path):
     # autotune.train.msrun's options; no --bind_core: this export runs on GPUs
     assert args[:9] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
                         "--master_port=9123", "--node_rank=0", f"--log_dir={tmp_path / 'run' / 'logs'}",
-                        "--join=True", "--cluster_time_out=120", "--tail_worker_log=0"]
+                        "--join=True", "--cluster_time_out=600", "--tail_worker_log=0"]
     assert args[9:12] == ["python", "-m", "autotune.train"]
     config = json.loads(Path(args[12]).read_text())
     assert config["trial"] == {"steps": 5, "measure_after": 2, "schedule": "full"}

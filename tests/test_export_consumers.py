@@ -369,7 +369,7 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
     assert cwd == str(mf)  # MindFormers' configs name files relative to its checkout
     assert args[:10] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
                          "--master_port=8118", "--node_rank=0", f"--log_dir={tmp_path / 'mfrun' / 'logs'}",
-                         "--join=True", "--cluster_time_out=120", "--tail_worker_log=0", "--bind_core=True"]
+                         "--join=True", "--cluster_time_out=600", "--tail_worker_log=0", "--bind_core=True"]
     assert args[10:] == ["run_mindformer.py", "--config", str(out / "mindformers.yaml"), "--run_mode", "train",
                          "--output_dir", str(tmp_path / "mfrun"), "--load_checkpoint", str(ckpt),
                          "--src_strategy_path_or_dir", str(out / "strategy.ckpt"), "--auto_trans_ckpt", "True",

@@ -37,7 +37,7 @@ from autotune.export.configs import run_backend
 from autotune.export.mindformers import UNSET_BASE
 from autotune.spec.candidate import Candidate
 from autotune.spec.model_yaml import Spec
-from autotune.train.msrun import msrun_args, node_count
+from autotune.train.msrun import MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args, node_count
 
 _HEADER = """\
 #!/usr/bin/env bash
@@ -160,9 +160,11 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
     cluster = (_SINGLE_NODE if nodes == 1
                else _MULTI_NODE.format(nodes=nodes, last=nodes - 1))
     # Pinning each worker to its cores keeps CPU step times steady (docs/export.md, "msrun");
-    # worker 0's log goes to the console of node 0.
+    # worker 0's log goes to the console of node 0; nodes started minutes apart still join
+    # (msrun's own cluster timeout, not the trials' shorter one).
     options = msrun_args(workers, local, master_addr="$MASTER_ADDR", master_port="$MASTER_PORT",
                          node_rank="$NODE_RANK", log_dir="$LOG_DIR",
+                         cluster_time_out=MSRUN_DEFAULT_CLUSTER_TIME_OUT_S,
                          bind_core=run_backend(spec).pins_cores, tail_worker=0)
     msrun = _shell_words(options)
     script = _HEADER.format(

@@ -21,14 +21,19 @@ from autotune.spec.knobs import DTYPES
 # `strings mindspore/lib/*.so`): "Device(id:0) memory isn't enough and alloc failed",
 # "Memory not enough", "Allocate memory failed", "Out of Memory!!! Request memory size", and
 # "... plus alloc size : N is more than total mem size : M"; CUDA's "out of memory"; Ascend's
-# CANN error code EL0004 ("Failed to allocate memory"). Recorded lines:
-# tests/fixtures/oom_lines.txt.
+# CANN error code EL0004 ("Failed to allocate memory"); the static memory planner's "Somas
+# allocate failed for graph" (both device plugins), cuBLAS's "CUBLAS_STATUS_ALLOC_FAILED" (the
+# GPU plugin), Ascend's allocator "Malloc device memory failed, size[" and "MallocAlign32 device
+# memory failed, size[" (plugin/ascend/libmindspore_ascend_res_manager.so; docs/accelerators.md). Recorded lines: tests/fixtures/oom_lines.txt,
+# tests/test_accelerators.py.
 HOST_OOM = ("memoryerror", "std::bad_alloc", "out of memory", "memory not enough",
             "memory is not enough", "allocate memory failed")
 DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
                          "allocate device memory failed", "failed to allocate memory",
-                         "more than total mem size")
-ASCEND_OOM = DEVICE_OOM + ("el0004",)
+                         "more than total mem size", "somas allocate failed",
+                         "cublas_status_alloc_failed")
+ASCEND_OOM = DEVICE_OOM + ("el0004", "malloc device memory failed",
+                           "mallocalign32 device memory failed")
 
 
 @dataclass(frozen=True)
