@@ -72,3 +72,155 @@ def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_on
 
     assert MSRUN_DEFAULT_CLUSTER_TIME_OUT_S == 600 and CLUSTER_TIME_OUT_S == 120
     assert "--cluster_time_out=120" in msrun_args(2, 2, master_port=1, log_dir="d")
+
+
+# items 15 and 17: the order of a worker's first calls, the memory cap (call/value: a recording
+# stand-in for the mindspore module; the CPU order runs for real in test_launch_order_msrun.py)
+
+class _Recorder:
+    """The parts of the ``mindspore`` module `autotune.train.program._setup` calls, recording
+    each call in order."""
+
+    GRAPH_MODE, PYNATIVE_MODE = 0, 1
+
+    def __init__(self, world=2, total_gib=80.0):
+        from types import SimpleNamespace
+
+        self.calls = []
+        record = self.calls.append
+        recorder = self
+
+        class Tensor:
+            def __init__(self, *args, **kwargs):
+                pass
+
+            def reshape(self, shape):
+                record(("first op",))
+
+        self.Tensor = Tensor
+        self.set_device = lambda target, *a: record(("set_device", target, *a))
+        self.set_context = lambda **kw: record(("set_context",))
+        self.runtime = SimpleNamespace(set_memory=lambda **kw: record(("set_memory", kw)))
+        self.communication = SimpleNamespace(init=lambda *a: record(("init",)),
+                                             get_group_size=lambda: world, get_rank=lambda: 0)
+        self.get_current_device = lambda: SimpleNamespace(device_id=0)
+        self.hal = SimpleNamespace(get_device_properties=lambda i: SimpleNamespace(
+            total_memory=int(total_gib * 2**30)))
+        self.ParallelMode = SimpleNamespace(DATA_PARALLEL="data_parallel")
+        self.set_auto_parallel_context = lambda **kw: record(("set_auto_parallel_context",))
+        del recorder
+
+    def names(self):
+        return [call[0] for call in self.calls]
+
+
+def _setup_config(backend, dp=2, device_memory=None):
+    cfg = {"backend": backend, "knobs": {"dp": dp, "tp": 1, "pp": 1, "jit_level": "O1",
+                                         "fusion_mb": 64}}
+    if device_memory:
+        cfg["device_memory"] = device_memory
+    return cfg
+
+
+@pytest.mark.parametrize("backend,target", [("gpu", "GPU"), ("ascend", "Ascend")])
+def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, monkeypatch, capsys):
+    from autotune.train import parallel, program
+
+    monkeypatch.setattr(parallel, "create_groups", lambda placement: None)
+    ms = _Recorder()
+    program._setup(_setup_config(backend, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}), ms)
+    assert ms.names()[:5] == ["set_device", "set_context", "set_memory", "init", "first op"]
+    assert ms.calls[0] == ("set_device", target)  # no id: msrun hands each worker its own
+    assert ms.calls[2] == ("set_memory", {"max_size": "72GB"})
+    err = capsys.readouterr().err
+    order = [line.split(": ", 1)[1] for line in err.splitlines() if line.startswith("autotune.train launch:")]
+    assert order == [f"set_device({target})", "runtime.set_memory(max_size=72GB)",
+                     "communication.init()", "first op"]
+    assert "warning" not in err  # the device reports the profile's 80 GiB
+
+
+def test_a_device_reporting_another_size_than_the_profile_is_warned(monkeypatch, capsys):
+    from autotune.train import parallel, program
+
+    monkeypatch.setattr(parallel, "create_groups", lambda placement: None)
+    program._setup(_setup_config("gpu", device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
+                   _Recorder(total_gib=40.0))
+    err = capsys.readouterr().err
+    assert "the device reports 40.0 GiB, the profile says 80 GiB" in err
+
+
+def test_cpu_workers_keep_the_first_op_before_init_and_set_no_device_memory(monkeypatch):
+    """The one exception, measured (docs/accelerators.md): on CPU an eager op after init()
+    makes msrun's scheduler judge the worker timed out."""
+    from autotune.spec.backends import BACKENDS
+    from autotune.train import parallel, program
+
+    monkeypatch.setattr(parallel, "create_groups", lambda placement: None)
+    ms = _Recorder()
+    program._setup(_setup_config("cpu", device_memory={"size_gb": 16, "max_size_gb": 14.4}), ms)
+    assert ms.names()[:4] == ["set_device", "set_context", "first op", "init"]
+    assert BACKENDS["cpu"].first_op_before_init
+    assert not BACKENDS["gpu"].first_op_before_init and not BACKENDS["ascend"].first_op_before_init
+
+
+def test_the_scheduler_role_serves_without_reading_the_config_or_opening_the_device(monkeypatch, capsys):
+    import mindspore
+
+    from autotune.train import __main__ as entry
+
+    ms = _Recorder()
+    monkeypatch.setattr(mindspore, "set_device", ms.set_device)
+    monkeypatch.setattr(mindspore, "communication", ms.communication)
+    monkeypatch.setenv("MS_ROLE", "MS_SCHED")
+    monkeypatch.delenv("AUTOTUNE_NODE", raising=False)
+    assert entry.main(["/nonexistent/config.json"]) == 0
+    assert ms.calls == [("set_device", "CPU"), ("init",)]
+
+
+def test_device_memory_cap_is_the_screens_budget():
+    from dataclasses import replace
+
+    from autotune.costmodel import SAFETY_MARGIN, device_memory_cap
+    from autotune.spec.model_yaml import parse_spec
+
+    spec = parse_spec({"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64,
+                                 "num_heads": 4, "seq_length": 32, "vocab_size": 256},
+                       "train": {"global_batch_size": 8},
+                       "cluster": {"backend": "gpu", "devices": 8, "devices_per_node": 8,
+                                   "device_memory_gb": 40}}, Path("t.yaml"))
+    assert device_memory_cap(spec.cluster) == {"size_gb": 40, "max_size_gb": 40 * SAFETY_MARGIN}
+    ascend = replace(spec.cluster, backend="ascend", device_memory_gb=None)
+    assert device_memory_cap(ascend) == {"size_gb": 64.0, "max_size_gb": 57.6}
+    assert device_memory_cap(replace(spec.cluster, backend="cpu")) is None
+
+
+# item 16: what a device holds at its peak
+
+def test_device_peak_is_the_reserved_peak_or_the_smi_reading(monkeypatch):
+    from types import SimpleNamespace
+
+    from autotune.train import device, device_smi
+
+    runtime = SimpleNamespace(max_memory_reserved=lambda: 6 * 2**30,
+                              max_memory_allocated=lambda: 2 * 2**30)
+    ms = SimpleNamespace(runtime=runtime)
+    monkeypatch.setattr(device_smi, "process_memory_mb", lambda target, pid: None)
+    held = device.device_peak_mb(ms, "GPU", 42)
+    assert held == {"reserved": 6144.0, "allocated": 2048.0, "smi": None, "peak": 6144.0}
+    monkeypatch.setattr(device_smi, "process_memory_mb", lambda target, pid: 7000.0)
+    assert device.device_peak_mb(ms, "Ascend", 42)["peak"] == 7000.0
+
+
+def test_vendor_tools_per_process_readings_are_parsed():
+    from autotune.train.device_smi import parse_npu_smi, parse_nvidia_smi
+
+    assert parse_nvidia_smi("4242, 10240\n77, 5\n4242, 100\n", 4242) == 10340.0
+    assert parse_nvidia_smi("No running processes found\n", 4242) is None
+    npu = ("+---------------------------+---------------+----------------------------------------------------+\n"
+           "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
+           "+===========================+===============+====================================================+\n"
+           "| 0       0                 | 4242          | python                   | 30912                   |\n"
+           "| 1       0                 | 99            | python                   | 1000                    |\n")
+    assert parse_npu_smi(npu, 4242) == 30912.0
+    assert parse_npu_smi(npu, 5) is None
+

@@ -20,6 +20,9 @@ Contract (all pure functions of spec, candidate and trial; nothing here touches 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from autotune.costmodel import device_memory_cap
 from autotune.files import json_safe
 from autotune.layout import ParamLayout
 from autotune.spec.backends import Backend, backend_of
@@ -78,7 +81,9 @@ def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
     config = trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
                           steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
-                          backend=run_backend(spec).name)
+                          backend=run_backend(spec).name,
+                          device_memory=device_memory_cap(
+                              replace(spec.cluster, backend=run_backend(spec).name)))
     config["trial"]["schedule"] = "full"
     config["checkpoint"] = {"dir": f"{RUN_DIR}/checkpoint", "save_every": spec.train.save_every,
                             "resume": False, "init_from": None}

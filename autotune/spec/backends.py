@@ -56,6 +56,12 @@ class Backend:
     pins_cores: bool = False
     default_profile: str = "a100-80g"       # the cost model's device when cluster.device is unset
     fused_attention: bool = False           # runs flash_attention_score (`autotune.spec.attention`)
+    # Whether a worker makes its first MindSpore op before communication.init(). MindSpore asks
+    # for init() before any Tensor or op (its init() doc, Ascend; on GPU an op opens the device's
+    # context and pool first): accelerators do. On CPU the first eager op is numpy 2's throw-away
+    # (`autotune.train.program.numpy2_workaround`), and made after init() it leaves the worker
+    # judged timed out by msrun's scheduler, which exits 1 (measured: docs/accelerators.md).
+    first_op_before_init: bool = False
 
     @property
     def runs_program(self) -> bool:
@@ -100,7 +106,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # fail! Unsupported data type!"), measured by tests/test_train_program.py::
     # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
     Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
-            ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu"),
+            ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu",
+            first_op_before_init=True),
     Backend("gpu", "program", limits={"jit_level": _O2}, device_target="GPU", ray_resource="GPU",
             ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
             device_memory=True, oom_markers=DEVICE_OOM),
