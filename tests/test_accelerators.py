@@ -224,3 +224,34 @@ def test_vendor_tools_per_process_readings_are_parsed():
     assert parse_npu_smi(npu, 4242) == 30912.0
     assert parse_npu_smi(npu, 5) is None
 
+
+
+# item 18: bfloat16 is refused on gpu as on cpu
+
+def _gpu_spec_text(dtype):
+    return {"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+                      "seq_length": 32, "vocab_size": 256, "dtype": dtype, "param_dtype": "float32"},
+            "train": {"global_batch_size": 8},
+            "cluster": {"backend": "gpu", "devices": 8, "devices_per_node": 8}}
+
+
+def test_bfloat16_on_gpu_is_refused_at_validation_naming_the_field():
+    from autotune.spec.errors import SpecError
+    from autotune.spec.model_yaml import parse_spec
+
+    with pytest.raises(SpecError, match=r"model\.dtype: bfloat16 does not run on backend gpu"):
+        parse_spec(_gpu_spec_text("bfloat16"), Path("m.yaml"))
+    parse_spec(_gpu_spec_text("float16"), Path("m.yaml"))  # float16 still runs
+    assert "bfloat16" in BACKENDS["ascend"].compute_dtypes
+
+
+def test_the_gpu_plugin_has_no_bfloat16_kernel():
+    """What keeps the gpu entry honest: the installed wheel's CUDA kernels (read as bytes)."""
+    import mindspore
+
+    plugin = Path(mindspore.__file__).parent / "lib" / "plugin"
+    libraries = sorted(plugin.glob("gpu/libcuda_ops.so*"))  # the GPU plugin's CUDA kernels
+    if not libraries:
+        pytest.skip("this MindSpore wheel carries no GPU plugin")
+    data = libraries[0].read_bytes()
+    assert b"nv_bfloat16" not in data and b"6__half" in data  # float16 kernels, no bfloat16

@@ -108,7 +108,11 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
             ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu",
             first_op_before_init=True),
-    Backend("gpu", "program", limits={"jit_level": _O2}, device_target="GPU", ray_resource="GPU",
+    # bfloat16 on GPU: MindSpore 2.10's GPU plugin (CUDA 11) carries no bfloat16 kernel — its
+    # kernel library plugin/gpu/libcuda_ops.so.11 names `__half` (float16) instantiations 115,727
+    # times and `__nv_bfloat16` none, nor does plugin/libmindspore_gpu.so.11.* (docs/accelerators.md).
+    Backend("gpu", "program", ("float16", "float32"), limits={"jit_level": _O2}, device_target="GPU",
+            ray_resource="GPU",
             ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
             device_memory=True, oom_markers=DEVICE_OOM),
     # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
