@@ -255,3 +255,36 @@ def test_the_gpu_plugin_has_no_bfloat16_kernel():
         pytest.skip("this MindSpore wheel carries no GPU plugin")
     data = libraries[0].read_bytes()
     assert b"nv_bfloat16" not in data and b"6__half" in data  # float16 kernels, no bfloat16
+
+
+# item 19: jit_level O2 (deprecated since 2.9) leaves the search and the exports
+
+def _spec(backend="ascend", **cluster):
+    from autotune.spec.model_yaml import parse_spec
+
+    return parse_spec({"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64,
+                                 "num_heads": 4, "seq_length": 32, "vocab_size": 256},
+                       "train": {"global_batch_size": 8},
+                       "cluster": {"backend": backend, "devices": 8, "devices_per_node": 8,
+                                   **cluster}}, Path("t.yaml"))
+
+
+def test_o2_is_not_searched_even_on_ascend_and_a_space_asking_for_it_is_told_why():
+    from autotune.spec.space import build_space
+
+    space = build_space(_spec("ascend"))
+    assert "O2" not in space.domains["jit_level"] and "O1" in space.domains["jit_level"]
+    asked = build_space(_spec("ascend"), {"jit_level": ["O1", "O2"]})
+    assert list(asked.domains["jit_level"]) == ["O1"]
+    assert any("O2" in note and "deprecated since MindSpore 2.9" in note for note in asked.notes)
+
+
+def test_an_o2_trial_of_an_old_study_is_not_exported(tmp_path):
+    from autotune.export import write_export
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.errors import SpecError
+
+    spec = _spec("simulate", device="ascend-910b")
+    trial = {"number": 3, "study": "old", "metrics": {}}
+    with pytest.raises(SpecError, match="jit_level = O2 on ascend: O2 is deprecated since MindSpore 2.9"):
+        write_export(spec, Candidate(8, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none"), trial, tmp_path / "o")

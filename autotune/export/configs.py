@@ -4,7 +4,7 @@
 Contract (all pure functions of spec, candidate and trial; nothing here touches the disk):
 - :func:`export_reasons` says why a candidate cannot be exported as configs MindSpore and
   MindFormers run (empty = it can): PyNative runs only stand-alone and data-parallel jobs, and
-  jit level O2 only on Ascend (docs/export.md).
+  jit level O2 on no backend (deprecated since MindSpore 2.9: docs/accelerators.md).
 - :func:`train_config` is the trial program's config format (``python -m autotune.train CONFIG``)
   set up for the real run: ``trial.steps = train.total_steps`` on the run's own (uncompressed)
   schedule, per-rank checkpoints every ``train.save_every`` steps; ``out_dir`` and the checkpoint
@@ -72,8 +72,8 @@ def export_reasons(spec: Spec, c: Candidate) -> list[str]:
                        "run, so mindformers.yaml could not keep the tuned global batch; export a "
                        "graph-mode trial (--trial N)")
     if not run_backend(spec).executes("jit_level", c.jit_level):
-        reasons.append(f"jit_level = O2 on {run_backend(spec).name}: O2 is MindSpore's GE backend, "
-                       "Ascend only")
+        reasons.append(f"jit_level = {c.jit_level} on {run_backend(spec).name}: "
+                       f"{run_backend(spec).why_not('jit_level')}; export an O0/O1 trial (--trial N)")
     return reasons
 
 

@@ -99,7 +99,12 @@ class Backend:
         return any(marker in lowered for marker in self.oom_markers)
 
 
-_O2 = (("O0", "O1", "pynative"), "O2 sinks the whole graph through CANN, Ascend only")
+# O2 is deprecated since MindSpore 2.9 (graph/jit_config.py: "The value "O2" of `jit_level` is
+# deprecated from version 2.9.0"; JitConfig lists O0/O1 and maps O2 to the GE backend, Ascend's
+# graph engine): no real backend runs it, Ascend included. It stays a known value, so studies
+# that hold O2 trials still load (docs/accelerators.md).
+_O2 = (("O0", "O1", "pynative"), "O2 is deprecated since MindSpore 2.9 (it selects the GE "
+       "backend, Ascend only)")
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # bfloat16 on CPU: MindSpore 2.10 has no bfloat16 MatMul kernel ("Select CPU operator[MatMul]
@@ -116,7 +121,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
             device_memory=True, oom_markers=DEVICE_OOM),
     # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
-    Backend("ascend", "program", device_target="Ascend", ray_resource="NPU",
+    Backend("ascend", "program", limits={"jit_level": _O2}, device_target="Ascend", ray_resource="NPU",
             ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
             device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b",
             fused_attention=True),
