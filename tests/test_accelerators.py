@@ -259,11 +259,12 @@ def test_the_gpu_plugin_has_no_bfloat16_kernel():
 
 # item 19: jit_level O2 (deprecated since 2.9) leaves the search and the exports
 
-def _spec(backend="ascend", **cluster):
+def _spec(backend="ascend", dtype="float32", **cluster):
     from autotune.spec.model_yaml import parse_spec
 
     return parse_spec({"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64,
-                                 "num_heads": 4, "seq_length": 32, "vocab_size": 256},
+                                 "num_heads": 4, "seq_length": 32, "vocab_size": 256,
+                                 "dtype": dtype},
                        "train": {"global_batch_size": 8},
                        "cluster": {"backend": backend, "devices": 8, "devices_per_node": 8,
                                    **cluster}}, Path("t.yaml"))
@@ -288,3 +289,50 @@ def test_an_o2_trial_of_an_old_study_is_not_exported(tmp_path):
     trial = {"number": 3, "study": "old", "metrics": {}}
     with pytest.raises(SpecError, match="jit_level = O2 on ascend: O2 is deprecated since MindSpore 2.9"):
         write_export(spec, Candidate(8, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none"), trial, tmp_path / "o")
+
+
+# item 21: no MindFormers export for gpu; Ascend's overflow mode is the one isfinite sees
+
+_TRIAL = {"number": 1, "study": "s", "metrics": {}}
+
+
+def _candidate(jit="O1"):
+    from autotune.spec.candidate import Candidate
+
+    return Candidate(8, 1, 1, 1, 64, 1, 2**16, 0, jit, "none")
+
+
+def test_a_mindformers_export_for_gpu_is_refused_naming_the_reason(tmp_path):
+    import subprocess
+
+    from autotune.export import write_export
+    from autotune.spec.errors import SpecError
+
+    spec = _spec("simulate", dtype="float16", device="a100-80g")
+    base = Path(__file__).parent / "fixtures" / "mindformers" / "pretrain_llama2_7b.yaml"
+    with pytest.raises(SpecError, match=r"--mindformers-base: MindFormers supports Atlas 800T A2"):
+        write_export(spec, _candidate(), _TRIAL, tmp_path / "refused", mindformers_base=str(base))
+    out = tmp_path / "gpu"
+    write_export(spec, _candidate(), _TRIAL, out)
+    assert not (out / "mindformers.yaml").exists() and (out / "launch.sh").exists()
+    (tmp_path / "mf").mkdir()
+    (tmp_path / "mf" / "run_mindformer.py").write_text("")
+    run = subprocess.run(["bash", str(out / "launch.sh"), "--mindformers", str(tmp_path / "mf")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "MindFormers supports Atlas 800T A2 (Ascend) only" in run.stderr
+
+
+def test_ascend_trials_and_exports_run_in_infnan_overflow_mode(tmp_path, monkeypatch):
+    from autotune.execution import runner
+    from autotune.export import write_export
+
+    monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", "SATURATION_MODE")  # a cluster's profile
+    env = runner._environment({}, {"backend": "ascend", "model": {}}, 8)
+    assert env["MS_ASCEND_CHECK_OVERFLOW_MODE"] == "INFNAN_MODE"
+    out = tmp_path / "ascend"
+    write_export(_spec("simulate", device="ascend-910b"), _candidate(), _TRIAL, out)
+    assert "\nexport MS_ASCEND_CHECK_OVERFLOW_MODE=INFNAN_MODE\n" in (out / "launch.sh").read_text()
+    assert (out / "mindformers.yaml").exists()
+    gpu = tmp_path / "gpu"
+    write_export(_spec("simulate", device="a100-80g"), _candidate(), _TRIAL, gpu)
+    assert "MS_ASCEND_CHECK_OVERFLOW_MODE" not in (gpu / "launch.sh").read_text()

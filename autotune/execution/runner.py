@@ -99,10 +99,12 @@ def host_threads(local_workers: int) -> int:
 def _environment(extra: dict | None = None, config: dict | None = None,
                  local_workers: int = 1) -> dict:
     """The trial program's environment: ours plus ``extra``, the project and an entry model's
-    folders on PYTHONPATH, this interpreter first on PATH, and on GPU/Ascend an explicit
-    ``OMP_NUM_THREADS`` for the ``local_workers`` of this node (:func:`host_threads`)."""
-    env = {**os.environ, **(extra or {})}
-    if backend_of((config or {}).get("backend", "cpu")).device_target in ("GPU", "Ascend"):
+    folders on PYTHONPATH, this interpreter first on PATH, the backend's own variables
+    (``Backend.environment``), and on GPU/Ascend an explicit ``OMP_NUM_THREADS`` for the
+    ``local_workers`` of this node (:func:`host_threads`)."""
+    backend = backend_of((config or {}).get("backend", "cpu"))
+    env = {**os.environ, **(extra or {}), **dict(backend.environment)}
+    if backend.device_target in ("GPU", "Ascend"):
         env["OMP_NUM_THREADS"] = str(host_threads(local_workers))
     # an entry model imports from model.yaml's folder (and its file's): `autotune.spec.entry`
     entry = (config or {}).get("model", {}).get("entry")

@@ -62,6 +62,10 @@ class Backend:
     # (`autotune.train.program.numpy2_workaround`), and made after init() it leaves the worker
     # judged timed out by msrun's scheduler, which exits 1 (measured: docs/accelerators.md).
     first_op_before_init: bool = False
+    # Environment variables every run of this backend sets (trials and exported launch.sh).
+    environment: tuple = ()
+    # Why MindFormers cannot run this backend's export ("" when it can).
+    no_mindformers: str = ""
 
     @property
     def runs_program(self) -> bool:
@@ -118,12 +122,18 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # times and `__nv_bfloat16` none, nor does plugin/libmindspore_gpu.so.11.* (docs/accelerators.md).
     Backend("gpu", "program", ("float16", "float32"), limits={"jit_level": _O2}, device_target="GPU",
             ray_resource="GPU",
+            no_mindformers="MindFormers supports Atlas 800T A2 (Ascend) only (its README); on GPU "
+                           "run autotune's trainer (launch.sh without --mindformers)",
             ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
             device_memory=True, oom_markers=DEVICE_OOM),
     # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
     Backend("ascend", "program", limits={"jit_level": _O2}, device_target="Ascend", ray_resource="NPU",
             ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
             device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b",
+            # The loss scaler sees an overflow through isfinite, which only INF/NaN mode makes
+            # visible (saturation mode clamps to the largest finite value; MindSpore then reads
+            # the chip's float-status registers instead): docs/accelerators.md.
+            environment=(("MS_ASCEND_CHECK_OVERFLOW_MODE", "INFNAN_MODE"),),
             fused_attention=True),
     # simulate and replay run no graph: every value is theirs (the device profile decides, and
     # the cost model rejects O2 off Ascend).
