@@ -336,3 +336,54 @@ def test_ascend_trials_and_exports_run_in_infnan_overflow_mode(tmp_path, monkeyp
     gpu = tmp_path / "gpu"
     write_export(_spec("simulate", device="a100-80g"), _candidate(), _TRIAL, gpu)
     assert "MS_ASCEND_CHECK_OVERFLOW_MODE" not in (gpu / "launch.sh").read_text()
+
+
+# item 20: Ascend 910B links by group size, comm_overlap below 1, Hopper profiles flagged
+
+def test_ascend_910b_groups_are_priced_by_the_links_they_have():
+    from autotune.costmodel.profiles import PROFILES
+
+    ascend = PROFILES["ascend-910b"]
+    assert [ascend.group_gbps(n) for n in (2, 4, 8)] == [28.0, 84.0, 196.0]
+    assert PROFILES["a100-80g"].group_gbps(2) == PROFILES["a100-80g"].intra_node_gbps  # a switch
+
+
+def test_a_two_npu_data_parallel_all_reduce_costs_more_than_the_eight_npu_rate_says():
+    from dataclasses import replace
+
+    from autotune import costmodel
+    from autotune.spec.candidate import Candidate
+
+    from autotune.spec.model_yaml import parse_spec
+
+    spec = parse_spec({"model": {"family": "transformer", "num_layers": 8, "hidden_size": 2048,
+                                 "num_heads": 16, "seq_length": 512, "vocab_size": 32000},
+                       "train": {"global_batch_size": 8},
+                       "cluster": {"backend": "simulate", "devices": 2, "devices_per_node": 8,
+                                   "device": "ascend-910b"}}, Path("t.yaml"))
+    c = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none")
+    priced = costmodel.estimate(spec, c).breakdown["time_s"]["dp_comm"]
+    flat = replace(spec, cluster=replace(spec.cluster, device={"base": "ascend-910b",
+                                                                "mesh_link_gbps": 0}))
+    assert priced > 5 * costmodel.estimate(flat, c).breakdown["time_s"]["dp_comm"]  # 196 / 28 = 7
+
+
+def test_accelerators_start_from_half_overlap_and_hopper_profiles_say_calibrate_first():
+    from autotune.costmodel.profiles import PROFILES
+
+    assert {p.comm_overlap for p in PROFILES.values()} == {0.5}
+    for name in ("h100-80g", "h200"):
+        assert PROFILES[name].caveat.startswith("calibrate first")
+    assert PROFILES["a100-80g"].caveat == "" and PROFILES["ascend-910b"].caveat == ""
+
+
+def test_estimate_on_a_hopper_profile_says_calibrate_first(tmp_path, capsys):
+    from autotune.cli import main
+
+    model = tmp_path / "m.yaml"
+    model.write_text("model: {family: transformer, num_layers: 2, hidden_size: 64, num_heads: 4,\n"
+                     "        seq_length: 32, vocab_size: 256}\n"
+                     "train: {global_batch_size: 8}\n"
+                     "cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: h100-80g}\n")
+    assert main(["estimate", str(model)]) == 0
+    assert "note: calibrate first" in capsys.readouterr().out

@@ -50,8 +50,11 @@ Model:
   (k−1)/k of that window hides communication, the last bucket never hides. One bucket hides
   nothing; many pay latency. The trainer's pipeline stages reduce in a graph of their own after
   the last micro-batch (``ApplyStep``), so with pp > 1 nothing hides. The profile's
-  ``comm_overlap`` scales the window: 1 where collectives run on their own streams
-  (accelerators), 0 on the CPU backend, which runs a graph's kernels in turn.
+  ``comm_overlap`` scales the window: 0.5 on the accelerators (collectives run on their own
+  streams; how much they hide is assumed, and calibrated per study), 0 on the CPU backend, which
+  runs a graph's kernels in turn.
+- Inside a node a collective among g devices runs at ``profile.group_gbps(g)``: the node's rate
+  on a switch, fewer links on a full mesh (Ascend 910B's HCCS: one link per pair of NPUs).
 - Optimizer: Adam is memory-bound: ≈ 32 bytes per local parameter moved (read and write its
   16 bytes of state) at device memory bandwidth.
 - Host: the profile's per-step overhead. Loss scale and warmup steps have no effect on step time
@@ -103,15 +106,16 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     """Seconds per step by part, and FLOPs per step (see module doc)."""
     tp_crosses, dp_crosses, boundaries = crossings(c.dp, c.tp, c.pp, cluster.devices_per_node)
 
-    def gbps(crossed: bool) -> float:
-        return profile.inter_node_gbps if crossed else profile.intra_node_gbps
+    def gbps(crossed: bool, group: int) -> float:
+        return profile.inter_node_gbps if crossed else profile.group_gbps(group)
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
     for stage in range(c.pp):
         crossed = any(boundaries[max(0, stage - 1):stage + 1])  # its own one or two boundaries
         kind = (stage == 0, stage == c.pp - 1, crossed)
         if kind not in stages:
-            stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses), gbps(crossed),
+            # a pipeline transfer joins two devices: one link of a mesh
+            stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses, c.tp), gbps(crossed, 2),
                                               micro_batch, dtype, stage, engine)
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
     if engine == "trainer" and c.pp > 1:
@@ -119,7 +123,7 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     grad_bytes = params_per_device * state_bytes(engine, dtype, n_micro, param_dtype)["grads"]
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
-        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window),
+        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses, c.dp), grad_bytes, window),
         "bubble": (c.pp - 1) * sum(pace.values()),
         "optimizer": params_per_device * OPTIMIZER_BYTES_PER_PARAM
                      / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
