@@ -387,3 +387,16 @@ def test_estimate_on_a_hopper_profile_says_calibrate_first(tmp_path, capsys):
                      "cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: h100-80g}\n")
     assert main(["estimate", str(model)]) == 0
     assert "note: calibrate first" in capsys.readouterr().out
+
+
+def test_the_memory_cap_is_a_size_mindspore_accepts():
+    import re
+
+    from mindspore.runtime import memory
+
+    from autotune.train.device import memory_cap
+
+    for size in (57.6, 72.0, 14.4, 0.5):
+        cap = memory_cap({"device_memory": {"size_gb": size / 0.9, "max_size_gb": size}}, "Ascend")
+        assert re.fullmatch(memory._MEMORY_PATTERN, cap), cap
+    assert memory_cap({"device_memory": {"size_gb": 16, "max_size_gb": 14.4}}, "CPU") is None
