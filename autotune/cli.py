@@ -110,17 +110,22 @@ def cmd_estimate(args) -> int:
     candidate = space.baseline()
     est = costmodel.estimate(spec, candidate)
     reasons = violations(spec, candidate)
+    caveat = costmodel.resolve_profile(spec.cluster).caveat  # e.g. H100/H200: calibrate first
     if args.json:
         out = est.as_dict()
         if reasons:
             out.update(feasible=False, reason="; ".join(reasons))
         out["candidate"] = candidate.as_dict()
+        if caveat:
+            out["caveat"] = caveat
         print(json.dumps(out, indent=2))
     else:
         print("candidate: " + " ".join(f"{k}={v}" for k, v in candidate.as_dict().items()))
         for reason in reasons:
             print(f"violates: {reason}")
         print(costmodel.format_estimate(est))
+        if caveat:
+            print(f"note: {caveat}")
     return 0
 
 

@@ -150,12 +150,12 @@ def test_launch_yaml_sections_are_mindspores_own_call_arguments(tmp_path):
 
 
 def test_accelerator_launch_yaml_by_value(tmp_path):
-    # Ascend and O2 cannot be set up on this CPU machine: their values are what MindSpore takes.
-    doc = read_yaml(export(tmp_path, "o2", dict(LAYOUTS["dp2-tp2-pp2"], jit_level="O2"),
+    # Ascend cannot be set up on this CPU machine: its values are what MindSpore takes.
+    doc = read_yaml(export(tmp_path, "o1", dict(LAYOUTS["dp2-tp2-pp2"], jit_level="O1"),
                            device="ascend-910b") / "launch.yaml")
     assert doc["device"] == {"device_target": "Ascend"}
-    assert doc["context"] == {"mode": ms.GRAPH_MODE} and doc["jit_config"] == {"jit_level": "O2"}
-    assert ms.JitConfig(**doc["jit_config"]).jit_config_dict["backend"] == "GE"  # O2 is GE: Ascend
+    assert doc["context"] == {"mode": ms.GRAPH_MODE} and doc["jit_config"] == {"jit_level": "O1"}
+    assert ms.JitConfig(**doc["jit_config"]).jit_config_dict["backend"] == "ms_backend"
     gpu = read_yaml(export(tmp_path, "gpu", LAYOUTS["dp8"]) / "launch.yaml")
     assert gpu["device"] == {"device_target": "GPU"}
 
@@ -387,7 +387,7 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
     assert cwd == str(mf)  # MindFormers' configs name files relative to its checkout
     assert args[:10] == ["--worker_num=8", "--local_worker_num=8", "--master_addr=127.0.0.1",
                          "--master_port=8118", "--node_rank=0", f"--log_dir={tmp_path / 'mfrun' / 'logs'}",
-                         "--join=True", "--cluster_time_out=120", "--tail_worker_log=0", "--bind_core=True"]
+                         "--join=True", "--cluster_time_out=600", "--tail_worker_log=0", "--bind_core=True"]
     assert args[10:] == ["run_mindformer.py", "--config", str(out / "mindformers.yaml"), "--run_mode", "train",
                          "--output_dir", str(tmp_path / "mfrun"), "--load_checkpoint", str(ckpt),
                          "--src_strategy_path_or_dir", str(out / "strategy.ckpt"), "--auto_trans_ckpt", "True",

@@ -8,6 +8,7 @@ API (what the search loop and the CLI call):
   MindSpore runs the export (``engine`` overrides: ``"trainer"``, ``"mindspore"``,
   ``"megatron"``); ``Estimate.as_dict()`` is its strict-JSON form.
 - ``format_estimate(estimate) -> str`` — the same as a readable table.
+- ``device_memory_cap(cluster) -> dict | None`` — the memory-pool cap a GPU/Ascend trial sets.
 - ``resolve_profile(cluster) -> DeviceProfile`` — the hardware numbers a cluster section means
   (``PROFILES`` lists the named ones).
 - ``Calibration.from_pairs([(estimate, peak_memory_mb, step_time_ms), ...])`` — per-study
@@ -18,9 +19,9 @@ Modules: ``workload`` (per-sample FLOPs, activations, messages of a model family
 """
 
 from autotune.costmodel.calibration import Calibration
-from autotune.costmodel.estimate import (NOT_ESTIMATED, SAFETY_MARGIN, Estimate, estimate,
-                                         format_estimate)
+from autotune.costmodel.estimate import (NOT_ESTIMATED, SAFETY_MARGIN, Estimate, device_memory_cap,
+                                         estimate, format_estimate)
 from autotune.costmodel.profiles import PROFILES, DeviceProfile, resolve_profile
 
 __all__ = ["Calibration", "DeviceProfile", "Estimate", "NOT_ESTIMATED", "PROFILES",
-           "SAFETY_MARGIN", "estimate", "format_estimate", "resolve_profile"]
+           "SAFETY_MARGIN", "device_memory_cap", "estimate", "format_estimate", "resolve_profile"]

@@ -54,6 +54,17 @@ from autotune.spec.constraints import violations
 # does not price (an assumption; the calibration corrects the memory estimate, not this margin).
 SAFETY_MARGIN = 0.9
 NOT_ESTIMATED = "no dimensions given: not estimated"
+
+
+def device_memory_cap(cluster) -> dict | None:
+    """What a GPU/Ascend run of ``cluster`` caps its memory pool at, as the trial config's
+    ``device_memory`` section (`autotune.train.device`): ``size_gb`` the profile's memory
+    (``cluster.device_memory_gb`` when given), ``max_size_gb`` that × `SAFETY_MARGIN` — the
+    budget the memory screen judges a candidate against. None on the other backends."""
+    if backend_of(cluster.backend).device_target not in ("GPU", "Ascend"):
+        return None
+    size = resolve_profile(cluster).memory_gb
+    return {"size_gb": size, "max_size_gb": round(size * SAFETY_MARGIN, 2)}
 NAN = float("nan")
 
 

@@ -23,7 +23,7 @@ per device and per direction (datasheet convention), peak in dense TFLOP/s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
@@ -56,10 +56,24 @@ class DeviceProfile:
     jit_o1: float
     jit_o2: float
     jit_pynative: float
+    # A full mesh inside the node (Ascend HCCS): the per-direction rate of the one link between
+    # two devices. A group of n devices of a node then has n − 1 links each: min(intra_node_gbps,
+    # (n − 1) × mesh_link_gbps). 0: a switch (NVLink/NVSwitch), every group at intra_node_gbps.
+    mesh_link_gbps: float = 0.0
+    # Why this profile's numbers should be calibrated on a few real trials before its estimates
+    # rank anything ("" when none); `autotune estimate` prints it.
+    caveat: str = field(default="", compare=False)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s (not TFLOP/s) for a compute dtype."""
         return (self.peak_tflops_fp32 if dtype == "float32" else self.peak_tflops) * 1e12
+
+    def group_gbps(self, size: int) -> float:
+        """Per-device, per-direction bandwidth of a collective among ``size`` devices of one
+        node (see ``mesh_link_gbps``)."""
+        if self.mesh_link_gbps <= 0:
+            return self.intra_node_gbps
+        return min(self.intra_node_gbps, max(1, size - 1) * self.mesh_link_gbps)
 
     def jit_factor(self, level: str) -> float:
         return {"O0": self.jit_o0, "O1": self.jit_o1, "O2": self.jit_o2,
@@ -81,10 +95,19 @@ class DeviceProfile:
 #   PyNative 1.5× on an accelerator (host dispatch per op; on this CPU, where host overhead is
 #   a larger share, docs/mindspore-cpu.md "PyNative vs GRAPH_MODE" measures several times more
 #   for a small model).
+# - comm_overlap 0.5: collectives run on their own streams, but how much of the backward they hide
+#   depends on stream scheduling and on contention for HBM and SMs/cores, which no datasheet
+#   gives; half is a start between the CPU's measured 0 and the ideal 1. The per-study
+#   calibration's time factor corrects the step time it prices (docs/accelerators.md).
 _ACCEL = dict(collective_latency_us=20.0, hop_latency_us=2.0, framework_gb=2.0, achievable=0.74,
-              hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0, comm_overlap=1.0,
+              hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0, comm_overlap=0.5,
               half_collective_factor=1.0,
               jit_o0=1.15, jit_o1=1.0, jit_o2=0.92, jit_pynative=1.5)
+
+# MindSpore 2.10's GPU plugin is built for CUDA 11 (plugin/libmindspore_gpu.so.11.1/.11.6): no
+# Hopper kernels (FP8, TMA/wgmma GEMMs), so the datasheet's peak is not what its kernels reach.
+_HOPPER = ("calibrate first: the datasheet peak assumes Hopper kernels that MindSpore 2.10's "
+           "CUDA 11 GPU plugin does not have; run a few trials before trusting its ranking")
 
 PROFILES: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16/FP16 312 TFLOPS dense, FP32 19.5,
@@ -94,17 +117,22 @@ PROFILES: dict[str, DeviceProfile] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16/FP16 1,979 TFLOPS with sparsity →
     # 989 dense, FP32 67, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction).
     # NVIDIA DGX H100: 8× 400 Gb/s NDR InfiniBand (ConnectX-7), one per GPU → 50 GB/s.
-    "h100-80g": DeviceProfile("h100-80g", "gpu", 80.0, 989.0, 67.0, 3350.0, 450.0, 50.0, **_ACCEL),
+    "h100-80g": DeviceProfile("h100-80g", "gpu", 80.0, 989.0, 67.0, 3350.0, 450.0, 50.0, **_ACCEL,
+                              caveat=_HOPPER),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, same compute as
     # H100 SXM (989 dense FP16/BF16, 67 FP32), NVLink 900 GB/s; DGX H200: 400 Gb/s per GPU.
-    "h200": DeviceProfile("h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL),
+    "h200": DeviceProfile("h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL,
+                          caveat=_HOPPER),
     # Huawei Ascend 910B (Atlas 800T A2 server, 8 NPUs). Huawei publishes no full per-chip
     # datasheet; public figures: ≈313 TFLOPS FP16/BF16 (variants quoted 280–376), 64 GB HBM2e at
     # ≈1.6 TB/s, HCCS full mesh 7 links × 56 GB/s = 392 GB/s per NPU (196 per direction),
     # 8× 200 GbE RoCE per server, one per NPU → 25 GB/s. FP32 is not published: assumed ¼ of
     # FP16 (the cube units are FP16/BF16 native). Override with a device mapping if yours differs.
+    # The mesh gives each pair of NPUs one link, 56 GB/s both ways = 28 per direction, so a group
+    # of n NPUs in a server reaches min(196, (n − 1) × 28) GB/s per direction: 28 for two, 84 for
+    # four, 196 only for all eight (docs/accelerators.md).
     "ascend-910b": DeviceProfile("ascend-910b", "ascend", 64.0, 313.0, 78.0, 1600.0, 196.0, 25.0,
-                                 **_ACCEL),
+                                 **_ACCEL, mesh_link_gbps=28.0),
 }
 
 # The CPU class this project runs on (docs/mindspore-cpu.md; lscpu here: 2 vCPUs of an AVX-512
@@ -169,9 +197,10 @@ CPU_BASE = DeviceProfile(
     # ≈1–1.4× on a compute-bound one (2026-11-29).
     jit_o0=1.0, jit_o1=1.0, jit_o2=1.0, jit_pynative=7.0)
 
-_NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind"))
+_NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind", "caveat"))
+_OPTIONAL = ("mesh_link_gbps",)  # a whole profile given as numbers may leave these out
 _MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms",
-                "comm_overlap")
+                "comm_overlap", "mesh_link_gbps")
 
 
 def resolve_profile(cluster) -> DeviceProfile:
@@ -221,7 +250,7 @@ def _override(base: DeviceProfile | None, numbers: dict, allow_base: bool) -> De
             raise SpecError(f"cluster.device.{key}: must be a number "
                             f"{'≥' if floor == 0 else '>'} 0, got {value!r}")
     if base is None:
-        missing = [k for k in _NUMERIC if k not in numbers]
+        missing = [k for k in _NUMERIC if k not in numbers and k not in _OPTIONAL]
         if missing:
             raise SpecError(f"cluster.device: give base: <profile> or every field; missing "
                             f"{', '.join(missing)}")

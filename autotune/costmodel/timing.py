@@ -50,8 +50,11 @@ Model:
   (k−1)/k of that window hides communication, the last bucket never hides. One bucket hides
   nothing; many pay latency. The trainer's pipeline stages reduce in a graph of their own after
   the last micro-batch (``ApplyStep``), so with pp > 1 nothing hides. The profile's
-  ``comm_overlap`` scales the window: 1 where collectives run on their own streams
-  (accelerators), 0 on the CPU backend, which runs a graph's kernels in turn.
+  ``comm_overlap`` scales the window: 0.5 on the accelerators (collectives run on their own
+  streams; how much they hide is assumed, and calibrated per study), 0 on the CPU backend, which
+  runs a graph's kernels in turn.
+- Inside a node a collective among g devices runs at ``profile.group_gbps(g)``: the node's rate
+  on a switch, fewer links on a full mesh (Ascend 910B's HCCS: one link per pair of NPUs).
 - Optimizer: Adam is memory-bound: ≈ 32 bytes per local parameter moved (read and write its
   16 bytes of state) at device memory bandwidth; under the parallel optimizer only the rows a
   device owns (``memory.optimizer_elements``).
@@ -113,15 +116,16 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     """Seconds per step by part, and FLOPs per step (see module doc)."""
     tp_crosses, dp_crosses, boundaries = crossings(c.dp, c.tp, c.pp, cluster.devices_per_node)
 
-    def gbps(crossed: bool) -> float:
-        return profile.inter_node_gbps if crossed else profile.intra_node_gbps
+    def gbps(crossed: bool, group: int) -> float:
+        return profile.inter_node_gbps if crossed else profile.group_gbps(group)
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
     for stage in range(c.pp):
         crossed = any(boundaries[max(0, stage - 1):stage + 1])  # its own one or two boundaries
         kind = (stage == 0, stage == c.pp - 1, crossed)
         if kind not in stages:
-            stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses), gbps(crossed),
+            # a pipeline transfer joins two devices: one link of a mesh
+            stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses, c.tp), gbps(crossed, 2),
                                               micro_batch, dtype, stage, engine)
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
     if engine != "megatron" and c.pp > 1:
@@ -132,14 +136,15 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     if shards_optimizer(c, engine):
         sharded = optimizer_elements(work, c.dp, c.tp, c.pp, per_param["params"])
         updated = max(owned for owned, *_ in sharded)  # the stage with the most owned rows
-        gather = max(_sharded_traffic(c, profile, gbps(dp_crosses), gbps(dp_crosses or tp_crosses),
+        gather = max(_sharded_traffic(c, profile, gbps(dp_crosses, c.dp),
+                                      gbps(dp_crosses or tp_crosses, c.dp * c.tp),
                                       on_dp * per_param["params"], on_stage * per_param["params"],
                                       engine) for _, _, on_dp, on_stage in sharded)
         if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
             grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_param["grads"] / 2
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
-        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses), grad_bytes, window) + gather,
+        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses, c.dp), grad_bytes, window) + gather,
         "bubble": (c.pp - 1) * sum(pace.values()),
         "optimizer": updated * OPTIMIZER_BYTES_PER_PARAM
                      / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),

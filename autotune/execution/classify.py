@@ -3,7 +3,10 @@
 Contract: :func:`classify` turns a finished trial program (exit code, trial folder, log folder)
 into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics, ``oom`` (the process was
 killed by the kernel — SIGKILL / exit 137 — or a line of any log says so in the backend's words,
-`autotune.spec.backends`), or ``error``. An ``error`` says whose failure it is
+`autotune.spec.backends`, once the candidate ran), or ``error``. An out-of-memory line from a
+launch that never got to the candidate (a device held by another process while joining the
+cluster) is the infrastructure's ``error``, the line kept in the detail: it says nothing about
+the candidate. An ``error`` says whose failure it is
 (``Result.infrastructure``): the candidate's own once the trial program got to run the
 candidate — a rank printed `autotune.train.CANDIDATE_STARTED` (the launch was done), or the
 program gave a verdict other than `autotune.train.LAUNCH_FAILED` (a config error, a bad model
@@ -63,12 +66,14 @@ def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
     verdicts = [line for line in tail.splitlines() if line.startswith(VERDICT)]
     reason = verdicts[-1] if verdicts else (tail.splitlines() or [""])[-1]
     evidence = oom_evidence(log_dir, backend)
-    if returncode in (-signal.SIGKILL, 137) or evidence:
+    infrastructure = not _candidate_ran(log_dir)
+    if returncode in (-signal.SIGKILL, 137) or (evidence and not infrastructure):
         return Result("oom", detail=f"{evidence or reason}\n{tail}", run_s=run_s)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
-    infrastructure = not _candidate_ran(log_dir)
     if infrastructure:
         why = f"infrastructure: {why}, before the candidate ran"
+        if evidence:
+            why += f" (out of memory while launching: {evidence})"
     return Result("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s,
                   infrastructure=infrastructure)
 

@@ -168,6 +168,8 @@ class DispatchedExecutor:
         profile = costmodel.resolve_profile(spec.cluster)
         device_memory = backend_of(spec.cluster.backend).device_memory
         self.memory_mb = None if device_memory else profile.memory_gb * 1024
+        # ... which a GPU/Ascend trial caps at the screen's budget (set_memory's max_size)
+        self.device_memory = costmodel.device_memory_cap(spec.cluster)
         self._dispatcher = None
 
     def __enter__(self):
@@ -196,7 +198,8 @@ class DispatchedExecutor:
         trial_dir = self.steps_dir(job.number)
         config = trial_config(self.spec, job.candidate, study=self.spec.study, number=job.number,
                               out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
-                              measure_after=self.spec.trial.measure_after)
+                              measure_after=self.spec.trial.measure_after,
+                              device_memory=self.device_memory)
         self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
                                 self.spec.trial.timeout_s, self.memory_mb)
 

@@ -83,8 +83,29 @@ def command(config_path: Path, workers: int, log_dir: Path, port: int,
     return [str(msrun), *args, str(PROGRAM_PATH), str(config_path)]
 
 
-def _environment(extra: dict | None = None, config: dict | None = None) -> dict:
-    env = {**os.environ, **(extra or {})}
+def host_threads(local_workers: int) -> int:
+    """OpenMP threads for each of ``local_workers`` trial workers on an accelerator node: this
+    process's cores shared among them (at least 1). Ray sets ``OMP_NUM_THREADS`` to a task's
+    ``num_cpus`` — 1 for an accelerator trial, which holds one CPU for its launcher — and msrun's
+    workers would inherit that, leaving the host side of every device (data, kernel launch) on
+    one thread."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_workers))
+
+
+def _environment(extra: dict | None = None, config: dict | None = None,
+                 local_workers: int = 1) -> dict:
+    """The trial program's environment: ours plus ``extra``, the project and an entry model's
+    folders on PYTHONPATH, this interpreter first on PATH, the backend's own variables
+    (``Backend.environment``), and on GPU/Ascend an explicit ``OMP_NUM_THREADS`` for the
+    ``local_workers`` of this node (:func:`host_threads`)."""
+    backend = backend_of((config or {}).get("backend", "cpu"))
+    env = {**os.environ, **(extra or {}), **dict(backend.environment)}
+    if backend.device_target in ("GPU", "Ascend"):
+        env["OMP_NUM_THREADS"] = str(host_threads(local_workers))
     # an entry model imports from model.yaml's folder (and its file's): `autotune.spec.entry`
     entry = (config or {}).get("model", {}).get("entry")
     imports = entry_loader.import_dirs(entry, config.get("model_dir")) if entry else []
@@ -125,7 +146,9 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
-                                env=_environment(env, config), start_new_session=True,
+                                env=_environment(env, config, node.launch.local_workers if node
+                                                 else workers),
+                                start_new_session=True,
                                 preexec_fn=die_with_parent_hook())
         tree = ProcessTree(proc.pid)
         try:

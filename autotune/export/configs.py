@@ -4,7 +4,7 @@
 Contract (all pure functions of spec, candidate and trial; nothing here touches the disk):
 - :func:`export_reasons` says why a candidate cannot be exported as configs MindSpore and
   MindFormers run (empty = it can): PyNative runs only stand-alone and data-parallel jobs, and
-  jit level O2 only on Ascend (docs/export.md).
+  jit level O2 on no backend (deprecated since MindSpore 2.9: docs/accelerators.md).
 - :func:`train_config` is the trial program's config format (``python -m autotune.train CONFIG``)
   set up for the real run: ``trial.steps = train.total_steps`` on the run's own (uncompressed)
   schedule, per-rank checkpoints every ``train.save_every`` steps; ``out_dir`` and the checkpoint
@@ -20,6 +20,9 @@ Contract (all pure functions of spec, candidate and trial; nothing here touches 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from autotune.costmodel import device_memory_cap
 from autotune.files import json_safe
 from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
 from autotune.spec.backends import Backend, backend_of
@@ -69,8 +72,8 @@ def export_reasons(spec: Spec, c: Candidate) -> list[str]:
                        "run, so mindformers.yaml could not keep the tuned global batch; export a "
                        "graph-mode trial (--trial N)")
     if not run_backend(spec).executes("jit_level", c.jit_level):
-        reasons.append(f"jit_level = O2 on {run_backend(spec).name}: O2 is MindSpore's GE backend, "
-                       "Ascend only")
+        reasons.append(f"jit_level = {c.jit_level} on {run_backend(spec).name}: "
+                       f"{run_backend(spec).why_not('jit_level')}; export an O0/O1 trial (--trial N)")
     return reasons
 
 
@@ -78,7 +81,9 @@ def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
     config = trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
                           steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
-                          backend=run_backend(spec).name)
+                          backend=run_backend(spec).name,
+                          device_memory=device_memory_cap(
+                              replace(spec.cluster, backend=run_backend(spec).name)))
     config["trial"]["schedule"] = "full"
     config["checkpoint"] = {"dir": f"{RUN_DIR}/checkpoint", "save_every": spec.train.save_every,
                             "resume": False, "init_from": None}

@@ -37,7 +37,7 @@ from autotune.export.configs import run_backend
 from autotune.export.mindformers import UNSET_BASE
 from autotune.spec.candidate import Candidate
 from autotune.spec.model_yaml import Spec
-from autotune.train.msrun import msrun_args, node_count
+from autotune.train.msrun import MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args, node_count
 
 _HEADER = """\
 #!/usr/bin/env bash
@@ -57,7 +57,7 @@ _HEADER = """\
 # Environment: MASTER_ADDR ({addr_note}), MASTER_PORT (default 8118),
 # NODE_RANK ({rank_note}), LOG_DIR (default DIR/logs).
 set -euo pipefail
-
+{environment}
 fail() {{ echo "launch.sh: $*" >&2; exit 2; }}
 absolute() {{ if [[ "$1" = /* ]]; then echo "$1"; else echo "$PWD/$1"; fi; }}
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -82,7 +82,7 @@ if [[ -n "$STEPS" && ! "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
   fail "--steps must be a positive integer, got '$STEPS'"
 fi
 if [[ -n "$MINDFORMERS" ]]; then
-  [[ -z "$STEPS$RESUME" ]] || fail "--steps and --resume are for autotune's trainer, not --mindformers"
+{no_mindformers}  [[ -z "$STEPS$RESUME" ]] || fail "--steps and --resume are for autotune's trainer, not --mindformers"
   [[ -f "$MINDFORMERS/run_mindformer.py" ]] || fail "--mindformers $MINDFORMERS: no run_mindformer.py there"
   [[ -z "$LOAD" || -e "$LOAD" ]] || fail "--load-checkpoint $LOAD: no such file or folder"
   if grep -q "{unset_base}" "$HERE/mindformers.yaml"; then
@@ -160,17 +160,22 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
     cluster = (_SINGLE_NODE if nodes == 1
                else _MULTI_NODE.format(nodes=nodes, last=nodes - 1))
     # Pinning each worker to its cores keeps CPU step times steady (docs/export.md, "msrun");
-    # worker 0's log goes to the console of node 0.
+    # worker 0's log goes to the console of node 0; nodes started minutes apart still join
+    # (msrun's own cluster timeout, not the trials' shorter one).
+    backend = run_backend(spec)
     options = msrun_args(workers, local, master_addr="$MASTER_ADDR", master_port="$MASTER_PORT",
                          node_rank="$NODE_RANK", log_dir="$LOG_DIR",
-                         bind_core=run_backend(spec).pins_cores, tail_worker=0)
+                         cluster_time_out=MSRUN_DEFAULT_CLUSTER_TIME_OUT_S,
+                         bind_core=backend.pins_cores, tail_worker=0)
     msrun = _shell_words(options)
     script = _HEADER.format(
         study=json.dumps(str(trial["study"])), number=trial["number"], dp=c.dp, tp=c.tp, pp=c.pp,
         workers=workers, nodes_note=f" on {nodes} nodes" if nodes > 1 else "",
         addr_note="node 0's address, required" if nodes > 1 else "default 127.0.0.1",
         rank_note=f"0..{nodes - 1}, required" if nodes > 1 else "0",
-        unset_base=UNSET_BASE, cluster=cluster, msrun=msrun)
+        unset_base=UNSET_BASE, cluster=cluster, msrun=msrun,
+        environment="".join(f"export {name}={value}\n" for name, value in backend.environment),
+        no_mindformers=f'  fail "--mindformers: {backend.no_mindformers}"\n' if backend.no_mindformers else "")
     if workers == 1:
         return script + 'exec python -m autotune.train "$CONFIG"\n'
     return script + "exec msrun \\\n" + msrun + '    python -m autotune.train "$CONFIG"\n'

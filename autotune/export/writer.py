@@ -7,7 +7,8 @@ folder, the MindFormers base config and the checkpoint to reshard — and raises
 :class:`SpecError` listing the problems before anything is written. It then writes into a
 temporary sibling folder, checks the strategy file covers every parameter, and renames the
 folder into place, so a failure at any point leaves no half-written export. Returns the files of
-the finished folder, sorted.
+the finished folder, sorted. A run backend MindFormers cannot run (``Backend.no_mindformers``:
+gpu) gets no mindformers.yaml, and a ``mindformers_base`` for it is refused with that reason.
 """
 
 from __future__ import annotations
@@ -67,13 +68,13 @@ def _yaml(document: dict) -> str:
 
 
 def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_config: dict,
-                     layouts: dict, extra: dict, mindformers_yaml: str) -> None:
+                     layouts: dict, extra: dict, mindformers_yaml: str | None) -> None:
     summary = configs.summary(spec, c, trial, layouts, extra)
     documents = {
         "train_config.json": json.dumps(run_config, indent=2),
         "launch.yaml": _launch_header(trial["study"], trial["number"])
                        + _yaml(configs.launch_yaml(spec, c, trial)),
-        "mindformers.yaml": mindformers_yaml,
+        **({"mindformers.yaml": mindformers_yaml} if mindformers_yaml is not None else {}),
         "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
     }
     for name, text in documents.items():
@@ -112,8 +113,12 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
         shown = "; ".join(reasons[:_SHOWN_REASONS])
         more = f" (and {len(reasons) - _SHOWN_REASONS} more)" if len(reasons) > _SHOWN_REASONS else ""
         raise SpecError(f"cannot export trial {trial['number']} of {trial['study']}: {shown}{more}")
+    refusal = configs.run_backend(spec).no_mindformers
+    if mindformers_base and refusal:
+        raise SpecError(f"--mindformers-base: {refusal}")
     plan = plan_reshard(reshard_from, layouts) if reshard_from else None
-    mindformers_yaml, changes = mindformers.document(spec, c, trial, mindformers_base)
+    mindformers_yaml, changes = (None, []) if refusal else mindformers.document(
+        spec, c, trial, mindformers_base)
 
     with staged_folder(out_dir) as staged:
         # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments,

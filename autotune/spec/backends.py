@@ -21,14 +21,19 @@ from autotune.spec.knobs import DTYPES
 # `strings mindspore/lib/*.so`): "Device(id:0) memory isn't enough and alloc failed",
 # "Memory not enough", "Allocate memory failed", "Out of Memory!!! Request memory size", and
 # "... plus alloc size : N is more than total mem size : M"; CUDA's "out of memory"; Ascend's
-# CANN error code EL0004 ("Failed to allocate memory"). Recorded lines:
-# tests/fixtures/oom_lines.txt.
+# CANN error code EL0004 ("Failed to allocate memory"); the static memory planner's "Somas
+# allocate failed for graph" (both device plugins), cuBLAS's "CUBLAS_STATUS_ALLOC_FAILED" (the
+# GPU plugin), Ascend's allocator "Malloc device memory failed, size[" and "MallocAlign32 device
+# memory failed, size[" (plugin/ascend/libmindspore_ascend_res_manager.so; docs/accelerators.md). Recorded lines: tests/fixtures/oom_lines.txt,
+# tests/test_accelerators.py.
 HOST_OOM = ("memoryerror", "std::bad_alloc", "out of memory", "memory not enough",
             "memory is not enough", "allocate memory failed")
 DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
                          "allocate device memory failed", "failed to allocate memory",
-                         "more than total mem size")
-ASCEND_OOM = DEVICE_OOM + ("el0004",)
+                         "more than total mem size", "somas allocate failed",
+                         "cublas_status_alloc_failed")
+ASCEND_OOM = DEVICE_OOM + ("el0004", "malloc device memory failed",
+                           "mallocalign32 device memory failed")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,16 @@ class Backend:
     pins_cores: bool = False
     default_profile: str = "a100-80g"       # the cost model's device when cluster.device is unset
     fused_attention: bool = False           # runs flash_attention_score (`autotune.spec.attention`)
+    # Whether a worker makes its first MindSpore op before communication.init(). MindSpore asks
+    # for init() before any Tensor or op (its init() doc, Ascend; on GPU an op opens the device's
+    # context and pool first): accelerators do. On CPU the first eager op is numpy 2's throw-away
+    # (`autotune.train.program.numpy2_workaround`), and made after init() it leaves the worker
+    # judged timed out by msrun's scheduler, which exits 1 (measured: docs/accelerators.md).
+    first_op_before_init: bool = False
+    # Environment variables every run of this backend sets (trials and exported launch.sh).
+    environment: tuple = ()
+    # Why MindFormers cannot run this backend's export ("" when it can).
+    no_mindformers: str = ""
 
     @property
     def runs_program(self) -> bool:
@@ -88,21 +103,37 @@ class Backend:
         return any(marker in lowered for marker in self.oom_markers)
 
 
-_O2 = (("O0", "O1", "pynative"), "O2 sinks the whole graph through CANN, Ascend only")
+# O2 is deprecated since MindSpore 2.9 (graph/jit_config.py: "The value "O2" of `jit_level` is
+# deprecated from version 2.9.0"; JitConfig lists O0/O1 and maps O2 to the GE backend, Ascend's
+# graph engine): no real backend runs it, Ascend included. It stays a known value, so studies
+# that hold O2 trials still load (docs/accelerators.md).
+_O2 = (("O0", "O1", "pynative"), "O2 is deprecated since MindSpore 2.9 (it selects the GE "
+       "backend, Ascend only)")
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # bfloat16 on CPU: MindSpore 2.10 has no bfloat16 MatMul kernel ("Select CPU operator[MatMul]
     # fail! Unsupported data type!"), measured by tests/test_train_program.py::
     # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
     Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
-            ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu"),
-    Backend("gpu", "program", limits={"jit_level": _O2}, device_target="GPU", ray_resource="GPU",
+            ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu",
+            first_op_before_init=True),
+    # bfloat16 on GPU: MindSpore 2.10's GPU plugin (CUDA 11) carries no bfloat16 kernel — its
+    # kernel library plugin/gpu/libcuda_ops.so.11 names `__half` (float16) instantiations 115,727
+    # times and `__nv_bfloat16` none, nor does plugin/libmindspore_gpu.so.11.* (docs/accelerators.md).
+    Backend("gpu", "program", ("float16", "float32"), limits={"jit_level": _O2}, device_target="GPU",
+            ray_resource="GPU",
+            no_mindformers="MindFormers supports Atlas 800T A2 (Ascend) only (its README); on GPU "
+                           "run autotune's trainer (launch.sh without --mindformers)",
             ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
             device_memory=True, oom_markers=DEVICE_OOM),
     # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
-    Backend("ascend", "program", device_target="Ascend", ray_resource="NPU",
+    Backend("ascend", "program", limits={"jit_level": _O2}, device_target="Ascend", ray_resource="NPU",
             ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
             device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b",
+            # The loss scaler sees an overflow through isfinite, which only INF/NaN mode makes
+            # visible (saturation mode clamps to the largest finite value; MindSpore then reads
+            # the chip's float-status registers instead): docs/accelerators.md.
+            environment=(("MS_ASCEND_CHECK_OVERFLOW_MODE", "INFNAN_MODE"),),
             fused_attention=True),
     # simulate and replay run no graph: every value is theirs (the device profile decides, and
     # the cost model rejects O2 off Ascend).

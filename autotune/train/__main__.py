@@ -12,7 +12,9 @@ msrun starts a scheduler (this program with ``MS_ROLE=MS_SCHED``) on every node 
 is ``--master_addr``: with several Ray nodes on one host, every node of a trial is. Only rank 0's
 node serves the job; on the others (``AUTOTUNE_NODE`` set to their node index by the runner) the
 scheduler exits 0 at once, where it would otherwise fail to bind the taken port and make that
-node's msrun fail a trial whose workers all finished.
+node's msrun fail a trial whose workers all finished. On rank 0's node the scheduler runs only
+`autotune.train.device.serve_cluster` (it never reads the config nor opens the trial's device);
+a failure there is the launch's (exit 3).
 """
 
 import os
@@ -32,7 +34,7 @@ import json  # noqa: E402  (after the sys.path repair above)
 import traceback  # noqa: E402
 
 from autotune.procfs import started_at  # noqa: E402
-from autotune.train import NODE_VARIABLE  # noqa: E402
+from autotune.train import LAUNCH_FAILED, NODE_VARIABLE  # noqa: E402
 from autotune.train.lifetime import die_with_parent  # noqa: E402
 
 
@@ -49,6 +51,15 @@ def main(argv=None) -> int:
         print(f"autotune.train scheduler of node {os.environ[NODE_VARIABLE]} stands down: "
               "rank 0's node serves the job", flush=True)
         return 0
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        from autotune.train.device import serve_cluster
+        try:
+            return serve_cluster()
+        except Exception as exc:  # noqa: BLE001  (the cluster's failure, never the candidate's)
+            traceback.print_exc()
+            print(f"{LAUNCH_FAILED} scheduler: {_fail(exc).removeprefix('autotune.train: ')}",
+                  file=sys.stderr, flush=True)
+            return 3
     if len(args) != 1:
         print("usage: python -m autotune.train CONFIG_JSON", file=sys.stderr)
         return 2

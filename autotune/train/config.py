@@ -22,17 +22,22 @@ def micro_steps(knobs: dict) -> int:
 
 
 def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,
-                 steps: int, measure_after: int, backend: str | None = None) -> dict:
+                 steps: int, measure_after: int, backend: str | None = None,
+                 device_memory: dict | None = None) -> dict:
     """``config.json`` for ``candidate`` of ``spec``: ``steps`` optimizer steps, timing after
     ``measure_after``, outputs in ``out_dir`` (kept as given: export writes a relative one). An
     entry model's config also names ``model_dir``, model.yaml's folder, from which the entry
-    is imported (`autotune.spec.entry`)."""
+    is imported (`autotune.spec.entry`). ``device_memory`` (GPU/Ascend: ``size_gb``,
+    ``max_size_gb``, `autotune.costmodel.device_memory_cap`) caps the device's memory pool
+    (`autotune.train.device`)."""
     config = {"study": study, "trial_number": number,
               "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
               "out_dir": str(out_dir),
               "model": spec.model.as_config(), "train": asdict(spec.train),
               "trial": {"steps": steps, "measure_after": measure_after},
               "knobs": candidate.as_dict()}
+    if device_memory:
+        config["device_memory"] = dict(device_memory)
     if spec.model.entry:
         config["model_dir"] = str(Path(spec.source).resolve().parent)
     return config

@@ -37,9 +37,10 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   whose step-0 loss happened to be low does not trip it.
 - ``compile_s``: process start → first step done (imports, communication init, compile).
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
-  probe (:func:`peak_mb`): on CPU the resident memory (VmHWM) of one process = one CPU "device";
-  on GPU/Ascend MindSpore's memory pool (``mindspore.runtime.max_memory_allocated``), never host
-  RSS, which says nothing about device memory; ``final_loss_scale``: the scaler's value after the last
+  probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
+  "device"; on GPU/Ascend what the device held (`autotune.train.device.device_peak_mb`: the
+  pool's reserved peak, or the vendor tool's per-process reading if larger), never host RSS,
+  which says nothing about device memory; ``final_loss_scale``: the scaler's value after the last
   step.
 """
 
@@ -77,22 +78,6 @@ def peak_memory_mb() -> float:
     except OSError:
         pass
     return 0.0
-
-
-def reset_peak(ms, device_memory: bool) -> None:
-    """Restart the peak :func:`peak_mb` reads (host VmHWM, or the device pool's maximum)."""
-    if device_memory:
-        ms.runtime.reset_max_memory_allocated()
-    else:
-        reset_peak_memory()
-
-
-def peak_mb(ms, device_memory: bool) -> float:
-    """This rank's peak memory since :func:`reset_peak`, in MiB: the device pool's maximum
-    allocation with ``device_memory`` (the GPU/Ascend backends), else host VmHWM (CPU)."""
-    if device_memory:
-        return ms.runtime.max_memory_allocated() / 2**20
-    return peak_memory_mb()
 
 
 def write_json_atomic(path, payload) -> None:

@@ -17,9 +17,12 @@ What each option does and why it is set is in docs/export.md ("msrun"), read fro
 
 from __future__ import annotations
 
-# Seconds msrun's processes wait for the whole cluster to join before giving up (msrun's default
-# is 600: a worker that never starts would hold a trial or a node for ten minutes).
+# Seconds msrun's processes wait for the whole cluster to join before giving up. A trial's nodes
+# are started together by one driver: 120 s (msrun's default, 600 s, would let a worker that never
+# starts hold a trial or a node for ten minutes). An exported run's nodes are started by people
+# or a scheduler, minutes apart: it keeps msrun's default (docs/export.md, "msrun").
 CLUSTER_TIME_OUT_S = 120
+MSRUN_DEFAULT_CLUSTER_TIME_OUT_S = 600
 
 
 def node_count(workers: int, local_workers: int) -> int:

@@ -4,6 +4,12 @@
 autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes; the config format is the
 driver's (see the package docstring). Knobs as applied here:
 
+- the launch, in this order (each call announced on stderr, `autotune.train.device.launch_step`):
+  ``set_device`` (no id: msrun hands each worker its device), the context's mode, on GPU/Ascend
+  ``runtime.set_memory(max_size=…)`` from the config's ``device_memory`` section, then
+  ``communication.init()`` before any op — except on CPU, where the numpy-2 throw-away op
+  (:func:`numpy2_workaround`) comes before init (`autotune.spec.backends.Backend.first_op_before_init`
+  says why). msrun's scheduler role runs none of this (`autotune.train.__main__`).
 - the layout (``dp``, ``tp``, ``pp``): ``communication.init()`` (a failure there is the launch's,
   :class:`LaunchError`, not the candidate's), then each rank builds its part of the model (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
   explicit collectives in its tp group (`autotune.train.tp_layers`), pipeline stages driven by a
@@ -34,7 +40,8 @@ final loss scale; each rank counts its part and one all-reduce sums the counts.
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
-memory (read before the probe), a sha256 of its final weights (the ranks of a dp group must
+memory (read before the probe; on GPU/Ascend also ``device_reserved_mb``, ``device_allocated_mb``
+and ``device_smi_mb``, `autotune.train.device.device_peak_mb`), a sha256 of its final weights (the ranks of a dp group must
 agree) and ``probe_s``, the probe's wall time.
 """
 
@@ -50,6 +57,8 @@ from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
+from autotune.train.device import (device_peak_mb, device_total_bytes, launch_step, memory_cap,
+                                   reported_memory_warning, reset_device_peak)
 
 
 class LaunchError(RuntimeError):
@@ -129,27 +138,44 @@ def numpy2_workaround(ms) -> None:
 
 
 def _setup(cfg, ms):
-    """Context, communication, process groups and parallel context; returns this rank's Placement."""
-    from autotune.train.parallel import Placement, create_groups
+    """Context, memory cap, communication, process groups and parallel context, in the order
+    `launch_order` states; returns this rank's Placement."""
+    from autotune.train import parallel
 
-    knobs = cfg["knobs"]
-    ms.set_device(BACKENDS[cfg.get("backend", "cpu")].device_target)
-    ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
-    numpy2_workaround(ms)
+    knobs, backend = cfg["knobs"], BACKENDS[cfg.get("backend", "cpu")]
     dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
+    # no device id: msrun hands each worker its own (MindSpore's set_device doc)
+    launch_step(f"set_device({backend.device_target})")
+    ms.set_device(backend.device_target)
+    ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
+    cap = memory_cap(cfg, backend.device_target)
+    if cap:
+        launch_step(f"runtime.set_memory(max_size={cap})")
+        ms.runtime.set_memory(max_size=cap)
+    early = dp * tp * pp == 1 or backend.first_op_before_init
+    if early:
+        launch_step("first op")
+        numpy2_workaround(ms)
     if dp * tp * pp == 1:
-        return Placement.of(0, 1, 1, 1)
-    from mindspore import communication
+        return parallel.Placement.of(0, 1, 1, 1)
     try:
-        communication.init()
-        size, rank = communication.get_group_size(), communication.get_rank()
+        launch_step("communication.init()")
+        ms.communication.init()
+        size, rank = ms.communication.get_group_size(), ms.communication.get_rank()
     except Exception as exc:  # noqa: BLE001  (whatever the cluster says, it is the launch's)
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         raise LaunchError(f"communication init failed: {type(exc).__name__}: {first}") from exc
+    if not early:
+        launch_step("first op")
+        numpy2_workaround(ms)
+    if backend.device_memory:
+        warning = reported_memory_warning(cfg, device_total_bytes(ms))
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     if size != dp * tp * pp:
         raise ConfigError(f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started {size} processes")
-    placement = Placement.of(rank, dp, tp, pp)
-    create_groups(placement)
+    placement = parallel.Placement.of(rank, dp, tp, pp)
+    parallel.create_groups(placement)
     if dp > 1:
         # The DP gradient reducer buckets its all-reduces by this threshold, over any group.
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
@@ -245,9 +271,13 @@ def run(cfg: dict, started: float) -> dict:
     if first_step >= trial["steps"]:
         raise ConfigError(f"trial.steps: the checkpoint is at step {first_step}, nothing left of "
                           f"{trial['steps']} steps")
-    # the peak counts what training adds to the built model, not the full tensors drawn to slice it
-    device_memory = BACKENDS[cfg.get("backend", "cpu")].device_memory
-    metrics_mod.reset_peak(ms, device_memory)
+    # the peak counts what training adds to the built model, not the full tensors drawn to slice
+    # it (on a device the pool keeps what it reserved: its reserved peak includes the model)
+    backend = BACKENDS[cfg.get("backend", "cpu")]
+    if backend.device_memory:
+        reset_device_peak(ms)
+    else:
+        metrics_mod.reset_peak_memory()
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     log = metrics_mod.StepLog(os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
@@ -274,7 +304,9 @@ def run(cfg: dict, started: float) -> dict:
             checkpoint.save(folder, rank, done, tensors)
     log.close()
 
-    own_peak = metrics_mod.peak_mb(ms, device_memory)  # training's peak: before the probe builds anything
+    # training's peak: before the probe builds anything
+    held = device_peak_mb(ms, backend.device_target, os.getpid()) if backend.device_memory else {}
+    own_peak = held["peak"] if held else metrics_mod.peak_memory_mb()
     world = placement.world
     peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
@@ -286,6 +318,7 @@ def run(cfg: dict, started: float) -> dict:
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
         "peak_memory_mb": own_peak, "weights_sha256": digest(engine.network),
+        **{f"device_{k}_mb": v for k, v in held.items() if k != "peak"},
         "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"], "probe_s": probe_s})
     if rank == 0:
         metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), result)
