@@ -245,8 +245,8 @@ def test_published_mindformers_runs_are_estimated_from_their_own_configs():
     assert len(rows) >= 3
     layouts = {r["config"]: (r["candidate"].dp, r["candidate"].tp, r["candidate"].pp) for r in rows}
     assert layouts["finetune_llama2_70b_bf16_32p.yaml"] == (1, 4, 8)
-    for r in rows:  # tokens/s/device within ±20% of the published figure
-        assert abs(r["error"]) < 0.20, r
+    for r in rows:  # tokens/s/device within ±25% of the published figure (docs/costmodel.md)
+        assert abs(r["error"]) < 0.25, r
 
 
 def test_estimate_takes_the_baseline_and_set_wins_over_it(tmp_path, capsys):
