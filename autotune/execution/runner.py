@@ -7,8 +7,8 @@ of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program
 `autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as
 one :func:`run_trial` per node (`autotune.execution.dispatch` places them), each launching that
 node's msrun; the node of rank 0 returns the metrics. Its own ``oom`` is a worker over the
-budget; the study remembers a candidate's own failure and retries the infrastructure's
-(`autotune.study.retry`).
+budget (the other evidence of an ``oom``: `autotune.execution.classify`); the study remembers a
+candidate's own failure and retries the infrastructure's (`autotune.study.retry`).
 
 It owns the trial's whole process tree (`autotune.execution.processes`): msrun starts each
 worker in a session of its own, out of reach of a process-group kill, so every descendant of the
@@ -140,7 +140,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
-    return classify(proc.returncode, trial_dir, log_dir, run_s, backend)
+    return classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
 
 
 def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,
