@@ -59,7 +59,9 @@ class Proposer:
         self.running: dict = {}
 
     def remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
-        """``candidate`` ended so: a later proposal of it is answered with this."""
+        """``candidate`` ended so: a later proposal of it (the same run: `Candidate.canonical`)
+        is answered with this."""
+        candidate = candidate.canonical()
         self.seen[candidate] = (number, outcome, metrics or {}, detail)
         if self.prior is not None:
             self.prior.mark(candidate)
