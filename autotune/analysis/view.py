@@ -67,7 +67,8 @@ class StudyView:
 
         attrs = self.study.user_attrs
         try:
-            return parse_spec(attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")))
+            return parse_spec(attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")),
+                              stored=True)
         except (KeyError, ValueError, OSError):  # SpecError too: an older or moved study
             return None
 

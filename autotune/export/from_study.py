@@ -49,7 +49,8 @@ def export_study(name: str, storage: str | None, out: Path, number: int | None =
     returns (the trial, the files written)."""
     study = load_study(name, storage)
     trial = select_trial(study, number)
-    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]))
+    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]),
+                      stored=True)  # the stored copy: nothing read at the original path
     record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
               "estimate": trial.user_attrs.get("estimate")}
     files = write_export(spec, Candidate(**knobs_of(trial)), record, out, reshard_from=reshard_from,
