@@ -158,7 +158,9 @@ def test_data_parallel_under_msrun(tmp_path):
     ranks = [json.loads((out / f"metrics.rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["overflow_steps"] > 0 and metrics["steps"] == 8
+    # 8 applied updates: the overflowed steps come on top (issue 18, item 11)
+    assert metrics["overflow_steps"] > 0 and metrics["applied_steps"] == 8
+    assert metrics["steps"] == 8 + metrics["overflow_steps"]
     assert metrics["peak_memory_mb"] == max(r["peak_memory_mb"] for r in ranks)
     # the same micro-batches (fp16 overflow depends on their size) in one process: same trajectory
     single, _ = train(tmp_path, "dp1", knobs={"loss_scale": 2 ** 20, "grad_accum": 4}, steps=8)
