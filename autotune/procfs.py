@@ -8,6 +8,10 @@ Contract (pure Python; where ``/proc`` is missing every reader answers "no such 
 - :func:`snapshot` is every process visible now; :func:`start_ticks` the start time of a
   process that still runs (None for a zombie or no process); :func:`cmdline` its arguments.
 - :func:`started_at` is when the calling process started, in wall-clock (epoch) seconds.
+- :func:`kernel_oom_kills` is what the kernel's log (``/dev/kmsg``) says its out-of-memory
+  killer killed: pid → (seconds since boot, the line); None when the log cannot be read here
+  (``kernel.dmesg_restrict``, a container without it). :func:`start_seconds` puts a process's
+  start time on the same clock, so a kill is matched to a process by pid *and* time.
 
 Driver identity (`autotune.storage.drivers`), the process trees a trial owns
 (`autotune.execution.processes`), the trial program's own clock (`autotune.train`) and the
@@ -17,10 +21,15 @@ tests read processes only through here.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+KMSG = "/dev/kmsg"
+# "Out of memory: Killed process 4242 (python) …", "Memory cgroup out of memory: Killed process
+# 4242 …", "oom-kill:constraint=…,task=python,pid=4242,uid=0" (Linux mm/oom_kill.c)
+OOM_KILL = re.compile(r"(?:Killed process |oom-kill:.*\bpid=)(\d+)")
 
 
 @dataclass(frozen=True)
@@ -86,3 +95,46 @@ def started_at() -> float:
     if info is None:
         return time.time()
     return time.time() - (uptime - info.start / os.sysconf("SC_CLK_TCK"))
+
+
+def start_seconds(start: int) -> float:
+    """A process start time (clock ticks since boot, `Stat.start`) in seconds since boot."""
+    return start / os.sysconf("SC_CLK_TCK")
+
+
+def oom_kills(records) -> dict[int, tuple[float, str]]:
+    """The out-of-memory kills among ``/dev/kmsg`` records (``PRI,SEQ,USEC,FLAGS;text``):
+    pid → (seconds since boot, text), the latest kill of each pid."""
+    kills = {}
+    for record in records:
+        head, _, text = record.partition(";")
+        fields = head.split(",")
+        match = OOM_KILL.search(text)
+        if match and len(fields) >= 3 and fields[2].isdigit():
+            kills[int(match.group(1))] = (int(fields[2]) / 1e6, text.strip())
+    return kills
+
+
+def kernel_oom_kills(path: str = KMSG) -> dict[int, tuple[float, str]] | None:
+    """The kernel log's out-of-memory kills (:func:`oom_kills`), or None when it is unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    records = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 8192)  # one record per read
+            except BlockingIOError:
+                break  # read to the end
+            except BrokenPipeError:
+                continue  # records overwritten while reading: carry on from the oldest kept
+            except OSError:
+                return None
+            if not data:
+                break
+            records.append(data.decode(errors="replace"))
+    finally:
+        os.close(fd)
+    return oom_kills(records)

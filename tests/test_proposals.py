@@ -51,7 +51,12 @@ def test_numeric_knobs_reach_the_sampler_as_ordered_distributions(tmp_path):
     relative = optuna.samplers.TPESampler(multivariate=True).infer_relative_search_space(
         study, study.trials[-1])
     assert relative["log2_tp"] == IntDistribution(0, 2)
-    assert relative["log2_fusion_mb"] == IntDistribution(4, 8, step=4)
+    # fusion_mb acts only with dp > 1 (a dp = 1 trial does not sample it): jointly over those
+    from optuna.search_space import intersection_search_space
+
+    with_dp = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+               and schema.knobs_of(t)["dp"] > 1]
+    assert intersection_search_space(with_dp)["log2_fusion_mb"] == IntDistribution(4, 8, step=4)
     # every knob stays readable under its own name, as the candidate that ran
     frame = autotune.trials_frame("sim", storage)
     for knob in KNOB_NAMES:

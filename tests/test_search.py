@@ -195,8 +195,9 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     knobs = frame[list(KNOB_NAMES)].astype(str).agg("|".join, axis=1)
     assert knobs.is_unique
     # tp 3 × pp 2 × recompute 2 × fusion 2 × (grad_accum 2 when pp = 1, micro_batches 2 when
-    # pp = 2) × parallel_optimizer 2 where dp > 1: all but tp4·pp2 (dp = 1: 8 candidates)
-    assert len(frame) == (3 * 2 * 2 * 2 * 2 - 8) * 2 + 8
+    # pp = 2) × parallel_optimizer 2 where dp > 1: all but tp4·pp2, whose dp = 1 leaves fusion
+    # and the parallel optimizer nothing to act on (recompute 2 × micro_batches 2: 4 candidates)
+    assert len(frame) == (3 * 2 * 2 * 2 * 2 - 8) * 2 + 4
 
     # TPE study; a driver that dies leaves a RUNNING trial; --resume reruns it and reaches N
     assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3",

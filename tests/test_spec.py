@@ -146,7 +146,25 @@ def test_ranges_expand(tmp_path):
     space = build_space(load_spec(write(tmp_path, GOOD.replace("vocab_size: 64}", "vocab_size: 64, dtype: float16}"))))
     assert space.domains["fusion_mb"] == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     assert space.domains["loss_scale"][0] == 2**8 and space.domains["loss_scale"][-1] == 2**24
-    assert space.domains["warmup_steps"][:3] == (0, 100, 200)
+    # 0…2000 by 100, of which a 30-step trial of 10000 steps tells 7 apart (the next test)
+    assert space.domains["warmup_steps"][:3] == (0, 300, 700)
+
+
+def test_warmups_a_trial_cannot_tell_apart_are_one(tmp_path):
+    """Issue 18, item 11: the default space's 21 warmups compress onto 7 trial schedules."""
+    from autotune.spec.knobs import trial_warmup
+
+    space = build_space(load_spec(write(tmp_path, GOOD)))
+    kept = space.domains["warmup_steps"]
+    assert kept == (0, 300, 700, 1000, 1300, 1700, 2000)
+    assert len({trial_warmup(w, 10000, 30) for w in kept}) == len(kept)
+    assert ("warmup_steps: 100 → 0; 200, 400 → 300; 500, 600, 800 → 700; 900, 1100 → 1000; "
+            "1200, 1400, 1500 → 1300; 1600, 1800 → 1700; 1900 → 2000: a 30-step trial of the "
+            "10000-step schedule compresses them to the same warmup, so they would run alike"
+            ) in space.notes
+    # a longer trial tells more apart; the replay and simulate backends keep the file's values
+    longer = build_space(load_spec(write(tmp_path, GOOD + "trial: {steps: 200}\n")))
+    assert len(longer.domains["warmup_steps"]) == 21
 
 
 def test_loss_scale_is_fixed_when_nothing_is_scaled(tmp_path):

@@ -77,7 +77,9 @@ def test_huge_initial_loss_scale_overflows_and_backs_off(tmp_path):
     metrics, steps = train(tmp_path, "o", knobs={"loss_scale": 2 ** 24}, steps=10)
     assert metrics["overflow_steps"] > 0
     assert metrics["overflow_steps"] == sum(s["overflow"] for s in steps)
-    assert metrics["applied_steps"] == 10 - metrics["overflow_steps"]
+    # final_loss at equal updates: the trial runs until 10 were applied (issue 18, item 11)
+    assert metrics["applied_steps"] == 10
+    assert metrics["steps"] == len(steps) == 10 + metrics["overflow_steps"]
     assert metrics["final_loss_scale"] == 2.0 ** 24 / 2 ** metrics["overflow_steps"]
     assert steps[0]["overflow"] and steps[0]["loss_scale"] == 2.0 ** 24
     # the leading overflows are the initial back-off, charged once over train.total_steps
@@ -87,6 +89,15 @@ def test_huge_initial_loss_scale_overflows_and_backs_off(tmp_path):
     assert metrics["overflow_rate"] == pytest.approx(sum(settled) / len(settled))
     assert metrics["goodput"] == pytest.approx(metrics["throughput"] * (1 - metrics["overflow_rate"])
                                                * (1 - k / 10000) * (1 - metrics["underflow_share"]))
+
+
+def test_a_scale_that_keeps_overflowing_stops_at_the_update_cap(tmp_path):
+    from autotune.train.program import UPDATE_CAP
+
+    # float16's largest finite value is 65504: every step at 2^40 overflows for 20+ halvings
+    metrics, steps = train(tmp_path, "c", knobs={"loss_scale": 2 ** 40}, steps=8)
+    assert metrics["steps"] == len(steps) == UPDATE_CAP * 8
+    assert metrics["applied_steps"] < 8
 
 
 def test_mlp_fp32_learns(tmp_path):
@@ -147,7 +158,9 @@ def test_data_parallel_under_msrun(tmp_path):
     ranks = [json.loads((out / f"metrics.rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["overflow_steps"] > 0 and metrics["steps"] == 8
+    # 8 applied updates: the overflowed steps come on top (issue 18, item 11)
+    assert metrics["overflow_steps"] > 0 and metrics["applied_steps"] == 8
+    assert metrics["steps"] == 8 + metrics["overflow_steps"]
     assert metrics["peak_memory_mb"] == max(r["peak_memory_mb"] for r in ranks)
     # the same micro-batches (fp16 overflow depends on their size) in one process: same trajectory
     single, _ = train(tmp_path, "dp1", knobs={"loss_scale": 2 ** 20, "grad_accum": 4}, steps=8)

@@ -9,7 +9,8 @@ one column per study: trial counts by outcome, the best trial (`autotune.analysi
 first objective, the confirmed mean where the confirm phase ran, ``trials_to_3pct`` (of the
 trials the search ran, `autotune.storage.counting.is_search_trial`, in order: how many until
 the first ``ok`` one within 3% of the best), ``device_hours`` (every trial's run time × its
-devices) and the best trial's knobs and metrics.
+devices) and the best trial's knobs and metrics — or, for a study without an ``ok`` trial,
+``no_best`` saying why it has none of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import optuna
 import pandas as pd
 
 from autotune.analysis import ranking
+from autotune.analysis.text import no_ok_trial
 from autotune.costmodel import diagnosis
 from autotune.jobs import METRICS, OUTCOMES
 from autotune.spec.knobs import KNOB_NAMES
@@ -97,6 +99,8 @@ def summary(studies, storage: str | None = None) -> pd.DataFrame:
             row.update({k: best[k] for k in KNOB_NAMES})
             # not the metric ``diverged``: the row of that name counts diverged trials
             row.update({m: best[m] for m in METRICS if m != "diverged"})
+        else:  # what the study cannot have, and why
+            row["no_best"] = no_ok_trial(frame["outcome"])
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("study")
     best_trial = [*KNOB_NAMES, *(m for m in METRICS if m != "diverged")]

@@ -70,10 +70,12 @@ def _standing(v: StudyView, console: Console) -> None:
     confirmed = {c.number: c for c in v.confirmed}
     for what, t in (("best", v.best), ("baseline", v.baseline)):
         if t is None:
-            console.print(f"{what}: none")
+            console.print(f"{what}: none" + (f": {v.why_no_ok}" if v.why_no_ok else ""))
             continue
         c = confirmed.get(t.number)
-        line = f"{what}: #{t.number} {objective} {fmt(v.value(t))}"
+        value = v.value(t)
+        line = (f"{what}: #{t.number} {objective} {fmt(value)}" if value is not None else
+                f"{what}: #{t.number} {outcome_of(t)}, no {objective}")
         if c is not None:
             line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
                      f"(original {fmt(c.original)} not included)")

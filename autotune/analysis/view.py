@@ -4,7 +4,7 @@ Contract: :func:`view` loads a study once into a :class:`StudyView`:
 
 - ``ran``: the trials the search ran (`autotune.storage.counting.is_search_trial`), in trial
   order; ``ok``: those whose outcome is ``ok`` (the points of every per-trial figure of the
-  report);
+  report); ``why_no_ok``: the reason every view gives for what a study without one lacks;
 - ``best``: the confirmed best (`autotune.analysis.ranking.best_confirmed`) when the confirm phase ran,
   else the best ``ok`` trial (several objectives: the Pareto point best on the first);
   ``baseline``: the baseline trial; ``confirmed``: every confirmed trial's mean and spread;
@@ -24,6 +24,7 @@ import optuna
 
 from autotune import costmodel
 from autotune.analysis import ranking
+from autotune.analysis.text import no_ok_trial
 from autotune.costmodel import diagnosis
 from autotune.spec.candidate import Candidate
 from autotune.spec.knobs import KNOB_NAMES
@@ -49,6 +50,12 @@ class StudyView:
         return self.study.study_name
 
     @property
+    def why_no_ok(self) -> str | None:
+        """Why the study has no best and no per-trial figure (`autotune.analysis.text.no_ok_trial`),
+        or None when a trial finished ``ok``."""
+        return None if self.ok else no_ok_trial(outcome_of(t) for t in self.trials)
+
+    @property
     def maximize(self) -> bool:
         """Whether the first objective is maximised."""
         return maximizes(self.study)
@@ -60,7 +67,8 @@ class StudyView:
 
         attrs = self.study.user_attrs
         try:
-            return parse_spec(attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")))
+            return parse_spec(attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")),
+                              stored=True)
         except (KeyError, ValueError, OSError):  # SpecError too: an older or moved study
             return None
 

@@ -153,7 +153,7 @@ def _budget_gb(model_yaml: str, model_yaml_path: str) -> float | None:
     from autotune.spec.model_yaml import parse_spec
 
     try:
-        spec = parse_spec(json.loads(model_yaml), Path(model_yaml_path))
+        spec = parse_spec(json.loads(model_yaml), Path(model_yaml_path), stored=True)
     except (ValueError, OSError):  # SpecError too: a study written by an older autotune
         return None
     return resolve_profile(spec.cluster).memory_gb

@@ -1,12 +1,18 @@
 """How a trial ended, read from what it left: its exit code, its ``metrics.json``, its logs.
 
 Contract: :func:`classify` turns a finished trial program (exit code, trial folder, log folder)
-into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics, ``oom`` (the process was
-killed by the kernel — SIGKILL / exit 137 — or a line of any log says so in the backend's words,
-`autotune.spec.backends`, once the candidate ran), or ``error``. An out-of-memory line from a
-launch that never got to the candidate (a device held by another process while joining the
-cluster) is the infrastructure's ``error``, the line kept in the detail: it says nothing about
-the candidate. An ``error`` says whose failure it is
+into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics, ``oom``, or ``error``.
+
+An ``oom`` needs evidence, and there are three kinds: a line of any log saying so in the
+backend's words (`autotune.spec.backends`); the runner's memory budget crossed (decided while
+it runs, `autotune.execution.runner`); the kernel's out-of-memory report naming one of the
+trial's own processes, by pid and time (``/dev/kmsg``, where it is readable:
+`autotune.procfs.kernel_oom_kills`). A SIGKILL / exit 137 without any of them — an operator's
+``kill``, the OOM killer hitting a neighbour, a node going away — is an infrastructure
+``error``, never remembered as the candidate's. Out-of-memory evidence from a launch that never
+got to the candidate (a device held by another process while joining the cluster) is the
+infrastructure's ``error``, the evidence kept in the detail: it says nothing about the
+candidate. An ``error`` says whose failure it is
 (``Result.infrastructure``): the candidate's own once the trial program got to run the
 candidate — a rank printed `autotune.train.CANDIDATE_STARTED` (the launch was done), or the
 program gave a verdict other than `autotune.train.LAUNCH_FAILED` (a config error, a bad model
@@ -23,6 +29,7 @@ import signal
 from pathlib import Path
 
 from autotune.jobs import Result
+from autotune.procfs import kernel_oom_kills, start_seconds
 from autotune.spec.backends import Backend
 from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, VERDICT
 
@@ -54,8 +61,12 @@ def log_tail(log_dir: Path, lines: int = 20) -> str:
 
 
 def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
-             backend: Backend) -> Result:
-    """How the trial program that exited with ``returncode`` ended (see the module doc)."""
+             backend: Backend, processes: dict[int, int] | None = None,
+             kernel_kills: dict | None = None) -> Result:
+    """How the trial program that exited with ``returncode`` ended (see the module doc).
+    ``processes``: the trial's processes, pid → start (clock ticks since boot);
+    ``kernel_kills``: the kernel's OOM kills (`autotune.procfs.kernel_oom_kills`), read from
+    the kernel's log when None and a kill needs explaining."""
     metrics_file = trial_dir / "metrics.json"
     if returncode == 0 and metrics_file.exists():
         metrics = json.loads(metrics_file.read_text())
@@ -65,10 +76,20 @@ def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
     # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue.
     verdicts = [line for line in tail.splitlines() if line.startswith(VERDICT)]
     reason = verdicts[-1] if verdicts else (tail.splitlines() or [""])[-1]
-    evidence = oom_evidence(log_dir, backend)
     infrastructure = not _candidate_ran(log_dir)
-    if returncode in (-signal.SIGKILL, 137) or (evidence and not infrastructure):
-        return Result("oom", detail=f"{evidence or reason}\n{tail}", run_s=run_s)
+    killed = returncode in (-signal.SIGKILL, 137)
+    if killed and kernel_kills is None:
+        kernel_kills = kernel_oom_kills()
+    evidence = oom_evidence(log_dir, backend) or (
+        kernel_oom_report(processes or {}, kernel_kills) if killed else None)
+    if evidence and not infrastructure:
+        return Result("oom", detail=f"{evidence}\n{tail}", run_s=run_s)
+    if killed and not evidence:
+        unread = "" if kernel_kills is not None else " (the kernel's log is not readable here)"
+        why = (f"infrastructure: killed by SIGKILL (exit code {returncode}) with no sign of "
+               f"running out of memory: no memory line in its logs, the budget not crossed, no "
+               f"kernel OOM report for its processes{unread}")
+        return Result("error", detail=f"{why}\n{tail}", run_s=run_s, infrastructure=True)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
     if infrastructure:
         why = f"infrastructure: {why}, before the candidate ran"
@@ -85,6 +106,16 @@ def oom_evidence(log_dir: Path, backend: Backend) -> str | None:
         for line in lines:
             if backend.oom_in(line):
                 return f"[{log.name}] {line.strip()}"
+    return None
+
+
+def kernel_oom_report(processes: dict[int, int], kills: dict | None) -> str | None:
+    """The kernel's report of killing one of ``processes`` (pid → start ticks) for memory: a
+    kill of that pid after that process started, as ``[kernel] line``; None when none."""
+    for pid, start in processes.items():
+        when, line = (kills or {}).get(pid, (None, ""))
+        if when is not None and when >= start_seconds(start):
+            return f"[kernel] {line}"
     return None
 
 

@@ -23,6 +23,10 @@ raylet died), or a trial can no longer be placed on the nodes alive, no trial ca
 more: :meth:`Dispatcher.submit` or :meth:`Dispatcher.wait` raise :class:`ClusterLost`
 (:class:`Unplaceable`) instead, and :meth:`Dispatcher.cancel_all` then names every trial that
 was running, so the study's loop records them as interrupted and a resume reruns them.
+:meth:`Dispatcher.cancel` does not wait: the trial's tasks are told to stop (each stops its
+process tree within ``STOP_GRACE_S`` + a few seconds) and its placement group is removed once
+they have, checked on each later call; :meth:`Dispatcher.cancel_all` (the driver ending) waits
+up to ``CANCEL_WAIT_S`` for them all.
 
 An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close. If the
 driver dies instead (SIGKILL included), nothing of the study outlives it by more than a few
@@ -109,6 +113,7 @@ class Dispatcher:
         self.backend, self.devices_per_node = backend, devices_per_node
         self.pool_devices, self.address = pool_devices, address
         self._trials: dict[int, _Trial] = {}
+        self._stopping: list[tuple[list, object]] = []  # cancelled: (tasks still running, group)
         self._temp_dir: str | None = None
         self._guard: Guard | None = None
 
@@ -235,6 +240,7 @@ class Dispatcher:
         """Block until at least one trial finishes (or ``timeout_s``); return those finished,
         as (number, result) with the result's ``queued_s`` (submit → its task started) and
         ``wall_s`` (submit → its result back here)."""
+        self._reap()
         if not self._trials:
             return []
         owner = {ref: trial for trial in self._trials.values()
@@ -284,16 +290,29 @@ class Dispatcher:
         result.wall_s = now - trial.submitted
         return trial.number, result
 
-    def _end(self, trial: _Trial) -> None:
-        """Forget ``trial``, stopping whatever of it still runs, and free its placement."""
+    def _end(self, trial: _Trial, block: bool = True) -> None:
+        """Forget ``trial``, stopping whatever of it still runs, and free its placement — at
+        once, or (not ``block``) once its tasks have stopped (:meth:`_reap`)."""
         del self._trials[trial.number]
         running = [ref for i, ref in enumerate(trial.refs) if i not in trial.results]
         for ref in running:
             self._ray.cancel(ref, force=False)
-        if running:
-            self._ray.wait(running, num_returns=len(running), timeout=CANCEL_WAIT_S)
-        if trial.group is not None:
-            self._ray.util.remove_placement_group(trial.group)
+        self._stopping.append((running, trial.group))
+        self._reap(block)
+
+    def _reap(self, block: bool = False) -> None:
+        """Free the placement of each cancelled trial whose tasks have stopped (``block``: wait
+        up to ``CANCEL_WAIT_S`` for them)."""
+        still = []
+        for running, group in self._stopping:
+            if running:
+                _, running = self._ray.wait(running, num_returns=len(running),
+                                               timeout=CANCEL_WAIT_S if block else 0)
+            if running and not block:
+                still.append((running, group))
+            elif group is not None:
+                self._ray.util.remove_placement_group(group)
+        self._stopping = still
 
     def _check_pending(self) -> None:
         """A trial still waiting for its placement that the nodes alive cannot hold any more
@@ -310,8 +329,9 @@ class Dispatcher:
                 raise Unplaceable(f"no set of nodes can place trial {trial.number}: {reason}")
 
     def cancel(self, number: int) -> None:
-        """Stop one running trial (its processes are stopped); it is not reported by wait."""
-        self._end(self._trials[number])
+        """Stop one running trial without waiting for it (its processes are stopped); it is
+        not reported by wait."""
+        self._end(self._trials[number], block=False)
 
     def cancel_all(self) -> list[int]:
         """Cancel every running trial (their processes are stopped); return their numbers,
@@ -320,6 +340,7 @@ class Dispatcher:
         try:
             for trial in list(self._trials.values()):
                 self._end(trial)
+            self._reap(block=True)
         except Exception:  # noqa: BLE001  (a cluster that is gone cancels nothing: the
             pass           # trials' processes died with their raylet's workers)
         self._trials.clear()

@@ -30,6 +30,7 @@ import heapq
 import itertools
 from pathlib import Path
 
+from autotune.execution.runner import fresh_trial_dir
 from autotune.jobs import Job, Result
 from autotune.spec.backends import backend_of
 
@@ -196,6 +197,7 @@ class DispatchedExecutor:
         from autotune.train.config import trial_config
 
         trial_dir = self.steps_dir(job.number)
+        fresh_trial_dir(trial_dir)  # before the loop watches its steps.jsonl
         config = trial_config(self.spec, job.candidate, study=self.spec.study, number=job.number,
                               out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
                               measure_after=self.spec.trial.measure_after,

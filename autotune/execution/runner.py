@@ -7,16 +7,18 @@ of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program
 `autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as
 one :func:`run_trial` per node (`autotune.execution.dispatch` places them), each launching that
 node's msrun; the node of rank 0 returns the metrics. Its own ``oom`` is a worker over the
-budget; the study remembers a candidate's own failure and retries the infrastructure's
-(`autotune.study.retry`).
+budget (the other evidence of an ``oom``: `autotune.execution.classify`); the study remembers a
+candidate's own failure and retries the infrastructure's (`autotune.study.retry`).
 
 It owns the trial's whole process tree (`autotune.execution.processes`): msrun starts each
 worker in a session of its own, out of reach of a process-group kill, so every descendant of the
 launched process is tracked while it runs. The budget is the largest RSS of any of them (msrun
 itself aside: it is no device), and however the trial ends — done, timeout, over budget,
-cancelled (a prune, Ctrl-C) — none of them outlives :func:`run_trial`. Should the runner itself
-be killed, the launched process dies with it (``PR_SET_PDEATHSIG``) and msrun's workers die with
-msrun.
+cancelled (a prune, Ctrl-C) — none of them outlives :func:`run_trial`. Should the runner
+itself be killed, the launched process dies with it (``PR_SET_PDEATHSIG``) and msrun's workers
+die with msrun. A trial starts from a clean folder (:func:`fresh_trial_dir`): nothing an
+earlier study of the same name left there — a log with an out-of-memory line, a "running the
+candidate" marker, a ``steps.jsonl`` — is read as this trial's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -61,6 +64,23 @@ class NodeRun:
     launch: NodeLaunch
     master_addr: str
     master_port: int
+
+
+def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None,
+                    outputs: bool = True) -> None:
+    """Clear what an earlier trial of the same folder left. Without ``log_dir`` the whole folder
+    (the driver, before it dispatches the trial: nothing of it runs yet); with it, that node's
+    log folder and — ``outputs``, on rank 0's node — the files the program writes
+    (``steps.jsonl``, ``metrics.json``): a node never touches another node's logs, and nodes
+    that share the folder write the same ``config.json``."""
+    if log_dir is None:
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        return
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("steps.jsonl", "metrics.json") if outputs else ():
+        (trial_dir / name).unlink(missing_ok=True)
 
 
 def command(config_path: Path, workers: int, log_dir: Path, port: int,
@@ -130,7 +150,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     temporary.write_text(json.dumps(config, indent=2))
     temporary.replace(config_path)
     log_dir = trial_dir / "logs" / (f"node{node.launch.index}" if node else "")
-    log_dir.mkdir(parents=True, exist_ok=True)
+    fresh_trial_dir(trial_dir, log_dir, outputs=node is None or node.launch.index == 0)
     # Pinning starts from core 0 on every msrun: nodes of one trial may share a host (as Ray
     # nodes on one machine do), so only a single-node trial pins.
     argv = command(config_path, workers, log_dir, free_port(),
@@ -163,7 +183,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
-    return classify(proc.returncode, trial_dir, log_dir, run_s, backend)
+    return classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
 
 
 def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.costmodel import device_memory_cap
+from autotune.costmodel import device_memory_cap, resolve_profile
 from autotune.files import json_safe
 from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
 from autotune.spec.backends import Backend, backend_of
@@ -41,11 +41,10 @@ RUN_DIR = "run"
 
 def run_backend(spec: Spec) -> Backend:
     """The backend the exported run executes on: a simulated or replayed study targets its
-    device profile."""
+    device profile's kind (``cpu``, ``gpu``, ``ascend``: `autotune.costmodel.resolve_profile`)."""
     if backend_of(spec.cluster.backend).runs_program:
         return backend_of(spec.cluster.backend)
-    device = spec.cluster.device
-    return backend_of("ascend" if isinstance(device, str) and "ascend" in device.lower() else "gpu")
+    return backend_of(resolve_profile(spec.cluster).kind)
 
 
 def micro_batch_size(spec: Spec, c: Candidate) -> int:

@@ -51,7 +51,8 @@ def export_study(name: str, storage: str | None, out: Path, number: int | None =
     returns (the trial, the files written)."""
     study = load_study(name, storage)
     trial = select_trial(study, number)
-    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]))
+    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]),
+                      stored=True)  # the stored copy: nothing read at the original path
     if mindformers_base is None and spec.mindformers_base is not None:
         mindformers_base = spec.mindformers_base
         if not Path(mindformers_base).is_file():

@@ -61,15 +61,20 @@ class Proposer:
         self.running: dict = {}
 
     def remember(self, candidate, number: int, outcome: str, metrics=None, detail="") -> None:
-        """``candidate`` ended so: a later proposal of it is answered with this."""
+        """``candidate`` ended so: a later proposal of it (the same run: `Candidate.canonical`)
+        is answered with this."""
+        candidate = candidate.canonical()
         self.seen[candidate] = (number, outcome, metrics or {}, detail)
         if self.prior is not None:
             self.prior.mark(candidate)
 
     def start_grid(self) -> int:
-        """Queue every candidate of the space not tried yet; returns how many."""
-        self.grid = deque((c, self.space.params_of(c)) for c in self.space.candidates()
-                          if c not in self.seen)
+        """Queue every candidate of the space not tried yet, the baseline first (so the study
+        has the ratio every gain is printed against); returns how many."""
+        baseline = self.space.baseline()
+        todo = sorted((c for c in self.space.candidates() if c not in self.seen),
+                      key=lambda c: c != baseline)  # stable: the space's order otherwise
+        self.grid = deque((c, self.space.params_of(c)) for c in todo)
         return len(self.grid)
 
     def verdict(self, candidate) -> tuple:
@@ -108,7 +113,9 @@ class Proposer:
         """Ask one candidate; settle it at once when it needs no run (see the module doc)."""
         started = time.perf_counter()
         if self.grid:
-            self.study.enqueue_trial(self.grid.popleft()[1])
+            candidate, params = self.grid.popleft()
+            baseline = candidate == self.space.baseline()
+            self.study.enqueue_trial(params, user_attrs={"baseline": True} if baseline else None)
         elif self.prior is not None and not self.study.get_trials(deepcopy=False,
                                                                   states=(TrialState.WAITING,)):
             self._from_prior()  # what is queued (the baseline, a retry, a re-run) runs first

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+from autotune.spec.knobs import KNOBS, is_active
 
 
 @dataclass(frozen=True)
@@ -27,3 +29,10 @@ class Candidate:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def canonical(self) -> Candidate:
+        """The same run with every knob that cannot act on it at its default
+        (`autotune.spec.knobs.is_active`): a candidate stored before a knob was known not to
+        act (fusion_mb with dp = 1) is the one the space proposes now."""
+        return replace(self, **{name: KNOBS[name].default for name in KNOBS
+                                if not is_active(name, self.dp, self.pp)})

@@ -101,14 +101,24 @@ KNOBS: dict[str, Knob] = {
 KNOB_NAMES = tuple(KNOBS)
 
 
+def trial_warmup(warmup_steps: int, total_steps: int, trial_steps: int) -> int:
+    """The warmup of a ``train.total_steps`` run's schedule compressed onto a ``trial_steps``
+    trial, in trial steps (`autotune.train.schedule`): warmups that give the same number here
+    train alike in a trial."""
+    warmup = round(warmup_steps * trial_steps / total_steps) if total_steps > 0 else 0
+    return min(warmup, trial_steps)
+
+
 def is_active(name: str, dp: int, pp: int) -> bool:
     """Whether knob ``name`` acts on a candidate of data-parallel size ``dp`` and ``pp`` stages:
-    micro_batches only with pipeline stages, grad_accum only without, parallel_optimizer only
-    with a data-parallel group to shard over. A knob that does not act takes its default."""
+    micro_batches only with pipeline stages, grad_accum only without, fusion_mb and
+    parallel_optimizer only with a data-parallel group (gradients to all-reduce, states to
+    shard). A knob that does not act takes its default, so candidates that differ only in
+    knobs that cannot act on them are one candidate, for every sampler."""
     if name == "micro_batches":
         return pp > 1
     if name == "grad_accum":
         return pp == 1
-    if name == "parallel_optimizer":
+    if name in ("fusion_mb", "parallel_optimizer"):
         return dp > 1
     return True

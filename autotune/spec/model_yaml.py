@@ -173,14 +173,17 @@ def load_spec(path: str | Path, overrides: dict | None = None) -> Spec:
     return parse_spec(data, path)
 
 
-def parse_spec(data: dict, path: Path) -> Spec:
+def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
+    """The Spec of model.yaml ``data`` read from ``path``. ``stored``: the copy a study keeps
+    (export): what only a search needs — the search-space file, importing the entry model — is
+    not read, so a study exports on a machine without them."""
     source = str(path)
     top = _Section(data, "", source)
     top.path = "<top>"
     study = top.get("study", str, default=path.stem)
     if not study.strip() or "/" in study:
         top.fail("study", "must be a non-empty name without '/'")
-    model = _parse_model(_Section(data.get("model"), "model", source), path.parent)
+    model = _parse_model(_Section(data.get("model"), "model", source), path.parent, stored)
     top.used.add("model")
     train = _parse_train(_Section(data.get("train"), "train", source))
     top.used.add("train")
@@ -194,7 +197,7 @@ def parse_spec(data: dict, path: Path) -> Spec:
     if model.flash_attention and BACKENDS[cluster.backend].fused_attention and fused_refusal(model):
         raise SpecError(f"{source}: model.flash_attention: {fused_refusal(model)} (backend "
                         f"{cluster.backend} runs the fused operator)")
-    search = _parse_search(_Section(data.get("search"), "search", source), path.parent)
+    search = _parse_search(_Section(data.get("search"), "search", source), path.parent, stored)
     top.used.add("search")
     trial = _parse_trial(_Section(data.get("trial"), "trial", source))
     top.used.add("trial")
@@ -228,14 +231,14 @@ LATER_MODEL_FIELDS = {"num_kv_heads": None, "param_dtype": "float32", "optimizer
                       "flash_attention": False}
 
 
-def _parse_model(s: _Section, base: Path) -> ModelSpec:
+def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
     family = s.get("family", str, default=None, choices=FAMILIES)
     entry = s.get("entry", str, default=None)
     if (family is None) == (entry is None):
         s.fail("family", f"give exactly one of model.family ({' | '.join(FAMILIES)}) or "
                          "model.entry")
     if entry is not None:
-        entry = _check_entry(entry, base, s)
+        entry = entry_loader.resolve(entry, base) if stored else _check_entry(entry, base, s)
     # A built-in family needs its dimensions; an entry model may give them for the cost model.
     required = ... if family is not None else None
     dims = {key: s.get(key, int, minimum=1, default=required)
@@ -319,9 +322,11 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
                        str((base / replay).resolve()) if replay else None, pool, cap)
 
 
-def _parse_search(s: _Section, base: Path) -> SearchSpec:
+def _parse_search(s: _Section, base: Path, stored: bool = False) -> SearchSpec:
     raw = s.get("space", (str, dict), default=str(DEFAULT_SPACE))
-    if isinstance(raw, str):
+    if isinstance(raw, str) and stored:
+        space, source = {}, f"{(base / raw).resolve()} (not read: a stored study's spec)"
+    elif isinstance(raw, str):
         file = (base / raw).resolve()
         space, source = load_yaml(file), str(file)
     else:

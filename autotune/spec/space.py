@@ -29,7 +29,7 @@ from autotune.spec.constraints import violations
 from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import (JIT_LEVELS, KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES,
-                                 RECOMPUTE_MODES, is_active)
+                                 RECOMPUTE_MODES, is_active, trial_warmup)
 from autotune.spec.model_yaml import DEFAULT_SPACE, Spec
 from autotune.spec.yaml_file import load_yaml
 
@@ -247,6 +247,8 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
                          f"{KNOBS[name].unestimated_because}")
         domains[name] = kept
     notes += _fix_for_model(spec, domains, source)
+    if backend.runs_program:
+        notes += merge_warmups(spec, domains)
     notes += _keep_feasible_layouts(spec, domains, source)
     # micro_batches only acts with pipeline stages and grad_accum only without: collapse the
     # one that cannot act so the space (and a grid) has no duplicate candidates.
@@ -304,6 +306,28 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
         notes.append(f"loss_scale: fixed to {domains['loss_scale'][0]}: {dtype} compute is not "
                      "loss-scaled, so the value changes nothing")
     return notes
+
+
+def merge_warmups(spec: Spec, domains: dict) -> list[str]:
+    """Keep one warmup of each group a trial cannot tell apart (the same compressed warmup,
+    `autotune.spec.knobs.trial_warmup`): the value nearest the full-run warmup that group's
+    trial schedule stands for (ties: the smaller). Returns the note naming the merged values."""
+    total, steps = spec.train.total_steps, spec.trial.steps
+    groups: dict = {}
+    for value in domains["warmup_steps"]:
+        groups.setdefault(trial_warmup(value, total, steps), []).append(value)
+    kept, merged = [], []
+    for compressed, values in groups.items():
+        stands_for = compressed * total / steps
+        keep = min(values, key=lambda v: (abs(v - stands_for), v))
+        kept.append(keep)
+        if len(values) > 1:
+            merged.append(f"{', '.join(str(v) for v in values if v != keep)} → {keep}")
+    if not merged:
+        return []
+    domains["warmup_steps"] = tuple(kept)
+    return [f"warmup_steps: {'; '.join(merged)}: a {steps}-step trial of the {total}-step "
+            "schedule compresses them to the same warmup, so they would run alike"]
 
 
 def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:

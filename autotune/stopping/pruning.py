@@ -5,11 +5,16 @@ the trial's new ``steps.jsonl`` lines, reports its goodput so far as the trial's
 value (one per optimizer step, after ``measure_after`` steps), and answers whether the study's
 pruner says stop. Only single-objective goodput studies are pruned (Optuna does not prune
 multi-objective studies); the watcher never stops anything itself — the loop cancels the run.
+The file is read as it grows: a line still being written waits for its newline, a line that is
+not a step record (a fragment) is skipped, and a file written anew (it shrank, or its first line
+changed) is read again from its start with the watcher's tally reset: nothing raises while a
+trial runs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import optuna
@@ -36,6 +41,16 @@ class SlowTrialPruner(optuna.pruners.BasePruner):
         return latest < self.ratio * best
 
 
+def _record(line: bytes) -> dict | None:
+    """One ``steps.jsonl`` line as a step record, or None for anything else (a fragment)."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        return None
+    ok = isinstance(record, dict) and all(key in record for key in ("step", "step_time_ms"))
+    return record if ok else None
+
+
 class StepWatcher:
     """Follows one running trial's ``steps.jsonl`` (written line by line by rank 0)."""
 
@@ -43,24 +58,33 @@ class StepWatcher:
                  measure_after: int):
         self.trial, self.path = trial, trial_dir / "steps.jsonl"
         self.samples_per_step, self.measure_after = samples_per_step, measure_after
-        self._offset = 0
+        self._offset, self._head = 0, b""  # bytes read, and the first line they began with
+        self._start()
+        self.last: tuple[int, float] | None = None  # (step, goodput so far) last reported
+
+    def _start(self) -> None:
         self._seconds = 0.0
         self._measured = 0
         self._settled = 0       # measured steps after the scaler's initial back-off
         self._overflowed = 0    # ... of which overflowed
         self._backing_off = True  # no update applied yet: overflows so far are the back-off
-        self.last: tuple[int, float] | None = None  # (step, goodput so far) last reported
 
     def _new_steps(self) -> list[dict]:
         try:
-            with open(self.path) as f:
+            with open(self.path, "rb") as f:
+                if (os.fstat(f.fileno()).st_size < self._offset
+                        or f.read(len(self._head)) != self._head):  # written anew: start again
+                    self._offset, self._head = 0, b""
+                    self._start()
                 f.seek(self._offset)
-                text = f.read()
+                data = f.read()
         except FileNotFoundError:
             return []
-        complete = text[: text.rfind("\n") + 1]  # a line still being written waits
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        if not self._offset:
+            self._head = complete[: complete.find(b"\n") + 1]
         self._offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        return [step for step in map(_record, complete.splitlines()) if step is not None]
 
     def report(self) -> bool:
         """Report new measured steps; True when the pruner says this trial should stop.

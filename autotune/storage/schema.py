@@ -41,7 +41,11 @@ ROLES = ("baseline", "confirm_of")  # user attrs that say what a trial is for, k
 
 def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = "",
            extra: dict | None = None) -> tuple[TrialState, list[float] | None, dict]:
-    """How a trial ends in storage: (state, objective values, user attrs)."""
+    """How a trial ends in storage: (state, objective values, user attrs). A ``repeat_of``
+    copy (``extra``: a candidate answered from an earlier trial, not run) is stored FAIL without
+    values, whatever its outcome attr says: Optuna's samplers, ``study.best_trials`` and the
+    dashboard take a COMPLETE trial for a measurement, and it is none (:func:`outcome_of` reads
+    its outcome from the attr)."""
     assert outcome in OUTCOMES, outcome
     metrics = metrics or {}
     values = objective_values(objectives, metrics) if outcome == "ok" else None
@@ -52,6 +56,8 @@ def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = 
         attrs["detail"] = detail[-4000:]
     attrs.update({name: json_safe(metrics[name]) for name in METRICS if name in metrics})
     attrs.update({key: json_safe(value) for key, value in (extra or {}).items()})
+    if "repeat_of" in attrs:
+        return TrialState.FAIL, None, attrs
     if outcome == "ok":
         return TrialState.COMPLETE, values, attrs
     return (TrialState.PRUNED if outcome in PRUNED_OUTCOMES else TrialState.FAIL), None, attrs
@@ -99,11 +105,13 @@ def _record_late(study: optuna.Study, failed, state, values, attrs: dict) -> int
 def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
     """A trial's outcome. A FAIL trial whose attrs say otherwise (none, or one its driver was
     still writing) was failed by a recovery when its driver was gone: ``interrupted``
-    (`autotune.storage.recovery`)."""
+    (`autotune.storage.recovery`) — unless it is a ``repeat_of`` copy, stored FAIL whatever
+    its outcome (:func:`settle`)."""
     if frozen.state == TrialState.RUNNING:
         return "running"
     outcome = frozen.user_attrs.get("outcome")
-    if frozen.state == TrialState.FAIL and outcome not in ("error", "interrupted"):
+    repeat = "repeat_of" in frozen.user_attrs and outcome in OUTCOMES
+    if frozen.state == TrialState.FAIL and outcome not in ("error", "interrupted") and not repeat:
         return "interrupted"
     return outcome or "error"
 

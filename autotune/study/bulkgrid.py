@@ -20,13 +20,15 @@ def run_bulk_grid(study, proposer, executor, recorder, progress, batch: int = 25
     """Settle and store every candidate left in ``proposer.grid`` (see the module doc)."""
     space = proposer.space
     distributions = space.distributions()
-    number = len(study.get_trials(deepcopy=False))
+    number, baseline = len(study.get_trials(deepcopy=False)), space.baseline()
     while proposer.grid:
         chunk = [proposer.grid.popleft() for _ in range(min(batch, len(proposer.grid)))]
         trials, ok_values = [], []
         for candidate, params in chunk:
             estimate, reason = proposer.verdict(candidate)
             extra = {"estimate": estimate.as_dict(), **space.attrs_of(candidate)}
+            if candidate == baseline:  # first (`Proposer.start_grid`): the ratio's denominator
+                extra["baseline"] = True
             if reason:
                 result = Result("infeasible", detail=reason)
             else:

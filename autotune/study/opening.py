@@ -18,7 +18,9 @@ Contract:
 - :func:`as_created` is the space a resumed study keeps running: its encoding, and each knob
   added since it was created (`autotune.spec.knobs.Knob.added_later`) fixed at the default the
   study ran with. The fingerprint leaves such a knob out while it is fixed at its default, so a
-  study created before it resumes (and a new study that fixes it so fingerprints alike).
+  study created before it resumes (and a new study that fixes it so fingerprints alike). A study
+  created before warmups a trial cannot tell apart were merged (`autotune.spec.space.merge_warmups`)
+  keeps its own warmup values.
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def as_created(study: optuna.Study, space) -> tuple:
             domains[name] = (knob.default,)
             notes.append(f"{name}: fixed to {knob.default}: {study.study_name!r} was created "
                          "before the knob existed")
+    warmups = tuple((stored or {}).get("warmup_steps", domains["warmup_steps"]))
+    if warmups != domains["warmup_steps"] and set(domains["warmup_steps"]) <= set(warmups):
+        domains["warmup_steps"] = warmups  # created before warmups were merged: it keeps its own
+        notes.append(f"warmup_steps: {study.study_name!r} was created before warmups a trial "
+                     "cannot tell apart were merged: it keeps its own")
     encoding = encoding_of(study)
     if encoding != space.encoding:
         notes.append(f"{study.study_name!r} was created before ordered knobs: its knobs stay "

@@ -111,7 +111,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     """Open the study and run it on the entered ``executor`` (see :func:`run_study`)."""
     study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     space, kept = as_created(study, space)
-    for note in (*(table.notes if table else ()), *kept):
+    for note in (*(table.notes if table else ()), *kept, *(note for *_, note in earlier if note)):
         progress.note(note)
     drivers = Drivers(study)
     for number in recover_interrupted(study, drivers.me):

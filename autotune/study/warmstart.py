@@ -6,10 +6,18 @@ trials into it, before it proposes anything, and returns the measurements that o
 
 - Only a study of the same model, training setup and cluster hardware is used: its
   fingerprint's ``model``, ``train`` and cluster (devices, devices_per_node, device,
-  device_memory_gb; not the backend or the replay table) must equal this study's. Anything
-  else is refused (SpecError naming the study and what differs): another model's step times
-  say nothing about this one, not even through a common correction factor. A study named
-  twice, the study itself, or one without a fingerprint is refused too.
+  device_memory_gb) must equal this study's. Anything else is refused (SpecError naming the
+  study and what differs): another model's step times say nothing about this one, not even
+  through a common correction factor. A study named twice, the study itself, or one without a
+  fingerprint is refused too.
+- What it may give depends on how it measured (:func:`comparability`). Its trials stand as
+  measurements here only when it ran on the same backend (a replay study: the same table) with
+  the same trial length (``trial.steps``, ``measure_after``: the overflow rate, the loss and the
+  timed steps all depend on them). The same backend with another trial length only calibrates
+  (step time and memory per step are still its measurements). An estimate-only study
+  (``simulate``) warm-starting a study that measures gives nothing but a note: its values are
+  the cost model's own, which the prior already ranks by — copied, they would stand as
+  measurements and calibrate the model to itself (factor 1). Any other backend is refused.
 - Its trials that measured their candidate (`autotune.storage.counting.counted`, no infrastructure
   failure, not ``infeasible``: this study's screen judges feasibility itself) and whose
   candidate this study's space contains are copied in as finished trials with user attr
@@ -27,6 +35,7 @@ from __future__ import annotations
 import optuna
 
 from autotune import costmodel
+from autotune.spec.backends import backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.objectives import objective_values
@@ -36,6 +45,36 @@ from autotune.study.opening import fingerprint
 from autotune.study.retry import remembered_after_restart
 
 SAME_CLUSTER = ("devices", "devices_per_node", "device", "device_memory_gb")
+COPY, CALIBRATE, NOTHING = "copy", "calibrate", "nothing"  # what an earlier study gives
+
+
+def comparability(mine: dict, theirs: dict) -> tuple[str, str]:
+    """What an earlier study (fingerprint ``theirs``) gives this one (``mine``): ``COPY`` its
+    trials, ``CALIBRATE`` only, or ``NOTHING``, and why (see the module doc); SpecError text
+    when it is not comparable at all ("" when it is)."""
+    ours, their = mine["cluster"], theirs.get("cluster", {})
+    mine_kind, their_kind = (backend_of(ours["backend"]).kind,
+                             backend_of(their.get("backend", "cpu")).kind)
+    if their_kind == "estimate" and mine_kind != "estimate":
+        return NOTHING, (f"it is a {their.get('backend')} study: its values are the cost "
+                         "model's estimates, which the prior already ranks by, not "
+                         "measurements; nothing copied, nothing calibrated")
+    if (ours["backend"], ours.get("replay_sha256")) != (their.get("backend"),
+                                                        their.get("replay_sha256")):
+        what = "replay table" if ours["backend"] == their.get("backend") else "backend"
+        raise SpecError(f"it measured on another {what} ({their.get('backend')}, this study: "
+                        f"{ours['backend']}); a warm start takes measurements of the same "
+                        "backend")
+    if mine["trial"] != theirs.get("trial"):
+        return CALIBRATE, (f"its trials were {_length(theirs.get('trial'))}, this study's "
+                           f"{_length(mine['trial'])}: their values are not comparable; their "
+                           "step times and memory calibrate the cost model only")
+    return COPY, ""
+
+
+def _length(trial: dict | None) -> str:
+    trial = trial or {}
+    return f"{trial.get('steps')} steps (measured after {trial.get('measure_after')})"
 
 
 def _same_world(mine: dict, theirs: dict) -> list[str]:
@@ -48,7 +87,8 @@ def _same_world(mine: dict, theirs: dict) -> list[str]:
 
 def earlier_studies(spec, space, study_name: str, names, storage) -> list:
     """The studies ``names`` (in ``storage``: a URL or an Optuna storage object), checked
-    before anything is written (see the module doc)."""
+    before anything is written (see the module doc), as (study, what it gives, the note that
+    says why it gives less than its trials — "" when it gives them)."""
     if not names:
         return []
     if len(set(names)) != len(names) or study_name in names:
@@ -69,18 +109,24 @@ def earlier_studies(spec, space, study_name: str, names, storage) -> list:
         if differs:
             raise SpecError(f"--warm-start {name}: it measured another {', '.join(differs)}; "
                             "a warm start takes studies of the same model on the same cluster")
-        studies.append(earlier)
+        try:
+            use, why = comparability(mine, theirs)
+        except SpecError as e:
+            raise SpecError(f"--warm-start {name}: {e}") from None
+        studies.append((earlier, use, f"--warm-start {name}: {why}" if why else ""))
     return studies
 
 
 def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
-    """Bring the measurements of the ``earlier`` studies into ``study`` (see the module doc);
-    returns those that only calibrate."""
+    """Bring the measurements of the ``earlier`` studies (:func:`earlier_studies`) into
+    ``study`` (see the module doc); returns those that only calibrate."""
     done = {t.user_attrs["warm_start"] for t in study.get_trials(deepcopy=False)
             if "warm_start" in t.user_attrs}
     distributions, baseline = space.distributions(), space.baseline()
     calibration_only, copies = [], []
-    for source in earlier:
+    for source, use, _ in earlier:
+        if use == NOTHING:
+            continue
         name = source.study_name
         for t in source.get_trials(deepcopy=False):
             outcome = outcome_of(t)
@@ -88,7 +134,7 @@ def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
                 continue
             candidate, metrics = Candidate(**knobs_of(t)), metrics_of(t)
             scored = objective_values(spec.search.objectives, metrics) is not None
-            if not space.contains(candidate) or outcome == "ok" and not scored:
+            if use == CALIBRATE or not space.contains(candidate) or outcome == "ok" and not scored:
                 if outcome == "ok":
                     calibration_only.append((costmodel.estimate(spec, candidate),
                                              metrics.get("peak_memory_mb"),

@@ -1,4 +1,11 @@
-"""The trial program: train ``trial.steps`` optimizer steps with every knob applied, write metrics.
+"""The trial program: train ``trial.steps`` optimizer updates with every knob applied, write metrics.
+
+A trial (the compressed schedule) runs until ``trial.steps`` updates were *applied*: a step the
+loss scaler skips (an overflow) does not count, so every candidate's ``final_loss`` is taken
+after the same number of updates and the same compressed schedule (whose step is the
+optimizer's, which a skipped step does not advance). A scale that keeps overflowing stops at
+``UPDATE_CAP`` × ``trial.steps`` steps, however many updates it applied. An exported run
+(``trial.schedule`` ``"full"``) and a resumed one count steps, as MindSpore's trainers do.
 
 ``run(config)`` is what ``python -m autotune.train CONFIG_JSON`` (one process) or ``msrun …
 autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes; the config format is the
@@ -59,6 +66,9 @@ from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.device import (device_peak_mb, device_total_bytes, launch_step, memory_cap,
                                    reported_memory_warning, reset_device_peak)
+
+
+UPDATE_CAP = 2  # a trial's steps, applied or skipped, stop at UPDATE_CAP × trial.steps
 
 
 class LaunchError(RuntimeError):
@@ -285,7 +295,15 @@ def run(cfg: dict, started: float) -> dict:
                               append=first_step > 0)
     shard_size = train["global_batch_size"] // dp
     compile_s = None
-    for i in range(first_step, trial["steps"]):
+    # a trial counts applied updates (see the module doc); a full or resumed run, steps
+    updates = trial.get("schedule", "compressed") != "full" and first_step == 0
+    last_step = UPDATE_CAP * trial["steps"] if updates else trial["steps"]
+    applied, i = 0, first_step
+
+    def more() -> bool:
+        return i < last_step and (applied if updates else i) < trial["steps"]
+
+    while more():
         inputs, labels = engine.dataset(i, placement.dp_index, dp)
         if len(inputs) != shard_size or len(labels) != shard_size:
             raise ValueError(f"dataset({i}, {placement.dp_index}, {dp}) returned {len(inputs)} samples, "
@@ -298,10 +316,11 @@ def run(cfg: dict, started: float) -> dict:
         if compile_s is None:
             compile_s = time.time() - started
         log.add(i, seconds, float(loss), bool(overflow), float(scale))
-        done = i + 1
-        if folder and (done == trial["steps"] or (save_every and done % save_every == 0)):
-            tensors["step"].set_data(ms.Tensor(done, ms.int32))
-            checkpoint.save(folder, rank, done, tensors)
+        applied += not bool(overflow)
+        i += 1
+        if folder and (not more() or (save_every and i % save_every == 0)):
+            tensors["step"].set_data(ms.Tensor(i, ms.int32))
+            checkpoint.save(folder, rank, i, tensors)
     log.close()
 
     # training's peak: before the probe builds anything
@@ -311,7 +330,7 @@ def run(cfg: dict, started: float) -> dict:
     peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
     probe_started = time.perf_counter()
-    underflow = _underflow_share(ms, engine, placement, trial["steps"] - 1, final_scale)
+    underflow = _underflow_share(ms, engine, placement, i - 1, final_scale)
     probe_s = time.perf_counter() - probe_started
     result = log.summary(compile_s, peak, final_scale, underflow)
     from autotune.train.weights import digest

@@ -18,6 +18,8 @@ import mindspore as ms
 from mindspore import ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+from autotune.spec.knobs import trial_warmup
+
 
 def warmup_cosine(step, learning_rate, warmup_steps, total_steps, end_learning_rate=0.0):
     """The schedule's value at ``step`` in plain Python (reference for tests and reports)."""
@@ -29,8 +31,7 @@ def warmup_cosine(step, learning_rate, warmup_steps, total_steps, end_learning_r
 
 def trial_schedule(warmup_steps, total_steps, trial_steps):
     """``(warmup, total)`` of the run's schedule compressed onto a ``trial_steps`` trial."""
-    warmup = round(warmup_steps * trial_steps / total_steps) if total_steps > 0 else 0
-    return min(warmup, trial_steps), trial_steps
+    return trial_warmup(warmup_steps, total_steps, trial_steps), trial_steps
 
 
 class WarmupCosineLR(LearningRateSchedule):

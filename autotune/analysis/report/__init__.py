@@ -64,14 +64,30 @@ def write_report(names: list[str], out: Path, storage: str | None = None,
 
         (tmp / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
         sections = []
-        builders = (figures.history, figures.importances, figures.parallel, figures.slice_,
-                    figures.pareto, measured.memory, measured.estimate, measured.breakdown)
+        builders = {"history": figures.history, "importances": figures.importances,
+                    "parallel": figures.parallel, "slice": figures.slice_,
+                    "pareto": figures.pareto, "memory": measured.memory,
+                    "estimate": measured.estimate, "breakdown": measured.breakdown}
         for v, slug in zip(views, _slugs(names)):
-            sections.append((v, [_write(tmp, slug, build(v)) for build in builders]))
-        together = _write(tmp, "studies", measured.studies(views)) if len(views) > 1 else None
+            # a study without an ok trial has no point to plot: each figure says so, not drawn
+            drawn = [(name, v.why_no_ok if v.why_no_ok and (name != "pareto" or
+                                                            len(v.objectives) > 1) else build(v))
+                     for name, build in builders.items()]
+            sections.append((v, [_named(name, _write(tmp, slug, figure))
+                                 for name, figure in drawn]))
+        together = None
+        if len(views) > 1:
+            together = _named("studies-history", _write(tmp, "studies", measured.studies(views)
+                                                        if any(v.ok for v in views) else
+                                                        "no study has a trial that finished ok"))
         (tmp / "index.html").write_text(render_index(sections, together, names, storage),
                                         encoding="utf-8")
     return out / "index.html"
+
+
+def _named(name: str, figure):
+    """A figure, None, or the reason it is missing as ``"NAME: reason"``."""
+    return f"{name}: {figure}" if isinstance(figure, str) else figure
 
 
 def _write(folder: Path, slug: str, figure):

@@ -3,8 +3,9 @@
 Contract: :func:`render_index` takes ``[(StudyView, [Figure | str | None, …]), …]``, the
 several-studies figure (or None) and the study names, and returns the page: per study its
 standing (trials by outcome, best, baseline, confirmed means, noise floor), the diagnosis of the
-best and the baseline, then each figure (its PNG, linking to its interactive HTML) or the reason
-it is missing; for several studies, the per-study summary of `autotune.analysis.frames.summary` and
+best and the baseline, then each figure (its PNG, linking to its interactive HTML) or, for a
+figure missing, a str ``"NAME: reason"`` (a study without an ``ok`` trial has every per-trial
+figure so, and says why it has no best); for several studies, the per-study summary of `autotune.analysis.frames.summary` and
 their histories on one axis. Every text from storage is HTML-escaped.
 """
 
@@ -32,20 +33,22 @@ def render_index(sections, together, names, storage) -> str:
         table = summary([v.study for v, _ in sections])
         parts.append("<h2>Studies side by side</h2>"
                      + table.to_html(na_rep="", float_format=lambda x: f"{x:.4g}"))
-        parts.append(_figure(together))
+        parts.append(_figure_or_why(together))
     for v, figures in sections:
         parts.append(f"<h2>Study {escape(v.name)}</h2>")
         parts.append(_standing(v))
         for t in [v.best] + ([v.baseline] if v.baseline is not v.best else []):
             if t is not None and v.diagnosis(t):
                 parts.append(_diagnosis(v, t))
-        for figure in figures:
-            if isinstance(figure, str):
-                parts.append(f"<p class='why'>(no figure: {escape(figure)})</p>")
-            elif figure is not None:
-                parts.append(_figure(figure))
+        parts.extend(_figure_or_why(figure) for figure in figures if figure is not None)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _figure_or_why(figure) -> str:
+    if isinstance(figure, str):
+        return f"<p class='why'>(no figure {escape(figure)})</p>"
+    return _figure(figure)
 
 
 def _figure(figure) -> str:
@@ -66,9 +69,13 @@ def _standing(v) -> str:
             f"{escape(', '.join(f'{k} {n}' for k, n in sorted(counts.items())))}</p><ul>"]
     for what, t in (("best", v.best), ("baseline", v.baseline)):
         if t is None:
+            if v.why_no_ok:
+                rows.append(f"<li>{what}: none: {escape(v.why_no_ok)}</li>")
             continue
         knobs = " ".join(f"{k}={val}" for k, val in v.knobs(t).items())
-        line = f"{what}: #{t.number} {objective} {fmt(v.value(t))}"
+        value = v.value(t)
+        line = (f"{what}: #{t.number} {objective} {fmt(value)}" if value is not None else
+                f"{what}: #{t.number} {outcome_of(t)}, no {objective}")
         c = confirmed.get(t.number)
         if c is not None:
             line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
