@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 import autotune
 from autotune.cli import main
 from autotune.spec.knobs import KNOB_NAMES
-from autotune.storage import counting
+from autotune.storage import counting, schema
 from autotune.storage.drivers import OWNER, driver_id
 
 MODEL = """
@@ -336,7 +336,10 @@ def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monke
                                    for t in study.trials]
     repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
     assert repeats and all(t.state != TrialState.RUNNING for t in repeats)
-    assert all(t.values == study.trials[t.user_attrs["repeat_of"]].values for t in repeats)
+    # a repeat is a copy of its original's outcome, stored FAIL (item 12): never a measurement
+    assert all(t.state == TrialState.FAIL and t.values is None
+               and schema.outcome_of(t) == schema.outcome_of(study.trials[t.user_attrs["repeat_of"]])
+               for t in repeats)
 
 
 def test_a_resumed_budget_counts_confirm_reruns_and_retried_failures(tmp_path, capsys):
