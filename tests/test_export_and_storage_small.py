@@ -80,7 +80,7 @@ def test_repeats_are_stored_as_copies_not_measurements(tmp_path):
     assert repeats, "the random sampler on 6 candidates proposes a tried one"
     for t in repeats:
         original = study_.trials[t.user_attrs["repeat_of"]]
-        assert t.state == TrialState.FAIL and t.values is None
+        assert t.state == TrialState.PRUNED and t.values is None
         assert schema.outcome_of(t) == schema.outcome_of(original)
         assert not counting.counted(t)
     assert not {t.number for t in study_.best_trials} & {t.number for t in repeats}

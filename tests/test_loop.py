@@ -336,8 +336,8 @@ def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monke
                                    for t in study.trials]
     repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
     assert repeats and all(t.state != TrialState.RUNNING for t in repeats)
-    # a repeat is a copy of its original's outcome, stored FAIL (item 12): never a measurement
-    assert all(t.state == TrialState.FAIL and t.values is None
+    # a repeat is a copy of its original's outcome, stored PRUNED (item 12): never a measurement
+    assert all(t.state == TrialState.PRUNED and t.values is None
                and schema.outcome_of(t) == schema.outcome_of(study.trials[t.user_attrs["repeat_of"]])
                for t in repeats)
 

@@ -42,10 +42,12 @@ ROLES = ("baseline", "confirm_of")  # user attrs that say what a trial is for, k
 def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = "",
            extra: dict | None = None) -> tuple[TrialState, list[float] | None, dict]:
     """How a trial ends in storage: (state, objective values, user attrs). A ``repeat_of``
-    copy (``extra``: a candidate answered from an earlier trial, not run) is stored FAIL without
-    values, whatever its outcome attr says: Optuna's samplers, ``study.best_trials`` and the
-    dashboard take a COMPLETE trial for a measurement, and it is none (:func:`outcome_of` reads
-    its outcome from the attr)."""
+    copy (``extra``: a candidate answered from an earlier trial, not run) is stored PRUNED
+    without values, whatever its outcome attr says (:func:`outcome_of` reads it from the attr):
+    Optuna's samplers, ``study.best_trials`` and the dashboard take a COMPLETE trial for a
+    measurement, and it is none; and TPE ranks a pruned trial below every measured one, so a
+    sampler that proposed a tried candidate is pushed elsewhere (stored FAIL, TPE saw nothing
+    and proposed the same candidate until the loop gave up: tests/test_drivers.py)."""
     assert outcome in OUTCOMES, outcome
     metrics = metrics or {}
     values = objective_values(objectives, metrics) if outcome == "ok" else None
@@ -57,7 +59,7 @@ def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = 
     attrs.update({name: json_safe(metrics[name]) for name in METRICS if name in metrics})
     attrs.update({key: json_safe(value) for key, value in (extra or {}).items()})
     if "repeat_of" in attrs:
-        return TrialState.FAIL, None, attrs
+        return TrialState.PRUNED, None, attrs
     if outcome == "ok":
         return TrialState.COMPLETE, values, attrs
     return (TrialState.PRUNED if outcome in PRUNED_OUTCOMES else TrialState.FAIL), None, attrs
@@ -105,8 +107,8 @@ def _record_late(study: optuna.Study, failed, state, values, attrs: dict) -> int
 def outcome_of(frozen: optuna.trial.FrozenTrial) -> str:
     """A trial's outcome. A FAIL trial whose attrs say otherwise (none, or one its driver was
     still writing) was failed by a recovery when its driver was gone: ``interrupted``
-    (`autotune.storage.recovery`) — unless it is a ``repeat_of`` copy, stored FAIL whatever
-    its outcome (:func:`settle`)."""
+    (`autotune.storage.recovery`). A ``repeat_of`` copy's outcome is its attr, whatever its
+    state (:func:`settle`)."""
     if frozen.state == TrialState.RUNNING:
         return "running"
     outcome = frozen.user_attrs.get("outcome")
