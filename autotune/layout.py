@@ -112,7 +112,7 @@ class OptimizerShard:
 
     def index(self, dp_index: int, tp_index: int, tp: int) -> int:
         """Which of the ``size`` shards the rank at (dp_index, tp_index) holds."""
-        return dp_index if self.step == tp and tp > 1 else dp_index * tp + tp_index
+        return dp_index if self.step > 1 else dp_index * tp + tp_index  # step tp: a dp group
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,12 @@ class ParamLayout:
         size = rows // self.opt_shard.size
         start = self.opt_shard.index(dp_index, tp_index, tp) * size
         return slice(start, start + size)
+
+    def shared_by_dp_group(self, tp: int) -> bool:
+        """Whether the ranks holding the same slice (those an optimizer shard is spread over)
+        are the dp group — a tp-split parameter, or any with tp = 1 — rather than all dp·tp
+        ranks of the stage."""
+        return self.split_dim is not None or tp == 1
 
     def rank_shape(self, tp: int) -> tuple[int, ...]:
         """The shape this rank's optimizer updates and saves: its tp slice, its optimizer shard

@@ -73,6 +73,17 @@ def whole_model_loss(merged: dict, step: int, model=MODEL) -> float:
     return float(tp_layers.TokenCrossEntropy()(logits, ms.Tensor(y)).asnumpy())
 
 
+def merged_step_2(out: Path, tmp_path: Path) -> dict:
+    """The two ranks' step-2 checkpoints of ``out``'s run merged by ``transform_checkpoints`` with
+    the exported strategy.ckpt into the whole model."""
+    source = tmp_path / "step2"
+    for rank in range(2):
+        (source / f"rank_{rank}").mkdir(parents=True)
+        shutil.copy(out / "run" / "checkpoint" / f"rank_{rank}" / "step_00000002.ckpt", source / f"rank_{rank}")
+    transform_checkpoints(str(source), str(tmp_path / "merged"), "whole_", str(out / "strategy.ckpt"), None)
+    return ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "whole_0.ckpt"))
+
+
 @pytest.mark.parametrize("tp, pp", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow)], ids=["tp2", "pp2"])
 def test_checkpoints_hold_the_promised_slices_and_merge_into_the_whole_model(tmp_path, tp, pp):
     out = export(tmp_path, tp, pp)
@@ -96,12 +107,7 @@ def test_checkpoints_hold_the_promised_slices_and_merge_into_the_whole_model(tmp
         for name, shape in promised.items():
             assert list(held[name].shape) == shape, f"rank {rank} {name}"
     # merge the step-2 checkpoints: their weights computed the loss the run logged for step 2
-    source = tmp_path / "step2"
-    for rank in range(2):
-        (source / f"rank_{rank}").mkdir(parents=True)
-        shutil.copy(out / "run" / "checkpoint" / f"rank_{rank}" / "step_00000002.ckpt", source / f"rank_{rank}")
-    transform_checkpoints(str(source), str(tmp_path / "merged"), "whole_", str(out / "strategy.ckpt"), None)
-    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "whole_0.ckpt"))
+    merged = merged_step_2(out, tmp_path)
     assert whole_model_loss(merged, 2) == pytest.approx(steps[2]["loss"], rel=1e-5)
 
 
@@ -140,12 +146,7 @@ def test_a_parallel_optimizer_run_saves_shards_that_merge_into_the_whole_model(t
     name = "blocks.0.mlp.fc_in.weight"
     assert not np.array_equal(halves[0][name].asnumpy(), halves[1][name].asnumpy())
     np.testing.assert_array_equal(halves[0]["embed.tok.embedding_table"].asnumpy(), halves[1]["embed.tok.embedding_table"].asnumpy())
-    source = tmp_path / "step2"
-    for rank in range(2):
-        (source / f"rank_{rank}").mkdir(parents=True)
-        shutil.copy(out / "run" / "checkpoint" / f"rank_{rank}" / "step_00000002.ckpt", source / f"rank_{rank}")
-    transform_checkpoints(str(source), str(tmp_path / "merged"), "whole_", str(out / "strategy.ckpt"), None)
-    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "whole_0.ckpt"))
+    merged = merged_step_2(out, tmp_path)
     assert list(merged[name].shape) == summary["parameters"][name]["shape"]
     np.testing.assert_array_equal(merged[name].asnumpy()[:256], halves[0][name].asnumpy())
     assert whole_model_loss(merged, 2, SHARDED_MODEL) == pytest.approx(steps[2]["loss"], rel=1e-5)

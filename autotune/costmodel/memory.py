@@ -100,7 +100,7 @@ def rank_params(work: Workload, tp: int, pp: int) -> tuple[int, ...]:
 
 def shards_optimizer(candidate, engine: str) -> bool:
     """Whether the parallel optimizer changes what ``engine`` runs for ``candidate``."""
-    return engine != "megatron" and getattr(candidate, "parallel_optimizer", False) and candidate.dp > 1
+    return engine != "megatron" and candidate.parallel_optimizer and candidate.dp > 1
 
 
 @lru_cache(maxsize=1024)
@@ -123,7 +123,7 @@ def optimizer_elements(work: Workload, dp: int, tp: int, pp: int, param_bytes: i
             if p.opt_shard is not None:
                 shard_rows += mine
                 whole = math.prod(p.local_shape(tp))
-                if p.split_dim is not None or tp == 1:
+                if p.shared_by_dp_group(tp):
                     gathered_dp += whole
                 else:
                     gathered_stage += whole

@@ -86,9 +86,7 @@ class Sharding(nn.Cell):
             wholes.append(weight)
             pieces.append(shard)
             pads.append(ops.Pad(((rows.start, weight.shape[0] - rows.stop),) + ((0, 0),) * (len(weight.shape) - 1)))
-            # a tp-split parameter's shards are spread over its dp group, a replicated one's over
-            # the stage (the dp group too when tp = 1)
-            group = groups["dp"] if lay.split_dim is not None or p.tp == 1 else groups["stage"]
+            group = groups["dp"] if lay.shared_by_dp_group(p.tp) else groups["stage"]
             reducers.append(ops.AllReduce(group=group) if group else ops.AllReduce())
         self.starts, self.stops = tuple(starts), tuple(stops)
         # tuples, not cells of their own: a cell container would rename the parameters it holds
