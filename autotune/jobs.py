@@ -23,7 +23,12 @@ OUTCOMES = ("ok", "infeasible", "oom", "diverged", "timeout", "pruned", "error",
 # under their own names.
 METRICS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps",
            "backoff_steps", "overflow_rate", "underflow_share", "loss_first", "loss_last", "diverged",
-           "compile_s")
+           "compile_s", "launch_s", "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s",
+           "teardown_s")
+# Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.timing`);
+# its fixed time is the run time less ``steps_s``, the time it measures.
+TIME_PARTS = ("launch_s", "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s",
+              "teardown_s")
 RUNNING = "running"  # a settled repeat of a trial still running: answered when that one ends
 TIMING = ("run_s", "wall_s", "queued_s")
 

@@ -34,7 +34,7 @@ def worker(out: Path, rows: int) -> None:
     from mindspore import nn, ops
     from mindspore.communication import create_group, get_rank, init
 
-    from autotune.train.program import numpy2_workaround
+    from autotune.train.session import numpy2_workaround
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -88,7 +88,7 @@ def main() -> int:
     args = parser.parse_args()
     from autotune.costmodel import resolve_profile
     from autotune.costmodel.timing import allreduce_time
-    from autotune.execution.runner import _environment, free_port
+    from autotune.execution.runner import environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-arig-"))
     try:
@@ -97,7 +97,7 @@ def main() -> int:
                f"--log_dir={work / 'logs'}", "--join=True", "--bind_core=True",
                str(Path(__file__).resolve()), "worker", str(work / "out.json"), str(args.rows)]
         with open(work / "msrun.log", "w") as log:
-            done = subprocess.run(cmd, env=_environment(), stdout=log, stderr=subprocess.STDOUT, timeout=600,
+            done = subprocess.run(cmd, env=environment(), stdout=log, stderr=subprocess.STDOUT, timeout=600,
                                   cwd=work)
         if done.returncode or not (work / "out.json").exists():
             print(f"msrun failed ({done.returncode}); logs kept in {work / 'logs'}", file=sys.stderr)

@@ -52,7 +52,7 @@ def worker(out: Path, repeat: int, budget_s: float) -> None:
     import mindspore as ms
     from mindspore import communication, nn, ops
 
-    from autotune.train.program import numpy2_workaround
+    from autotune.train.session import numpy2_workaround
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     numpy2_workaround(ms)
@@ -120,7 +120,7 @@ def fit(rows: list[dict]) -> tuple[float, float]:
 
 
 def measure(repeat: int, budget_s: float) -> list[dict]:
-    from autotune.execution.runner import _environment, free_port
+    from autotune.execution.runner import environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-collectives-"))
     out = work / "rows.json"
@@ -130,7 +130,7 @@ def measure(repeat: int, budget_s: float) -> list[dict]:
             "--bind_core=True", str(Path(__file__).resolve()),
             # positional: msrun's own parser would take --worker… for an abbreviation of its flags
             "worker", str(out), str(repeat), str(budget_s)]
-    done = subprocess.run(argv, cwd=work, env=_environment(), capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=work, env=environment(), capture_output=True, text=True)
     if done.returncode or not out.exists():
         sys.exit(f"msrun failed (exit {done.returncode}); worker logs in {work / 'logs'}\n"
                  f"{done.stdout[-2000:]}{done.stderr[-2000:]}")

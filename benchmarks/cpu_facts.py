@@ -73,7 +73,7 @@ def _mindspore(mode: str = "graph", workaround: bool = True):
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE if mode == "pynative" else ms.GRAPH_MODE)
     if workaround:
-        from autotune.train.program import numpy2_workaround
+        from autotune.train.session import numpy2_workaround
         numpy2_workaround(ms)
     return ms
 
@@ -289,10 +289,10 @@ def _first_line(exc: BaseException, keys=()) -> str:
 
 def run_probe(kind: str, params: dict | None = None, env: dict | None = None) -> dict:
     """``kind`` in a fresh process; its JSON answer (or the error it died with)."""
-    from autotune.execution.runner import _environment
+    from autotune.execution.runner import environment
 
     argv = [sys.executable, str(Path(__file__).resolve()), "probe", kind, json.dumps(params or {})]
-    done = subprocess.run(argv, cwd=ROOT, env={**_environment(), **(env or {})},
+    done = subprocess.run(argv, cwd=ROOT, env={**environment(), **(env or {})},
                           capture_output=True, text=True, timeout=1800)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
@@ -323,7 +323,7 @@ def worker(out: Path, ir_dir: Path) -> None:
     import mindspore as ms
     from mindspore import communication, context, nn, ops
 
-    from autotune.train.program import numpy2_workaround
+    from autotune.train.session import numpy2_workaround
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -423,7 +423,7 @@ def _ir_env(folder: Path) -> dict:
 
 
 def measure_collectives() -> dict:
-    from autotune.execution.runner import _environment, free_port
+    from autotune.execution.runner import environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-cpu-facts-"))
     out, ir_dir = work / "facts.json", work / "ir"
@@ -432,7 +432,7 @@ def measure_collectives() -> dict:
             f"--master_port={free_port()}", f"--log_dir={work / 'logs'}", "--join=True",
             "--cluster_time_out=120", "--bind_core=True", str(Path(__file__).resolve()),
             "worker", str(out), str(ir_dir)]
-    env = {**_environment(), **_ir_env(ir_dir)}
+    env = {**environment(), **_ir_env(ir_dir)}
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode or not out.exists():
         return {"error": f"msrun exit {done.returncode}; worker logs in {work / 'logs'}"}

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 
 from autotune.study.progress import Progress  # noqa: E402
-from autotune.execution.runner import _environment, command, free_port, run_trial  # noqa: E402
+from autotune.execution.runner import environment, command, free_port, run_trial  # noqa: E402
 from autotune.storage.schema import knobs_of  # noqa: E402
 from autotune.study.run import run_study  # noqa: E402
 from autotune.spec.space import build_space  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> None:
             t = time.monotonic()
             subprocess.run(command(folder / "config.json", c.devices, folder / "logs", free_port(),
                                    bind_cores=True),
-                           env=_environment(), cwd=folder, check=True, capture_output=True)
+                           env=environment(), cwd=folder, check=True, capture_output=True)
             bare.setdefault(c.fusion_mb, []).append(time.monotonic() - t)
 
             folder = work / f"runner{round_}-{c.fusion_mb}"

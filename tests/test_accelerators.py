@@ -60,11 +60,11 @@ def test_accelerator_workers_get_their_share_of_host_threads_not_rays_one(monkey
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray sets in a num_cpus=1 task
     monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(16)))
     config = {"backend": "gpu", "model": {}}
-    assert runner._environment({}, config, local_workers=4)["OMP_NUM_THREADS"] == "4"
-    assert runner._environment({}, {**config, "backend": "ascend"}, 8)["OMP_NUM_THREADS"] == "2"
-    assert runner._environment({}, {**config, "backend": "ascend"}, 32)["OMP_NUM_THREADS"] == "1"
+    assert runner.environment({}, config, local_workers=4)["OMP_NUM_THREADS"] == "4"
+    assert runner.environment({}, {**config, "backend": "ascend"}, 8)["OMP_NUM_THREADS"] == "2"
+    assert runner.environment({}, {**config, "backend": "ascend"}, 32)["OMP_NUM_THREADS"] == "1"
     # CPU trials keep what they had (their workers are pinned to cores by msrun)
-    assert runner._environment({}, {**config, "backend": "cpu"}, 2)["OMP_NUM_THREADS"] == "1"
+    assert runner.environment({}, {**config, "backend": "cpu"}, 2)["OMP_NUM_THREADS"] == "1"
 
 
 def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_one():
@@ -78,8 +78,8 @@ def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_on
 # stand-in for the mindspore module; the CPU order runs for real in test_launch_order_msrun.py)
 
 class _Recorder:
-    """The parts of the ``mindspore`` module `autotune.train.program._setup` calls, recording
-    each call in order."""
+    """The parts of the ``mindspore`` module a trial's launch calls
+    (`autotune.train.session`), recording each call in order."""
 
     GRAPH_MODE, PYNATIVE_MODE = 0, 1
 
@@ -108,10 +108,19 @@ class _Recorder:
             total_memory=int(total_gib * 2**30)))
         self.ParallelMode = SimpleNamespace(DATA_PARALLEL="data_parallel")
         self.set_auto_parallel_context = lambda **kw: record(("set_auto_parallel_context",))
+        self.reset_auto_parallel_context = lambda: record(("reset_auto_parallel_context",))
         del recorder
 
     def names(self):
         return [call[0] for call in self.calls]
+
+
+def _setup(cfg, ms):
+    """A trial's launch as a fresh process makes it: the session, then the trial's place."""
+    from autotune.train.session import open_session
+
+    knobs = cfg["knobs"]
+    open_session(cfg, knobs["dp"] * knobs["tp"] * knobs["pp"], ms).place(knobs)
 
 
 def _setup_config(backend, dp=2, device_memory=None):
@@ -124,11 +133,11 @@ def _setup_config(backend, dp=2, device_memory=None):
 
 @pytest.mark.parametrize("backend,target", [("gpu", "GPU"), ("ascend", "Ascend")])
 def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, monkeypatch, capsys):
-    from autotune.train import parallel, program
+    from autotune.train import parallel
 
-    monkeypatch.setattr(parallel, "create_groups", lambda placement: None)
+    monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     ms = _Recorder()
-    program._setup(_setup_config(backend, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}), ms)
+    _setup(_setup_config(backend, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}), ms)
     assert ms.names()[:5] == ["set_device", "set_context", "set_memory", "init", "first op"]
     assert ms.calls[0] == ("set_device", target)  # no id: msrun hands each worker its own
     assert ms.calls[2] == ("set_memory", {"max_size": "72GB"})
@@ -140,10 +149,10 @@ def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, 
 
 
 def test_a_device_reporting_another_size_than_the_profile_is_warned(monkeypatch, capsys):
-    from autotune.train import parallel, program
+    from autotune.train import parallel
 
-    monkeypatch.setattr(parallel, "create_groups", lambda placement: None)
-    program._setup(_setup_config("gpu", device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
+    monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
+    _setup(_setup_config("gpu", device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
                    _Recorder(total_gib=40.0))
     err = capsys.readouterr().err
     assert "the device reports 40.0 GiB, the profile says 80 GiB" in err
@@ -153,11 +162,11 @@ def test_cpu_workers_keep_the_first_op_before_init_and_set_no_device_memory(monk
     """The one exception, measured (docs/accelerators.md): on CPU an eager op after init()
     makes msrun's scheduler judge the worker timed out."""
     from autotune.spec.backends import BACKENDS
-    from autotune.train import parallel, program
+    from autotune.train import parallel
 
-    monkeypatch.setattr(parallel, "create_groups", lambda placement: None)
+    monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     ms = _Recorder()
-    program._setup(_setup_config("cpu", device_memory={"size_gb": 16, "max_size_gb": 14.4}), ms)
+    _setup(_setup_config("cpu", device_memory={"size_gb": 16, "max_size_gb": 14.4}), ms)
     assert ms.names()[:4] == ["set_device", "set_context", "first op", "init"]
     assert BACKENDS["cpu"].first_op_before_init
     assert not BACKENDS["gpu"].first_op_before_init and not BACKENDS["ascend"].first_op_before_init
@@ -327,7 +336,7 @@ def test_ascend_trials_and_exports_run_in_infnan_overflow_mode(tmp_path, monkeyp
     from autotune.export import write_export
 
     monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", "SATURATION_MODE")  # a cluster's profile
-    env = runner._environment({}, {"backend": "ascend", "model": {}}, 8)
+    env = runner.environment({}, {"backend": "ascend", "model": {}}, 8)
     assert env["MS_ASCEND_CHECK_OVERFLOW_MODE"] == "INFNAN_MODE"
     out = tmp_path / "ascend"
     write_export(_spec("simulate", device="ascend-910b"), _candidate(), _TRIAL, out)

@@ -62,9 +62,9 @@ def launch(out: Path, *args) -> list[dict]:
 
 def whole_model_loss(merged: dict, step: int, model=MODEL) -> float:
     """The tp1·pp1 model with the merged weights, on the global batch of ``step``."""
-    from autotune.train import data, models, program, tp_layers
+    from autotune.train import data, models, session, tp_layers
     ms.set_context(mode=ms.GRAPH_MODE)
-    program.numpy2_workaround(ms)
+    session.numpy2_workaround(ms)
     network = models.build_network(model)
     not_loaded, _ = ms.load_param_into_net(network, merged, strict_load=True)
     assert not not_loaded

@@ -45,7 +45,8 @@ def records(overflows, ms=100.0):
 def summary(overflows, total_steps=1000, underflow=0.0):
     log = StepLog(None, measure_after=2, samples_per_step=10, total_steps=total_steps)
     log.records = records(overflows)
-    return log.summary(compile_s=1.0, peak_mb=1.0, final_loss_scale=1.0, underflow_share=underflow)
+    timing = {"started_at": 0.0, "init_s": 0.5, "first_step_s": 0.5, "probe_s": 0.0}
+    return log.summary(timing, peak_mb=1.0, final_loss_scale=1.0, underflow_share=underflow)
 
 
 def test_goodput_charges_the_backoff_once_per_run_and_overflows_by_their_rate():

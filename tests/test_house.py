@@ -151,7 +151,8 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     makers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "mkdtemp(" in text]
     assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
     users = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text]
-    assert users == ["analysis/report/__init__.py", "export/writer.py", "files.py"]
+    assert users == ["analysis/report/__init__.py", "export/writer.py", "files.py",
+                     "train/compile_cache.py"]
 
     from autotune.files import staged_folder
     out = tmp_path / "out"
@@ -229,7 +230,7 @@ def sibling_entry_model(tmp_path) -> Path:
 
 
 def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_trial(tmp_path):
-    from autotune.execution.runner import _environment
+    from autotune.execution.runner import environment
     from autotune.export.params import model_parameters
     from autotune.spec.candidate import Candidate
     from autotune.spec.model_yaml import load_spec
@@ -253,7 +254,7 @@ def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_tr
             "print(sorted(p.name for p in net.get_parameters()))")
     (elsewhere / "config.json").write_text(__import__("json").dumps(config))
     done = subprocess.run([sys.executable, "-c", code, "config.json"], cwd=elsewhere,
-                          env=_environment(config=config), capture_output=True, text=True,
+                          env=environment(config=config), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "['dense.bias', 'dense.weight']"

@@ -44,9 +44,9 @@ def test_schedule_pairs_every_transfer_and_bounds_what_is_in_flight(stages):
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
-    from autotune.train import program
+    from autotune.train import session
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
-    program.numpy2_workaround(mindspore)
+    session.numpy2_workaround(mindspore)
     return mindspore
 
 

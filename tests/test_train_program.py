@@ -171,11 +171,11 @@ def test_data_parallel_under_msrun(tmp_path):
 BF16_STEP = """
 import sys
 import mindspore as ms
-from autotune.train import engine, entry, program, step
+from autotune.train import engine, entry, session, step
 
 ms.set_device(sys.argv[1])
 ms.set_context(mode=ms.GRAPH_MODE)
-program.numpy2_workaround(ms)
+session.numpy2_workaround(ms)
 config = {"seed": 0, "train": {"global_batch_size": 4},
           "model": {"family": "transformer", "entry": None, "num_layers": 1, "hidden_size": 16, "num_heads": 2,
                     "ffn_hidden_size": 32, "seq_length": 8, "vocab_size": 32}}

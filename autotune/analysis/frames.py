@@ -9,7 +9,9 @@ one column per study: trial counts by outcome, the best trial (`autotune.analysi
 first objective, the confirmed mean where the confirm phase ran, ``trials_to_3pct`` (of the
 trials the search ran, `autotune.storage.counting.is_search_trial`, in order: how many until
 the first ``ok`` one within 3% of the best), ``device_hours`` (every trial's run time × its
-devices) and the best trial's knobs and metrics — or, for a study without an ``ok`` trial,
+devices), of which ``device_hours_fixed`` and ``device_hours_measured`` (the measured steps;
+`autotune.analysis.trial_time`), ``median_fixed_per_measured`` (the median trial's fixed time
+÷ its measured steps) and the best trial's knobs and metrics — or, for a study without an ``ok`` trial,
 ``no_best`` saying why it has none of them.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import optuna
 import pandas as pd
 
-from autotune.analysis import ranking
+from autotune.analysis import ranking, trial_time
 from autotune.analysis.text import no_ok_trial
 from autotune.costmodel import diagnosis
 from autotune.jobs import METRICS, OUTCOMES
@@ -84,6 +86,12 @@ def summary(studies, storage: str | None = None) -> pd.DataFrame:
             row[outcome] = int((frame["outcome"] == outcome).sum())
         devices = frame["dp"] * frame["tp"] * frame["pp"]
         row["device_hours"] = float((frame["run_s"].astype(float).fillna(0) * devices).sum() / 3600)
+        spent = trial_time.device_time(
+            (t, knobs["dp"] * knobs["tp"] * knobs["pp"]) for t in study.get_trials(deepcopy=False)
+            if "run_s" in t.user_attrs for knobs in [knobs_of(t)])
+        row["device_hours_fixed"] = spent["fixed_s"] / 3600
+        row["device_hours_measured"] = spent["measured_s"] / 3600
+        row["median_fixed_per_measured"] = spent["median_ratio"]
         first = next(c for c in frame.columns if c.startswith("value_"))
         if len(ok):
             # stable: of equal values the earliest trial is the best (as pandas idxmax answers)

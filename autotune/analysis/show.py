@@ -14,6 +14,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from autotune.analysis import trial_time
 from autotune.analysis.text import fmt
 from autotune.analysis.view import StudyView
 from autotune.costmodel.diagnosis import PARTS, fact_lines
@@ -41,7 +42,8 @@ def show_study(v: StudyView, console: Console) -> None:
     table = Table(title="trials the search ran (repeats, confirm re-runs, interrupted runs and "
                         "retried infrastructure failures left out)")
     for column in ("#", "role", "outcome", *(SHORT.get(k, k) for k in v.searched), objective,
-                   "step ms", "peak MB", "overflows", "largest non-compute part"):
+                   "step ms", "peak MB", "overflows", "fixed/measured s",
+                   "largest non-compute part"):
         table.add_column(column, justify="right" if column not in LEFT else "left")
     for t in v.ran:
         found = v.diagnosis(t)
@@ -49,12 +51,15 @@ def show_study(v: StudyView, console: Console) -> None:
         bottleneck = (f"{PARTS[found['largest']]} {found['shares'][found['largest']]:.0%}"
                       if found else "")
         style = "bold" if v.best is not None and t.number == v.best.number else None
+        parts = trial_time.split(t.user_attrs)
+        spent = f"{parts['fixed_s']:.1f} / {parts['measured_s']:.1f}" if parts else ""
         table.add_row(str(t.number), v.label(t).partition(" ")[2].strip("()"),
                       outcome_of(t), *(fmt(knobs[k]) for k in v.searched),
                       fmt(v.value(t)), fmt(t.user_attrs.get("step_time_ms")),
                       fmt(t.user_attrs.get("peak_memory_mb")),
-                      fmt(t.user_attrs.get("overflow_steps")), bottleneck, style=style)
+                      fmt(t.user_attrs.get("overflow_steps")), spent, bottleneck, style=style)
     console.print(table)
+    _device_time(v, console)
     _standing(v, console)
     shown = [v.best] + ([v.baseline] if v.baseline is not v.best else [])
     for t in [x for x in shown if x is not None]:
@@ -62,6 +67,20 @@ def show_study(v: StudyView, console: Console) -> None:
         if found:
             console.print(f"{v.label(t)}: {found['verdict']}")
     console.print(f"[dim]autotune show {v.name} --trial N: one trial's step split into parts[/dim]")
+
+
+def _device_time(v: StudyView, console: Console) -> None:
+    """Device time of every run of the study (confirm re-runs and retries included), fixed
+    against measured (`autotune.analysis.trial_time`)."""
+    spent = trial_time.device_time((t, v.devices(t)) for t in v.trials if "run_s" in t.user_attrs)
+    total = spent["fixed_s"] + spent["measured_s"]
+    if not total:
+        return
+    ratio = (f"; the median trial's fixed time is {spent['median_ratio']:.2g}× its measured "
+             f"steps" if spent["median_ratio"] is not None else "")
+    console.print(f"device time: {total / 3600:.3g} device-h, fixed {spent['fixed_s'] / 3600:.3g} "
+                  f"({spent['fixed_s'] / total:.0%}), measured steps "
+                  f"{spent['measured_s'] / 3600:.3g}{ratio}")
 
 
 def _standing(v: StudyView, console: Console) -> None:
@@ -96,7 +115,11 @@ def show_trial(v: StudyView, trial, console: Console) -> None:
     console.print("knobs: " + " ".join(f"{k}={knobs[k]}" for k in KNOB_NAMES))
     metrics = metrics_of(trial)
     if metrics:
-        console.print("metrics: " + ", ".join(f"{k} {fmt(val)}" for k, val in metrics.items()))
+        console.print("metrics: " + ", ".join(f"{k} {fmt(val)}" for k, val in metrics.items()
+                                              if k not in trial_time.LABELS))
+    parts = trial_time.split(trial.user_attrs)
+    if parts:
+        console.print(f"time: {trial_time.line(parts)}")
     if trial.user_attrs.get("detail"):
         console.print(f"detail: {trial.user_attrs['detail'].strip()[-600:]}", markup=False)
     found = v.diagnosis(trial)

@@ -91,6 +91,11 @@ class StudyView:
     def knobs(self, trial) -> dict:
         return knobs_of(trial)
 
+    def devices(self, trial) -> int:
+        """The devices ``trial`` ran on (dp·tp·pp)."""
+        knobs = self.knobs(trial)
+        return knobs["dp"] * knobs["tp"] * knobs["pp"]
+
     def diagnosis(self, trial) -> dict | None:
         if trial.number not in self._diagnoses:
             self._diagnoses[trial.number] = diagnosis.of_trial(trial, self.knobs(trial),

@@ -64,6 +64,17 @@ class Unplaceable(ClusterLost):
 
 
 @dataclass
+class _Pool:
+    """A Ray actor holding ``devices`` of one node and the warm workers that run on them
+    (`autotune.execution.warm`); ``trial``: the number of the trial it runs, None when idle."""
+
+    actor: object
+    devices: int
+    trial: int | None = None
+    used: float = 0.0   # when it last took a trial (the idle pool used longest ago goes first)
+
+
+@dataclass
 class _Trial:
     """A submitted trial: its node tasks (one unless it spans nodes) and what they returned."""
 
@@ -73,6 +84,28 @@ class _Trial:
     group: object = None                          # its placement group, if it spans nodes
     bundles: list = field(default_factory=list)
     results: dict = field(default_factory=dict)   # node index → (started, Result)
+    pool: _Pool | None = None                     # the warm workers running it, if any
+
+
+class _PoolActor:
+    """A `autotune.execution.warm.WarmPool` inside a Ray actor: the actor holds the pool's
+    devices for as long as it lives, and its processes die with it."""
+
+    def __init__(self, root: str, workers: int, visible_devices: str | None,
+                 resource: str | None):
+        import ray
+
+        from autotune.execution.warm import WarmPool
+
+        env = {}
+        if visible_devices:  # Ray sets it too; said here so msrun's workers surely inherit it
+            ids = ray.get_runtime_context().get_accelerator_ids().get(resource, [])
+            env[visible_devices] = ",".join(map(str, ids))
+        self.pool = WarmPool(Path(root), workers, env)
+
+    def run(self, config: dict, trial_dir: str, timeout_s: float, memory_limit_mb):
+        started = time.time()
+        return started, self.pool.run(config, Path(trial_dir), timeout_s, memory_limit_mb)
 
 
 def _node_task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int,
@@ -109,9 +142,12 @@ class Dispatcher:
     """Submits trials to Ray and waits for them. Use as a context manager."""
 
     def __init__(self, backend: Backend, devices_per_node: int, pool_devices: int,
-                 address: str | None = None):
+                 address: str | None = None, warm_root: Path | None = None):
         self.backend, self.devices_per_node = backend, devices_per_node
         self.pool_devices, self.address = pool_devices, address
+        self.warm_root = warm_root  # where warm workers keep their files; None: fresh launches
+        self._pools: list[_Pool] = []
+        self._made = 0                                  # pools made so far (their folder names)
         self._trials: dict[int, _Trial] = {}
         self._stopping: list[tuple[list, object]] = []  # cancelled: (tasks still running, group)
         self._temp_dir: str | None = None
@@ -144,11 +180,14 @@ class Dispatcher:
                 raise
         self._remote = ray.remote(_node_task)
         self._address_task = ray.remote(_master_address)
+        self._pool_actor = ray.remote(_PoolActor)
         return self
 
     def __exit__(self, *exc) -> None:
         try:
             self.cancel_all()
+            for pool in list(self._pools):
+                self._retire(pool)
             self._ray.shutdown()
         finally:
             self._close_embedded()
@@ -215,6 +254,12 @@ class Dispatcher:
         # attempt on record (a Ray retry would rerun it unseen, into the same trial folder).
         args = (config, str(trial_dir), timeout_s, memory_limit_mb, devices)
         devices_env = (self.backend.visible_devices, self.backend.ray_resource)
+        if len(plan) == 1 and self.warm_root is not None:
+            pool = self._pool_for(devices)
+            pool.trial, pool.used = number, time.monotonic()
+            ref = pool.actor.run.remote(config, str(trial_dir), timeout_s, memory_limit_mb)
+            self._trials[number] = _Trial(number, time.time(), [ref], pool=pool)
+            return
         if len(plan) == 1:
             ref = self._remote.options(max_retries=0, **self.backend.task_options(devices)).remote(
                 *args, None, None, *devices_env)
@@ -235,6 +280,34 @@ class Dispatcher:
                     *args, launch, master, *devices_env)
                 for launch in plan]
         self._trials[number] = _Trial(number, time.time(), refs, group, bundles)
+
+    def _pool_for(self, devices: int) -> _Pool:
+        """An idle pool of ``devices``, else a new one — after retiring idle pools of other
+        sizes whose devices it needs (the study's loop submits only what its free devices
+        hold, and idle pools hold devices no trial uses)."""
+        for pool in self._pools:
+            if pool.trial is None and pool.devices == devices:
+                return pool
+        wanted = self.backend.resources(devices)
+        available = self._ray.available_resources()
+        idle = sorted((p for p in self._pools if p.trial is None), key=lambda p: p.used)
+        while idle and any(available.get(k, 0) < v for k, v in wanted.items()):
+            pool = idle.pop(0)
+            self._retire(pool)
+            for key, amount in self.backend.resources(pool.devices).items():
+                available[key] = available.get(key, 0) + amount
+        self._made += 1
+        actor = self._pool_actor.options(max_restarts=0, **self.backend.task_options(devices)).remote(
+            str(self.warm_root / f"pool{self._made}"), devices, self.backend.visible_devices,
+            self.backend.ray_resource)
+        pool = _Pool(actor, devices)
+        self._pools.append(pool)
+        return pool
+
+    def _retire(self, pool: _Pool) -> None:
+        """End a pool's actor (its workers die with it) without waiting."""
+        self._ray.kill(pool.actor, no_restart=True)
+        self._pools.remove(pool)
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
         """Block until at least one trial finishes (or ``timeout_s``); return those finished,
@@ -265,6 +338,9 @@ class Dispatcher:
             raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
         except Exception as exc:  # Ray lost the task: its worker or node died, ...
+            if trial.pool is not None and trial.pool in self._pools:  # the actor is gone too
+                self._retire(trial.pool)
+                trial.pool = None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return trial.submitted, Result(
                 "error", detail=f"infrastructure: Ray: {type(exc).__name__}: {first}",
@@ -295,6 +371,12 @@ class Dispatcher:
         once, or (not ``block``) once its tasks have stopped (:meth:`_reap`)."""
         del self._trials[trial.number]
         running = [ref for i, ref in enumerate(trial.refs) if i not in trial.results]
+        if trial.pool is not None:
+            if running:  # stopped before it ended: its workers go with their actor
+                self._retire(trial.pool)
+            else:
+                trial.pool.trial = None
+            return
         for ref in running:
             self._ray.cancel(ref, force=False)
         self._stopping.append((running, trial.group))

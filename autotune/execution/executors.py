@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 from pathlib import Path
 
 from autotune.execution.runner import fresh_trial_dir
 from autotune.jobs import Job, Result
 from autotune.spec.backends import backend_of
+
+FRESH_TRIALS = "AUTOTUNE_FRESH_TRIALS"  # "1": every real trial in processes of its own
+COMPILE_CACHE = "AUTOTUNE_COMPILE_CACHE"  # "0": every trial compiles all of its graphs
 
 
 def simulated_metrics(estimate) -> dict:
@@ -171,14 +175,21 @@ class DispatchedExecutor:
         self.memory_mb = None if device_memory else profile.memory_gb * 1024
         # ... which a GPU/Ascend trial caps at the screen's budget (set_memory's max_size)
         self.device_memory = costmodel.device_memory_cap(spec.cluster)
+        # compiled graphs, reused by trials of the same graph (autotune.train.compile_cache):
+        # beside the studies, so studies of one model share them
+        self.compile_cache = (None if os.environ.get(COMPILE_CACHE) == "0"
+                              else (study_dir.parent / ".compile-cache").resolve())
         self._dispatcher = None
 
     def __enter__(self):
         from autotune.execution.dispatch import Dispatcher
 
         cluster = self.spec.cluster
+        # trials of one size run one after another in workers that stay up (execution.warm),
+        # unless AUTOTUNE_FRESH_TRIALS=1 asks for a fresh launch per trial
+        warm = None if os.environ.get(FRESH_TRIALS) == "1" else self.study_dir / ".pools"
         self._dispatcher = Dispatcher(backend_of(cluster.backend), cluster.devices_per_node,
-                                      cluster.devices, self.ray_address).__enter__()
+                                      cluster.devices, self.ray_address, warm).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -201,7 +212,8 @@ class DispatchedExecutor:
         config = trial_config(self.spec, job.candidate, study=self.spec.study, number=job.number,
                               out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
                               measure_after=self.spec.trial.measure_after,
-                              device_memory=self.device_memory)
+                              device_memory=self.device_memory,
+                              compile_cache=self.compile_cache)
         self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
                                 self.spec.trial.timeout_s, self.memory_mb)
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from autotune.execution.classify import classify
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
+from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
 from autotune.spec.backends import backend_of
@@ -83,15 +84,18 @@ def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None,
         (trial_dir / name).unlink(missing_ok=True)
 
 
-def command(config_path: Path, workers: int, log_dir: Path, port: int,
+def command(program_args, workers: int, log_dir: Path, port: int,
             bind_cores: bool = False, node: NodeRun | None = None) -> list[str]:
-    """The argument list that runs the trial program with ``workers`` ranks, under msrun
+    """The argument list that runs the trial program with ``program_args`` (a config path, or
+    ``["--serve", POOL_DIR]``: `autotune.train.serve`) and ``workers`` ranks, under msrun
     (`autotune.train.msrun`, the builder exported launch scripts use too) when there are several —
     this node's share of them with ``node``. ``bind_cores`` pins each msrun worker to its own
     cores: measured on the 2-core CPU, unpinned dp = 2 step times jump between ~46 and ~75 ms
     from run to run; pinned they stay within 44–47 ms."""
+    program = [str(PROGRAM_PATH), *map(str, program_args if isinstance(program_args, list)
+                                       else [program_args])]
     if workers == 1:
-        return [sys.executable, str(PROGRAM_PATH), str(config_path)]
+        return [sys.executable, *program]
     msrun = Path(sys.executable).with_name("msrun")
     if node is None:
         args = msrun_args(workers, workers, master_port=port, log_dir=str(log_dir),
@@ -100,7 +104,7 @@ def command(config_path: Path, workers: int, log_dir: Path, port: int,
         args = msrun_args(workers, node.launch.local_workers, master_port=node.master_port,
                           master_addr=node.master_addr, node_rank=node.launch.msrun_node_rank,
                           log_dir=str(log_dir), bind_core=bind_cores)
-    return [str(msrun), *args, str(PROGRAM_PATH), str(config_path)]
+    return [str(msrun), *args, *program]
 
 
 def host_threads(local_workers: int) -> int:
@@ -116,7 +120,7 @@ def host_threads(local_workers: int) -> int:
     return max(1, cores // max(1, local_workers))
 
 
-def _environment(extra: dict | None = None, config: dict | None = None,
+def environment(extra: dict | None = None, config: dict | None = None,
                  local_workers: int = 1) -> dict:
     """The trial program's environment: ours plus ``extra``, the project and an entry model's
     folders on PYTHONPATH, this interpreter first on PATH, the backend's own variables
@@ -157,7 +161,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
                    bind_cores=backend.pins_cores and node is None, node=node)
     if node is not None:
         env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
-    started = time.monotonic()
+    started, handed_over = time.monotonic(), time.time()
     with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
         # msrun does not say how it was started, nor which devices Ray gave: the log does
         given = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
@@ -166,7 +170,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
-                                env=_environment(env, config, node.launch.local_workers if node
+                                env=environment(env, config, node.launch.local_workers if node
                                                  else workers),
                                 start_new_session=True,
                                 preexec_fn=die_with_parent_hook())
@@ -178,12 +182,14 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
             tree.stop(STOP_GRACE_S, reap=proc.poll)
             proc.wait()
             raise
-    run_s = time.monotonic() - started
+    run_s, ended = time.monotonic() - started, time.time()
     if outcome:
         return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
-    return classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
+    result = classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
+    result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
+    return result
 
 
 def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,

@@ -22,7 +22,8 @@ launch itself failed (the candidate's own code never ran).
 Importing this package does not import MindSpore. The package is what runs on the training
 cluster — trials and exported runs — plus the msrun command line they are launched with
 (`autotune.train.msrun`); it imports of autotune only `autotune.layout`, `autotune.shapes`,
-`autotune.procfs` and the spec's `knobs`, `backends` and `entry` (never Optuna or Ray).
+`autotune.procfs`, `autotune.files` and the spec's `knobs`, `backends` and `entry` (never Optuna
+or Ray).
 """
 
 import os

@@ -1,4 +1,6 @@
-"""``python -m autotune.train CONFIG_JSON``, or this file's path as msrun's program.
+"""``python -m autotune.train CONFIG_JSON``, or this file's path as msrun's program; with
+``--serve POOL_DIR`` instead of a config, workers that run trial after trial
+(`autotune.train.serve`), each trial's exit code and verdict as below.
 
 Exit codes: 0 done (metrics written); 2 the config cannot be run (bad field, bad model entry);
 1 the run failed; 3 the launch failed before the candidate ran (``LaunchError``: communication
@@ -60,34 +62,45 @@ def main(argv=None) -> int:
             print(f"{LAUNCH_FAILED} scheduler: {_fail(exc).removeprefix('autotune.train: ')}",
                   file=sys.stderr, flush=True)
             return 3
+    if len(args) == 2 and args[0] == "--serve":
+        from autotune.train.serve import serve
+        return serve(args[1], started, _run_one)
     if len(args) != 1:
-        print("usage: python -m autotune.train CONFIG_JSON", file=sys.stderr)
+        print("usage: python -m autotune.train CONFIG_JSON | --serve POOL_DIR", file=sys.stderr)
         return 2
+    return _run_one(args[0], None, started)[0]
+
+
+def _run_one(config_path: str, session, started: float, leftover_mb: float = 0.0):
+    """Run the trial of ``config_path`` — in ``session`` (a worker that stays up), or in a
+    session opened here — printing its verdict; returns ``(exit code, session)``."""
     try:
-        with open(args[0]) as f:
+        with open(config_path) as f:
             config = json.load(f)
     except (OSError, ValueError) as exc:
-        print(f"autotune.train: cannot read config {args[0]}: {exc}", file=sys.stderr)
-        return 2
+        print(f"autotune.train: cannot read config {config_path}: {exc}", file=sys.stderr)
+        return 2, session
     from autotune.spec.entry import EntryError
     from autotune.train import program
     try:
-        result = program.run(config, started)
+        if session is None:
+            session = program.open_trial_session(config)
+        result = program.run_trial(config, session, started, leftover_mb)
     except (program.ConfigError, EntryError) as exc:
         print(_fail(exc), file=sys.stderr)
-        return 2
+        return 2, session
     except program.LaunchError as exc:
         traceback.print_exc()
         sys.stderr.flush()
         print(_fail(exc), file=sys.stderr)
-        return 3
+        return 3, session
     except Exception as exc:  # noqa: BLE001  (any failure must become an exit code and one clear line)
         traceback.print_exc()
         sys.stderr.flush()
         print(_fail(exc), file=sys.stderr)
-        return 1
+        return 1, session
     print(f"autotune.train: done: {json.dumps(result)}", flush=True)
-    return 0
+    return 0, session
 
 
 if __name__ == "__main__":

@@ -23,13 +23,14 @@ def micro_steps(knobs: dict) -> int:
 
 def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,
                  steps: int, measure_after: int, backend: str | None = None,
-                 device_memory: dict | None = None) -> dict:
+                 device_memory: dict | None = None, compile_cache: str | Path | None = None) -> dict:
     """``config.json`` for ``candidate`` of ``spec``: ``steps`` optimizer steps, timing after
     ``measure_after``, outputs in ``out_dir`` (kept as given: export writes a relative one). An
     entry model's config also names ``model_dir``, model.yaml's folder, from which the entry
     is imported (`autotune.spec.entry`). ``device_memory`` (GPU/Ascend: ``size_gb``,
     ``max_size_gb``, `autotune.costmodel.device_memory_cap`) caps the device's memory pool
-    (`autotune.train.device`)."""
+    (`autotune.train.device`). ``compile_cache``: the folder of compiled graphs trials may
+    reuse (`autotune.train.compile_cache`)."""
     config = {"study": study, "trial_number": number,
               "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
               "out_dir": str(out_dir),
@@ -38,6 +39,8 @@ def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Pat
               "knobs": candidate.as_dict()}
     if device_memory:
         config["device_memory"] = dict(device_memory)
+    if compile_cache:
+        config["compile_cache"] = str(compile_cache)
     if spec.model.entry:
         config["model_dir"] = str(Path(spec.source).resolve().parent)
     return config

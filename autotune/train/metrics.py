@@ -35,7 +35,16 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   least-squares slope with a t-statistic above `TREND_T` whose fitted rise over the window is more
   than `TREND_RISE` of its fitted start. Noise is judged by the fit's own residuals, so a tiny batch
   whose step-0 loss happened to be low does not trip it.
-- ``compile_s``: process start → first step done (imports, communication init, compile).
+- Where the trial's time went, in seconds (the runner adds ``launch_s`` and ``teardown_s``, the
+  parts only it sees, from ``started_at`` and ``finished_at``: `autotune.execution.timing`):
+  ``init_s`` the trial's start → its network, optimizer and step cells built (in a process of
+  its own: imports, cluster join and communication init included; in a worker that stays up,
+  `autotune.train.serve`, from when it took the trial); ``first_step_s`` → the first step done
+  (its compile included); ``compile_s`` = ``init_s`` + ``first_step_s``, the time to the first
+  step; ``excluded_steps_s`` the other steps before ``measure_after`` (timed as steps are);
+  ``steps_s`` the measured steps (what ``throughput`` divides by); ``probe_s`` the underflow
+  probe's wall time; ``started_at`` / ``finished_at`` the epoch seconds when the trial started
+  and when its outputs were written (rank 0).
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
   "device"; on GPU/Ascend what the device held (`autotune.train.device.device_peak_mb`: the
@@ -56,7 +65,9 @@ TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-fini
 
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
-               "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share")
+               "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
+               "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s", "started_at",
+               "finished_at")
 
 
 def reset_peak_memory() -> None:
@@ -74,6 +85,18 @@ def peak_memory_mb() -> float:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def resident_mb() -> float:
+    """Resident set size of this process now, MiB (VmRSS); 0.0 where /proc is unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
@@ -136,9 +159,11 @@ class StepLog:
         if self._file:
             self._file.close()
 
-    def summary(self, compile_s, peak_mb, final_loss_scale, underflow_share=0.0) -> dict:
+    def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; ``underflow_share`` is
-        the probe's (`autotune.train.probe`), 0 without float16."""
+        the probe's (`autotune.train.probe`), 0 without float16. ``timing``: ``started_at``,
+        ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them (``finished_at``
+        is set by the caller once the outputs are written)."""
         # a resumed run may record fewer steps than measure_after: time at least its last one
         first = min(self.measure_after, len(self.records) - 1)
         measured = self.records[first:]
@@ -164,7 +189,7 @@ class StepLog:
             "loss_first": loss_first,
             "loss_last": loss_last,
             "diverged": (not finite) or rising(losses[first:]),
-            "compile_s": compile_s,
+            "compile_s": timing["init_s"] + timing["first_step_s"],
             "steps": len(self.records),
             "samples_per_step": self.samples_per_step,
             "applied_steps": len(self.records) - overflow_steps,
@@ -172,4 +197,11 @@ class StepLog:
             "backoff_steps": k,
             "overflow_rate": rate,
             "underflow_share": underflow_share,
+            "init_s": timing["init_s"],
+            "first_step_s": timing["first_step_s"],
+            "excluded_steps_s": sum(r["step_time_ms"] for r in self.records[1:first]) / 1000.0,
+            "steps_s": seconds,
+            "probe_s": timing["probe_s"],
+            "started_at": timing["started_at"],
+            "finished_at": None,
         }

@@ -84,11 +84,16 @@ class Placement:
         return {name: [int(r) for r in name.split("-")[1:]] for name in named if name}
 
 
-def create_groups(placement: Placement) -> None:
+def create_groups(placement: Placement, made: set) -> None:
+    """Create the groups ``placement`` names that are not in ``made`` (the names this process
+    made before), adding them: a group's name is its ranks, so a later trial of another layout
+    in the same process reuses the groups it shares."""
     from mindspore.communication import create_group
 
     for name, ranks in placement.groups().items():
-        create_group(name, ranks)
+        if name not in made:
+            create_group(name, ranks)
+            made.add(name)
 
 
 class CopyToGroup(nn.Cell):

@@ -7,18 +7,17 @@ optimizer's, which a skipped step does not advance). A scale that keeps overflow
 ``UPDATE_CAP`` × ``trial.steps`` steps, however many updates it applied. An exported run
 (``trial.schedule`` ``"full"``) and a resumed one count steps, as MindSpore's trainers do.
 
-``run(config)`` is what ``python -m autotune.train CONFIG_JSON`` (one process) or ``msrun …
-autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes; the config format is the
-driver's (see the package docstring). Knobs as applied here:
+:func:`run_trial` is what ``python -m autotune.train CONFIG_JSON`` (one process) or ``msrun …
+autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes after
+:func:`open_trial_session`, and what workers that stay up between trials execute for each
+trial (`autotune.train.serve`); the config format is the driver's (see the package docstring).
+Knobs as applied here:
 
-- the launch, in this order (each call announced on stderr, `autotune.train.device.launch_step`):
-  ``set_device`` (no id: msrun hands each worker its device), the context's mode, on GPU/Ascend
-  ``runtime.set_memory(max_size=…)`` from the config's ``device_memory`` section, then
-  ``communication.init()`` before any op — except on CPU, where the numpy-2 throw-away op
-  (:func:`numpy2_workaround`) comes before init (`autotune.spec.backends.Backend.first_op_before_init`
-  says why). msrun's scheduler role runs none of this (`autotune.train.__main__`).
-- the layout (``dp``, ``tp``, ``pp``): ``communication.init()`` (a failure there is the launch's,
-  :class:`LaunchError`, not the candidate's), then each rank builds its part of the model (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
+- the launch (`autotune.train.session`: set_device, the memory cap, ``communication.init()``, a
+  failure there being the launch's, :class:`LaunchError`), once per process; then, per trial,
+  the context's mode, the layout's process groups and parallel context.
+- the layout (``dp``, ``tp``, ``pp``): each rank builds its part of the model
+  (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
   explicit collectives in its tp group (`autotune.train.tp_layers`), pipeline stages driven by a
   1F1B schedule over ``micro_batches`` (`autotune.train.pipeline`). Each dp replica trains on its
   shard of every global batch. One process runs stand-alone (no init).
@@ -35,6 +34,8 @@ driver's (see the package docstring). Knobs as applied here:
 
 Once the launch is done (communication and groups; at once for one process) each rank prints
 ``autotune.train.CANDIDATE_STARTED`` on stderr: from there on a failure is the candidate's own.
+With the config's ``compile_cache`` folder, graphs compiled by an earlier trial of the same
+graph are loaded (`autotune.train.compile_cache`); one line on stderr says how many.
 
 Optional ``checkpoint`` section (exported runs; trials save nothing): ``dir`` (per-rank folders,
 `autotune.train.checkpoint`), ``save_every`` (steps; null = only at the end), ``resume`` (continue
@@ -48,8 +49,9 @@ final loss scale; each rank counts its part and one all-reduce sums the counts.
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
 memory (read before the probe; on GPU/Ascend also ``device_reserved_mb``, ``device_allocated_mb``
-and ``device_smi_mb``, `autotune.train.device.device_peak_mb`), a sha256 of its final weights (the ranks of a dp group must
-agree) and ``probe_s``, the probe's wall time.
+and ``device_smi_mb``, `autotune.train.device.device_peak_mb`; ``leftover_mb``, what earlier
+trials of a warm worker left resident, taken off the CPU peak), a sha256 of its final weights
+(the ranks of a dp group must agree) and ``probe_s``, the probe's wall time.
 """
 
 import os
@@ -62,18 +64,14 @@ from autotune import layout
 from autotune.spec.backends import BACKENDS
 from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW
 from autotune.train import CANDIDATE_STARTED
+from autotune.train import compile_cache
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
-from autotune.train.device import (device_peak_mb, device_total_bytes, launch_step, memory_cap,
-                                   reported_memory_warning, reset_device_peak)
+from autotune.train.device import device_peak_mb, reset_device_peak
+from autotune.train.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
 
 
 UPDATE_CAP = 2  # a trial's steps, applied or skipped, stop at UPDATE_CAP × trial.steps
-
-
-class LaunchError(RuntimeError):
-    """This process could not join the launch (``communication.init``: the cluster, the
-    launcher's environment): nothing of the candidate ran. Exit code 3."""
 
 
 REQUIRED = {
@@ -121,77 +119,6 @@ def check_config(cfg: dict) -> None:
         raise ConfigError("knobs.micro_batches: must be ≥ pp")
     if not 0 <= trial["measure_after"] < trial["steps"]:
         raise ConfigError("trial.measure_after: must be >= 0 and < trial.steps")
-
-
-def numpy2_workaround(ms) -> None:
-    """Absorb MindSpore's failure on the first eager op that parses a Python sequence.
-
-    MindSpore 2.10's C++ side was built against numpy 1.x: under numpy 2.x the first such op in a
-    process raises ``SystemError: numpy.core.multiarray failed to import`` (and prints a long
-    warning); later ops work and compiled graphs are unaffected. One throw-away reshape at start
-    takes the hit, with stderr silenced so worker logs stay readable.
-    """
-    if int(np.__version__.split(".")[0]) < 2:
-        return
-    saved = os.dup(2)
-    try:
-        sys.stderr.flush()
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            try:
-                ms.Tensor(np.zeros(1, np.float32)).reshape((1,))
-            except SystemError:
-                pass
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _setup(cfg, ms):
-    """Context, memory cap, communication, process groups and parallel context, in the order
-    `launch_order` states; returns this rank's Placement."""
-    from autotune.train import parallel
-
-    knobs, backend = cfg["knobs"], BACKENDS[cfg.get("backend", "cpu")]
-    dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
-    # no device id: msrun hands each worker its own (MindSpore's set_device doc)
-    launch_step(f"set_device({backend.device_target})")
-    ms.set_device(backend.device_target)
-    ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
-    cap = memory_cap(cfg, backend.device_target)
-    if cap:
-        launch_step(f"runtime.set_memory(max_size={cap})")
-        ms.runtime.set_memory(max_size=cap)
-    early = dp * tp * pp == 1 or backend.first_op_before_init
-    if early:
-        launch_step("first op")
-        numpy2_workaround(ms)
-    if dp * tp * pp == 1:
-        return parallel.Placement.of(0, 1, 1, 1)
-    try:
-        launch_step("communication.init()")
-        ms.communication.init()
-        size, rank = ms.communication.get_group_size(), ms.communication.get_rank()
-    except Exception as exc:  # noqa: BLE001  (whatever the cluster says, it is the launch's)
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-        raise LaunchError(f"communication init failed: {type(exc).__name__}: {first}") from exc
-    if not early:
-        launch_step("first op")
-        numpy2_workaround(ms)
-    if backend.device_memory:
-        warning = reported_memory_warning(cfg, device_total_bytes(ms))
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
-    if size != dp * tp * pp:
-        raise ConfigError(f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started {size} processes")
-    placement = parallel.Placement.of(rank, dp, tp, pp)
-    parallel.create_groups(placement)
-    if dp > 1:
-        # The DP gradient reducer buckets its all-reduces by this threshold, over any group.
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
-                                     device_num=size,
-                                     comm_fusion={"allreduce": {"mode": "size", "config": int(knobs["fusion_mb"])}})
-    return placement
 
 
 def _sum_over_ranks(ms, values) -> np.ndarray:
@@ -258,23 +185,50 @@ def _checkpoints(cfg, engine, placement, ms):
     return tensors, folder, section.get("save_every"), 0
 
 
-def run(cfg: dict, started: float) -> dict:
-    """Train the trial and write the outputs; returns this rank's metrics (rank 0's are metrics.json).
+def open_trial_session(cfg: dict) -> Session:
+    """The process's session for trials like ``cfg`` (its backend, device memory and world
+    size): `autotune.train.session.open_session`, after the config is checked; with the
+    config's ``compile_cache`` folder, MindSpore's compile cache keyed by graph
+    (`autotune.train.compile_cache`)."""
+    check_config(cfg)
+    # MindSpore's own compile cache keys graphs on the source files only: measured, a cached
+    # graph is silently reused after a knob change (recompute=full ran the recompute=none graph)
+    # or crashes (grad_accum changed). Only the graph-keyed cache may turn it on.
+    os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
+    knobs = cfg["knobs"]
+    session = open_session(cfg, knobs["dp"] * knobs["tp"] * knobs["pp"])
+    if cfg.get("compile_cache"):
+        session.cache = compile_cache.install(cfg["compile_cache"], session.rank)
+    return session
 
-    ``started``: when the process started (epoch s), the origin of ``compile_s``.
+
+def _graph_key(cfg: dict, session: Session) -> str | None:
+    """The trial's graph key for the compile cache, None where no graph may be reused: no
+    cache, a model.entry network (its source is not in the key), PyNative (nothing compiled)."""
+    if session.cache is None or cfg["model"].get("entry") or cfg["knobs"]["jit_level"] == "pynative":
+        return None
+    return compile_cache.graph_key(cfg)
+
+
+def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 0.0) -> dict:
+    """Train the trial in ``session`` and write the outputs; returns this rank's metrics (rank
+    0's are metrics.json).
+
+    ``started``: when this trial started (epoch s) — its process's start, or when a worker
+    that stays up took it (`autotune.train.serve`): the origin of ``init_s`` and ``compile_s``.
+    ``leftover_mb``: host memory earlier trials of this process left resident that this one
+    does not use (`autotune.train.serve`), taken off its peak on CPU.
     """
     check_config(cfg)
-    # MindSpore's compile cache keys graphs on the source files only: measured, a cached graph is
-    # silently reused after a knob change (recompute=full ran the recompute=none graph) or crashes
-    # (grad_accum changed). Every trial must compile its own candidate.
-    os.environ.pop("MS_COMPILER_CACHE_ENABLE", None)
-    import mindspore as ms
+    ms = session.ms
     from autotune.train import checkpoint
     from autotune.train.engine import build_engine
 
-    placement = _setup(cfg, ms)
+    placement = session.place(cfg["knobs"])
     print(f"{CANDIDATE_STARTED}: rank {placement.rank} of {placement.world}", file=sys.stderr,
           flush=True)
+    if session.cache is not None:
+        session.cache.trial(_graph_key(cfg, session))
     engine = build_engine(cfg, placement, SCALE_WINDOW)
     tensors, folder, save_every, first_step = _checkpoints(cfg, engine, placement, ms)
     train, trial, rank, dp = cfg["train"], cfg["trial"], placement.rank, placement.dp
@@ -283,7 +237,7 @@ def run(cfg: dict, started: float) -> dict:
                           f"{trial['steps']} steps")
     # the peak counts what training adds to the built model, not the full tensors drawn to slice
     # it (on a device the pool keeps what it reserved: its reserved peak includes the model)
-    backend = BACKENDS[cfg.get("backend", "cpu")]
+    backend = session.backend
     if backend.device_memory:
         reset_device_peak(ms)
     else:
@@ -294,7 +248,8 @@ def run(cfg: dict, started: float) -> dict:
                               trial["measure_after"], train["global_batch_size"], train["total_steps"],
                               append=first_step > 0)
     shard_size = train["global_batch_size"] // dp
-    compile_s = None
+    built = time.time()
+    first_done = None
     # a trial counts applied updates (see the module doc); a full or resumed run, steps
     updates = trial.get("schedule", "compressed") != "full" and first_step == 0
     last_step = UPDATE_CAP * trial["steps"] if updates else trial["steps"]
@@ -313,8 +268,8 @@ def run(cfg: dict, started: float) -> dict:
         t0 = time.perf_counter()
         loss, overflow, scale = engine.step(inputs, labels)
         seconds = time.perf_counter() - t0
-        if compile_s is None:
-            compile_s = time.time() - started
+        if first_done is None:
+            first_done = time.time()
         log.add(i, seconds, float(loss), bool(overflow), float(scale))
         applied += not bool(overflow)
         i += 1
@@ -325,20 +280,29 @@ def run(cfg: dict, started: float) -> dict:
 
     # training's peak: before the probe builds anything
     held = device_peak_mb(ms, backend.device_target, os.getpid()) if backend.device_memory else {}
-    own_peak = held["peak"] if held else metrics_mod.peak_memory_mb()
+    own_peak = held["peak"] if held else metrics_mod.peak_memory_mb() - leftover_mb
     world = placement.world
     peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
     probe_started = time.perf_counter()
     underflow = _underflow_share(ms, engine, placement, i - 1, final_scale)
     probe_s = time.perf_counter() - probe_started
-    result = log.summary(compile_s, peak, final_scale, underflow)
+    timing = {"started_at": started, "init_s": built - started,
+              "first_step_s": first_done - built, "probe_s": probe_s}
+    result = log.summary(timing, peak, final_scale, underflow)
     from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
-        "peak_memory_mb": own_peak, "weights_sha256": digest(engine.network),
+        "peak_memory_mb": own_peak, "leftover_mb": leftover_mb, "weights_sha256": digest(engine.network),
         **{f"device_{k}_mb": v for k, v in held.items() if k != "peak"},
         "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"], "probe_s": probe_s})
+    cache = session.cache
+    if cache is not None and cache.key is not None:
+        print(f"{compile_cache.SAY} graph {cache.key}: {cache.hits} of {cache.ordinal} graphs "
+              f"loaded, {cache.stores} stored (for each graph not stored before, MindSpore "
+              f"logs 'Load MindIR file failed': the slot's placeholder)", file=sys.stderr,
+              flush=True)
     if rank == 0:
+        result["finished_at"] = time.time()
         metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), result)
     return result

@@ -67,7 +67,8 @@ def write_report(names: list[str], out: Path, storage: str | None = None,
         builders = {"history": figures.history, "importances": figures.importances,
                     "parallel": figures.parallel, "slice": figures.slice_,
                     "pareto": figures.pareto, "memory": measured.memory,
-                    "estimate": measured.estimate, "breakdown": measured.breakdown}
+                    "estimate": measured.estimate, "breakdown": measured.breakdown,
+                    "trial-time": measured.trial_time}
         for v, slug in zip(views, _slugs(names)):
             # a study without an ok trial has no point to plot: each figure says so, not drawn
             drawn = [(name, v.why_no_ok if v.why_no_ok and (name != "pareto" or

@@ -1,10 +1,12 @@
 """The report's figures that Optuna has no plot for: goodput against memory, estimate against
-measurement, the time breakdown of the top candidates, and several studies on one axis.
+measurement, the time breakdown of the top candidates, where each trial's time went, and
+several studies on one axis.
 
 Contract: as `autotune.analysis.report.figures` (a
 :class:`~autotune.analysis.report.figures.Figure` or a str
 saying why not); ``memory`` and ``estimate`` draw one point per ``ok`` trial (``estimate`` in
-each of its two panels), ``studies`` one point per ``ok`` trial of each study.
+each of its two panels), ``studies`` one point per ``ok`` trial of each study, ``trial_time``
+one bar per run that stored its time split (confirm re-runs included: they are device time too).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import matplotlib.pyplot as plt
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from autotune.analysis import trial_time as time_split
 from autotune.analysis.report.figures import COLOURS, SIZE, TOP, Figure, _best_so_far, _label
 from autotune.costmodel import Calibration
 from autotune.costmodel.diagnosis import MEMORY_ALARM, PARTS
@@ -157,6 +160,43 @@ def breakdown(v):
     return Figure("breakdown", "Time breakdown of the top candidates",
                   "The measured step of each, split as the cost model splits it (each trial's "
                   "diagnosis).", fig, png)
+
+
+TIME_COLOURS = {"launch_s": "#8c8c8c", "init_s": "#937860", "first_step_s": "#c44e52",
+                "excluded_steps_s": "#dd8452", "steps_s": "#4c72b0", "probe_s": "#8172b3",
+                "teardown_s": "#da8bc3", "other_s": "#cccccc"}
+
+
+def trial_time(v):
+    """Each run's time split into its parts: the measured steps against the fixed rest."""
+    runs = [(t, time_split.split(t.user_attrs)) for t in v.trials]
+    runs = [(t, parts) for t, parts in runs if parts]
+    if not runs:
+        return "no trial stored where its time went (a simulated or replayed study, or one " \
+               "recorded before the split was stored)"
+    spent = time_split.device_time((t, v.devices(t)) for t, _ in runs)
+    title = (f"{v.name}: where each trial's time went — fixed "
+             f"{spent['fixed_s'] / (spent['fixed_s'] + spent['measured_s']):.0%} of the device time")
+    labels = [v.label(t) for t, _ in runs]
+    fig = go.Figure()
+    png, ax = plt.subplots(figsize=(SIZE[0], 1.6 + 0.32 * len(runs)))
+    left = [0.0] * len(runs)
+    for part, colour in TIME_COLOURS.items():
+        seconds = [parts[part] for _, parts in runs]
+        name = time_split.LABELS[part]
+        fig.add_trace(go.Bar(y=labels, x=seconds, name=name, orientation="h", marker_color=colour))
+        ax.barh(labels, seconds, left=left, label=name, color=colour)
+        left = [a + b for a, b in zip(left, seconds)]
+    fig.update_layout(barmode="stack", title=title, xaxis_title="seconds",
+                      yaxis={"autorange": "reversed"})
+    ax.invert_yaxis()
+    ax.set(title=title, xlabel="seconds")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.6 / len(runs)), ncol=4,
+              fontsize=9, frameon=False)
+    png.tight_layout()
+    return Figure("trial-time", "Where each trial's time went",
+                  "Each run's seconds by part, in trial order: the measured steps (blue) are "
+                  "what the trial is for, the rest is its fixed cost.", fig, png)
 
 
 def studies(views):

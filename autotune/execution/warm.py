@@ -1,0 +1,202 @@
+"""Trials of one size run one after another in workers that stay up.
+
+Contract: a :class:`WarmPool` runs trials of ``workers`` ranks on this node in trial-program
+processes it keeps between trials (`autotune.train.serve`: one msrun launch, or one process for
+a single rank), so MindSpore's import, msrun's start, the cluster join and communication init
+are paid once per pool, not once per trial. :meth:`WarmPool.run` has the face and the outcomes
+of `autotune.execution.runner.run_trial` — ``config.json`` written, the folder cleared, the
+timeout, the memory budget and a cancel (KeyboardInterrupt) enforced on the trial's processes,
+an `autotune.jobs.Result` read by `autotune.execution.classify` from the trial's own folder and
+logs — and says where the time went (``launch_s`` … ``teardown_s``,
+`autotune.execution.timing`).
+
+A trial that does not end well retires the pool: a timeout, a worker over the budget, a cancel,
+a crash, or any rank whose trial ended with a non-zero code (it may leave a collective half
+done). Its processes are stopped; the next trial starts fresh ones. A trial that ended ok or
+diverged leaves the workers up for the next. Should the pool's owner die, its processes die
+with it: they are started from a thread that lives as long as they do (``PR_SET_PDEATHSIG``,
+`autotune.train.lifetime`), and msrun's workers die with msrun.
+
+Where a pool's own files go: ``root`` (the handovers, msrun's logs of what the workers print
+between trials); a pool that cannot start copies its logs into the trial's ``logs/pool/``, where
+`autotune.execution.classify` reads them (no rank started the candidate: the infrastructure's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from autotune.execution.classify import classify
+from autotune.execution.processes import ProcessTree
+from autotune.execution.runner import (POLL_S, STOP_GRACE_S, command, environment, free_port,
+                                       fresh_trial_dir)
+from autotune.execution.timing import with_launch_and_teardown
+from autotune.jobs import Result
+from autotune.spec.backends import backend_of
+from autotune.train.lifetime import die_with_parent_hook
+
+FAILED_RANKS_GRACE_S = 1.0  # after a rank's failure, for the others to say how they ended
+CLOSE_WAIT_S = 5.0          # a pool told to stop gets this long before it is stopped
+# A pool whose workers keep more than this share of the memory budget resident beyond what they
+# held after its first trial (MindSpore keeps some of every trial: `autotune.train.serve`)
+# retires after the trial: the budget is checked on the workers' whole resident set.
+RETIRE_LEFTOVER = 0.1
+
+
+def _write_whole(path: Path, payload: dict) -> None:
+    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    temporary.write_text(json.dumps(payload))
+    temporary.replace(path)
+
+
+class WarmPool:
+    """Workers of ``workers`` ranks for one backend on this node (see the module doc). ``env``:
+    variables every worker gets (the devices Ray gave)."""
+
+    def __init__(self, root: Path, workers: int, env: dict | None = None):
+        self.root, self.workers, self.env = Path(root), workers, dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.tree: ProcessTree | None = None
+        self.trials = 0            # trials handed to the processes running now
+        self.argv: list[str] = []
+        self.started_at = 0.0
+
+    @property
+    def up(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _start(self, config: dict) -> None:
+        """Start the workers (from a thread that lives as long as they do)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        (self.root / "logs").mkdir(parents=True)
+        backend = backend_of(config.get("backend", "cpu"))
+        self.argv = command(["--serve", self.root], self.workers, self.root / "logs",
+                            free_port(), bind_cores=backend.pins_cores)
+        started = threading.Event()
+
+        def launch_and_wait():
+            with open(self.root / "logs" / "launcher.log", "w") as out:
+                self.proc = subprocess.Popen(
+                    self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.root,
+                    env=environment(self.env, config, self.workers), start_new_session=True,
+                    preexec_fn=die_with_parent_hook())
+                started.set()
+                self.proc.wait()
+
+        threading.Thread(target=launch_and_wait, daemon=True, name="warm-pool").start()
+        started.wait()
+        self.tree = ProcessTree(self.proc.pid)
+        self.trials, self.started_at = 0, time.time()
+
+    def run(self, config: dict, trial_dir: Path, timeout_s: float,
+            memory_limit_mb: float | None) -> Result:
+        """Run the trial of ``config`` in ``trial_dir`` (see the module doc)."""
+        backend = backend_of(config.get("backend", "cpu"))
+        trial_dir = trial_dir.resolve()
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        config_path = trial_dir / "config.json"
+        _write_whole(config_path, config)
+        log_dir = trial_dir / "logs"
+        fresh_trial_dir(trial_dir, log_dir)
+        fresh = not self.up
+        if fresh:
+            self._start(config)
+        started, handed_over = time.monotonic(), time.time()
+        given = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
+        with open(log_dir / "msrun.log", "w") as out:
+            out.write(f"launched: {' '.join(given + [shlex.join(self.argv)])}\n")
+            out.write(f"warm workers: trial {self.trials} of the processes started "
+                      f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
+        number = self.trials
+        _write_whole(self.root / f"trial.{number}.json",
+                     {"config": str(config_path), "log_dir": str(log_dir)})
+        self.trials += 1
+        try:
+            outcome, detail, stop_s, said = self._supervise(number, started, timeout_s,
+                                                            memory_limit_mb)
+        except BaseException:  # cancelled (Ctrl-C, a prune): leave nothing running
+            self.close(grace_s=0)
+            raise
+        run_s, ended = time.monotonic() - started, time.time()
+        if outcome:
+            self.close(grace_s=0)
+            return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
+        code = max((s["code"] for s in said.values()), default=None)
+        if code == 0 and len(said) == self.workers:
+            result = classify(0, trial_dir, log_dir, run_s, backend, dict(self.tree.known))
+            if result.outcome in ("ok", "diverged"):
+                for path in [self.root / f"trial.{number}.json",
+                             *(self.root / f"done.{number}.{r}" for r in range(self.workers))]:
+                    path.unlink(missing_ok=True)
+                result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
+                leftover = max(s.get("leftover_mb", 0.0) for s in said.values())
+                if memory_limit_mb and leftover > RETIRE_LEFTOVER * memory_limit_mb:
+                    self.close()
+                return result
+        known = dict(self.tree.known)
+        returncode = code if code else self.proc.poll()
+        self.close(grace_s=0)
+        if not said:  # no rank got to the trial: what the pool said is the trial's evidence
+            shutil.copytree(self.root / "logs", log_dir / "pool", dirs_exist_ok=True)
+        return classify(returncode if returncode is not None else 1, trial_dir, log_dir,
+                        time.monotonic() - started, backend, known)
+
+    def _said(self, number: int) -> dict:
+        """rank → how trial ``number`` ended there (``code``, ``leftover_mb``), for the ranks
+        that said so."""
+        said = {}
+        for rank in range(self.workers):
+            path = self.root / f"done.{number}.{rank}"
+            if path.exists():
+                said[rank] = json.loads(path.read_text())
+        return said
+
+    def _supervise(self, number: int, started: float, timeout_s: float,
+                   memory_limit_mb: float | None):
+        """Wait until every rank said how trial ``number`` ended, a rank failed (and the others
+        had a moment to say so too), or the processes ended; stop them on a timeout or a worker
+        over the memory budget. Returns (outcome, detail, seconds to the decision, what the
+        ranks said) with an outcome only for a stopped trial."""
+        launcher = self.proc.pid if self.workers > 1 else None
+        failed_at = None
+        while True:
+            said = self._said(number)
+            if len(said) == self.workers:
+                return "", "", None, said
+            if any(s["code"] for s in said.values()):
+                failed_at = failed_at or time.monotonic()
+                if time.monotonic() - failed_at > FAILED_RANKS_GRACE_S:
+                    return "", "", None, said
+            if not self.up:
+                return "", "", None, self._said(number)
+            self.tree.refresh()
+            now = time.monotonic() - started
+            if now > timeout_s:
+                return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)", now, said
+            if memory_limit_mb:
+                pid, rss = self.tree.largest_rss(exclude=launcher)
+                if rss > memory_limit_mb:
+                    return "oom", (f"a worker reached {rss:.0f} MB, over the "
+                                   f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
+                                   f"{now:.1f} s in)"), now, said
+            time.sleep(POLL_S / 5)
+
+    def close(self, grace_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the workers: told to (``grace_s`` to exit), then stopped; nothing of them
+        outlives this call."""
+        if self.proc is None:
+            return
+        if grace_s and self.up:
+            (self.root / "stop").touch()
+            deadline = time.monotonic() + grace_s
+            while self.up and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.tree.stop(0 if not grace_s else STOP_GRACE_S, reap=self.proc.poll)
+        self.proc = None

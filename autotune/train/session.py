@@ -1,0 +1,138 @@
+"""A trial process's MindSpore session: what it sets up once, and what each trial sets anew.
+
+Contract:
+
+- :func:`open_session` makes the process-wide launch calls, in the order tests/test_launch_order.py checks
+  (each announced on stderr, `autotune.train.device.launch_step`): ``set_device`` (no id: msrun
+  hands each worker its device), the first trial's context mode, on GPU/Ascend ``runtime.set_memory(max_size=…)`` from the
+  config's ``device_memory`` section, then ``communication.init()`` before any op — except on
+  CPU, where the numpy-2 throw-away op (:func:`numpy2_workaround`) comes before init
+  (`autotune.spec.backends.Backend.first_op_before_init` says why). One process (a world of
+  one) makes no init. A failure of init is the launch's (:class:`LaunchError`), never the
+  candidate's. It returns the :class:`Session`: this rank, the world, the backend.
+- :meth:`Session.place` is a trial's part: the context's mode (graph or PyNative), this rank's
+  `autotune.train.parallel.Placement` for the trial's (dp, tp, pp), the process groups it
+  names (each made once per process: a group's name is its ranks, so a later trial of another
+  layout makes only the groups it lacks) and the parallel context (reset, then data parallel
+  with the ``comm_fusion`` threshold when dp > 1). Workers that stay up between trials
+  (`autotune.train.serve`) open one session and place each trial in it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autotune.spec.backends import BACKENDS, Backend
+from autotune.train.config import ConfigError
+from autotune.train.device import (device_total_bytes, launch_step, memory_cap,
+                                   reported_memory_warning)
+
+
+class LaunchError(RuntimeError):
+    """This process could not join the launch (``communication.init``: the cluster, the
+    launcher's environment): nothing of the candidate ran. Exit code 3."""
+
+
+def numpy2_workaround(ms) -> None:
+    """Absorb MindSpore's failure on the first eager op that parses a Python sequence.
+
+    MindSpore 2.10's C++ side was built against numpy 1.x: under numpy 2.x the first such op in a
+    process raises ``SystemError: numpy.core.multiarray failed to import`` (and prints a long
+    warning); later ops work and compiled graphs are unaffected. One throw-away reshape at start
+    takes the hit, with stderr silenced so worker logs stay readable.
+    """
+    if int(np.__version__.split(".")[0]) < 2:
+        return
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                ms.Tensor(np.zeros(1, np.float32)).reshape((1,))
+            except SystemError:
+                pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@dataclass
+class Session:
+    """One process's launch (see the module doc)."""
+
+    ms: object
+    backend: Backend
+    rank: int
+    world: int
+    groups: set = field(default_factory=set)  # the process groups made so far
+    cache: object = None  # autotune.train.compile_cache.GraphCache, when graphs may be reused
+
+    def place(self, knobs: dict):
+        """Set the context and parallel context for a trial of ``knobs``; returns this rank's
+        Placement. A layout of another world size than the session's is a ConfigError."""
+        from autotune.train import parallel
+
+        ms = self.ms
+        dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
+        if dp * tp * pp != self.world:
+            raise ConfigError(f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started "
+                              f"{self.world} processes")
+        ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
+        placement = parallel.Placement.of(self.rank, dp, tp, pp)
+        if self.world == 1:
+            return placement
+        parallel.create_groups(placement, self.groups)
+        ms.reset_auto_parallel_context()
+        if dp > 1:
+            # The DP gradient reducer buckets its all-reduces by this threshold, over any group.
+            ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                                         gradients_mean=True, device_num=self.world,
+                                         comm_fusion={"allreduce": {"mode": "size",
+                                                                    "config": int(knobs["fusion_mb"])}})
+        return placement
+
+
+def open_session(cfg: dict, world: int, ms=None) -> Session:
+    """The process's launch for ``world`` ranks, configured by ``cfg``'s backend and device
+    memory (see the module doc). ``ms``: the mindspore module (default: imported here)."""
+    if ms is None:
+        import mindspore as ms
+
+    backend = BACKENDS[cfg.get("backend", "cpu")]
+    launch_step(f"set_device({backend.device_target})")
+    ms.set_device(backend.device_target)
+    # the first trial's mode before init, as a fresh trial always set it (Session.place sets
+    # each trial's own)
+    ms.set_context(mode=ms.PYNATIVE_MODE if cfg["knobs"]["jit_level"] == "pynative" else ms.GRAPH_MODE)
+    cap = memory_cap(cfg, backend.device_target)
+    if cap:
+        launch_step(f"runtime.set_memory(max_size={cap})")
+        ms.runtime.set_memory(max_size=cap)
+    early = world == 1 or backend.first_op_before_init
+    if early:
+        launch_step("first op")
+        numpy2_workaround(ms)
+    if world == 1:
+        return Session(ms, backend, 0, 1)
+    try:
+        launch_step("communication.init()")
+        ms.communication.init()
+        size, rank = ms.communication.get_group_size(), ms.communication.get_rank()
+    except Exception as exc:  # noqa: BLE001  (whatever the cluster says, it is the launch's)
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise LaunchError(f"communication init failed: {type(exc).__name__}: {first}") from exc
+    if not early:
+        launch_step("first op")
+        numpy2_workaround(ms)
+    if backend.device_memory:
+        warning = reported_memory_warning(cfg, device_total_bytes(ms))
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+    if size != world:
+        raise ConfigError(f"knobs: dp·tp·pp = {world} but the launcher started {size} processes")
+    return Session(ms, backend, rank, size)

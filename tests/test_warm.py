@@ -1,0 +1,162 @@
+"""Trials in workers that stay up (autotune.execution.warm) against trials in processes of their
+own: the same losses, the peak memory within noise, each trial's folder and logs its own; a
+failed, timed-out, over-budget or cancelled trial retires the workers and the next one starts
+fresh ones; and graphs compiled once are loaded by a later trial of the same graph, never by
+another graph (autotune.train.compile_cache). Real two-worker msrun trials on CPU."""
+
+import _thread
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autotune import procfs
+from autotune.execution.runner import run_trial
+from autotune.execution.warm import WarmPool
+from autotune.spec.candidate import Candidate
+from autotune.spec.model_yaml import load_spec
+from autotune.train.config import trial_config
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+DP2 = Candidate(2, 1, 1, 1, 64, 1, 1024, 0, "O1", "none")
+TP2 = replace(DP2, dp=1, tp=2)
+PEAK_NOISE = 0.08  # warm against fresh; docs/mindspore-cpu.md ("Warm workers") has the figures
+
+
+def _spec():
+    return load_spec(ROOT / "examples" / "quickstart.yaml", {"trial.steps": 8, "trial.measure_after": 2})
+
+
+def _config(folder: Path, candidate: Candidate, cache: Path | None = None, **trial) -> dict:
+    spec = _spec()
+    config = trial_config(spec, candidate, study="warm", number=0, out_dir=folder.resolve(),
+                          steps=trial.get("steps", 8), measure_after=2, compile_cache=cache)
+    return config
+
+
+def _alive(pids) -> list[int]:
+    return [pid for pid in pids if procfs.stat(pid) is not None and not procfs.stat(pid).zombie]
+
+
+def test_warm_trials_train_as_fresh_ones_and_keep_their_own_folders(tmp_path):
+    pool = WarmPool(tmp_path / "pool", 2)
+    try:
+        warm = {}
+        for name, candidate in (("dp2", DP2), ("tp2", TP2), ("dp2-again", DP2)):
+            folder = tmp_path / name
+            warm[name] = pool.run(_config(folder, candidate), folder, 300, None)
+            assert warm[name].outcome == "ok", warm[name].detail
+            logs = folder / "logs"
+            assert sorted(p.name for p in logs.iterdir()) == ["msrun.log", "worker_0.log", "worker_1.log"]
+            log = (logs / "worker_0.log").read_text()
+            assert log.count("autotune.train running the candidate") == 1  # this trial only
+            assert (logs / "msrun.log").read_text().startswith("launched: ")
+        first_pid = pool.proc.pid
+    finally:
+        pool.close()
+    assert not _alive([first_pid])
+    for name, candidate in (("dp2", DP2), ("tp2", TP2)):
+        folder = tmp_path / f"fresh-{name}"
+        fresh = run_trial(_config(folder, candidate), folder, 300, None, 2)
+        assert fresh.outcome == "ok", fresh.detail
+        for again in ([name] + (["dp2-again"] if name == "dp2" else [])):
+            assert warm[again].metrics["loss_last"] == pytest.approx(fresh.metrics["loss_last"], rel=1e-6)
+            assert warm[again].metrics["peak_memory_mb"] == pytest.approx(
+                fresh.metrics["peak_memory_mb"], rel=PEAK_NOISE)
+    # the pool's first trial paid the launch; the others found it up
+    assert warm["tp2"].metrics["init_s"] < warm["dp2"].metrics["init_s"] / 5
+
+
+def test_a_failed_trial_retires_the_workers_and_the_next_starts_fresh(tmp_path):
+    pool = WarmPool(tmp_path / "pool", 2)
+    try:
+        bad = _config(tmp_path / "bad", DP2)
+        bad["knobs"]["recompute"] = "sometimes"  # the program refuses it: the candidate's error
+        first = pool.run(_config(tmp_path / "a", DP2), tmp_path / "a", 300, None)
+        pid = pool.proc.pid
+        failed = pool.run(bad, tmp_path / "bad", 300, None)
+        assert failed.outcome == "error" and not failed.infrastructure, failed.detail
+        assert "knobs.recompute" in failed.detail
+        assert not pool.up and not _alive([pid])
+        after = pool.run(_config(tmp_path / "b", DP2), tmp_path / "b", 300, None)
+        assert after.outcome == "ok", after.detail
+        assert pool.proc.pid != pid  # fresh workers
+        assert after.metrics["loss_last"] == pytest.approx(first.metrics["loss_last"], rel=1e-6)
+    finally:
+        pool.close()
+
+
+def test_a_trial_past_its_time_is_stopped_with_its_workers(tmp_path):
+    pool = WarmPool(tmp_path / "pool", 2)
+    try:
+        pool.run(_config(tmp_path / "a", DP2), tmp_path / "a", 300, None)
+        known = dict(pool.tree.known)
+        started = time.monotonic()
+        result = pool.run(_config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 8, None)
+        assert result.outcome == "timeout"
+        assert time.monotonic() - started < 8 + 10
+        assert not _alive(known)
+    finally:
+        pool.close()
+
+
+def test_a_cancelled_trial_leaves_no_process(tmp_path):
+    pool = WarmPool(tmp_path / "pool", 2)
+    pool.run(_config(tmp_path / "a", DP2), tmp_path / "a", 300, None)
+    known = dict(pool.tree.known)
+    timer = threading.Timer(3.0, _thread.interrupt_main)  # what Ctrl-C does
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(_config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 300, None)
+    assert not _alive(known)
+
+
+def _hits(folder: Path) -> list[str]:
+    return re.findall(r"compile cache: graph \w+: (\d+) of (\d+) graphs loaded",
+                      (folder / "logs" / "worker_0.log").read_text())
+
+
+def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph(tmp_path, monkeypatch):
+    """Confirm-phase shape: the same candidate again, in warm workers and in a fresh process;
+    recompute none and full are two graphs; MindSpore's own line says it loaded."""
+    monkeypatch.setenv("GLOG_v", "2")  # MindSpore's WARNING line for a cache load
+    cache = tmp_path / "cache"
+    full = replace(DP2, recompute="full")
+    uncached = {}
+    for name, candidate in (("none", DP2), ("full", full)):
+        folder = tmp_path / f"uncached-{name}"
+        result = run_trial(_config(folder, candidate), folder, 300, None, 2)
+        uncached[name] = result.metrics["loss_last"]
+    pool = WarmPool(tmp_path / "pool", 2)
+    try:
+        runs = {}
+        for name, candidate in (("none", DP2), ("full", full), ("none-again", DP2),
+                                ("full-again", full)):
+            folder = tmp_path / name
+            runs[name] = pool.run(_config(folder, candidate, cache), folder, 300, None)
+            assert runs[name].outcome == "ok", runs[name].detail
+    finally:
+        pool.close()
+    assert _hits(tmp_path / "none") == [("0", "5")] and _hits(tmp_path / "full") == [("0", "5")]
+    assert _hits(tmp_path / "none-again") == [("5", "5")]
+    assert _hits(tmp_path / "full-again") == [("5", "5")]
+    log = (tmp_path / "none-again" / "logs" / "worker_0.log").read_text()
+    assert "Use the compilation cache and execute the backend actions only" in log
+    for name in ("none", "full"):
+        for run in (name, f"{name}-again"):
+            assert runs[run].metrics["loss_last"] == pytest.approx(uncached[name], rel=1e-6)
+    # a fresh process of the same graph loads it too
+    folder = tmp_path / "fresh"
+    fresh = run_trial(_config(folder, DP2, cache), folder, 300, None, 2)
+    assert _hits(folder) == [("5", "5")]
+    assert fresh.metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
+    assert runs["none-again"].metrics["first_step_s"] < runs["none"].metrics["first_step_s"]
+    stored = json.dumps(sorted(str(p.relative_to(cache)) for p in (cache / "graphs").rglob("*.mindir")))
+    assert stored.count("rank_0") == 10  # two graphs of five compiles each, per rank
