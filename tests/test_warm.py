@@ -125,12 +125,14 @@ def _hits(folder: Path) -> list[str]:
 
 def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph(tmp_path, monkeypatch):
     """Confirm-phase shape: the same candidate again, in warm workers and in a fresh process;
-    recompute none and full are two graphs; MindSpore's own line says it loaded."""
+    recompute none and full are two graphs, warmups A and B one (the schedule's numbers are
+    Parameters); MindSpore's own line says it loaded."""
     monkeypatch.setenv("GLOG_v", "2")  # MindSpore's WARNING line for a cache load
     cache = tmp_path / "cache"
     full = replace(DP2, recompute="full")
+    warmup = replace(DP2, warmup_steps=1000)  # 4 of the trial's 8 steps
     uncached = {}
-    for name, candidate in (("none", DP2), ("full", full)):
+    for name, candidate in (("none", DP2), ("full", full), ("warmup", warmup)):
         folder = tmp_path / f"uncached-{name}"
         result = run_trial(_config(folder, candidate), folder, 300, None, 2)
         uncached[name] = result.metrics["loss_last"]
@@ -138,7 +140,7 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     try:
         runs = {}
         for name, candidate in (("none", DP2), ("full", full), ("none-again", DP2),
-                                ("full-again", full)):
+                                ("full-again", full), ("warmup", warmup)):
             folder = tmp_path / name
             runs[name] = pool.run(_config(folder, candidate, cache), folder, 300, None)
             assert runs[name].outcome == "ok", runs[name].detail
@@ -147,6 +149,9 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     assert _hits(tmp_path / "none") == [("0", "5")] and _hits(tmp_path / "full") == [("0", "5")]
     assert _hits(tmp_path / "none-again") == [("5", "5")]
     assert _hits(tmp_path / "full-again") == [("5", "5")]
+    assert _hits(tmp_path / "warmup") == [("5", "5")]  # the graph of "none"
+    assert runs["warmup"].metrics["loss_last"] == pytest.approx(uncached["warmup"], rel=1e-6)
+    assert uncached["warmup"] != pytest.approx(uncached["none"], rel=1e-3)  # B is not A
     log = (tmp_path / "none-again" / "logs" / "worker_0.log").read_text()
     assert "Use the compilation cache and execute the backend actions only" in log
     for name in ("none", "full"):

@@ -35,20 +35,30 @@ def trial_schedule(warmup_steps, total_steps, trial_steps):
 
 
 class WarmupCosineLR(LearningRateSchedule):
-    """`warmup_cosine` as a MindSpore schedule for an optimizer's ``learning_rate``."""
+    """`warmup_cosine` as a MindSpore schedule for an optimizer's ``learning_rate``.
+
+    Its numbers are Parameters (``lr_schedule.*``, not trained, not checkpointed), not
+    constants of the graph: candidates that differ only in the warmup, the learning rate or the
+    run's length compile the same graph, which the compile cache may then reuse
+    (`autotune.train.compile_cache`)."""
 
     def __init__(self, learning_rate, warmup_steps, total_steps, end_learning_rate=0.0):
         super().__init__()
         if learning_rate <= 0 or warmup_steps < 0 or total_steps < 1:
             raise ValueError("WarmupCosineLR: need learning_rate > 0, warmup_steps >= 0, total_steps >= 1")
-        self.lr_max = float(learning_rate)
-        self.lr_end = float(end_learning_rate)
-        self.warmup = float(warmup_steps)
-        self.decay = float(max(1, total_steps - warmup_steps))
+
+        def number(name, value):
+            return ms.Parameter(ms.Tensor(float(value), ms.float32), name=f"lr_schedule.{name}",
+                                requires_grad=False)
+
+        self.lr_max = number("lr_max", learning_rate)
+        self.lr_end = number("lr_end", end_learning_rate)
+        self.warmup = number("warmup", warmup_steps)
+        self.decay = number("decay", max(1, total_steps - warmup_steps))
 
     def construct(self, global_step):
         step = ops.cast(global_step, ms.float32).reshape(())
-        warm = self.lr_max * (step + 1.0) / max(self.warmup, 1.0)
+        warm = self.lr_max * (step + 1.0) / ops.maximum(self.warmup, 1.0)
         progress = ops.clamp((step - self.warmup) / self.decay, 0.0, 1.0)
         cosine = self.lr_end + (self.lr_max - self.lr_end) * 0.5 * (1.0 + ops.cos(progress * math.pi))
         return ops.select(step < self.warmup, warm, cosine)

@@ -1,0 +1,81 @@
+"""What a process that trains one model after another keeps between them (docs/mindspore-cpu.md,
+"Warm workers").
+
+The quickstart's model (one process, dp1) trained N times in one process through the trial
+program's own calls (`autotune.train.program.run_trial` in one session), freed between trials as
+a warm worker frees them (`autotune.train.serve.release`), against one trial in a fresh
+process. Prints per trial: the resident set before it, its raw peak (VmHWM after the reset the
+trial makes once its network is built), the resident set once released, and the peak less what
+earlier trials left (``leftover_mb``, what a warm worker reports).
+
+    python benchmarks/warm_memory.py [--trials 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def trials(count: int, folder: Path) -> list[dict]:
+    """``count`` trials in this process; one row each."""
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+    from autotune.train import program
+    from autotune.train.config import trial_config
+    from autotune.train.metrics import resident_mb
+    from autotune.train.serve import release
+
+    spec = load_spec(ROOT / "examples" / "quickstart.yaml")
+    candidate = replace(build_space(spec).baseline(), dp=1)
+    session, settled, rows = None, None, []
+    for k in range(count):
+        out = folder / str(k)
+        config = trial_config(spec, candidate, study="m", number=k, out_dir=out,
+                              steps=spec.trial.steps, measure_after=spec.trial.measure_after)
+        session = session or program.open_trial_session(config)
+        before = resident_mb()
+        leftover = max(0.0, before - settled) if settled is not None else 0.0
+        program.run_trial(config, session, time.time())
+        raw = json.loads((out / "metrics.rank0.json").read_text())["peak_memory_mb"]
+        release(session.ms)
+        settled = resident_mb() if settled is None else settled
+        rows.append({"before": before, "raw_peak": raw, "released": resident_mb(),
+                     "peak": raw - leftover})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="autotune-warm-memory-") as work:
+        if args.child:
+            print(json.dumps(trials(args.child, Path(work))), flush=True)
+            return
+        run = [sys.executable, __file__, "--child"]
+        fresh = json.loads(subprocess.run(run + ["1"], capture_output=True, text=True,
+                                          check=True).stdout.splitlines()[-1])[0]
+        warm = json.loads(subprocess.run(run + [str(args.trials)], capture_output=True,
+                                         text=True, check=True).stdout.splitlines()[-1])
+    print(f"\nquickstart model, one process (MB); a fresh process's trial peaks at "
+          f"{fresh['raw_peak']:.0f}\n")
+    print(f"{'trial':>5} | {'before':>6} | {'raw peak':>8} | {'released':>8} | "
+          f"{'peak less leftover':>18} | vs fresh")
+    for k, r in enumerate(warm):
+        print(f"{k:>5} | {r['before']:6.0f} | {r['raw_peak']:8.0f} | {r['released']:8.0f} | "
+              f"{r['peak']:18.0f} | {r['peak'] / fresh['raw_peak'] - 1:+.1%}")
+
+
+if __name__ == "__main__":
+    main()
