@@ -88,6 +88,18 @@ def test_a_real_search_of_every_layout_into_sqlite_then_export(tmp_path, capsys,
     # every layout starts from the same weights and data: the same first loss (float16)
     assert frame["loss_first"].max() == pytest.approx(frame["loss_first"].min(), rel=1e-2)
     assert not ray_processes(), "embedded Ray left processes behind"
+    # where each trial's time went; the three ran one after another in the same warm workers
+    from autotune.jobs import TIME_PARTS
+    for _, t in frame.iterrows():
+        parts = [t[p] for p in TIME_PARTS]
+        assert all(x >= 0 for x in parts) and t["steps_s"] > 0
+        assert 0.8 * t["run_s"] <= sum(parts) <= t["run_s"] + 0.05, (parts, t["run_s"])
+        launched = (tmp_path / "trials" / "tiny" / str(t["number"]) / "logs" / "msrun.log").read_text()
+        assert launched.startswith("launched: ")
+        assert f"warm workers: trial {t['number']} of the processes" in launched
+    assert frame["init_s"].iloc[1:].max() < frame["init_s"].iloc[0] / 5  # the start paid once
+    assert main(["show", "tiny", "--storage", storage]) == 0
+    assert "device time:" in capsys.readouterr().out
 
     out = tmp_path / "export"
     assert main(["export", "tiny", "--out", str(out), "--storage", storage]) == 0
