@@ -471,8 +471,9 @@ def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, 
 
 def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
     """SIGKILL the Ray worker that runs each trial of ``trial_dirs``, as soon as its trial
-    program starts: the parent of the process whose config is that trial's. Only processes
-    descending from this test's own are candidates. Returns the pids killed."""
+    program has it: the parent of the warm worker (``--serve POOL``) whose pool was handed that
+    trial's config. Only processes descending from this test's own are candidates. Returns the
+    pids killed."""
     import signal
     import time
 
@@ -489,6 +490,16 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
             pid = parent(pid)
         return False
 
+    def handed(pool: Path) -> str:
+        """The handovers the pool's workers were given (`autotune.train.serve`), as text."""
+        texts = []
+        for path in pool.glob("trial.*.json"):
+            try:
+                texts.append(path.read_text())
+            except OSError:  # taken back as the trial ended
+                pass
+        return " ".join(texts)
+
     killed, todo = [], [str(d / "config.json") for d in trial_dirs]
     while todo and not stop.is_set():
         for entry in os.scandir("/proc"):
@@ -498,7 +509,8 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
                 argv = Path(entry.path, "cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if todo and argv[-2:-1] == [todo[0]] and descends_from_us(int(entry.name)):
+            pool = argv[-1] if argv[-2:-1] == ["--serve"] else None
+            if todo and pool and todo[0] in handed(Path(pool)) and descends_from_us(int(entry.name)):
                 worker = parent(int(entry.name))
                 os.kill(worker, signal.SIGKILL)
                 killed.append(worker)

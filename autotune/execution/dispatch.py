@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -148,6 +149,7 @@ class Dispatcher:
         self.warm_root = warm_root  # where warm workers keep their files; None: fresh launches
         self._pools: list[_Pool] = []
         self._made = 0                                  # pools made so far (their folder names)
+        self._pool_prefix = f"{socket.gethostname()}-{os.getpid()}-"
         self._trials: dict[int, _Trial] = {}
         self._stopping: list[tuple[list, object]] = []  # cancelled: (tasks still running, group)
         self._temp_dir: str | None = None
@@ -191,6 +193,9 @@ class Dispatcher:
             self._ray.shutdown()
         finally:
             self._close_embedded()
+            if self.warm_root is not None:  # the pools' folders this host can see
+                for folder in self.warm_root.glob(f"{self._pool_prefix}*"):
+                    shutil.rmtree(folder, ignore_errors=True)
 
     def _close_embedded(self) -> None:
         if self._guard:
@@ -297,9 +302,10 @@ class Dispatcher:
             for key, amount in self.backend.resources(pool.devices).items():
                 available[key] = available.get(key, 0) + amount
         self._made += 1
+        # a folder of this driver's own: several drivers may share the artifacts folder
+        root = self.warm_root / f"{self._pool_prefix}{self._made}"
         actor = self._pool_actor.options(max_restarts=0, **self.backend.task_options(devices)).remote(
-            str(self.warm_root / f"pool{self._made}"), devices, self.backend.visible_devices,
-            self.backend.ray_resource)
+            str(root), devices, self.backend.visible_devices, self.backend.ray_resource)
         pool = _Pool(actor, devices)
         self._pools.append(pool)
         return pool

@@ -187,7 +187,7 @@ class DispatchedExecutor:
         cluster = self.spec.cluster
         # trials of one size run one after another in workers that stay up (execution.warm),
         # unless AUTOTUNE_FRESH_TRIALS=1 asks for a fresh launch per trial
-        warm = None if os.environ.get(FRESH_TRIALS) == "1" else self.study_dir / ".pools"
+        warm = None if os.environ.get(FRESH_TRIALS) == "1" else self.study_dir.parent / ".pools"
         self._dispatcher = Dispatcher(backend_of(cluster.backend), cluster.devices_per_node,
                                       cluster.devices, self.ray_address, warm).__enter__()
         return self

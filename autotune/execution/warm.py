@@ -110,7 +110,8 @@ class WarmPool:
             self._start(config)
         started, handed_over = time.monotonic(), time.time()
         given = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
-        with open(log_dir / "msrun.log", "w") as out:
+        # the trial's launch log, as a fresh launch writes it: msrun's, or the one worker's
+        with open(log_dir / ("worker_0.log" if self.workers == 1 else "msrun.log"), "w") as out:
             out.write(f"launched: {' '.join(given + [shlex.join(self.argv)])}\n")
             out.write(f"warm workers: trial {self.trials} of the processes started "
                       f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
