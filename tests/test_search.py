@@ -509,7 +509,7 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
                 argv = Path(entry.path, "cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            pool = argv[-1] if argv[-2:-1] == ["--serve"] else None
+            pool = argv[-2] if argv[-3:-2] == ["--serve"] else None  # cmdline ends with \0
             if todo and pool and todo[0] in handed(Path(pool)) and descends_from_us(int(entry.name)):
                 worker = parent(int(entry.name))
                 os.kill(worker, signal.SIGKILL)
