@@ -9,7 +9,8 @@ predicted out of memory (``infeasible``, with the reason). It may ask and enqueu
 runs anything and never records an outcome: the study's loop hands settled answers and results
 to its recorder and tells the proposer what it learnt with :meth:`remember`. Each trial it
 asks is claimed by this driver (`autotune.storage.drivers.Drivers.claim`) before anything else
-is written to it.
+is written to it, its claim, params and knob attrs in one transaction
+(`autotune.storage.writes.batched`).
 
 - Feasibility is :func:`autotune.spec.constraints.violations` and the cost model's memory
   screen, with the study's calibration (:attr:`calibration`, kept up to date by the loop).
@@ -38,6 +39,7 @@ from autotune import costmodel
 from autotune.jobs import RUNNING, Job, Result
 from autotune.spec.constraints import violations
 from autotune.spec.space import SearchSpace
+from autotune.storage.writes import batched
 
 
 class Proposer:
@@ -90,11 +92,12 @@ class Proposer:
         with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             trial = self.study.ask() if match is None else self._pop(match)
-        if self.drivers is not None:
-            self.drivers.claim(trial)
-        candidate, attrs = self.space.sample(trial)
-        for name, value in attrs.items():
-            trial.set_user_attr(name, value)
+        with batched(trial):  # its driver, params and knob attrs: one transaction, not twenty
+            if self.drivers is not None:
+                self.drivers.claim(trial)
+            candidate, attrs = self.space.sample(trial)
+            for name, value in attrs.items():
+                trial.set_user_attr(name, value)
         return trial, candidate
 
     def _pop(self, match) -> optuna.Trial:

@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from autotune.files import json_safe
 from autotune.jobs import METRICS, OUTCOMES
 from autotune.storage.drivers import locked
+from autotune.storage.writes import batched
 from autotune.spec.knobs import KNOB_NAMES, KNOBS
 from autotune.spec.objectives import objective_values
 
@@ -72,8 +73,9 @@ def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
     None for a late answer that measured nothing (see the module doc)."""
     state, values, attrs = settle(objectives, outcome, metrics, detail, extra)
     try:
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        with batched(trial):  # one transaction, not one per attr
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
         study.tell(trial, values, state=state)
         return trial.number
     except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
