@@ -276,8 +276,9 @@ def driver_worker(tree: str, which: str, sampler: str, table: str, storage: str)
     out = {part: seconds / n * 1000 for part, seconds in parts.items()}
     out["total"] = sum(loops) / n * 1000
     out["other"] = out["total"] - sum(out[p] for p in PARTS)
-    out.update(trials=n, setup_s=wall - sum(loops), printed=progress.driver_seconds
-               / max(1, progress._done_here) * 1000,
+    printed = (progress.driver_ms_per_trial() if hasattr(progress, "driver_ms_per_trial")
+               else progress.driver_seconds / max(1, progress._done_here) * 1000)  # older trees
+    out.update(trials=n, setup_s=wall - sum(loops), printed=printed,
                commits=counts["commits"] / n, statements=counts["statements"] / n)
     print(json.dumps(out))
 

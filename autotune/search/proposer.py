@@ -112,15 +112,16 @@ class Proposer:
                 continue  # withdrawn meanwhile
         raise LookupError("no such trial waits in the queue")
 
-    def propose(self) -> Job:
-        """Ask one candidate; settle it at once when it needs no run (see the module doc)."""
+    def propose(self, trials=None) -> Job:
+        """Ask one candidate; settle it at once when it needs no run (see the module doc).
+        ``trials``: the study's trials as the caller just read them (frozen), so they are not
+        read again."""
         started = time.perf_counter()
         if self.grid:
             candidate, params = self.grid.popleft()
             baseline = candidate == self.space.baseline()
             self.study.enqueue_trial(params, user_attrs={"baseline": True} if baseline else None)
-        elif self.prior is not None and not self.study.get_trials(deepcopy=False,
-                                                                  states=(TrialState.WAITING,)):
+        elif self.prior is not None and not self._queued_any(trials):
             self._from_prior()  # what is queued (the baseline, a retry, a re-run) runs first
         trial, candidate = self._ask()
         if self.prior is not None:
@@ -137,6 +138,12 @@ class Proposer:
         if reason:
             return Job(trial, candidate, estimate, driver_s, Result("infeasible", detail=reason))
         return Job(trial, candidate, estimate, driver_s)
+
+    def _queued_any(self, trials) -> bool:
+        """Whether a trial waits in the study's queue (``trials``: as just read, or None)."""
+        if trials is None:
+            return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        return any(t.state == TrialState.WAITING for t in trials)
 
     def _from_prior(self) -> None:
         """Queue the prior's next candidate, by the objective whose turn it is, unless the

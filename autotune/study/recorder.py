@@ -13,8 +13,6 @@ run again (:meth:`finished`).
 
 from __future__ import annotations
 
-import time
-
 from autotune import costmodel
 from autotune.costmodel.diagnosis import diagnose
 from autotune.jobs import Job, Result
@@ -87,9 +85,7 @@ class Recorder:
         extra = {"estimate": job.estimate.as_dict(), **timing, **retry.attrs(result)}
         if timing:
             extra["driver_s"] = round(job.driver_s, 4)
-        started = time.perf_counter()
         self._record(trial, result, extra)
-        self.progress.driver_seconds += time.perf_counter() - started + job.driver_s
         if retry.needs_retry(trial, result):  # not counted: its candidate runs once more
             retry.retry(self.study, trial)
             self.progress.note(retry.retry_note(trial.number, result))

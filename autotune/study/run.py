@@ -138,7 +138,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
             openers = [] if proposer.prior else space.layout_openers(spec)[:max(0, n_trials - 1)]
             for candidate in openers:
                 study.enqueue_trial(space.params_of(candidate))
-    to_run = wanted(study, n_trials)
+    to_run = wanted(study.get_trials(deepcopy=False), n_trials)
     stopper = Stopper(study, budget, stop_when_flat, virtual_clock=executor.virtual_clock)
     progress.status = stopper.used
     progress.start(study, done=already, total=already + to_run,
