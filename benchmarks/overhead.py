@@ -150,7 +150,7 @@ PARTS = {
     "sync": ("autotune.study.loop:Loop._sync", "autotune.storage.counting:wanted"),
 }
 LOOPS = ("autotune.study.loop:Loop.run", "autotune.study.loop:Loop.run_confirm")
-ROWS = (*PARTS, "other", "total")
+ROWS = (*PARTS, "other", "total", "cpu")
 
 
 def replay_table(path: Path) -> Path:
@@ -199,7 +199,7 @@ def _resolve(target: str):
 
 def _instrument(parts: dict, loops: list, stack: list) -> None:
     """Wrap every function of :data:`PARTS` (own time into ``parts``) and :data:`LOOPS`
-    (inclusive time into ``loops``); functions a tree does not have are skipped."""
+    ((wall, CPU) seconds into ``loops``); functions a tree does not have are skipped."""
     import functools
 
     def wrap(target, add):
@@ -212,7 +212,7 @@ def _instrument(parts: dict, loops: list, stack: list) -> None:
         @functools.wraps(original)
         def timed(*args, **kwargs):
             stack.append(0.0)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return original(*args, **kwargs)
             finally:
@@ -220,14 +220,15 @@ def _instrument(parts: dict, loops: list, stack: list) -> None:
                 inner = stack.pop()
                 if stack:
                     stack[-1] += elapsed
-                add(elapsed, elapsed - inner)
+                add(elapsed, elapsed - inner, time.process_time() - cpu)
         setattr(owner, name, timed)
 
     for part, targets in PARTS.items():
         for target in targets:
-            wrap(target, lambda total, own, part=part: parts.__setitem__(part, parts[part] + own))
+            wrap(target, lambda total, own, cpu, part=part: parts.__setitem__(
+                part, parts[part] + own))
     for target in LOOPS:
-        wrap(target, lambda total, own: loops.append(total))
+        wrap(target, lambda total, own, cpu: loops.append((total, cpu)))
 
 
 def driver_worker(tree: str, which: str, sampler: str, table: str, storage: str) -> None:
@@ -274,11 +275,12 @@ def driver_worker(tree: str, which: str, sampler: str, table: str, storage: str)
     wall = time.perf_counter() - started
     n = len(asked)
     out = {part: seconds / n * 1000 for part, seconds in parts.items()}
-    out["total"] = sum(loops) / n * 1000
+    out["total"] = sum(wall for wall, _ in loops) / n * 1000
+    out["cpu"] = sum(cpu for _, cpu in loops) / n * 1000
     out["other"] = out["total"] - sum(out[p] for p in PARTS)
     printed = (progress.driver_ms_per_trial() if hasattr(progress, "driver_ms_per_trial")
                else progress.driver_seconds / max(1, progress._done_here) * 1000)  # older trees
-    out.update(trials=n, setup_s=wall - sum(loops), printed=printed,
+    out.update(trials=n, setup_s=wall - sum(w for w, _ in loops), printed=printed,
                commits=counts["commits"] / n, statements=counts["statements"] / n)
     print(json.dumps(out))
 
@@ -340,7 +342,8 @@ def driver_main(args) -> None:
     print("parts: ask = propose + Optuna's ask + sampling + its storage writes; prior = the "
           "cost model's ranking; feasibility = constraints + estimate; tell/record = storing "
           "the result; sync = the loop's reads of storage before each ask; other = the rest "
-          "of the loop (executor waits). printed = the study's own 'driver overhead' line. "
+          "of the loop (executor waits); cpu = the loop's CPU time (less hit by a busy machine "
+          "than wall time, blind to waiting for the disk). printed = the study's own 'driver overhead' line. "
           "commits (transactions that wrote) and statements: SQL per trial. setup_s: one-time (prior, study creation).")
     shutil.rmtree(work, ignore_errors=True)
 

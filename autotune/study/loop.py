@@ -125,7 +125,7 @@ class Loop:
                 retrying = False
                 with self.drivers.lock():
                     # one read of the study per ask: what counts, and whether anything waits
-                    trials = self._sync() or self.study.get_trials(deepcopy=False)
+                    trials = self._sync()
                     if counting.wanted(trials, n_trials) <= 0:
                         return None
                     proposal = self.proposer.propose(trials)
@@ -143,7 +143,7 @@ class Loop:
             while True:
                 self._drive(next_job)
                 # settles the repeats of this driver's trials, all ended now
-                trials = self._driving(self._sync) or self.study.get_trials(deepcopy=False)
+                trials = self._driving(self._sync)
                 if self.repeats >= MAX_REPEATS or self._stop():
                     return
                 paused, self.paused = self.paused, False
@@ -161,16 +161,16 @@ class Loop:
                               extra={"repeat_of": job.settled.repeat_of})
             self.parked.clear()
 
-    def _sync(self) -> list | None:
+    def _sync(self) -> list:
         """The candidates running now into the proposer (this driver's, and with several
         drivers every driver's); the repeats parked until their original ended, settled. With
         several drivers also: what the others asked and finished, into the proposer and the
         calibration, and every ``HEARTBEAT_S`` the trials of a dead driver failed and queued
-        again. Returns the study's trials as it read them (None: it read none)."""
+        again. Returns the study's trials as it read them, once (frozen)."""
         self.proposer.running = {job.candidate: number for number, job in self.live.items()}
-        trials = self._sync_others() if self.drivers.shared else None
+        trials = (self._sync_others() if self.drivers.shared
+                  else self.study.get_trials(deepcopy=False))
         for number, job in list(self.parked.items()):
-            trials = trials or self.study.get_trials(deepcopy=False)
             original = trials[job.settled.repeat_of]
             if original.state.is_finished():
                 job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
