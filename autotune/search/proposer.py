@@ -91,26 +91,29 @@ class Proposer:
     def _ask(self, match=None, fixed=None):
         """Ask a trial: Optuna's next (the oldest waiting, else a new one); with ``match`` the
         oldest waiting trial it accepts (LookupError when none waits); with ``fixed`` =
-        (params, user attrs) a new one with those params fixed (:meth:`_new`)."""
+        (params, user attrs) a new one with those params fixed (:meth:`_new`) and those attrs."""
         with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             if fixed is not None:
-                trial = self._new(*fixed)
+                trial = self._new(fixed[0])
             else:
                 trial = self.study.ask() if match is None else self._pop(match)
-        with batched(trial):  # its driver, params and knob attrs: one transaction, not twenty
+        # its driver, role, params and knob attrs: one transaction, not twenty
+        with batched(trial):
             if self.drivers is not None:
                 self.drivers.claim(trial)
+            for name, value in (fixed[1] if fixed is not None else {}).items():
+                trial.set_user_attr(name, value)
             candidate, attrs = self.space.sample(trial)
             for name, value in attrs.items():
                 trial.set_user_attr(name, value)
         return trial, candidate
 
-    def _new(self, params: dict, user_attrs: dict) -> optuna.Trial:
-        """What ``study.enqueue_trial(params, user_attrs=…)`` and the ``study.ask()`` that pops
-        it do, in one write instead of two and no read of the queue: a RUNNING trial whose
-        params are fixed as Optuna's queue fixes them (system attr ``fixed_params``)."""
-        template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs=user_attrs,
+    def _new(self, params: dict) -> optuna.Trial:
+        """What ``study.enqueue_trial(params)`` and the ``study.ask()`` that pops it do, in one
+        write instead of two and no read of the queue: a RUNNING trial whose params are fixed
+        as Optuna's queue fixes them (system attr ``fixed_params``)."""
+        template = optuna.trial.create_trial(state=TrialState.RUNNING,
                                              system_attrs={"fixed_params": params})
         self.study._thread_local.cached_all_trials = None  # as ask: the sampler reads afresh
         trial_id = self.study._storage.create_new_trial(self.study._study_id, template)

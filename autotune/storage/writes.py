@@ -2,21 +2,29 @@
 
 A database storage commits every write on its own — one transaction, and on SQLite one fsync,
 per param and per user attr — and a trial writes about twenty of them when it is asked (its
-params, its driver, the knobs it keeps as user attrs) and as many when it is recorded: that was
-most of the driver's time per trial (`benchmarks/overhead.py --driver`).
+params, its driver, the knobs it keeps as user attrs) and as many when it is recorded, then a
+``tell`` that reads the trial back twice: that was most of the driver's time per trial
+(`benchmarks/overhead.py --driver`). On a disk shared with a busy neighbour one fsync took 8 to
+20 ms there.
 
 Contract: inside ``with batched(trial):`` the params (``trial.suggest_*``) and user attrs
 (``trial.set_user_attr``) written for the live Optuna ``trial`` are held, and written when the
-block ends, in the order they were made, in one transaction on an RDB storage (one by one on any
-other, as before). What the trial reads of itself meanwhile (``trial.params``,
-``trial.user_attrs``) is already up to date (Optuna's live trial keeps them), and anything else
-the trial asks of its storage writes what is held first. Other readers of the study — the
-sampler sampling this very trial, another driver — see the trial's held writes when the block
-ends, not one by one: Optuna's samplers read no running trial's params but other trials' (TPE
-leaves the trial it samples out), so the same seed proposes the same candidates. The writes are
-atomic: a write that fails (the trial was finished meanwhile: ``UpdateFinishedTrialError``)
-raises at the end of the block and writes none of them; an integrity error, which Optuna's own
-writes ignore one by one, makes them go one by one as Optuna's.
+block ends in one transaction on an RDB storage (one by one on any other, as before), params in
+the order they were made. ``batched(trial, study_attrs, end=(state, values))`` writes the
+study's user attrs ``study_attrs`` in it too (the calibration the trial's result refit), and
+ends the trial there as ``study.tell(trial, values, state=state)`` does — a pruned trial
+without values takes its last intermediate value, the sampler hears ``after_trial`` first —
+without reading the trial back: autotune's samplers read nothing of it there (no constraints).
+
+What the trial reads of itself meanwhile (``trial.params``, ``trial.user_attrs``) is already up
+to date (Optuna's live trial keeps them), and anything else the trial asks of its storage writes
+what is held first. Other readers of the study — the sampler sampling this very trial, another
+driver — see the trial's held writes when the block ends, not one by one: Optuna's samplers read
+no running trial's params but other trials' (TPE leaves the trial it samples out), so the same
+seed proposes the same candidates. The writes are atomic: when one fails (the trial was finished
+meanwhile: ``UpdateFinishedTrialError``) the block raises at its end and none is written; an
+integrity error, which Optuna's own writes ignore one by one, makes them go one by one as
+Optuna's.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from contextlib import contextmanager
+from datetime import datetime
 
 from optuna.distributions import (check_distribution_compatibility, distribution_to_json,
                                   json_to_distribution)
@@ -31,94 +40,137 @@ from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models
+from optuna.study._tell import _check_values_are_feasible, _tell_with_warning
+from optuna.trial import TrialState
 from sqlalchemy import insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 
 @contextmanager
-def batched(trial):
-    """Hold ``trial``'s params and user attrs until the block ends (see the module doc)."""
+def batched(trial, study_attrs: dict | None = None, end: tuple | None = None):
+    """Hold ``trial``'s params and user attrs until the block ends, then write them with
+    ``study_attrs`` and, ``end`` = (state, values), the trial's end (see the module doc)."""
     if isinstance(trial.storage, _Held):  # nested: the outer block writes them
+        assert end is None, "a trial ends with the outermost block"
+        trial.storage.study_attrs.update(study_attrs or {})
         yield
         return
-    held = _Held(trial.storage, trial._trial_id)
+    held = _Held(trial, study_attrs)
     trial.storage = held
     try:
         yield
     finally:
         trial.storage = held.storage
-        held.flush()
+        held.flush(end)
 
 
 class _Held:
     """The storage a trial writes through inside :func:`batched`: its own params and user attrs
     held, anything else passed on once they are written."""
 
-    def __init__(self, storage, trial_id: int):
-        self.storage, self.trial_id = storage, trial_id
-        self.pending: list = []  # (method name, args) in the order Optuna made them
+    def __init__(self, trial, study_attrs: dict | None):
+        self.trial, self.storage, self.trial_id = trial, trial.storage, trial._trial_id
+        self.params: list = []  # (name, internal value, distribution) in the order they came
+        self.attrs: dict = {}   # key → value: its first write's place, its last write's value
+        self.study_attrs = dict(study_attrs or {})
 
     def set_trial_param(self, trial_id, param_name, param_value_internal, distribution) -> None:
-        self._write("set_trial_param", trial_id, param_name, param_value_internal, distribution)
-
-    def set_trial_user_attr(self, trial_id, key, value) -> None:
-        self._write("set_trial_user_attr", trial_id, key, value)
-
-    def _write(self, method: str, trial_id: int, *args) -> None:
         if trial_id != self.trial_id:
             self.flush()
-            getattr(self.storage, method)(trial_id, *args)
+            self.storage.set_trial_param(trial_id, param_name, param_value_internal,
+                                         distribution)
         else:
-            self.pending.append((method, args))
+            self.params.append((param_name, param_value_internal, distribution))
+
+    def set_trial_user_attr(self, trial_id, key, value) -> None:
+        if trial_id != self.trial_id:
+            self.flush()
+            self.storage.set_trial_user_attr(trial_id, key, value)
+        else:
+            self.attrs[key] = value
 
     def __getattr__(self, name: str):
         self.flush()  # whatever else is asked sees the writes made before it
         return getattr(self.storage, name)
 
-    def flush(self) -> None:
-        """Write what is held (see the module doc)."""
-        pending, self.pending = self.pending, []
-        if not pending:
+    def flush(self, end: tuple | None = None) -> None:
+        """Write what is held, and with ``end`` end the trial (see the module doc)."""
+        params, attrs, study_attrs = self.params, self.attrs, self.study_attrs
+        self.params, self.attrs, self.study_attrs = [], {}, {}
+        if end is None and not (params or attrs or study_attrs):
             return
         backend = getattr(self.storage, "_backend", self.storage)  # optuna's cache over an RDB
         if isinstance(backend, RDBStorage):
             try:
-                _in_one_transaction(self.storage, backend, self.trial_id, pending)
+                _in_one_transaction(self.storage, backend, self.trial, params, attrs,
+                                    study_attrs, None if end is None else _ending(self.trial, *end))
+                if end is not None:
+                    self.trial.study._thread_local.cached_all_trials = None  # as tell
                 return
             except IntegrityError:
                 pass  # as Optuna's own writes would meet it: one by one (each ignores it)
-        for method, args in pending:
-            getattr(self.storage, method)(self.trial_id, *args)
+        for param in params:
+            self.storage.set_trial_param(self.trial_id, *param)
+        for key, value in attrs.items():
+            self.storage.set_trial_user_attr(self.trial_id, key, value)
+        for key, value in study_attrs.items():
+            self.storage.set_study_user_attr(self.trial.study._study_id, key, value)
+        if end is not None:
+            _tell_with_warning(self.trial.study, self.trial, end[1], end[0])
 
 
-def _in_one_transaction(storage, backend: RDBStorage, trial_id: int, pending: list) -> None:
-    """``pending`` writes of one trial, committed together (rolled back together on an error):
-    what `RDBStorage.set_trial_param` and ``set_trial_user_attr`` write (Optuna 5.0, pinned) —
-    the trial checked updatable, each param's distribution checked against the study's — in a
-    few statements instead of two or three per write; a database error is Optuna's
+def _ending(trial, state: TrialState, values) -> tuple:
+    """(state, values) as ``study.tell`` stores them — complete values checked, a pruned trial
+    without values given its last intermediate value — after the sampler's ``after_trial``
+    (Optuna 5.0's ``_tell_with_warning``)."""
+    study, frozen = trial.study, trial._get_latest_trial()
+    if state == TrialState.COMPLETE:
+        failure = _check_values_are_feasible(study, values)
+        if failure is not None:
+            raise ValueError(failure)
+    elif state == TrialState.PRUNED and values is None and frozen.last_step is not None:
+        last = frozen.intermediate_values[frozen.last_step]
+        if _check_values_are_feasible(study, [last]) is None:
+            values = [last]
+    values = None if values is None else [float(v) for v in values]
+    study.sampler.after_trial(study, frozen, state, values)
+    return state, values
+
+
+def _in_one_transaction(storage, backend: RDBStorage, trial, params: list, attrs: dict,
+                        study_attrs: dict, end: tuple | None) -> None:
+    """The held writes of one trial, committed together (rolled back together on an error):
+    what `RDBStorage.set_trial_param`, ``set_trial_user_attr``, ``set_study_user_attr`` and
+    ``set_trial_state_values`` write (Optuna 5.0, pinned) — the trial checked updatable (and
+    locked for its end), each param's distribution checked against the study's — in a few
+    statements instead of two or three per write; a database error is Optuna's
     ``StorageInternalError``, as theirs."""
-    params = [args for method, args in pending if method == "set_trial_param"]
-    attrs = {}  # key → value: the place of its first write, the value of its last (as in turn)
-    for method, args in pending:
-        if method == "set_trial_user_attr":
-            attrs[args[0]] = args[1]
+    trial_id, study_id = trial._trial_id, trial.study._study_id
     known = _known_distributions(storage, trial_id)
     session = backend.scoped_session()
     try:
-        trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-        backend.check_trial_is_updatable(trial_id, trial.state)
+        row = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=bool(end))
+        backend.check_trial_is_updatable(trial_id, row.state)
         for name, _, distribution in params:
-            previous = known.get(name) or _stored_distribution(session, trial.study_id, name)
+            previous = known.get(name) or _stored_distribution(session, study_id, name)
             if previous is not None:
                 check_distribution_compatibility(previous, distribution)
-        if params:  # one statement; ids in this order, the order params are read back in
-            session.execute(insert(models.TrialParamModel).values([
+        if params:  # one statement, rows in this order: the order params are read back in
+            session.execute(insert(models.TrialParamModel.__table__), [
                 {"trial_id": trial_id, "param_name": name, "param_value": value,
                  "distribution_json": distribution_to_json(distribution)}
-                for name, value, distribution in params]))
+                for name, value, distribution in params])
         if attrs:
-            _write_attrs(session, backend, trial_id, attrs)
+            _upsert(session, backend, models.TrialUserAttributeModel, "trial_id", trial_id, attrs)
+        if study_attrs:
+            _upsert(session, backend, models.StudyUserAttributeModel, "study_id", study_id,
+                    study_attrs)
+        if end is not None:
+            state, values = end
+            for objective, value in enumerate(values or ()):
+                backend._set_trial_value_without_commit(session, row, objective, value)
+            row.state, row.datetime_complete = state, datetime.now()
         session.commit()
     except IntegrityError:
         session.rollback()
@@ -153,19 +205,24 @@ def _stored_distribution(session, study_id: int, name: str):
     return json_to_distribution(record.distribution_json) if record is not None else None
 
 
-def _write_attrs(session, backend: RDBStorage, trial_id: int, attrs: dict) -> None:
-    """Every attr in one upsert where Optuna upserts (SQLite ≥ 3.24, PostgreSQL), else each
-    as Optuna writes it."""
-    model = models.TrialUserAttributeModel
+def _upsert(session, backend: RDBStorage, model, owner: str, owner_id: int, attrs: dict) -> None:
+    """Every attr of one trial or study (``owner``: its id column) in one upsert where Optuna
+    upserts (SQLite ≥ 3.24, PostgreSQL), else each as Optuna writes it."""
     name = backend.engine.name
     if name == "postgresql" or (name == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0)):
-        dialect = postgresql if name == "postgresql" else sqlite
-        insert = dialect.insert(model).values([
-            {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-            for key, value in attrs.items()])
-        session.execute(insert.on_conflict_do_update(
-            index_elements=[model.trial_id, model.key],
-            set_={"value_json": insert.excluded.value_json}))
+        upsert = (postgresql if name == "postgresql" else sqlite).insert(model.__table__)
+        session.execute(upsert.on_conflict_do_update(
+            index_elements=[owner, "key"], set_={"value_json": upsert.excluded.value_json}),
+            [{owner: owner_id, "key": key, "value_json": json.dumps(value)}
+             for key, value in attrs.items()])
         return
     for key, value in attrs.items():
-        backend._set_trial_attr_without_commit(session, model, trial_id, key, value)
+        if model is models.TrialUserAttributeModel:
+            backend._set_trial_attr_without_commit(session, model, owner_id, key, value)
+            continue
+        study = models.StudyModel.find_or_raise_by_id(owner_id, session)
+        attribute = model.find_by_study_and_key(study, key, session)
+        if attribute is None:
+            session.add(model(study_id=owner_id, key=key, value_json=json.dumps(value)))
+        else:
+            attribute.value_json = json.dumps(value)

@@ -122,7 +122,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     with drivers.lock():  # another driver starting at once neither copies nor enqueues again
         for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
             recorder.add_measurement(estimate, {"peak_memory_mb": memory_mb,
-                                                "step_time_ms": step_ms}, store=False)
+                                                "step_time_ms": step_ms})
         synced = load_history(spec, study, proposer, recorder)
         trials = study.get_trials(deepcopy=False)
         executor.continue_from(Counter(Candidate(**knobs_of(t)) for t in trials if ran(t)))
