@@ -42,7 +42,7 @@ from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models
 from optuna.study._tell import _check_values_are_feasible, _tell_with_warning
 from optuna.trial import TrialState
-from sqlalchemy import insert
+from sqlalchemy import insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -150,8 +150,12 @@ def _in_one_transaction(storage, backend: RDBStorage, trial, params: list, attrs
     known = _known_distributions(storage, trial_id)
     session = backend.scoped_session()
     try:
-        row = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=bool(end))
-        backend.check_trial_is_updatable(trial_id, row.state)
+        trials = models.TrialModel.__table__
+        query = select(trials.c.state).where(trials.c.trial_id == trial_id)
+        state = session.execute(query.with_for_update() if end else query).scalar_one_or_none()
+        if state is None:  # as Optuna's find_or_raise_by_id
+            raise KeyError(models.NOT_FOUND_MSG)
+        backend.check_trial_is_updatable(trial_id, state)
         for name, _, distribution in params:
             previous = known.get(name) or _stored_distribution(session, study_id, name)
             if previous is not None:
@@ -166,11 +170,15 @@ def _in_one_transaction(storage, backend: RDBStorage, trial, params: list, attrs
         if study_attrs:
             _upsert(session, backend, models.StudyUserAttributeModel, "study_id", study_id,
                     study_attrs)
-        if end is not None:
+        if end is not None:  # a running trial has no values yet: inserted, not upserted
             state, values = end
-            for objective, value in enumerate(values or ()):
-                backend._set_trial_value_without_commit(session, row, objective, value)
-            row.state, row.datetime_complete = state, datetime.now()
+            if values:
+                session.execute(insert(models.TrialValueModel.__table__), [
+                    dict(zip(("trial_id", "objective", "value", "value_type"),
+                             (trial_id, objective, *models.TrialValueModel.value_to_stored_repr(v))))
+                    for objective, v in enumerate(values)])
+            session.execute(update(trials).where(trials.c.trial_id == trial_id)
+                            .values(state=state, datetime_complete=datetime.now()))
         session.commit()
     except IntegrityError:
         session.rollback()
