@@ -339,12 +339,13 @@ def driver_main(args) -> None:
                 print(line)
                 title = ""
             print()
-    print("parts: ask = propose + Optuna's ask + sampling + its storage writes; prior = the "
-          "cost model's ranking; feasibility = constraints + estimate; tell/record = storing "
-          "the result; sync = the loop's reads of storage before each ask; other = the rest "
-          "of the loop (executor waits); cpu = the loop's CPU time (less hit by a busy machine "
-          "than wall time, blind to waiting for the disk). printed = the study's own 'driver overhead' line. "
-          "commits (transactions that wrote) and statements: SQL per trial. setup_s: one-time (prior, study creation).")
+    print("parts: ask = propose + Optuna's ask + sampling + its storage writes; prior = the\n"
+          "cost model's ranking; feasibility = constraints + estimate; tell/record = storing the\n"
+          "result; sync = the loop's read of the study before each ask; other = the rest of the\n"
+          "loop (executor waits); total = the loop's wall time; cpu = its CPU time (less hit by a\n"
+          "busy machine, blind to waiting for the disk); printed = the study's own 'driver\n"
+          "overhead' line; commits (transactions that wrote) and statements: SQL per trial;\n"
+          "setup_s: one-time (prior, study creation).")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -40,7 +40,7 @@ from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models
-from optuna.study._tell import _check_values_are_feasible, _tell_with_warning
+from optuna.study._tell import _check_values_are_feasible
 from optuna.trial import TrialState
 from sqlalchemy import insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -100,30 +100,34 @@ class _Held:
         self.params, self.attrs, self.study_attrs = [], {}, {}
         if end is None and not (params or attrs or study_attrs):
             return
-        backend = getattr(self.storage, "_backend", self.storage)  # optuna's cache over an RDB
-        if isinstance(backend, RDBStorage):
-            try:
-                _in_one_transaction(self.storage, backend, self.trial, params, attrs,
-                                    study_attrs, None if end is None else _ending(self.trial, *end))
-                if end is not None:
-                    self.trial.study._thread_local.cached_all_trials = None  # as tell
-                return
-            except IntegrityError:
-                pass  # as Optuna's own writes would meet it: one by one (each ignores it)
-        for param in params:
-            self.storage.set_trial_param(self.trial_id, *param)
-        for key, value in attrs.items():
-            self.storage.set_trial_user_attr(self.trial_id, key, value)
-        for key, value in study_attrs.items():
-            self.storage.set_study_user_attr(self.trial.study._study_id, key, value)
         if end is not None:
-            _tell_with_warning(self.trial.study, self.trial, end[1], end[0])
+            end = _ending(self.trial, *end)
+        backend = getattr(self.storage, "_backend", self.storage)  # optuna's cache over an RDB
+        try:
+            if isinstance(backend, RDBStorage):
+                try:
+                    _in_one_transaction(self.storage, backend, self.trial, params, attrs,
+                                        study_attrs, end)
+                    return
+                except IntegrityError:
+                    pass  # as Optuna's own writes would meet it: one by one (each ignores it)
+            for param in params:
+                self.storage.set_trial_param(self.trial_id, *param)
+            for key, value in attrs.items():
+                self.storage.set_trial_user_attr(self.trial_id, key, value)
+            for key, value in study_attrs.items():
+                self.storage.set_study_user_attr(self.trial.study._study_id, key, value)
+            if end is not None:
+                self.storage.set_trial_state_values(self.trial_id, *end)
+        finally:
+            if end is not None:
+                self.trial.study._thread_local.cached_all_trials = None  # as tell
 
 
 def _ending(trial, state: TrialState, values) -> tuple:
     """(state, values) as ``study.tell`` stores them — complete values checked, a pruned trial
-    without values given its last intermediate value — after the sampler's ``after_trial``
-    (Optuna 5.0's ``_tell_with_warning``)."""
+    without values given its last intermediate value — once the sampler heard ``after_trial``
+    (Optuna 5.0's ``_tell_with_warning``, which then writes them)."""
     study, frozen = trial.study, trial._get_latest_trial()
     if state == TrialState.COMPLETE:
         failure = _check_values_are_feasible(study, values)
@@ -172,11 +176,12 @@ def _in_one_transaction(storage, backend: RDBStorage, trial, params: list, attrs
                     study_attrs)
         if end is not None:  # a running trial has no values yet: inserted, not upserted
             state, values = end
+            stored = models.TrialValueModel.value_to_stored_repr
             if values:
                 session.execute(insert(models.TrialValueModel.__table__), [
                     dict(zip(("trial_id", "objective", "value", "value_type"),
-                             (trial_id, objective, *models.TrialValueModel.value_to_stored_repr(v))))
-                    for objective, v in enumerate(values)])
+                             (trial_id, objective, *stored(value))))
+                    for objective, value in enumerate(values)])
             session.execute(update(trials).where(trials.c.trial_id == trial_id)
                             .values(state=state, datetime_complete=datetime.now()))
         session.commit()
