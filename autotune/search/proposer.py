@@ -9,20 +9,23 @@ predicted out of memory (``infeasible``, with the reason). It may ask and enqueu
 runs anything and never records an outcome: the study's loop hands settled answers and results
 to its recorder and tells the proposer what it learnt with :meth:`remember`. Each trial it
 asks is claimed by this driver (`autotune.storage.drivers.Drivers.claim`) before anything else
-is written to it.
+is written to it, its claim, params and knob attrs in one transaction
+(`autotune.storage.writes.batched`).
 
 - Feasibility is :func:`autotune.spec.constraints.violations` and the cost model's memory
   screen, with the study's calibration (:attr:`calibration`, kept up to date by the loop).
-- ``search.sampler: auto``: a :class:`~autotune.search.prior.Prior` chooses the candidates (enqueued
-  with user attr ``proposed_by: prior``, the sampler filling in the knobs the prior leaves to
-  it) whenever nothing else is queued, taking the objectives it ranks by in turn; the sampler
-  proposes alone once the prior has nothing left. Every proposed candidate is marked in the
-  prior, so it never comes again.
+- ``search.sampler: auto``: a :class:`~autotune.search.prior.Prior` chooses the candidates
+  (each asked as a new trial with its knobs fixed as Optuna's queue fixes them and user attr
+  ``proposed_by: prior``, the sampler filling in the knobs the prior leaves to it) whenever
+  nothing else is queued, taking the objectives it ranks by in turn; the sampler proposes alone
+  once the prior has nothing left. Every proposed candidate is marked in the prior, so it never
+  comes again.
 - ``--sampler grid``: :meth:`start_grid` queues every candidate not tried yet; each is enqueued
   just before its ask (Optuna scans every waiting trial on each ask).
-- :meth:`again` (a confirm-phase re-run) and :meth:`rerun` (a retry queued for a failed trial)
-  ask exactly the queued trial they are for — never merely the oldest waiting one, which may be
-  another job's — and run it as it is: no repeat or feasibility check.
+- :meth:`again` (a confirm-phase re-run, asked as a new trial with the original's params) and
+  :meth:`rerun` (a retry queued for a failed trial) ask exactly the trial they are for — never
+  merely the oldest waiting one, which may be another job's — and run it as it is: no repeat or
+  feasibility check.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from autotune import costmodel
 from autotune.jobs import RUNNING, Job, Result
 from autotune.spec.constraints import violations
 from autotune.spec.space import SearchSpace
+from autotune.storage.writes import batched
 
 
 class Proposer:
@@ -84,18 +88,36 @@ class Proposer:
         infeasible = reasons or not estimate.feasible
         return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
 
-    def _ask(self, match=None):
-        """Ask a trial: Optuna's next (the oldest waiting, else a new one), or with ``match``
-        the oldest waiting trial it accepts (LookupError when none waits)."""
+    def _ask(self, match=None, fixed=None):
+        """Ask a trial: Optuna's next (the oldest waiting, else a new one); with ``match`` the
+        oldest waiting trial it accepts (LookupError when none waits); with ``fixed`` =
+        (params, user attrs) a new one with those params fixed (:meth:`_new`) and those attrs."""
         with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
-            trial = self.study.ask() if match is None else self._pop(match)
-        if self.drivers is not None:
-            self.drivers.claim(trial)
-        candidate, attrs = self.space.sample(trial)
-        for name, value in attrs.items():
-            trial.set_user_attr(name, value)
+            if fixed is not None:
+                trial = self._new(fixed[0])
+            else:
+                trial = self.study.ask() if match is None else self._pop(match)
+        # its driver, role, params and knob attrs: one transaction, not twenty
+        with batched(trial):
+            if self.drivers is not None:
+                self.drivers.claim(trial)
+            for name, value in (fixed[1] if fixed is not None else {}).items():
+                trial.set_user_attr(name, value)
+            candidate, attrs = self.space.sample(trial)
+            for name, value in attrs.items():
+                trial.set_user_attr(name, value)
         return trial, candidate
+
+    def _new(self, params: dict) -> optuna.Trial:
+        """What ``study.enqueue_trial(params)`` and the ``study.ask()`` that pops it do, in one
+        write instead of two and no read of the queue: a RUNNING trial whose params are fixed
+        as Optuna's queue fixes them (system attr ``fixed_params``)."""
+        template = optuna.trial.create_trial(state=TrialState.RUNNING,
+                                             system_attrs={"fixed_params": params})
+        self.study._thread_local.cached_all_trials = None  # as ask: the sampler reads afresh
+        trial_id = self.study._storage.create_new_trial(self.study._study_id, template)
+        return optuna.Trial(self.study, trial_id)
 
     def _pop(self, match) -> optuna.Trial:
         """What ``study.ask`` does with its queue, for the waiting trial ``match`` accepts."""
@@ -109,17 +131,20 @@ class Proposer:
                 continue  # withdrawn meanwhile
         raise LookupError("no such trial waits in the queue")
 
-    def propose(self) -> Job:
-        """Ask one candidate; settle it at once when it needs no run (see the module doc)."""
+    def propose(self, trials=None) -> Job:
+        """Ask one candidate; settle it at once when it needs no run (see the module doc).
+        ``trials``: the study's trials as the caller just read them (frozen), so they are not
+        read again."""
         started = time.perf_counter()
         if self.grid:
             candidate, params = self.grid.popleft()
             baseline = candidate == self.space.baseline()
             self.study.enqueue_trial(params, user_attrs={"baseline": True} if baseline else None)
-        elif self.prior is not None and not self.study.get_trials(deepcopy=False,
-                                                                  states=(TrialState.WAITING,)):
-            self._from_prior()  # what is queued (the baseline, a retry, a re-run) runs first
-        trial, candidate = self._ask()
+        # what is queued (the baseline, a retry, a re-run) runs first
+        fixed = (self._from_prior() if not self.grid and self.prior is not None
+                 and not self._queued_any(trials) else None)
+        trial, candidate = self._ask(fixed=None if fixed is None
+                                     else (fixed, {"proposed_by": "prior"}))
         if self.prior is not None:
             self.prior.mark(candidate)
         if candidate in self.seen:
@@ -135,30 +160,32 @@ class Proposer:
             return Job(trial, candidate, estimate, driver_s, Result("infeasible", detail=reason))
         return Job(trial, candidate, estimate, driver_s)
 
-    def _from_prior(self) -> None:
-        """Queue the prior's next candidate, by the objective whose turn it is, unless the
-        prior has nothing left (then the sampler proposes)."""
+    def _queued_any(self, trials) -> bool:
+        """Whether a trial waits in the study's queue (``trials``: as just read, or None)."""
+        if trials is None:
+            return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        return any(t.state == TrialState.WAITING for t in trials)
+
+    def _from_prior(self) -> dict | None:
+        """The params of the prior's next candidate, by the objective whose turn it is; None
+        when the prior has nothing left (then the sampler proposes)."""
         objective = self.prior.objectives[self._turn % len(self.prior.objectives)]
         self._turn += 1
         candidate = self.prior.next(self.measurements, self.calibration, objective)
-        if candidate is not None:
-            self.study.enqueue_trial(self.prior.params(candidate),
-                                     user_attrs={"proposed_by": "prior"})
+        return self.prior.params(candidate) if candidate is not None else None
 
-    def _queued(self, match) -> Job:
-        """Ask the queued trial ``match`` accepts and run it as it is (no repeat or
+    def _run_as_is(self, **how) -> Job:
+        """Ask a trial as :meth:`_ask` does with ``how`` and run it as it is (no repeat or
         feasibility check)."""
         started = time.perf_counter()
-        trial, candidate = self._ask(match)
+        trial, candidate = self._ask(**how)
         estimate, _ = self.verdict(candidate)
         return Job(trial, candidate, estimate, time.perf_counter() - started)
 
     def again(self, original) -> Job:
         """A new trial with ``original``'s params, user attr ``confirm_of`` = its number."""
-        self.study.enqueue_trial(original.params, user_attrs={"confirm_of": original.number})
-        return self._queued(lambda t: t.user_attrs.get("confirm_of") == original.number
-                            and "retry_of" not in t.user_attrs)
+        return self._run_as_is(fixed=(original.params, {"confirm_of": original.number}))
 
     def rerun(self, failed: int) -> Job:
         """The retry queued for trial ``failed`` (user attr ``retry_of``)."""
-        return self._queued(lambda t: t.user_attrs.get("retry_of") == failed)
+        return self._run_as_is(match=lambda t: t.user_attrs.get("retry_of") == failed)

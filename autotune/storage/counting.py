@@ -45,11 +45,11 @@ def will_count(t) -> bool:
     return t.state == TrialState.RUNNING and not set(NOT_COUNTED) & set(t.user_attrs)
 
 
-def wanted(study, n_trials: int) -> int:
-    """How many more trials to ask for ``n_trials`` finished ones: N less the finished and the
-    running (any driver's) that count — but every queued candidate runs, even past N (an
-    interrupted one on a finished study)."""
-    trials = study.get_trials(deepcopy=False)
+def wanted(trials, n_trials: int) -> int:
+    """How many more trials to ask for ``n_trials`` finished ones, of a study whose trials
+    (frozen, as just read) are ``trials``: N less the finished and the running (any driver's)
+    that count — but every queued candidate runs, even past N (an interrupted one on a finished
+    study)."""
     done = sum(counted(t) or will_count(t) for t in trials)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     return max(n_trials - done, waiting)

@@ -135,10 +135,12 @@ class Drivers:
             self._thread.join()
 
     def claim(self, trial) -> None:
-        """``trial`` was just asked by this driver: mark it, and beat for it at once."""
+        """``trial`` was just asked by this driver: mark it, and beat for it at once — through
+        the trial's own storage, so that inside `autotune.storage.writes.batched` the mark is
+        written before the beat."""
         trial.set_user_attr(OWNER, self.me)
         if self.shared:
-            self.storage.record_heartbeat(trial._trial_id)
+            trial.storage.record_heartbeat(trial._trial_id)
 
     def _beating(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):

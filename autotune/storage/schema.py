@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from autotune.files import json_safe
 from autotune.jobs import METRICS, OUTCOMES
 from autotune.storage.drivers import locked
+from autotune.storage.writes import batched
 from autotune.spec.knobs import KNOB_NAMES, KNOBS
 from autotune.spec.objectives import objective_values
 
@@ -66,20 +67,25 @@ def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = 
 
 
 def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
-           metrics: dict | None = None, detail: str = "", extra: dict | None = None) -> int | None:
-    """Store a trial's outcome, metrics and extra attrs, then tell the study how it ended.
-    Returns the number of the trial that holds it: ``trial``'s, a new one for a late result,
-    None for a late answer that measured nothing (see the module doc)."""
+           metrics: dict | None = None, detail: str = "", extra: dict | None = None,
+           study_attrs: dict | None = None) -> int | None:
+    """Store a trial's outcome, metrics and extra attrs (and ``study_attrs``, user attrs of the
+    study, in the same transaction), then tell the study how it ended. Returns the number of
+    the trial that holds it: ``trial``'s, a new one for a late result, None for a late answer
+    that measured nothing (see the module doc)."""
     state, values, attrs = settle(objectives, outcome, metrics, detail, extra)
     try:
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
-        study.tell(trial, values, state=state)
+        # its attrs, the study's and its end (what study.tell does): one transaction
+        with batched(trial, study_attrs, end=(state, values)):
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
         return trial.number
     except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
         frozen = study._storage.get_trial(trial._trial_id)
         if not frozen.state.is_finished():
             raise
+        for key, value in (study_attrs or {}).items():  # the study's, whatever the trial's fate
+            study.set_user_attr(key, value)
         return _record_late(study, frozen, state, values, attrs)
 
 

@@ -64,7 +64,7 @@ def load_history(spec, study, proposer: Proposer, recorder: Recorder,
         proposer.remember(candidate, t.number, schema.outcome_of(t), metrics,
                           t.user_attrs.get("detail", ""))
         if schema.outcome_of(t) == "ok":
-            recorder.add_measurement(costmodel.estimate(spec, candidate), metrics, store=False)
+            recorder.add_measurement(costmodel.estimate(spec, candidate), metrics)
     proposer.calibration = recorder.calibration
     return read
 
@@ -90,6 +90,7 @@ class Loop:
         self.paused = False       # a proposal was parked: ask again once a trial ended
 
     def _settle(self, job: Job) -> None:
+        self.progress.driver_trials += 1
         settled = job.settled
         if settled.outcome == RUNNING:  # answered when that trial ends (:meth:`_sync`)
             job.trial.set_user_attr("repeat_of", settled.repeat_of)  # it does not count
@@ -123,10 +124,11 @@ class Loop:
             while (self.repeats < MAX_REPEATS or retrying) and not self._stop():
                 retrying = False
                 with self.drivers.lock():
-                    self._sync()
-                    if counting.wanted(self.study, n_trials) <= 0:
+                    # one read of the study per ask: what counts, and whether anything waits
+                    trials = self._sync()
+                    if counting.wanted(trials, n_trials) <= 0:
                         return None
-                    proposal = self.proposer.propose()
+                    proposal = self.proposer.propose(trials)
                 if proposal.settled is not None:
                     self._settle(proposal)
                     if proposal.settled.outcome == RUNNING:
@@ -140,12 +142,13 @@ class Loop:
         try:
             while True:
                 self._drive(next_job)
-                self._sync()  # settles the repeats of this driver's trials, all ended now
+                # settles the repeats of this driver's trials, all ended now
+                trials = self._driving(self._sync)
                 if self.repeats >= MAX_REPEATS or self._stop():
                     return
                 paused, self.paused = self.paused, False
                 shared = self.drivers.shared
-                if counting.wanted(self.study, n_trials) > 0 and not (paused and shared):
+                if counting.wanted(trials, n_trials) > 0 and not (paused and shared):
                     continue  # a trial elsewhere ended without counting (or was interrupted)
                 running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if not self.parked and not (paused and shared) and (
@@ -158,16 +161,16 @@ class Loop:
                               extra={"repeat_of": job.settled.repeat_of})
             self.parked.clear()
 
-    def _sync(self) -> None:
+    def _sync(self) -> list:
         """The candidates running now into the proposer (this driver's, and with several
         drivers every driver's); the repeats parked until their original ended, settled. With
         several drivers also: what the others asked and finished, into the proposer and the
         calibration, and every ``HEARTBEAT_S`` the trials of a dead driver failed and queued
-        again."""
+        again. Returns the study's trials as it read them, once (frozen)."""
         self.proposer.running = {job.candidate: number for number, job in self.live.items()}
-        trials = self._sync_others() if self.drivers.shared else None
+        trials = (self._sync_others() if self.drivers.shared
+                  else self.study.get_trials(deepcopy=False))
         for number, job in list(self.parked.items()):
-            trials = trials or self.study.get_trials(deepcopy=False)
             original = trials[job.settled.repeat_of]
             if original.state.is_finished():
                 job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
@@ -175,6 +178,7 @@ class Loop:
                                      repeat_of=original.number)
                 self.recorder.settled(job)
                 del self.parked[number]
+        return trials
 
     def _sync_others(self) -> list:
         """The several-drivers part of :meth:`_sync`; returns the trials it read."""
@@ -220,24 +224,24 @@ class Loop:
         try:
             while True:
                 while free > 0 and (held is not None or not exhausted):
-                    held = held or next_job()
+                    held = held or self._driving(next_job)
                     if held is None:
                         exhausted = True
                         break
                     if held.candidate.devices > free:
                         break  # wait for devices to free up
-                    self._submit(held)
+                    self._driving(self._submit, held)
                     free -= held.candidate.devices
                     held = None
                 if exhausted and held is None and not self.live:
                     return
                 ended = self.executor.wait(timeout_s=1.0)
                 for number, result in ended:
-                    free += self._finished(number, result)
+                    free += self._driving(self._finished, number, result)
                 if ended and self.paused:  # what the sampler wanted may have ended: ask again
                     exhausted = self.paused = False
                 exhausted = exhausted and not self.retries  # a retry is one more job
-                free += self._prune_slow()
+                free += self._driving(self._prune_slow)
         except BaseException:
             # Ctrl-C or a crash: the running trials are cancelled and recorded as interrupted
             # and their candidates re-enqueued, so a later --resume runs them again.
@@ -246,7 +250,17 @@ class Loop:
                 self.recorder.interrupted(trial)
             raise
 
+    def _driving(self, work, *args):
+        """``work(*args)``, its seconds the driver's own (`Progress.driver_seconds`): all the
+        loop does but wait for trials to end."""
+        started = time.perf_counter()
+        try:
+            return work(*args)
+        finally:
+            self.progress.driver_seconds += time.perf_counter() - started
+
     def _submit(self, job) -> None:
+        self.progress.driver_trials += 1
         self.executor.submit(job)
         self.live[job.number] = job
         self.submitted[job.number] = time.monotonic()

@@ -35,7 +35,9 @@ class Progress:
     def __init__(self, console: Console | None = None):
         # soft_wrap: one trial, one line, also in logs and CI where the width defaults to 80
         self.console = console or Console(highlight=False, soft_wrap=True)
-        self.driver_seconds = 0.0
+        # the driver's own seconds (all the study's loop does but wait for trials to end) and
+        # the trials it asked in them, settled or run, confirm re-runs and retries included
+        self.driver_seconds, self.driver_trials = 0.0, 0
         self._done = self._total = self._done_here = 0
         self._started = time.monotonic()
         self._objectives: tuple = ()
@@ -45,6 +47,10 @@ class Progress:
         self._confirm_total = self._confirm_done = 0
         self._confirm_started = 0.0
         self.status = lambda: ""  # more for each trial line (the search sets the budget used)
+
+    def driver_ms_per_trial(self) -> float:
+        """The driver's own milliseconds per trial it asked (see ``driver_seconds``)."""
+        return self.driver_seconds / max(1, self.driver_trials) * 1000
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]·[/dim] {message}")
@@ -121,9 +127,10 @@ class Progress:
         for t in study.get_trials(deepcopy=False):
             counts[outcome_of(t)] = counts.get(outcome_of(t), 0) + 1
         self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        if self._done_here:
-            self.console.print(f"driver overhead (ask, feasibility, submit, tell): "
-                               f"{self.driver_seconds / self._done_here * 1000:.0f} ms per trial")
+        if self.driver_trials:
+            self.console.print(f"driver overhead (ask, feasibility, submit, tell, sync): "
+                               f"{self.driver_ms_per_trial():.0f} ms per trial "
+                               f"({self.driver_trials} trials)")
         best = best_trials(study)
         if not best:
             self.console.print("[red]no trial finished ok[/red]")

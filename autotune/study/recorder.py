@@ -13,8 +13,6 @@ run again (:meth:`finished`).
 
 from __future__ import annotations
 
-import time
-
 from autotune import costmodel
 from autotune.costmodel.diagnosis import diagnose
 from autotune.jobs import Job, Result
@@ -35,30 +33,33 @@ class Recorder:
         self.memory_gb = costmodel.resolve_profile(spec.cluster).memory_gb
         self.late: dict = {}   # number → the trial holding its late result (another driver failed it)
 
-    def add_measurement(self, estimate, metrics: dict, store: bool = True) -> None:
-        """Refit the per-study correction of the cost model with one more measured trial."""
+    def add_measurement(self, estimate, metrics: dict) -> bool:
+        """Refit the per-study correction of the cost model with one more measured trial;
+        whether it did (not: nothing to calibrate with). Storing it is the caller's (with the
+        trial's result: :meth:`finished`; after a batch: :meth:`store_calibration`)."""
         if not self.calibrates or not {"peak_memory_mb", "step_time_ms"} & set(metrics):
-            return
+            return False
         self.pairs.append((estimate, metrics.get("peak_memory_mb"), metrics.get("step_time_ms")))
         self.calibration = costmodel.Calibration.from_pairs(self.pairs)
-        if store:
-            self.store_calibration()
+        return True
 
     def store_calibration(self) -> None:
         self.study.set_user_attr("calibration", self.calibration.as_dict())
 
-    def _record(self, trial, result: Result, extra: dict) -> None:
+    def _record(self, trial, result: Result, extra: dict, study_attrs=None) -> None:
         if result.outcome == "ok" and "estimate" in extra:
             # why it is as fast as it is, kept beside what it measured
             breakdown = (extra["estimate"].get("breakdown") or {}).get("time_s")
             found = diagnose(breakdown, result.metrics, schema.knobs_of(trial), self.memory_gb)
             if found:
                 extra["diagnosis"] = found
-        self._store(trial, result.outcome, result.metrics, result.detail, extra)
+        self._store(trial, result.outcome, result.metrics, result.detail, extra, study_attrs)
 
-    def _store(self, trial, outcome: str, metrics=None, detail: str = "", extra=None) -> None:
+    def _store(self, trial, outcome: str, metrics=None, detail: str = "", extra=None,
+               study_attrs=None) -> None:
         """`autotune.storage.schema.record`, saying so when the result came late."""
-        stored = schema.record(self.study, trial, self.objectives, outcome, metrics, detail, extra)
+        stored = schema.record(self.study, trial, self.objectives, outcome, metrics, detail, extra,
+                               study_attrs)
         if stored != trial.number:
             self.late[trial.number] = stored
             self.progress.note(
@@ -80,16 +81,14 @@ class Recorder:
     def finished(self, job: Job, result: Result) -> bool:
         """Record a finished trial; True when its candidate must run once more (a first
         infrastructure failure, queued again here)."""
-        trial = job.trial
-        if result.outcome == "ok":
-            self.add_measurement(job.estimate, result.metrics)
+        trial, study_attrs = job.trial, {}
+        if result.outcome == "ok" and self.add_measurement(job.estimate, result.metrics):
+            study_attrs["calibration"] = self.calibration.as_dict()  # stored with the trial
         timing = result.timing()
         extra = {"estimate": job.estimate.as_dict(), **timing, **retry.attrs(result)}
         if timing:
             extra["driver_s"] = round(job.driver_s, 4)
-        started = time.perf_counter()
-        self._record(trial, result, extra)
-        self.progress.driver_seconds += time.perf_counter() - started + job.driver_s
+        self._record(trial, result, extra, study_attrs)
         if retry.needs_retry(trial, result):  # not counted: its candidate runs once more
             retry.retry(self.study, trial)
             self.progress.note(retry.retry_note(trial.number, result))

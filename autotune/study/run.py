@@ -122,7 +122,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     with drivers.lock():  # another driver starting at once neither copies nor enqueues again
         for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
             recorder.add_measurement(estimate, {"peak_memory_mb": memory_mb,
-                                                "step_time_ms": step_ms}, store=False)
+                                                "step_time_ms": step_ms})
         synced = load_history(spec, study, proposer, recorder)
         trials = study.get_trials(deepcopy=False)
         executor.continue_from(Counter(Candidate(**knobs_of(t)) for t in trials if ran(t)))
@@ -138,7 +138,7 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
             openers = [] if proposer.prior else space.layout_openers(spec)[:max(0, n_trials - 1)]
             for candidate in openers:
                 study.enqueue_trial(space.params_of(candidate))
-    to_run = wanted(study, n_trials)
+    to_run = wanted(study.get_trials(deepcopy=False), n_trials)
     stopper = Stopper(study, budget, stop_when_flat, virtual_clock=executor.virtual_clock)
     progress.status = stopper.used
     progress.start(study, done=already, total=already + to_run,
