@@ -42,14 +42,16 @@ from the latest checkpoint in ``dir``), ``init_from`` (a folder of per-rank chec
 weights a fresh run starts from).
 
 After the last step (untimed, outside every step, the training state left as it is), a float16
-run measures ``underflow_share`` with `autotune.train.probe` on the last step's batch at the
-final loss scale; each rank counts its part and one all-reduce sums the counts.
+run measures ``underflow_share`` by `autotune.train.probe`'s rule on the last step's batch at the
+final loss scale: a bound from the last step's own gradients, and the probe only when the bound
+is above `autotune.train.probe.SKIP_BELOW` (or the config's ``trial.underflow_probe`` is
+``"always"``); each rank counts its part and an all-reduce sums the counts.
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
 memory (read before the probe; on GPU/Ascend also ``device_reserved_mb``, ``device_allocated_mb``
 and ``device_smi_mb``, `autotune.train.device.device_peak_mb`), a sha256 of its final weights (the ranks of a dp group must
-agree) and ``probe_s``, the probe's wall time.
+agree) and ``probe_s``, the wall time of that measurement (bound, and probe where it ran).
 """
 
 import os
@@ -218,16 +220,22 @@ def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:
     return float(_sum_over_ranks(ms, mine).max())
 
 
-def _underflow_share(ms, engine, placement, step: int, scale: float) -> float:
-    """The world's underflow share on step ``step``'s global batch at loss scale ``scale``
-    (`autotune.train.probe`); 0 when the compute dtype is not float16."""
-    if engine.underflow is None:
-        return 0.0
+def _underflow_share(engine, placement, step: int, scale: float) -> dict:
+    """The world's underflow metrics (``underflow_share``, ``underflow_bound``,
+    ``underflow_probed``) on step ``step``'s global batch at loss scale ``scale`` by
+    `autotune.train.probe`'s rule; none when the compute dtype is not float16."""
+    from autotune.train.parallel import world_sum
+
+    if not engine.scaled:
+        return {}
     inputs, labels = engine.dataset(step, placement.dp_index, placement.dp)
-    kept, elements = engine.underflow(inputs, labels, scale)
-    if placement.world > 1:
-        kept, elements = _sum_over_ranks(ms, [kept, elements])
-    return float(kept) / float(elements)
+
+    def world_share(part, whole):
+        if placement.world > 1:
+            part, whole = world_sum([part, whole])
+        return float(part) / float(whole)
+
+    return engine.underflow(inputs, labels, scale, world_share)
 
 
 def _checkpoints(cfg, engine, placement, ms):
@@ -330,9 +338,9 @@ def run(cfg: dict, started: float) -> dict:
     peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
     probe_started = time.perf_counter()
-    underflow = _underflow_share(ms, engine, placement, i - 1, final_scale)
+    underflow = _underflow_share(engine, placement, i - 1, final_scale)
     probe_s = time.perf_counter() - probe_started
-    result = log.summary(compile_s, peak, final_scale, underflow)
+    result = log.summary(compile_s, peak, final_scale, **underflow)
     from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
