@@ -186,8 +186,10 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
         owned = _owned(cfg, p, network)
         make_probe = _probe_factory(cfg, p, network, loss_fn, micro, jit_level, owned)
         bound = probe_mod.UnderflowBound(network, weights, owned, micro)
-    underflow = dict(make_probe=make_probe, bound=bound,
-                     probe_always=trial.get("underflow_probe", "auto") == "always")
+    probe_rule = trial.get("underflow_probe", "auto")
+    if probe_rule not in ("auto", "always"):
+        raise ConfigError(f"trial.underflow_probe: {probe_rule!r} is not auto or always")
+    underflow = dict(make_probe=make_probe, bound=bound, probe_always=probe_rule == "always")
     if p.pp == 1:
         accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
                                              loss_scale=loss_scale, scale_window=scale_window,
@@ -199,7 +201,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                 accumulate(xs[j], ys[j])
             return apply(xs[-1], ys[-1])
 
-        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, sharding=sharding, **underflow)
+        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, sharding=sharding,
+                      **underflow)
 
     state = step.TrainState(weights, micro, loss_scale, scale_window, count_zeros=scaling)
     cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel,

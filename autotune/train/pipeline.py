@@ -20,8 +20,9 @@ Cells (compiled graphs, one set per stage):
 
 Both backward cells add ``grad/m`` into the step's accumulators (and, under float16, each
 gradient's count of exact zeros into the state's ``zeros``: `autotune.train.step.zero_counts`),
-and `autotune.train.step.ApplyStep` updates once all micro-batches are through. The loss scale multiplies the loss on the last stage,
-so every stage's gradients carry it and one unscale fixes them all.
+and `autotune.train.step.ApplyStep` updates once all micro-batches are through. The loss scale
+multiplies the loss on the last stage, so every stage's gradients carry it and one unscale fixes
+them all.
 """
 
 from __future__ import annotations
