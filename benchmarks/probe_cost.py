@@ -15,8 +15,9 @@ noise hits them alike:
 
 Each trial is the real program under ``msrun`` with pinned cores, as the runner launches it.
 Prints, per trial and variant (medians over rounds): ``steps_s`` (rank 0's measured steps),
-``probe_s`` (max over ranks: the underflow measurement's wall time), their ratio, ``u``, ``z``
-and whether the probe ran.
+``probe_s`` (max over ranks: the underflow measurement's wall time), their ratio; and per round
+``u``, ``z``, whether the probe ran and ``loss_last`` (the same in every variant: the bound does
+not change the step's numerics).
 
 Then, in this process (calls interleaved in shuffled order, so the machine's noise hits all
 alike), what the bound's count costs a step: the model's training step (one dp2 shard, float16)
@@ -79,7 +80,8 @@ def launch(config: dict, folder: Path, workers: int, tree: Path) -> dict:
     measured = steps[config["trial"]["measure_after"]:]
     return {"steps_s": sum(s["step_time_ms"] for s in measured) / 1000.0,
             "probe_s": max(r["probe_s"] for r in ranks), "u": metrics["underflow_share"],
-            "z": metrics.get("underflow_bound"), "probed": metrics.get("underflow_probed", True)}
+            "z": metrics.get("underflow_bound"), "probed": metrics.get("underflow_probed", True),
+            "loss_last": metrics["loss_last"]}
 
 
 def count_costs(spec, calls: int) -> list[tuple[str, float]]:
@@ -229,14 +231,16 @@ def trial_table(spec, args, trials: dict, variants: dict) -> None:
 
     table = Table(title=f"{Path(args.model_yaml).name}: {spec.trial.steps} steps ({spec.trial.measure_after} "
                         f"unmeasured), {args.rounds} interleaved rounds, medians")
-    for column in ("trial", "variant", "steps_s", "probe_s", "probe / steps", "u", "z (bound)", "probe ran"):
+    for column in ("trial", "variant", "steps_s", "probe_s", "probe / steps", "u", "z (bound)", "probe ran",
+                   "loss_last"):
         table.add_column(column, justify="left" if column in ("trial", "variant") else "right")
     for (t, v), rs in runs.items():
         steps, probe = (statistics.median(r[k] for r in rs) for k in ("steps_s", "probe_s"))
         zs = [r["z"] for r in rs if r["z"] is not None]
         table.add_row(t, v, f"{steps:.2f}", f"{probe:.2f}", f"{probe / steps:.0%}",
                       " ".join(f"{r['u']:.3g}" for r in rs), " ".join(f"{z:.3g}" for z in zs) or "—",
-                      " ".join("yes" if r["probed"] else "no" for r in rs))
+                      " ".join("yes" if r["probed"] else "no" for r in rs),
+                      " ".join(f"{r['loss_last']:.6f}" for r in rs))
     Console(width=160).print(table)
 
 
