@@ -94,6 +94,22 @@ def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
         assert bound.elements == 2 * sum(int(np.prod(p.shape)) for p in params)
 
 
+def test_the_token_tables_are_found_in_every_built_in_family(ms):
+    """The bound subtracts the rows of what `token_tables` finds: the transformer's and llama's
+    vocabulary tables (whole model names), nothing in the mlp (its inputs are features)."""
+    from autotune.train import models
+    from autotune.train.probe import token_tables
+
+    llama = {"family": "llama", "num_layers": 1, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+             "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
+    mlp = {"family": "mlp", "num_layers": 1, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
+    found = {cfg["family"]: [(table.name, tuple(table.shape), start)
+                             for table, start in token_tables(models.build_network(cfg))]
+             for cfg in (TRANSFORMER, llama, mlp)}
+    assert found == {"transformer": [("embed.tok.embedding_table", (64, 32), 0)],
+                     "llama": [("model.tok_embeddings.embedding_weight", (64, 32), 0)], "mlp": []}
+
+
 # -- the bound against the probe under every layout ------------------------------------------------
 # tests/underflow_scales.py: the probe after a step sees the very weights the step's bound counted
 SCALES = [2.0 ** -12, 2.0 ** -8, 2.0 ** -4, 1.0, 2.0 ** 4, 2.0 ** 10]

@@ -94,8 +94,8 @@ def create_groups(placement: Placement) -> None:
 
 def world_sum(values) -> np.ndarray:
     """Element-wise sum of ``values`` over all ranks, in float32 (the CPU AllReduce has no integer
-    or float64 kernel): one eager AllReduce, 3–6 ms on CPU under msrun, where a one-op compiled
-    cell pays its compile, 0.14–0.18 s, on every call (docs/mindspore-cpu.md, "The underflow
+    or float64 kernel): one eager AllReduce, 1–6 ms on CPU under msrun, where a one-op compiled
+    cell pays its compile, 0.13–0.27 s, on every call (docs/mindspore-cpu.md, "The underflow
     probe and its bound")."""
     return ops.AllReduce()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
 
