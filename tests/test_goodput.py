@@ -1,6 +1,7 @@
 """Goodput scores what the full run will see: the initial back-off is charged once over
 train.total_steps, overflows after it by their rate, underflow by the share of gradient elements
-float16 flushes to zero (measured by the real probe); a diverged run is a rising loss trend."""
+float16 flushes to zero (measured by the real probe where its bound does not settle it); a
+diverged run is a rising loss trend."""
 
 import json
 import math
@@ -83,15 +84,32 @@ def test_the_pruner_waits_for_the_backoff(tmp_path):
     assert sorted(trial.storage.get_trial(trial._trial_id).intermediate_values) == [8, 9, 10, 11]
 
 
+QUICKSTART = {"num_layers": 2, "hidden_size": 128, "num_heads": 4, "ffn_hidden_size": 512, "seq_length": 32,
+              "vocab_size": 256}
+
+
 @pytest.mark.slow
-def test_underflow_share_is_measured_at_the_settled_scale(tmp_path):
-    small, _ = train(tmp_path, "s1", knobs={"loss_scale": 1.0}, steps=4)
-    large, _ = train(tmp_path, "s1024", knobs={"loss_scale": 2.0 ** 10}, steps=4)
-    # at a scale of 1 float16 flushes gradient elements that a float32 backward keeps
-    assert 0 < small["underflow_share"] < 1 and small["final_loss_scale"] == 1
-    assert large["underflow_share"] < small["underflow_share"]
-    for m in (small, large):
-        assert m["backoff_steps"] == 0 and m["overflow_rate"] == 0
+def test_the_probe_runs_where_float16_flushes_gradients_and_the_bound_stands_in_elsewhere(tmp_path):
+    """The quickstart model on a dp2 shard (16 samples), under the bound's rule ("auto") and the
+    old one (the probe after every trial, "always"). At a loss scale of 2^-8 float16 flushes ~2 %
+    of the gradients: the bound is above SKIP_BELOW, the probe runs and underflow_share is the old
+    rule's. At 1 the share is ~1e-4: the probe is skipped and the bound stands in, within
+    SKIP_BELOW of the old share — goodput moves by no more than that."""
+    from autotune.train.probe import SKIP_BELOW
+
+    runs = {(scale, mode): train(tmp_path, f"{scale}-{mode}", model=QUICKSTART, knobs={"loss_scale": scale},
+                                 steps=6, lr=5e-3, trial={"underflow_probe": mode})[0]
+            for scale in (2.0 ** -8, 1.0) for mode in ("auto", "always")}
+    flushing, old = runs[2.0 ** -8, "auto"], runs[2.0 ** -8, "always"]
+    assert flushing["underflow_probed"] and flushing["underflow_bound"] > SKIP_BELOW
+    assert flushing["underflow_share"] == old["underflow_share"] > 0.005
+    healthy, old = runs[1.0, "auto"], runs[1.0, "always"]
+    assert not healthy["underflow_probed"] and old["underflow_probed"]
+    assert healthy["underflow_share"] == healthy["underflow_bound"] == old["underflow_bound"] <= SKIP_BELOW
+    assert 0 < old["underflow_share"] and abs(healthy["underflow_share"] - old["underflow_share"]) <= SKIP_BELOW
+    assert old["underflow_share"] < flushing["underflow_share"]  # a smaller scale flushes more
+    for m in runs.values():
+        assert m["final_loss_scale"] in (2.0 ** -8, 1.0) and m["backoff_steps"] == 0 and m["overflow_rate"] == 0
         assert m["goodput"] == pytest.approx(m["throughput"] * (1 - m["underflow_share"]))
 
 
@@ -99,3 +117,4 @@ def test_underflow_share_is_measured_at_the_settled_scale(tmp_path):
 def test_float32_has_no_underflow_to_measure(tmp_path):
     metrics, _ = train(tmp_path, "f32", model={"dtype": "float32"}, steps=3)
     assert metrics["underflow_share"] == 0 and math.isfinite(metrics["goodput"])
+    assert metrics["underflow_bound"] == 0 and not metrics["underflow_probed"]

@@ -129,10 +129,10 @@ def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
     np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
 
 
-def _launch(out, knobs, steps=4, model=None, dtype="float32", base=TRANSFORMER):
+def _launch(out, knobs, steps=4, model=None, dtype="float32", base=TRANSFORMER, trial=None):
     workers = knobs["dp"] * knobs["tp"] * knobs["pp"]
     config = make_config(out, model={**base, "dtype": dtype, **(model or {})},
-                         knobs={"warmup_steps": 0, **knobs}, steps=steps, batch=16)
+                         knobs={"warmup_steps": 0, **knobs}, steps=steps, batch=16, trial=trial)
     cfg = json.loads(config.read_text())
     cfg["trial"]["measure_after"] = 1
     config.write_text(json.dumps(cfg))
@@ -214,11 +214,19 @@ def test_float16_overflows_are_agreed_and_knobs_act_under_every_layout(tmp_path,
     np.testing.assert_allclose(split, single, rtol=2e-3)  # float16 sums in another order
 
 
+UNDERFLOW = dict(steps=3, dtype="float16", trial={"underflow_probe": "always"})  # the probe and the bound
+
+
+def _underflow(out) -> tuple:
+    metrics = json.loads((out / "metrics.json").read_text())
+    return metrics["underflow_share"], metrics["underflow_bound"]
+
+
 @pytest.fixture(scope="module")
 def underflow_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("u") / "one"
-    _launch(out, dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=1), steps=3, dtype="float16")
-    return json.loads((out / "metrics.json").read_text())["underflow_share"]
+    _launch(out, dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=1), **UNDERFLOW)
+    return _underflow(out)
 
 
 # micro-batches of 8 samples, as in the reference (dp2 with accumulation would halve them)
@@ -229,16 +237,18 @@ UNDERFLOW_LAYOUTS = {"dp2": dict(dp=2, tp=1, pp=1), "pp2": LAYOUTS["pp2"], "tp2"
 @pytest.mark.parametrize("name", UNDERFLOW_LAYOUTS)
 def test_underflow_share_is_counted_once_under_every_layout(tmp_path, underflow_reference, name):
     """dp replicas count their own micro-batches, pipeline stages run the probe through the
-    1F1B schedule: the same float16 backward as one process, the same share. Tensor parallelism
-    sums partial products in float16 on each rank before its all-reduce, which rounds and flushes
-    differently: the same order of magnitude, replicated parameters counted once."""
-    _launch(tmp_path / name, dict(UNDERFLOW_LAYOUTS[name], loss_scale=1), steps=3, dtype="float16")
-    share = json.loads((tmp_path / name / "metrics.json").read_text())["underflow_share"]
-    assert underflow_reference > 0
-    if name == "tp2":
-        assert underflow_reference / 2 < share < underflow_reference * 2
-    else:
-        assert share == pytest.approx(underflow_reference, rel=1e-9)
+    1F1B schedule: the same float16 backward as one process, the same share — and the same
+    bound, counted in the training step. Tensor parallelism sums partial products in float16 on
+    each rank before its all-reduce, which rounds and flushes differently: the same order of
+    magnitude, replicated parameters counted once."""
+    _launch(tmp_path / name, dict(UNDERFLOW_LAYOUTS[name], loss_scale=1), **UNDERFLOW)
+    share, bound = _underflow(tmp_path / name)
+    assert min(underflow_reference) > 0
+    for mine, reference in ((share, underflow_reference[0]), (bound, underflow_reference[1])):
+        if name == "tp2":
+            assert reference / 2 < mine < reference * 2
+        else:
+            assert mine == pytest.approx(reference, rel=1e-9)
 
 
 # -- the parallel optimizer ------------------------------------------------------------------------

@@ -21,14 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def make_config(out_dir, *, model=None, knobs=None, steps=30, lr=0.01, batch=16):
+def make_config(out_dir, *, model=None, knobs=None, steps=30, lr=0.01, batch=16, trial=None):
     """A tiny trial config in the driver's format, written to out_dir/config.json."""
     cfg = {
         "study": "test", "trial_number": 0, "backend": "cpu", "seed": 0, "out_dir": str(out_dir),
         "model": {"family": "transformer", "entry": None, "num_layers": 1, "hidden_size": 32, "num_heads": 4,
                   "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 64, "dtype": "float16", **(model or {})},
         "train": {"global_batch_size": batch, "learning_rate": lr, "total_steps": 10000},
-        "trial": {"steps": steps, "measure_after": 2},
+        "trial": {"steps": steps, "measure_after": 2, **(trial or {})},
         "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64, "grad_accum": 1,
                   "loss_scale": 1024, "warmup_steps": 100, "jit_level": "O1", "recompute": "none", **(knobs or {})},
     }

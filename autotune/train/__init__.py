@@ -8,7 +8,8 @@ path, `PROGRAM_PATH`::
 
 with PYTHONPATH set to the project root. CONFIG_JSON is the driver's trial config: ``study``,
 ``trial_number``, ``backend``, ``seed``, ``out_dir``, ``model`` (family or entry, sizes, dtype),
-``train`` (global_batch_size, learning_rate, total_steps), ``trial`` (steps, measure_after) and
+``train`` (global_batch_size, learning_rate, total_steps), ``trial`` (steps, measure_after; optional
+``underflow_probe``: ``auto``, the default, or ``always``, `autotune.train.probe`) and
 ``knobs`` (dp, tp, pp, micro_batches, fusion_mb, grad_accum, loss_scale, warmup_steps,
 jit_level, recompute). Outputs and exit codes: `autotune.train.program`,
 `autotune.train.metrics`, and ``__main__``. The user-model contract: `autotune.train.entry`.

@@ -7,9 +7,11 @@ numpy values: the global-batch mean loss (the same on every rank), whether the u
 and the scale the step used. Without pipeline stages a step is `autotune.train.step`'s
 accumulate/apply cells; with them, `autotune.train.pipeline`'s 1F1B schedule and apply cell.
 
-Under float16 compute ``underflow(inputs, labels, scale)`` runs `autotune.train.probe` on a dp
-shard (this rank's ``(kept, elements)`` counts; the probe is built on first use, so a run that
-never asks pays nothing); without float16 it is None.
+Under float16 compute every step also counts its gradients' exact zeros, and
+``underflow(inputs, labels, scale, world_share)`` applies `autotune.train.probe`'s rule on the
+last step's dp shard: the bound from those counts, and the probe only when the bound does not
+settle it (built on first use, so a run that never needs it pays nothing); without float16
+``scaled`` is False and there is nothing to measure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from autotune import layout
 from autotune.shapes import TOKEN_FAMILIES
 from autotune.spec.backends import BACKENDS
 from autotune.train import entry, fused, models, pipeline, schedule, step
+from autotune.train import probe as probe_mod
 from autotune.train import sharding as sharding_mod
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.parallel import Placement
@@ -38,24 +41,47 @@ class Engine:
     optimizer: object
     state: object          # autotune.train.step.TrainState: loss scale, accumulators
     dataset: object
-    run_micro: object      # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors
+    # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors, and the
+    # step's zero counts under float16
+    run_micro: object
     micro: int
     make_probe: object = None  # () → autotune.train.probe.UnderflowProbe (float16 only)
     sharding: object = None    # autotune.train.sharding.Sharding under the parallel optimizer
+    bound: object = None       # autotune.train.probe.UnderflowBound (float16 only)
+    probe_always: bool = False  # trial.underflow_probe "always": the probe runs whatever the bound
     _probe: object = None
+    _last: tuple = None        # the last step's (zero counts tensor, scale, overflow)
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the run computes in float16 (loss-scaled: there is an underflow to measure)."""
+        return self.bound is not None
 
     def step(self, inputs, labels):
         n = len(inputs) // self.micro
         xs = [ms.Tensor(inputs[j * n:(j + 1) * n]) for j in range(self.micro)]
         ys = [ms.Tensor(labels[j * n:(j + 1) * n]) for j in range(self.micro)]
-        return tuple(o.asnumpy() for o in self.run_micro(xs, ys))
+        out = self.run_micro(xs, ys)
+        loss, overflow, scale = (o.asnumpy() for o in out[:3])
+        if self.scaled:  # the counts stay a tensor: read once, after the last step
+            self._last = (out[3], float(scale), bool(overflow))
+        return loss, overflow, scale
 
-    @property
-    def underflow(self):
-        """This rank's underflow probe, ``(inputs, labels, scale) → (kept, elements)``, or None."""
-        if self.make_probe is not None and self._probe is None:
-            self._probe = self.make_probe()
-        return self._probe
+    def underflow(self, inputs, labels, scale: float, world_share) -> dict:
+        """`autotune.train.probe.measure` on the last step, whose dp shard ``inputs``/``labels``
+        are, at the final loss scale ``scale``: the underflow metrics of metrics.json."""
+        bound = None
+        if self._last is not None:
+            counts, used, overflow = self._last
+            if not overflow and used == scale:  # else the last step says nothing about this scale
+                bound = self.bound(counts.asnumpy(), inputs)
+
+        def probe():
+            if self._probe is None:
+                self._probe = self.make_probe()
+            return self._probe(inputs, labels, scale)
+
+        return probe_mod.measure(bound, probe, world_share, always=self.probe_always)
 
 
 def _decays(param) -> bool:
@@ -98,24 +124,26 @@ def _boundary(model: dict, micro_batch: int) -> tuple:
     return (micro_batch, model["hidden_size"])
 
 
-def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int, jit_level):
+def _owned(cfg: dict, placement: Placement, network) -> set:
+    """Names of the parameters whose gradient elements this rank counts for the underflow share:
+    those a tp group replicates on tp index 0 only (their gradients are the same on every tp rank)."""
+    model = cfg["model"]
+    if model.get("entry"):
+        return {p.name for p in network.trainable_params()}
+    plan, _ = layout.builtin_layout(model, placement.tp, placement.pp)
+    return {name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0}
+
+
+def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int, jit_level, owned):
     """What builds the rank's underflow probe: its float32 twin (the same network without float16
-    compute) and the parameters it counts (those a tp group replicates on tp index 0 only)."""
+    compute) counting the ``owned`` parameters."""
     model = cfg["model"]
 
     def make():
-        from autotune.train import probe
-
-        if model.get("entry"):
-            twin = entry.build(cfg, placement)[0]
-            owned = {p.name for p in network.trainable_params()}
-        else:
-            twin = models.build_network(model, placement)
-            plan, _ = layout.builtin_layout(model, placement.tp, placement.pp)
-            owned = {name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0}
+        twin = entry.build(cfg, placement)[0] if model.get("entry") else models.build_network(model, placement)
         micro_batch = cfg["train"]["global_batch_size"] // (placement.dp * micro)
-        return probe.UnderflowProbe(network, twin, loss_fn, placement, micro=micro, owned=owned,
-                                    boundary=_boundary(model, micro_batch), jit_level=jit_level)
+        return probe_mod.UnderflowProbe(network, twin, loss_fn, placement, micro=micro, owned=owned,
+                                        boundary=_boundary(model, micro_batch), jit_level=jit_level)
 
     return make
 
@@ -153,7 +181,15 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                                 loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0)
     jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
     loss_scale = knobs["loss_scale"] if scaling else 1.0
-    make_probe = _probe_factory(cfg, p, network, loss_fn, micro, jit_level) if scaling else None
+    make_probe = bound = None
+    if scaling:
+        owned = _owned(cfg, p, network)
+        make_probe = _probe_factory(cfg, p, network, loss_fn, micro, jit_level, owned)
+        bound = probe_mod.UnderflowBound(network, weights, owned, micro)
+    probe_rule = trial.get("underflow_probe", "auto")
+    if probe_rule not in ("auto", "always"):
+        raise ConfigError(f"trial.underflow_probe: {probe_rule!r} is not auto or always")
+    underflow = dict(make_probe=make_probe, bound=bound, probe_always=probe_rule == "always")
     if p.pp == 1:
         accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
                                              loss_scale=loss_scale, scale_window=scale_window,
@@ -165,9 +201,10 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                 accumulate(xs[j], ys[j])
             return apply(xs[-1], ys[-1])
 
-        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, make_probe, sharding)
+        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, sharding=sharding,
+                      **underflow)
 
-    state = step.TrainState(weights, micro, loss_scale, scale_window)
+    state = step.TrainState(weights, micro, loss_scale, scale_window, count_zeros=scaling)
     cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel,
                                      weights=weights, sharding=sharding)}
     if p.last:
@@ -182,4 +219,4 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
     micro_batch = train["global_batch_size"] // (p.dp * micro)
     stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
-    return Engine(network, optimizer, state, dataset, stage.step, micro, make_probe, sharding)
+    return Engine(network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **underflow)

@@ -68,6 +68,11 @@ class Embedding(nn.Cell):
                                                          ms.float32))
         self.reduce = ReduceFromGroup(p.tp_group) if p.tp > 1 else None
 
+    @property
+    def token_table(self):
+        """``(table, start)``: see `autotune.train.probe.token_tables`."""
+        return self.embedding_weight, self.start
+
     def construct(self, ids):
         return vocab_lookup(self.embedding_weight, ids, self.start, self.reduce)
 

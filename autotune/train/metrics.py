@@ -21,8 +21,12 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   scale: r = 1.
 - ``underflow_share`` (u): the share of gradient elements that are exactly zero in the float16
   backward at the scale the run settled at (the final scale) but non-zero in a float32 backward of
-  the same micro-batches, measured once, after the last step, by `autotune.train.probe`. 0 when the
-  compute dtype is not float16 (nothing underflows that a scale could save).
+  the same micro-batches, measured once, after the last step, by `autotune.train.probe` — or,
+  where its rule skips the probe, the bound z (u ≤ z ≤ `autotune.train.probe.SKIP_BELOW`). 0
+  when the compute dtype is not float16 (nothing underflows that a scale could save).
+- ``underflow_bound`` (z): the last step's share of float16 gradient elements exactly zero that
+  are not structurally zero (1: no bound), which decides whether the probe runs;
+  ``underflow_probed``: whether it ran. 0 and false without float16.
 - ``goodput``: samples per second the full run will see, the default objective:
   ``throughput × (1 − r) × (1 − k / train.total_steps) × (1 − u)``. A skipped step costs its time
   and adds no samples, but the initial back-off is charged once over the run, not once per trial;
@@ -66,8 +70,8 @@ TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-fini
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
                "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
-               "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s", "started_at",
-               "finished_at")
+               "underflow_bound", "underflow_probed", "init_s", "first_step_s",
+               "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at")
 
 
 def reset_peak_memory() -> None:
@@ -159,11 +163,12 @@ class StepLog:
         if self._file:
             self._file.close()
 
-    def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0) -> dict:
-        """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; ``underflow_share`` is
-        the probe's (`autotune.train.probe`), 0 without float16. ``timing``: ``started_at``,
-        ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them (``finished_at``
-        is set by the caller once the outputs are written)."""
+    def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0,
+                underflow_bound=0.0, underflow_probed=False) -> dict:
+        """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; the underflow metrics
+        are `autotune.train.probe.measure`'s, 0 and false without float16. ``timing``:
+        ``started_at``, ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them
+        (``finished_at`` is set by the caller once the outputs are written)."""
         # a resumed run may record fewer steps than measure_after: time at least its last one
         first = min(self.measure_after, len(self.records) - 1)
         measured = self.records[first:]
@@ -197,6 +202,8 @@ class StepLog:
             "backoff_steps": k,
             "overflow_rate": rate,
             "underflow_share": underflow_share,
+            "underflow_bound": underflow_bound,
+            "underflow_probed": underflow_probed,
             "init_s": timing["init_s"],
             "first_step_s": timing["first_step_s"],
             "excluded_steps_s": sum(r["step_time_ms"] for r in self.records[1:first]) / 1000.0,

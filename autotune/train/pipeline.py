@@ -18,9 +18,11 @@ Cells (compiled graphs, one set per stage):
 - the last stage runs :class:`LastStageStep`: forward, loss and backward of a micro-batch at
   once, returning the gradient for the previous stage.
 
-Both backward cells add ``grad/m`` into the step's accumulators, and `autotune.train.step.ApplyStep`
-updates once all micro-batches are through. The loss scale multiplies the loss on the last stage,
-so every stage's gradients carry it and one unscale fixes them all.
+Both backward cells add ``grad/m`` into the step's accumulators (and, under float16, each
+gradient's count of exact zeros into the state's ``zeros``: `autotune.train.step.zero_counts`),
+and `autotune.train.step.ApplyStep` updates once all micro-batches are through. The loss scale
+multiplies the loss on the last stage, so every stage's gradients carry it and one unscale fixes
+them all.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from autotune.train.parallel import Exchange, ExchangePair, Placement
-from autotune.train.step import _accumulate, _mul
+from autotune.train.step import _accumulate, _mul, zero_counts
 
 
 def schedule(stage: int, stages: int, micro: int) -> list[tuple]:
@@ -86,8 +88,11 @@ class StageBackward(nn.Cell):
             params, dx = grads, ops.zeros((), ms.float32)
         else:
             params, dx = grads[1], grads[0][0]
-        params = self.hyper_map(ops.partial(_mul, self.inv_m), params)
-        return ops.depend(dx, self.hyper_map(_accumulate, self.state.accum, params))
+        scaled = self.hyper_map(ops.partial(_mul, self.inv_m), params)
+        accumulated = self.hyper_map(_accumulate, self.state.accum, scaled)
+        if self.state.count_zeros:
+            accumulated = ops.depend(accumulated, ops.assign_add(self.state.zeros, zero_counts(params)))
+        return ops.depend(dx, accumulated)
 
 
 class LastStageStep(nn.Cell):
@@ -109,6 +114,8 @@ class LastStageStep(nn.Cell):
         params = self.hyper_map(ops.partial(_mul, self.inv_m), grads[1])
         accumulated = self.hyper_map(_accumulate, self.state.accum, params)
         accumulated = ops.depend(accumulated, ops.assign_add(self.state.loss_sum, loss * self.inv_m))
+        if self.state.count_zeros:
+            accumulated = ops.depend(accumulated, ops.assign_add(self.state.zeros, zero_counts(grads[1])))
         return ops.depend(grads[0][0], accumulated)
 
 

@@ -3,7 +3,30 @@
 A loss scale that is too small lets float16 gradients underflow: elements whose true value is
 below float16's smallest subnormal (2^-24 ≈ 6e-8, after scaling) come out exactly zero and the
 update loses them. The scaler never notices (nothing overflows), and its growth window (1000
-clean steps) is longer than a trial, so a trial cannot see it by running. The probe measures it.
+clean steps) is longer than a trial, so a trial cannot see it by running. The probe measures it;
+a bound read off the last training step decides whether it needs to run (:func:`measure`).
+
+The rule (:func:`measure`, the metrics it returns are metrics.json's):
+
+- ``underflow_bound`` z: the share of this step's float16 gradient elements that are exactly
+  zero, over the last step's own micro-batches (counted inside the step's graph,
+  `autotune.train.step.zero_counts`, before the dp all-reduce; elements and ranks counted as the
+  probe counts them), less the *structural* zeros — the rows of a token table (:func:`token_tables`)
+  that no id of the micro-batch selects, zero in float32 too, known from the host's ids. An
+  element the probe counts (zero in float16, non-zero in float32) is a zero that is not
+  structural, so on the same weights u ≤ z exactly (tests/test_underflow_bound.py: on dp2, tp2
+  and pp2 at scales 2^-12…2^10, and z = u there: no other gradient element of the built-in
+  transformer is exactly zero in float32). The probe runs after the last update, on weights one
+  update later: on the quickstart's trials its u exceeded the last step's z by at most 1.1e-6
+  (one element of 933,376) and fell below it by up to 2.3 % of z (docs/mindspore-cpu.md). z = 1
+  (no bound) when the last step overflowed or ran at another scale than the final one.
+- ``z ≤ SKIP_BELOW``: the probe does not run and ``underflow_share`` is z, the bound: goodput's
+  (1 − u) factor is then off by at most z ≤ 0.1 %, on the conservative side — at least ten times
+  under the noise floor of confirmed studies (a few percent), so it cannot reorder candidates
+  the confirm phase can tell apart; and every share the diagnosis alarms at (1 %,
+  `autotune.costmodel.diagnosis.UNDERFLOW_ALARM`) is measured. Else (and always with
+  ``trial.underflow_probe: always``) the probe runs and ``underflow_share`` is its u.
+  ``underflow_probed`` says which.
 
 Contract: :class:`UnderflowProbe` ``(inputs, labels, scale) → (kept, elements)`` for this rank:
 over the micro-batches of the given dp shard (split as a training step splits it), ``kept``
@@ -37,7 +60,11 @@ How, on every layout the engine runs:
 
 Cost: two forward + backward passes of each micro-batch of one shard, two or (non-last pipeline
 stages) four more compiled graphs, and one float16 gradient set plus a byte per parameter
-element for the masks while it runs.
+element for the masks while it runs — on the quickstart's trials 1.4–1.9× their 25 measured
+steps (docs/mindspore-cpu.md, "The underflow probe and its bound"), which is why the bound
+decides first. The bound costs a ``count_nonzero`` per gradient in every float16 step (under
+1 ms of a ~90 ms quickstart step) and, after the last one, host arithmetic and one eager
+all-reduce: 0.01–0.04 s, under 0.5 % of the measured steps.
 """
 
 from __future__ import annotations
@@ -184,3 +211,54 @@ class UnderflowProbe:
                 counts = self._pipeline("full", x, y, one, masks)
             kept += int(counts.asnumpy().astype(np.int64).sum())
         return kept, self.elements * self.micro
+
+
+SKIP_BELOW = 1e-3  # the bound under which the probe is skipped (see the module doc)
+
+
+def token_tables(network) -> list:
+    """``[(parameter, start)]``: the token tables of ``network`` — every cell with a
+    ``token_table`` attribute ``(table, start)``, a table whose row i is the embedding of id
+    start + i and whose gradient is a sum over the micro-batch's ids that select it (a row no
+    id selects is exactly zero, in float16 and float32 alike)."""
+    return [cell.token_table for _, cell in network.cells_and_names() if hasattr(cell, "token_table")]
+
+
+class UnderflowBound:
+    """This rank's part of the bound: ``(zero_counts, inputs) → (zeros, elements)`` where
+    ``zero_counts`` is the step's count of exact zeros per gradient of ``weights`` (summed over
+    its ``micro`` micro-batches), ``inputs`` the step's dp shard; ``zeros`` counts the ``owned``
+    parameters' zeros less the structural ones, ``elements`` the (micro-batch, element) pairs."""
+
+    def __init__(self, network, weights, owned, micro: int):
+        self.counted = np.array([p.name in owned for p in weights], bool)
+        self.elements = sum(int(np.prod(p.shape)) for p in weights if p.name in owned) * micro
+        self.tables = [(start, int(table.shape[0]), int(np.prod(table.shape[1:])))
+                       for table, start in token_tables(network) if table.name in owned]
+        self.micro = micro
+
+    def structural(self, ids) -> int:
+        """Elements of the token tables that the micro-batch ``ids`` leaves exactly zero."""
+        zeros = 0
+        for start, rows, width in self.tables:
+            selected = np.unique(ids[(ids >= start) & (ids < start + rows)]).size
+            zeros += (rows - selected) * width
+        return zeros
+
+    def __call__(self, zero_counts, inputs):
+        n = len(inputs) // self.micro
+        structural = sum(self.structural(inputs[j * n:(j + 1) * n]) for j in range(self.micro))
+        return int(np.asarray(zero_counts)[self.counted].sum()) - structural, self.elements
+
+
+def measure(bound, probe, world_share, *, always: bool = False) -> dict:
+    """The rule of the module doc: ``bound`` is this rank's ``(zeros, elements)`` or None (no
+    bound: the same on every rank, which agree on overflows and scale), ``probe`` a callable
+    returning this rank's ``(kept, elements)`` (`UnderflowProbe`), ``world_share(part, whole)``
+    the ratio of their sums over all ranks. Every rank takes the same branch (the probe's
+    collectives need them all). Returns ``underflow_share``, ``underflow_bound`` and
+    ``underflow_probed``."""
+    z = 1.0 if bound is None else world_share(*bound)
+    if z <= SKIP_BELOW and not always:
+        return {"underflow_share": z, "underflow_bound": z, "underflow_probed": False}
+    return {"underflow_share": world_share(*probe()), "underflow_bound": z, "underflow_probed": True}

@@ -43,15 +43,18 @@ from the latest checkpoint in ``dir``), ``init_from`` (a folder of per-rank chec
 weights a fresh run starts from).
 
 After the last step (untimed, outside every step, the training state left as it is), a float16
-run measures ``underflow_share`` with `autotune.train.probe` on the last step's batch at the
-final loss scale; each rank counts its part and one all-reduce sums the counts.
+run measures ``underflow_share`` by `autotune.train.probe`'s rule on the last step's batch at the
+final loss scale: a bound from the last step's own gradients, and the probe only when the bound
+is above `autotune.train.probe.SKIP_BELOW` (or the config's ``trial.underflow_probe`` is
+``"always"``); each rank counts its part and an all-reduce sums the counts.
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
 memory (read before the probe; on GPU/Ascend also ``device_reserved_mb``, ``device_allocated_mb``
 and ``device_smi_mb``, `autotune.train.device.device_peak_mb`; ``leftover_mb``, what earlier
 trials of a warm worker left resident, taken off the CPU peak), a sha256 of its final weights
-(the ranks of a dp group must agree) and ``probe_s``, the probe's wall time.
+(the ranks of a dp group must agree) and ``probe_s``, the wall time of the underflow
+measurement (bound, and probe where it ran).
 """
 
 import os
@@ -121,40 +124,32 @@ def check_config(cfg: dict) -> None:
         raise ConfigError("trial.measure_after: must be >= 0 and < trial.steps")
 
 
-def _sum_over_ranks(ms, values) -> np.ndarray:
-    """Element-wise sum of ``values`` (float32: the CPU AllReduce has no integer or float64
-    kernel) across all ranks: one tiny compiled AllReduce."""
-    from mindspore import nn, ops
-
-    class AllSum(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.op = ops.AllReduce()
-
-        def construct(self, x):
-            return self.op(x)
-
-    return AllSum()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
-
-
-def _max_over_ranks(ms, value: float, rank: int, world: int) -> float:
+def _max_over_ranks(value: float, rank: int, world: int) -> float:
     """Max of ``value`` across all ranks: each rank contributes its value at its own index of a
     zero vector, which the all-reduce sums."""
+    from autotune.train.parallel import world_sum
+
     mine = np.zeros(world, np.float32)
     mine[rank] = value
-    return float(_sum_over_ranks(ms, mine).max())
+    return float(world_sum(mine).max())
 
 
-def _underflow_share(ms, engine, placement, step: int, scale: float) -> float:
-    """The world's underflow share on step ``step``'s global batch at loss scale ``scale``
-    (`autotune.train.probe`); 0 when the compute dtype is not float16."""
-    if engine.underflow is None:
-        return 0.0
+def _underflow_share(engine, placement, step: int, scale: float) -> dict:
+    """The world's underflow metrics (``underflow_share``, ``underflow_bound``,
+    ``underflow_probed``) on step ``step``'s global batch at loss scale ``scale`` by
+    `autotune.train.probe`'s rule; none when the compute dtype is not float16."""
+    from autotune.train.parallel import world_sum
+
+    if not engine.scaled:
+        return {}
     inputs, labels = engine.dataset(step, placement.dp_index, placement.dp)
-    kept, elements = engine.underflow(inputs, labels, scale)
-    if placement.world > 1:
-        kept, elements = _sum_over_ranks(ms, [kept, elements])
-    return float(kept) / float(elements)
+
+    def world_share(part, whole):
+        if placement.world > 1:
+            part, whole = world_sum([part, whole])
+        return float(part) / float(whole)
+
+    return engine.underflow(inputs, labels, scale, world_share)
 
 
 def _checkpoints(cfg, engine, placement, ms):
@@ -282,14 +277,14 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     held = device_peak_mb(ms, backend.device_target, os.getpid()) if backend.device_memory else {}
     own_peak = held["peak"] if held else metrics_mod.peak_memory_mb() - leftover_mb
     world = placement.world
-    peak = _max_over_ranks(ms, own_peak, rank, world) if world > 1 else own_peak
+    peak = _max_over_ranks(own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
     probe_started = time.perf_counter()
-    underflow = _underflow_share(ms, engine, placement, i - 1, final_scale)
+    underflow = _underflow_share(engine, placement, i - 1, final_scale)
     probe_s = time.perf_counter() - probe_started
     timing = {"started_at": started, "init_s": built - started,
               "first_step_s": first_done - built, "probe_s": probe_s}
-    result = log.summary(timing, peak, final_scale, underflow)
+    result = log.summary(timing, peak, final_scale, **underflow)
     from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,

@@ -95,6 +95,11 @@ class VocabParallelEmbedding(nn.Cell):
         self.embedding_table = _zeros(vocab // tp, hidden)
         self.reduce = ReduceFromGroup(group) if tp > 1 else None
 
+    @property
+    def token_table(self):
+        """``(table, start)``: see `autotune.train.probe.token_tables`."""
+        return self.embedding_table, self.start
+
     def construct(self, ids):
         return vocab_lookup(self.embedding_table, ids, self.start, self.reduce)
 

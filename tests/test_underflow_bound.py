@@ -1,0 +1,146 @@
+"""The underflow bound (`autotune.train.probe`): the training step's own count of float16 zeros,
+less the token rows no id selects, bounds the probe's share; the probe runs only above
+SKIP_BELOW. In process: the rule, and the step's counts against the probe's float16 masks on the
+same weights. Under msrun (slow): u ≤ z at every loss scale on dp2, tp2 and pp2."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.train import data
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train_program import BIN, _free_port, make_config, run  # noqa: E402
+
+TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
+               "seq_length": 8, "vocab_size": 64}
+
+
+@pytest.fixture(scope="module")
+def ms():
+    import mindspore
+    from autotune.train import program
+    mindspore.set_context(mode=mindspore.GRAPH_MODE)
+    program.numpy2_workaround(mindspore)
+    return mindspore
+
+
+def test_the_rule_runs_the_probe_only_above_the_threshold(ms):
+    from autotune.train.probe import SKIP_BELOW, measure
+
+    ran = []
+
+    def probe():
+        ran.append(True)
+        return 30, 1000
+
+    def share(part, whole):
+        return part / whole
+
+    under = int(SKIP_BELOW * 10_000)
+    assert measure((under, 10_000), probe, share) == {
+        "underflow_share": SKIP_BELOW, "underflow_bound": SKIP_BELOW, "underflow_probed": False}
+    assert not ran
+    assert measure((under + 1, 10_000), probe, share) == {
+        "underflow_share": 0.03, "underflow_bound": (under + 1) / 10_000, "underflow_probed": True}
+    assert measure((0, 10_000), probe, share, always=True)["underflow_share"] == 0.03
+    # no bound (the last step overflowed, or ran at another scale): the probe decides
+    assert measure(None, probe, share) == {"underflow_share": 0.03, "underflow_bound": 1.0, "underflow_probed": True}
+    assert len(ran) == 3
+
+
+def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
+    """Two accumulated micro-batches at a scale that flushes many gradients: the step's counts
+    are the float16 zeros the probe's own mask pass finds on the same weights (learning rate 0),
+    summed over the micro-batches and drained between steps; the token rows no id selects are
+    among them, and the bound subtracts exactly those."""
+    from mindspore.common.parameter import ParameterTuple
+
+    from autotune.train import models, step, tp_layers, weights
+    from autotune.train.engine import make_optimizer, optimizer_order
+    from autotune.train.probe import UnderflowBound, ZeroMasks
+
+    model = {**TRANSFORMER, "num_layers": 1}  # one block: the fast tier pays three compiles
+    network = models.build_network(model)
+    weights.initialize(network, model, models.SINGLE, seed=0)
+    step.set_compute_dtype(network, ms.float16)
+    params = ParameterTuple(optimizer_order(network.trainable_params()))
+    loss_fn, scale = tp_layers.TokenCrossEntropy(), 2.0 ** -6
+    accumulate, apply = step.build_steps(network, loss_fn, make_optimizer(list(params), 0.0), accum_steps=2,
+                                         scaling=True, loss_scale=scale, weights=params)
+    masks = ZeroMasks(network, loss_fn, params, first=True, last=True, dtype=ms.float16)
+    masks.set_train()
+    bound = UnderflowBound(network, params, {p.name for p in params}, micro=2)
+    table = [i for i, p in enumerate(params) if p.name == "embed.tok.embedding_table"][0]
+    for batch in range(2):
+        x, y = data.TokenChains(16, 8, 64, seed=1)(batch)
+        halves = [(ms.Tensor(x[j * 8:(j + 1) * 8]), ms.Tensor(y[j * 8:(j + 1) * 8])) for j in range(2)]
+        zero = [[m.asnumpy() for m in masks(a, b, ms.Tensor(scale, ms.float32))[1]] for a, b in halves]
+        accumulate(*halves[0])
+        loss, overflow, _, counts = apply(*halves[1])
+        assert not overflow.asnumpy()
+        expected = [sum(int(zero[j][i].sum()) for j in range(2)) for i in range(len(params))]
+        assert counts.asnumpy().tolist() == expected
+        assert sum(expected) > 1000  # a scale that flushes: the counts are not all zero
+        structural = 0
+        for j in range(2):
+            absent = sorted(set(range(64)) - set(x[j * 8:(j + 1) * 8].ravel().tolist()))
+            assert absent and zero[j][table][absent].all()  # rows no id selects are zero
+            structural += len(absent) * 32
+        assert bound(counts.asnumpy(), x) == (sum(expected) - structural, bound.elements)
+        assert bound.elements == 2 * sum(int(np.prod(p.shape)) for p in params)
+
+
+def test_the_token_tables_are_found_in_every_built_in_family(ms):
+    """The bound subtracts the rows of what `token_tables` finds: the transformer's and llama's
+    vocabulary tables (whole model names), nothing in the mlp (its inputs are features)."""
+    from autotune.train import models
+    from autotune.train.probe import token_tables
+
+    llama = {"family": "llama", "num_layers": 1, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
+             "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
+    mlp = {"family": "mlp", "num_layers": 1, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
+    found = {cfg["family"]: [(table.name, tuple(table.shape), start)
+                             for table, start in token_tables(models.build_network(cfg))]
+             for cfg in (TRANSFORMER, llama, mlp)}
+    assert found == {"transformer": [("embed.tok.embedding_table", (64, 32), 0)],
+                     "llama": [("model.tok_embeddings.embedding_weight", (64, 32), 0)], "mlp": []}
+
+
+# -- the bound against the probe under every layout ------------------------------------------------
+# tests/underflow_scales.py: the probe after a step sees the very weights the step's bound counted
+SCALES = [2.0 ** -12, 2.0 ** -8, 2.0 ** -4, 1.0, 2.0 ** 4, 2.0 ** 10]
+LAYOUTS = {"dp2": dict(dp=2, tp=1, pp=1), "tp2": dict(dp=1, tp=2, pp=1, grad_accum=2),
+           "pp2": dict(dp=1, tp=1, pp=2, micro_batches=2)}
+MODEL = {**TRANSFORMER, "num_layers": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
+    from autotune.train.probe import SKIP_BELOW
+
+    knobs = LAYOUTS[name]
+    workers = knobs["dp"] * knobs["tp"] * knobs["pp"]
+    config = make_config(tmp_path, model=MODEL, knobs={"warmup_steps": 0, **knobs}, batch=16)
+    program = Path(__file__).with_name("underflow_scales.py")
+    cmd = [sys.executable, program, config, json.dumps(SCALES)]
+    if workers > 1:
+        cmd = [BIN / "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}",
+               f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'logs'}", "--join=True",
+               "--cluster_time_out=120", program, config, json.dumps(SCALES)]
+    code, _, err = run(cmd, timeout=400)
+    logs = "".join(p.read_text()[-1500:] for p in sorted((tmp_path / "logs").glob("worker_*.log")))
+    assert code == 0, (err + logs)[-4000:]
+    rows = json.loads((tmp_path / "scales.json").read_text())
+    assert [r["scale"] for r in rows] == SCALES and not any(r["overflow"] for r in rows)
+    for r in rows:
+        assert r["u"] <= r["z"], r
+    # the low scales flush real gradients, and the bound is close to the share there ...
+    assert rows[0]["u"] > 0.05 and rows[1]["u"] > SKIP_BELOW
+    assert all(r["z"] - r["u"] <= 0.1 * r["u"] for r in rows[:2])
+    # ... and at a healthy scale the token rows no id selects are not counted: the probe is skipped
+    assert rows[-1]["z"] <= SKIP_BELOW
