@@ -54,9 +54,10 @@ from autotune.files import staged_folder
 
 # Fields of a trial config that no compiled graph holds: where it writes, who it is, the
 # weights' seed (weights are bound by name when a cached graph loads), the steps excluded from
-# timing, and the initial loss scale (a Parameter's value).
+# timing, when the trial may stop measuring, and the initial loss scale (a Parameter's value).
 NEUTRAL = {"study", "trial_number", "out_dir", "seed", "compile_cache", "model_dir",
-           ("trial", "measure_after"), ("knobs", "loss_scale")}
+           ("trial", "measure_after"), ("trial", "precision"), ("trial", "min_steps"),
+           ("knobs", "loss_scale")}
 SAY = "autotune.train compile cache:"
 _SLOT = re.compile(r"^(?P<head>.*?)_(?P<index>\d+)(?P<tail>(\..*)?)$")
 
