@@ -136,6 +136,140 @@ def test_the_stop_rule_changes_no_compiled_graph():
     assert graph_key(config) == graph_key(ruled)  # a goodput-only study shares a final_loss one's
 
 
+# --- pruning with the interval -----------------------------------------------------------
+
+def watched(tmp_path, times, best=100.0, min_steps=10, measure_after=2):
+    """A trial of a study whose best finished trial made ``best`` samples/s, with steps of
+    ``times`` ms at 10 samples a step: its watcher after reading them all."""
+    study = optuna.create_study(direction="maximize",
+                                pruner=SlowTrialPruner(ratio=0.5, min_steps=min_steps))
+    study.add_trial(optuna.trial.create_trial(value=best))
+    trial = study.ask()
+    with open(tmp_path / "steps.jsonl", "w") as f:
+        for i, t in enumerate(times):
+            f.write(json.dumps({"step": i, "step_time_ms": t, "loss": 1.0, "overflow": False,
+                                "loss_scale": 1024.0}) + "\n")
+    watcher = StepWatcher(trial, tmp_path, samples_per_step=10, measure_after=measure_after)
+    return watcher, watcher.report(), study.trials[-1]
+
+
+def test_a_trial_clearly_below_half_the_best_is_pruned(tmp_path):
+    # 250 ms steps at 10 samples: 40 samples/s, steady; the best made 100
+    watcher, prune, trial = watched(tmp_path, [250.0, 250.0] + [250.0, 252.0, 248.0] * 4)
+    assert prune and watcher.last[1] == pytest.approx(40.0, rel=1e-3)
+    assert trial.user_attrs["step_time_ci"] == pytest.approx(
+        step_time_ci([250.0, 252.0, 248.0] * 4)) == watcher.half_width
+    assert SlowTrialPruner.upper_bound(40.0, watcher.half_width) < 50.0
+
+
+def test_a_noisy_trial_below_half_the_best_is_kept_while_its_interval_reaches_it(tmp_path):
+    # mean 225 ms (44 samples/s: below 50, so a rule on the value alone would prune it), but
+    # steps of 125 and 325 ms: the upper 95% bound is above 50
+    times = [225.0, 225.0] + [125.0, 325.0] * 8
+    watcher, prune, trial = watched(tmp_path, times)
+    goodput = watcher.last[1]
+    assert goodput == pytest.approx(10 / 0.225, rel=1e-3) and goodput < 50.0
+    assert SlowTrialPruner.upper_bound(goodput, trial.user_attrs["step_time_ci"]) > 50.0
+    assert not prune
+    # the same trial once its interval is narrower, after more steps: pruned
+    more = times + [125.0, 325.0] * 40
+    assert watched(tmp_path, more)[1]
+
+
+def test_no_trial_is_pruned_on_fewer_steps_than_its_interval_needs(tmp_path):
+    steady = [500.0] * 2 + [500.0, 501.0] * 4  # 20 samples/s, 8 reported steps
+    assert not watched(tmp_path, steady, min_steps=10)[1]
+    assert watched(tmp_path, steady, min_steps=8)[1]
+    # one measured step has no interval: never pruned on it
+    assert not watched(tmp_path, [500.0] * 3, min_steps=1)[1]
+
+
+# --- the study loop on replay -------------------------------------------------------------
+
+MODEL = """
+study: precise
+model: {family: transformer, num_layers: 8, hidden_size: 1024, num_heads: 16, seq_length: 1024,
+        vocab_size: 32000, dtype: bfloat16}
+train: {global_batch_size: 64}
+cluster: {backend: replay, replay: table.csv, devices: 8, devices_per_node: 8, device: a100-80g}
+search:
+  space: {tp: [1, 2, 4], pp: 1, fusion_mb: 64, grad_accum: 1, loss_scale: 65536,
+          warmup_steps: 0, jit_level: O1, recompute: none, parallel_optimizer: false}
+  n_trials: 3
+  sampler: tpe
+  seed: 0
+"""
+
+
+def replay_study(tmp_path, rows, text=MODEL):
+    """model.yaml and its table: ``rows`` maps tp → [(goodput, step_time_ci or None)]."""
+    with open(tmp_path / "table.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["tp", "goodput", "step_time_ms", "step_time_ci", "run_s"])
+        for tp, runs in rows.items():
+            for goodput, ci in runs:
+                writer.writerow([tp, goodput, 64000 / goodput, "" if ci is None else ci, 60])
+    (tmp_path / "model.yaml").write_text(textwrap.dedent(text))
+    return str(tmp_path / "model.yaml"), f"sqlite:///{tmp_path}/s.db"
+
+
+@pytest.mark.parametrize("min_steps", [None, 26])
+def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(tmp_path, monkeypatch,
+                                                                      min_steps):
+    """The replay executor with trials that run while their steps are read: each run writes its
+    ``steps.jsonl`` at once (25 measured steps) and ends only after the loop's pruner has read
+    it. With ``trial.min_steps`` above 25 nothing is judged."""
+    from autotune.execution.executors import ReplayExecutor
+
+    times = {1: [1000.0] * 30,              # the baseline: 64 samples/s, so the bar is 32
+             2: [1000.0, 3400.0] * 15,      # 29 samples/s, but noisy: within reach of 32
+             4: [2600.0, 2620.0] * 15}      # 24.5 samples/s, steady: clearly below 32
+
+    class Streaming(ReplayExecutor):
+        ends_later: set = set()
+
+        def steps_dir(self, number):
+            return tmp_path / "steps" / str(number)
+
+        def submit(self, job):
+            super().submit(job)
+            folder = self.steps_dir(job.number)
+            folder.mkdir(parents=True)
+            (folder / "steps.jsonl").write_text("".join(
+                json.dumps({"step": i, "step_time_ms": t, "loss": 1.0, "overflow": False,
+                            "loss_scale": 1.0}) + "\n" for i, t in enumerate(times[job.candidate.tp])))
+            self.ends_later.add(job.number)
+
+        def wait(self, timeout_s=None):
+            if self.ends_later:  # still running: the loop reads its steps before it ends
+                self.ends_later.clear()
+                return []
+            return super().wait(timeout_s)
+
+    monkeypatch.setattr("autotune.study.run.make_executor",
+                        lambda spec, folder, ray_address, table: Streaming(spec, table))
+    measured = {tp: (64000 / statistics.fmean(t[5:]), step_time_ci(t[5:])) for tp, t in times.items()}
+    text = MODEL if min_steps is None else MODEL + f"trial: {{steps: 40, min_steps: {min_steps}}}\n"
+    path, storage = replay_study(tmp_path, {tp: [run] for tp, run in measured.items()}, text)
+    assert main(["search", path, "--storage", storage, "--no-confirm"]) == 0
+    study = optuna.load_study(study_name="precise", storage=storage)
+    by_tp = {2 ** t.params["log2_tp"]: t for t in study.trials}
+    assert by_tp[1].user_attrs["outcome"] == "ok" and by_tp[1].user_attrs.get("baseline")
+    # below the bar, where a rule on the value alone stops it, but not clearly: it finished
+    noisy = by_tp[2]
+    assert measured[2][0] < 32 < SlowTrialPruner.upper_bound(*measured[2])
+    assert noisy.user_attrs["outcome"] == "ok" and noisy.values == [pytest.approx(measured[2][0])]
+    assert noisy.user_attrs["step_time_ci"] == pytest.approx(measured[2][1])
+    slow = by_tp[4]
+    if min_steps is not None:
+        assert slow.user_attrs["outcome"] == "ok"
+        return
+    assert slow.user_attrs["outcome"] == "pruned", slow.user_attrs
+    assert slow.user_attrs["step_time_ci"] == pytest.approx(measured[4][1])  # the one it stopped on
+    upper = SlowTrialPruner.upper_bound(*measured[4])
+    assert f"(at most {upper:.4g}, 95%) is below 0.5× the best finished trial's" in slow.user_attrs["detail"]
+
+
 # --- real MindSpore trials ----------------------------------------------------------------
 
 REAL = """
