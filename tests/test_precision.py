@@ -270,6 +270,44 @@ def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(tmp_path, mo
     assert f"(at most {upper:.4g}, 95%) is below 0.5× the best finished trial's" in slow.user_attrs["detail"]
 
 
+@pytest.mark.parametrize("ci, verdict", [
+    (0.01, "the runs differ by more than their steps' noise explains, so more re-runs "
+           "(--confirm-runs), not a tighter trial.precision, would lower the noise floor"),
+    (0.05, "the steps' own noise accounts for the noise floor, so a tighter trial.precision "
+           "would lower it"),
+])
+def test_the_confirm_phase_reports_each_confirmed_value_with_its_runs_interval(
+        tmp_path, capsys, ci, verdict):
+    # test_loop's confirm study, its rows carrying step_time_ci: the noise floor is 1.27 %
+    # (the median of 2.83/100, 1.41/111, 1.41/119), set against the runs' own interval
+    rows = {1: [100.0, 98.0, 102.0], 2: [150.0, 110.0, 112.0], 4: [130.0, 118.0, 120.0]}
+    path, storage = replay_study(tmp_path, {tp: [(g, ci) for g in runs] for tp, runs in rows.items()})
+    assert main(["search", path, "--storage", storage, "--confirm", "2", "--confirm-runs", "2"]) == 0
+    out = capsys.readouterr().out
+    study = optuna.load_study(study_name="precise", storage=storage)
+    first = {t.params["log2_tp"]: t.number for t in study.trials if "confirm_of" not in t.user_attrs}
+    assert f"#0 baseline: 100 ± 2.828 (n=2; original 100; ±{ci:.1%} within a run)" in out
+    assert f"#{first[1]}: 111 ± 1.414 (n=2; original 150; ±{ci:.1%} within a run)" in out
+    assert "noise floor (median sd/mean of confirmed configurations): 1.3%" in out
+    assert (f"within a run the mean step time is known to ±{ci:.1%} (median step_time_ci of "
+            f"the re-runs, 95%): {verdict}") in " ".join(out.split())
+    assert main(["show", "precise", "--storage", storage]) == 0
+    shown = f"over 2 re-runs (original 100 not included; ±{ci:.1%} within a run)"
+    assert shown in capsys.readouterr().out
+    from autotune.analysis.report.page import _standing
+    from autotune.analysis.view import view
+    assert shown in _standing(view("precise", storage))  # the report's index says the same
+
+
+def test_a_confirm_phase_without_intervals_says_nothing_of_them(tmp_path, capsys):
+    rows = {1: [100.0, 98.0, 102.0], 2: [150.0, 110.0, 112.0], 4: [130.0, 118.0, 120.0]}
+    path, storage = replay_study(tmp_path, {tp: [(g, None) for g in runs] for tp, runs in rows.items()})
+    assert main(["search", path, "--storage", storage, "--confirm", "2", "--confirm-runs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "#0 baseline: 100 ± 2.828 (n=2; original 100)" in out
+    assert "within a run" not in out and "noise floor" in out
+
+
 # --- real MindSpore trials ----------------------------------------------------------------
 
 REAL = """
