@@ -308,6 +308,22 @@ def test_a_confirm_phase_without_intervals_says_nothing_of_them(tmp_path, capsys
     assert "within a run" not in out and "noise floor" in out
 
 
+def test_a_study_resumes_with_another_precision_but_not_another_length(tmp_path, capsys):
+    # precision and min_steps say how precisely a trial measures, not what: a goodput measured
+    # to ±2 % and one to ±5 % estimate the same number (trial.steps changes what is measured)
+    rows = {1: [(100.0, 0.01)], 2: [(150.0, 0.01)], 4: [(130.0, 0.01)]}
+    path, storage = replay_study(tmp_path, rows, MODEL + "trial: {precision: 0.02}\n")
+    assert main(["search", path, "--storage", storage, "--trials", "2", "--no-confirm"]) == 0
+    replay_study(tmp_path, rows, MODEL + "trial: {precision: 0.05, min_steps: 20}\n")
+    assert main(["search", path, "--storage", storage, "--trials", "3", "--resume",
+                 "--no-confirm"]) == 0
+    assert len(optuna.load_study(study_name="precise", storage=storage).trials) == 3
+    replay_study(tmp_path, rows, MODEL + "trial: {steps: 40}\n")
+    capsys.readouterr()
+    assert main(["search", path, "--storage", storage, "--resume", "--no-confirm"]) == 2
+    assert "was run with other trial" in capsys.readouterr().err
+
+
 # --- real MindSpore trials ----------------------------------------------------------------
 
 REAL = """
