@@ -322,11 +322,11 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     timing = {"started_at": started, "init_s": built - started,
               "first_step_s": first_done - built, "probe_s": probe_s}
     result = log.summary(timing, peak, final_scale, underflow)
-    if precise and rank == 0:
-        print(f"autotune.train precision: stopped after {i} steps of {trial['steps']}: "
-              f"step_time_ci {result['step_time_ci']:.2%} ≤ {precision:.1%}; the stop rule "
-              f"was asked {asks} times, {asked_s * 1000:.1f} ms in all", file=sys.stderr,
-              flush=True)
+    if asks and rank == 0:  # what the rule did, and what agreeing on it cost
+        verdict = "stopped after" if precise else "did not hold: ran"
+        print(f"autotune.train precision: {verdict} {i} steps of {trial['steps']}, step_time_ci "
+              f"{result['step_time_ci']:.2%} against {precision:.1%}; the stop rule was asked "
+              f"{asks} times, {asked_s * 1000:.1f} ms in all", file=sys.stderr, flush=True)
     from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
