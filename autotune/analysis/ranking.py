@@ -17,9 +17,9 @@ the confirm-phase re-runs of them):
   ``step_time_ci`` (how precisely one run knew its mean step time, 95%; goodput's relative
   interval to first order), None where none stored one (a replay row may not carry it).
 - :func:`noise_floor`: the median over confirmed trials of std / mean (None below two).
-- :func:`median_within_run`: the median ``step_time_ci`` over every confirm-phase re-run that has one
-  (None: none has), to set against the noise floor: run-to-run noise when the floor is above
-  it, the steps' own noise when it is not.
+- :func:`median_within_run`: the median ``step_time_ci`` over every confirm-phase re-run that
+  has one (None: none has), to set against the noise floor: run-to-run noise when the floor is
+  above it, the steps' own noise when it is not.
 - :func:`best_confirmed`: the confirmed trial with the best mean, or None.
 """
 
