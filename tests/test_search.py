@@ -321,7 +321,9 @@ def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     text = text.replace("fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],\n"
                         "          warmup_steps: [0, 20]",
                         "fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0")
-    text = text.replace("steps: 8, measure_after: 2", "steps: 200, measure_after: 2")
+    # a precision no run reaches: the PyNative trial must be stopped by the pruner, not end
+    # early as an ok trial because its step time was known (trial.precision)
+    text = text.replace("steps: 8, measure_after: 2", "steps: 200, measure_after: 2, precision: 1.0e-6")
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid",

@@ -13,8 +13,13 @@ the confirm-phase re-runs of them):
   round with the baseline's re-runs — as mean and sample standard deviation. The original's own
   value is kept beside them (``original``), never in them: it won the selection, so it is the
   reading most likely to be lucky. A trial that merely repeated an earlier one (``repeat_of``)
-  measured nothing and is no re-run.
+  measured nothing and is no re-run. Beside them, ``within_run``: the median of the re-runs'
+  ``step_time_ci`` (how precisely one run knew its mean step time, 95%; goodput's relative
+  interval to first order), None where none stored one (a replay row may not carry it).
 - :func:`noise_floor`: the median over confirmed trials of std / mean (None below two).
+- :func:`median_within_run`: the median ``step_time_ci`` over every confirm-phase re-run that
+  has one (None: none has), to set against the noise floor: run-to-run noise when the floor is
+  above it, the steps' own noise when it is not.
 - :func:`best_confirmed`: the confirmed trial with the best mean, or None.
 """
 
@@ -55,6 +60,11 @@ class Confirmed:
     values: tuple        # its first objective in each ok confirm-phase re-run, in order
     baseline: bool
     original: float      # the original trial's own first objective (shown beside, not averaged)
+    intervals: tuple = ()  # the step_time_ci of each re-run that stored one
+
+    @property
+    def within_run(self) -> float | None:
+        return statistics.median(self.intervals) if self.intervals else None
 
     @property
     def mean(self) -> float:
@@ -71,20 +81,28 @@ def summarize(study: optuna.Study) -> list[Confirmed]:
     for t in trials.values():
         if ("confirm_of" in t.user_attrs and "repeat_of" not in t.user_attrs
                 and t.values is not None):
-            reruns.setdefault(t.user_attrs["confirm_of"], []).append(t.values[0])
+            reruns.setdefault(t.user_attrs["confirm_of"], []).append(t)
     confirmed = []
-    for number, values in sorted(reruns.items()):
+    for number, runs in sorted(reruns.items()):
         original = trials.get(number)
         if original is None or original.values is None:
             continue
-        confirmed.append(Confirmed(number, tuple(values), bool(original.user_attrs.get("baseline")),
-                                   original.values[0]))
+        intervals = tuple(t.user_attrs["step_time_ci"] for t in runs
+                          if t.user_attrs.get("step_time_ci") is not None)
+        confirmed.append(Confirmed(number, tuple(t.values[0] for t in runs),
+                                   bool(original.user_attrs.get("baseline")), original.values[0],
+                                   intervals))
     return confirmed
 
 
 def noise_floor(confirmed: list[Confirmed]) -> float | None:
     spreads = [c.std / c.mean for c in confirmed if len(c.values) > 1 and c.mean]
     return statistics.median(spreads) if spreads else None
+
+
+def median_within_run(confirmed: list[Confirmed]) -> float | None:
+    intervals = [h for c in confirmed for h in c.intervals]
+    return statistics.median(intervals) if intervals else None
 
 
 def best_confirmed(study: optuna.Study, include_baseline: bool = True) -> Confirmed | None:

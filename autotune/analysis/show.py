@@ -97,7 +97,9 @@ def _standing(v: StudyView, console: Console) -> None:
                 f"{what}: #{t.number} {outcome_of(t)}, no {objective}")
         if c is not None:
             line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
-                     f"(original {fmt(c.original)} not included)")
+                     f"(original {fmt(c.original)} not included"
+                     + ("" if c.within_run is None else f"; ±{c.within_run:.1%} within a run")
+                     + ")")
         console.print(line)
     floor = v.noise_floor
     console.print(f"noise floor: {floor:.1%} (differences below it are not findings)"

@@ -212,7 +212,7 @@ class DispatchedExecutor:
         config = trial_config(self.spec, job.candidate, study=self.spec.study, number=job.number,
                               out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
                               measure_after=self.spec.trial.measure_after,
-                              device_memory=self.device_memory,
+                              stop_rule=self.spec.stop_rule(), device_memory=self.device_memory,
                               compile_cache=self.compile_cache)
         self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
                                 self.spec.trial.timeout_s, self.memory_mb)

@@ -24,12 +24,14 @@ from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
-from autotune.spec.objectives import OBJECTIVES
+from autotune.spec.objectives import OBJECTIVES, length_free
 from autotune.spec.yaml_file import load_yaml
 
 SAMPLERS = ("auto", "tpe", "random", "grid", "cmaes", "nsga2", "gp")
 TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
+DEFAULT_PRECISION = 0.02  # trial.precision: the mean step time to ±2% (95%)
+DEFAULT_MIN_STEPS = 10    # trial.min_steps, or every measured step of a shorter trial
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class TrialSpec:
     steps: int
     measure_after: int
     timeout_s: float
+    # in a study whose objectives are all `length_free`: stop measuring once the mean step
+    # time's relative 95% half-width (step_time_ci) is within `precision`, after `min_steps`
+    # measured steps (`autotune.train.program`)
+    precision: float = DEFAULT_PRECISION
+    min_steps: int = DEFAULT_MIN_STEPS
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,14 @@ class Spec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def stop_rule(self) -> dict | None:
+        """``{"precision", "min_steps"}`` for a trial's config when its objectives let a trial
+        stop measuring early (`autotune.spec.objectives.length_free`), else None: every trial
+        runs ``trial.steps`` updates."""
+        if not length_free(self.search.objectives):
+            return None
+        return {"precision": self.trial.precision, "min_steps": self.trial.min_steps}
 
 
 class _Section:
@@ -348,12 +363,23 @@ def _parse_search(s: _Section, base: Path, stored: bool = False) -> SearchSpec:
 
 
 def _parse_trial(s: _Section) -> TrialSpec:
-    t = TrialSpec(s.get("steps", int, default=30, minimum=1),
-                  s.get("measure_after", int, default=5, minimum=0),
-                  s.get("timeout_s", float, default=600.0))
-    if t.measure_after >= t.steps:
-        s.fail("measure_after", f"must be < trial.steps ({t.steps}), got {t.measure_after}")
-    if not t.timeout_s > 0:
-        s.fail("timeout_s", f"must be > 0, got {t.timeout_s}")
+    steps = s.get("steps", int, default=30, minimum=1)
+    measure_after = s.get("measure_after", int, default=5, minimum=0)
+    if measure_after >= steps:
+        s.fail("measure_after", f"must be < trial.steps ({steps}), got {measure_after}")
+    timeout_s = s.get("timeout_s", float, default=600.0)
+    if not timeout_s > 0:
+        s.fail("timeout_s", f"must be > 0, got {timeout_s}")
+    precision = s.get("precision", float, default=DEFAULT_PRECISION)
+    if not 0 < precision < 1:
+        s.fail("precision", f"must be > 0 and < 1 (a share of the mean step time: 0.02 is "
+                            f"±2 %), got {precision}")
+    measured = steps - measure_after
+    # an interval needs two steps; a trial shorter than the default measures every step
+    min_steps = s.get("min_steps", int, default=max(2, min(DEFAULT_MIN_STEPS, measured)),
+                      minimum=2)
+    if min_steps > max(2, measured):
+        s.fail("min_steps", f"must be ≤ {max(2, measured)} (trial.steps − trial.measure_after = "
+                            f"{measured} measured steps), got {min_steps}")
     s.reject_unknown()
-    return t
+    return TrialSpec(steps, measure_after, timeout_s, precision, min_steps)

@@ -2,7 +2,9 @@
 
 Contract: :data:`OBJECTIVES` maps an objective's name to its :class:`Objective`;
 :func:`directions` gives Optuna's directions of a list of names, :func:`objective_values` the
-values to tell for a trial's metrics (None when one is missing or not finite).
+values to tell for a trial's metrics (None when one is missing or not finite), and
+:func:`length_free` whether a shorter trial leaves every one of them meaning the same (then a
+trial may stop measuring once it knows its step time well enough: ``trial.precision``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,21 @@ class Objective:
     name: str
     direction: str   # "maximize" or "minimize"
     metric: str      # the trial metric it reads (`autotune.jobs.METRICS`)
+    # the value depends on how many steps the trial ran (not only on how precisely it measured)
+    needs_full_trial: bool = False
 
 
 OBJECTIVES = {o.name: o for o in (
     Objective("goodput", "maximize", "goodput"),
     Objective("peak_memory", "minimize", "peak_memory_mb"),
-    Objective("final_loss", "minimize", "loss_last"),
+    # the loss after trial.steps updates: a trial stopped sooner reports a higher one
+    Objective("final_loss", "minimize", "loss_last", needs_full_trial=True),
 )}
+
+
+def length_free(objectives) -> bool:
+    """Whether no objective of ``objectives`` needs the trial's full ``trial.steps``."""
+    return not any(OBJECTIVES[name].needs_full_trial for name in objectives)
 
 
 def directions(objectives) -> list[str]:

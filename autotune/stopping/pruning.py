@@ -2,9 +2,12 @@
 
 Contract: the search loop owns a :class:`StepWatcher` per running trial; :meth:`report` reads
 the trial's new ``steps.jsonl`` lines, reports its goodput so far as the trial's intermediate
-value (one per optimizer step, after ``measure_after`` steps), and answers whether the study's
-pruner says stop. Only single-objective goodput studies are pruned (Optuna does not prune
-multi-objective studies); the watcher never stops anything itself — the loop cancels the run.
+value (one per optimizer step, after ``measure_after`` steps), stores how precisely it is known
+so far as the trial's user attr ``step_time_ci`` (the metric's definition,
+`autotune.train.metrics.step_time_ci`; a finished trial's metric replaces it, a pruned trial
+keeps the one it was stopped on), and answers whether the study's pruner says stop. Only
+single-objective goodput studies are pruned (Optuna does not prune multi-objective studies);
+the watcher never stops anything itself — the loop cancels the run.
 The file is read as it grows: a line still being written waits for its newline, a line that is
 not a step record (a fragment) is skipped, and a file written anew (it shrank, or its first line
 changed) is read again from its start with the watcher's tally reset: nothing raises while a
@@ -19,16 +22,32 @@ from pathlib import Path
 
 import optuna
 
+from autotune.spec.model_yaml import DEFAULT_MIN_STEPS
+from autotune.train.metrics import step_time_ci
+
 
 class SlowTrialPruner(optuna.pruners.BasePruner):
-    """Prune a trial whose goodput so far is below ``ratio`` × the best finished trial's.
+    """Prune a trial whose goodput so far is *clearly* below ``ratio`` × the best finished
+    trial's: even its upper 95% bound is, ``goodput / (1 − h)`` with ``h`` its ``step_time_ci``
+    so far (goodput is proportional to 1 / the mean step time; the overflow rate is taken as
+    measured). Never on fewer than ``min_steps`` reported steps (the study's
+    ``trial.min_steps``: what a trial's own interval is trusted on), nor without an interval.
 
-    Goodput of one candidate settles within a few measured steps (each step does the same
-    work), so a trial at half the best after ``min_steps`` reported steps will not catch up.
+    A trial at half the best stays there (each step does the same work), but a few slow steps
+    on a shared machine are not the trial's speed: it is kept until its interval says it
+    cannot be within reach.
     """
 
-    def __init__(self, ratio: float = 0.5, min_steps: int = 3):
+    def __init__(self, ratio: float = 0.5, min_steps: int = DEFAULT_MIN_STEPS):
         self.ratio, self.min_steps = ratio, min_steps
+
+    @staticmethod
+    def upper_bound(goodput: float, half_width: float | None) -> float:
+        """The upper 95% bound of a goodput whose mean step time is known to ±``half_width``
+        (relative); infinite without an interval, or with one as wide as the mean."""
+        if half_width is None or half_width >= 1:
+            return float("inf")
+        return goodput / (1 - half_width)
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if len(trial.intermediate_values) < self.min_steps:
@@ -38,7 +57,7 @@ class SlowTrialPruner(optuna.pruners.BasePruner):
         except ValueError:  # no finished trial yet: nothing to compare with
             return False
         latest = trial.intermediate_values[max(trial.intermediate_values)]
-        return latest < self.ratio * best
+        return self.upper_bound(latest, trial.user_attrs.get("step_time_ci")) < self.ratio * best
 
 
 def _record(line: bytes) -> dict | None:
@@ -61,10 +80,11 @@ class StepWatcher:
         self._offset, self._head = 0, b""  # bytes read, and the first line they began with
         self._start()
         self.last: tuple[int, float] | None = None  # (step, goodput so far) last reported
+        self.half_width: float | None = None  # step_time_ci of the steps so far, last stored
 
     def _start(self) -> None:
         self._seconds = 0.0
-        self._measured = 0
+        self._times: list[float] = []  # the measured steps' times (ms)
         self._settled = 0       # measured steps after the scaler's initial back-off
         self._overflowed = 0    # ... of which overflowed
         self._backing_off = True  # no update applied yet: overflows so far are the back-off
@@ -100,13 +120,18 @@ class StepWatcher:
             if step["step"] < self.measure_after:
                 continue
             self._seconds += step["step_time_ms"] / 1000
-            self._measured += 1
+            self._times.append(step["step_time_ms"])
             if not self._backing_off:
                 self._settled += 1
                 self._overflowed += overflow
             if self._seconds > 0 and self._settled:
-                throughput = self._measured * self.samples_per_step / self._seconds
+                throughput = len(self._times) * self.samples_per_step / self._seconds
                 self.last = (step["step"], throughput * (1 - self._overflowed / self._settled))
                 self.trial.report(self.last[1], self.last[0])
                 reported = True
-        return reported and self.trial.should_prune()
+        if not reported:
+            return False
+        # one write a poll, not one a step: the pruner judges the latest value by it
+        self.half_width = step_time_ci(self._times)
+        self.trial.set_user_attr("step_time_ci", self.half_width)
+        return self.trial.should_prune()

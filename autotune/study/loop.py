@@ -299,8 +299,10 @@ class Loop:
                 job = self.live.pop(number)
                 del self.watchers[number]
                 step, goodput = watcher.last
-                detail = (f"goodput {goodput:.4g} after step {step} is below "
-                          f"{self.study.pruner.ratio:g}× the best finished trial's; stopped early")
+                pruner = self.study.pruner
+                upper = pruner.upper_bound(goodput, watcher.half_width)
+                detail = (f"goodput {goodput:.4g} after step {step} (at most {upper:.4g}, 95%) "
+                          f"is below {pruner.ratio:g}× the best finished trial's; stopped early")
                 run_s = time.monotonic() - self.submitted.pop(number)  # its devices were held
                 self.recorder.pruned(job, detail, run_s)
                 self.stopper.finished(run_s, job.candidate.devices, None, counted=True)

@@ -11,7 +11,11 @@ Contract:
   and ``train`` sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb,
   max_device_memory_gb where given, and a replay study's table by its SHA-256), the resolved search space, the objectives and
   ``trial.steps``/``measure_after``. Not ``n_trials``, the sampler, the seed or the timeout:
-  those may change between runs of one study.
+  those may change between runs of one study. Nor ``trial.precision``/``min_steps``: they set
+  how precisely a trial measures its step time before it stops, not what it measures (a goodput
+  known to ±2 % and one known to ±5 % estimate the same number; a final_loss study never stops
+  early), so a resume may tighten or loosen them and its trials stay comparable (so does a warm
+  start's).
 - :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.spec.encoding`):
   stored on every study when it is created; a study created before ordered knobs has none and
   keeps its categorical params; an encoding this version does not know is a SpecError.

@@ -15,8 +15,8 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autotune.analysis.ranking import (baseline_of, best_confirmed, best_trials, noise_floor,
-                                       summarize)
+from autotune.analysis.ranking import (baseline_of, best_confirmed, best_trials,
+                                       median_within_run, noise_floor, summarize)
 from autotune.analysis.text import fmt
 from autotune.jobs import METRICS
 from autotune.spec.knobs import KNOB_NAMES
@@ -168,15 +168,17 @@ def best_table(study: optuna.Study, best: list) -> Table:
 
 
 def confirmed_lines(study: optuna.Study, confirmed: list) -> str:
-    """The confirmed configurations as mean ± sample std, the best against the baseline with
-    its spread, and the noise floor."""
+    """The confirmed configurations as mean ± sample std (and, where the re-runs stored one,
+    how precisely one run knew its step time), the best against the baseline with its spread,
+    and the noise floor set against that within-run precision."""
     objective = study.user_attrs.get("objectives", ["objective"])[0]
     lines = [f"confirmed {objective} (mean ± sd over the confirm-phase re-runs only; the "
              "original run that won the selection beside it, not in it):"]
     for c in confirmed:
         label = " baseline" if c.baseline else ""
+        within = "" if c.within_run is None else f"; ±{c.within_run:.1%} within a run"
         lines.append(f"  #{c.number}{label}: {fmt(c.mean)} ± {fmt(c.std)} (n={len(c.values)}; "
-                     f"original {fmt(c.original)})")
+                     f"original {fmt(c.original)}{within})")
     best, baseline = best_confirmed(study), next((c for c in confirmed if c.baseline), None)
     label = "best confirmed"
     if best is not None and baseline is not None and best.number == baseline.number:
@@ -188,9 +190,18 @@ def confirmed_lines(study: optuna.Study, confirmed: list) -> str:
         spread = ratio * math.hypot(_relative_spread(best), _relative_spread(baseline))
         lines.append(f"{label} #{best.number} vs baseline #{baseline.number}: "
                      f"{ratio:.2f}× ± {spread:.2f}")
-    floor = noise_floor(confirmed)
+    floor, within = noise_floor(confirmed), median_within_run(confirmed)
     if floor is not None:
         lines.append(f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}")
+    if floor is not None and within is not None:
+        # one sd between runs against a 95% half-width (≈ 2 standard errors) within one
+        lines.append(f"within a run the mean step time is known to ±{within:.1%} (median "
+                     "step_time_ci of the re-runs, 95%): " + (
+                         "the runs differ by more than their steps' noise explains, so more "
+                         "re-runs (--confirm-runs), not a tighter trial.precision, would lower "
+                         "the noise floor" if floor > within else
+                         "the steps' own noise accounts for the noise floor, so a tighter "
+                         "trial.precision would lower it"))
     return "\n".join(lines)
 
 

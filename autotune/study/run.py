@@ -74,8 +74,10 @@ def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, 
     backend = backend_of(spec.cluster.backend)
     if backend.kind == "estimate" and "final_loss" in spec.search.objectives:
         raise SpecError(f"search.objectives: final_loss cannot be estimated on backend {backend.name}")
-    # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide.
-    pruner = SlowTrialPruner() if list(spec.search.objectives) == ["goodput"] else None
+    # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide. It
+    # is judged on no fewer steps than a trial's own interval is (trial.min_steps).
+    pruner = (SlowTrialPruner(min_steps=spec.trial.min_steps)
+              if list(spec.search.objectives) == ["goodput"] else None)
     # a bad replay table is an input error: read it before the study is created
     table = load_table(spec, space) if backend.kind == "table" else None
     check_budget_backend(budget, spec, table)

@@ -54,13 +54,13 @@ from autotune.files import staged_folder
 
 # Fields of a trial config that no compiled graph holds: where it writes, who it is, the
 # weights' seed (weights are bound by name when a cached graph loads), the steps excluded from
-# timing, the initial loss scale and the learning-rate schedule's numbers (Parameters' values:
-# `autotune.train.schedule`), the trial's and the run's lengths (only the schedule reads them)
-# and the checkpoint interval.
+# timing, when the trial may stop measuring, the initial loss scale and the learning-rate
+# schedule's numbers (Parameters' values: `autotune.train.schedule`), the trial's and the run's
+# lengths (only the schedule reads them) and the checkpoint interval.
 NEUTRAL = {"study", "trial_number", "out_dir", "seed", "compile_cache", "model_dir",
-           ("trial", "measure_after"), ("trial", "steps"), ("knobs", "loss_scale"),
-           ("knobs", "warmup_steps"), ("train", "learning_rate"), ("train", "total_steps"),
-           ("train", "save_every")}
+           ("trial", "measure_after"), ("trial", "steps"), ("trial", "precision"),
+           ("trial", "min_steps"), ("knobs", "loss_scale"), ("knobs", "warmup_steps"),
+           ("train", "learning_rate"), ("train", "total_steps"), ("train", "save_every")}
 SAY = "autotune.train compile cache:"
 _SLOT = re.compile(r"^(?P<head>.*?)_(?P<index>\d+)(?P<tail>(\..*)?)$")
 

@@ -22,12 +22,15 @@ def micro_steps(knobs: dict) -> int:
 
 
 def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,
-                 steps: int, measure_after: int, backend: str | None = None,
-                 device_memory: dict | None = None, compile_cache: str | Path | None = None) -> dict:
+                 steps: int, measure_after: int, stop_rule: dict | None = None,
+                 backend: str | None = None, device_memory: dict | None = None,
+                 compile_cache: str | Path | None = None) -> dict:
     """``config.json`` for ``candidate`` of ``spec``: ``steps`` optimizer steps, timing after
-    ``measure_after``, outputs in ``out_dir`` (kept as given: export writes a relative one). An
-    entry model's config also names ``model_dir``, model.yaml's folder, from which the entry
-    is imported (`autotune.spec.entry`). ``device_memory`` (GPU/Ascend: ``size_gb``,
+    ``measure_after`` — with ``stop_rule`` (``precision``, ``min_steps``:
+    `autotune.spec.model_yaml.Spec.stop_rule`) fewer, once the step time is known well enough
+    (`autotune.train.program`) — outputs in ``out_dir`` (kept as given: export writes a
+    relative one). An entry model's config also names ``model_dir``, model.yaml's folder, from
+    which the entry is imported (`autotune.spec.entry`). ``device_memory`` (GPU/Ascend: ``size_gb``,
     ``max_size_gb``, `autotune.costmodel.device_memory_cap`) caps the device's memory pool
     (`autotune.train.device`). ``compile_cache``: the folder of compiled graphs trials may
     reuse (`autotune.train.compile_cache`)."""
@@ -35,7 +38,7 @@ def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Pat
               "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
               "out_dir": str(out_dir),
               "model": spec.model.as_config(), "train": asdict(spec.train),
-              "trial": {"steps": steps, "measure_after": measure_after},
+              "trial": {"steps": steps, "measure_after": measure_after, **(stop_rule or {})},
               "knobs": candidate.as_dict()}
     if device_memory:
         config["device_memory"] = dict(device_memory)

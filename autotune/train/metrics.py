@@ -11,6 +11,13 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 - ``steps``: optimizer steps run; ``samples_per_step``: the global batch size (one step =
   grad_accum micro-steps on each of dp ranks).
 - ``step_time_ms``: median wall time of the measured steps (steps ``measure_after`` … end).
+- ``step_time_ci``: how precisely the trial knows its mean step time — the relative 95%
+  half-width of the mean of the n measured steps' times (every measured step, applied or
+  skipped: the steps ``throughput`` divides by), Student-t with n − 1 degrees of freedom:
+  ``t(0.975, n − 1) · s / √n / mean`` with ``s`` their sample standard deviation
+  (:func:`step_time_ci`); None below two measured steps. ``goodput`` is proportional to 1 / the
+  mean step time, so its own relative half-width is this to first order. ``steps.jsonl`` holds
+  rank 0's times, and so does the interval.
 - ``throughput``: measured steps × samples_per_step / measured time (samples/s), every measured
   step counted, applied or skipped.
 - ``backoff_steps`` (k): the loss scaler's initial back-off, the run of overflowed steps from the
@@ -57,6 +64,7 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   step.
 """
 
+import functools
 import json
 import math
 import os
@@ -66,12 +74,14 @@ LAST_WINDOW = 5
 TREND_T = 3.0        # the slope's t-statistic above which a rise is not noise
 TREND_RISE = 0.05    # ... and the fitted rise over the window, relative to the fitted start
 TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-finite loss diverges)
+CONFIDENCE = 0.95    # of step_time_ci
 
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
                "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
                "underflow_bound", "underflow_probed", "init_s", "first_step_s",
-               "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at")
+               "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at",
+               "step_time_ci")
 
 
 def reset_peak_memory() -> None:
@@ -133,6 +143,71 @@ def rising(losses) -> bool:
     return significant and slope * (n - 1) > TREND_RISE * abs(start)
 
 
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's
+    method; Numerical Recipes, 3rd ed., §6.4), on the side of x where it converges fast."""
+    if x <= 0.0 or x >= 1.0:
+        return max(0.0, min(1.0, x))
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    tiny = 1e-300
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x)) / a
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * fraction
+
+
+def student_t_cdf(t: float, df: int) -> float:
+    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+@functools.lru_cache(maxsize=None)
+def student_t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (0.5 ≤ p < 1) of Student's t with ``df`` ≥ 1 degrees of freedom, to
+    1e-10 relative (this module stays pure Python, whose statistics has no t). Newton's method
+    on :func:`student_t_cdf` from the normal quantile, which is below it: the CDF is concave
+    there, so every step stays below the root and the iteration climbs to it."""
+    t = statistics.NormalDist().inv_cdf(p)
+    log_density = (math.lgamma((df + 1) / 2.0) - math.lgamma(df / 2.0)
+                   - 0.5 * math.log(df * math.pi))
+    for _ in range(200):
+        density = math.exp(log_density - (df + 1) / 2.0 * math.log1p(t * t / df))
+        step = (p - student_t_cdf(t, df)) / density
+        t += step
+        if abs(step) <= 1e-12 * t:
+            break
+    return t
+
+
+def step_time_ci(times) -> float | None:
+    """The relative `CONFIDENCE` half-width of the mean of ``times`` (step times, in any one
+    unit; Student-t, n − 1 degrees of freedom): ``t · s / √n / mean``; None for fewer than two
+    values or a mean ≤ 0. The one definition of the metric ``step_time_ci``, of the trial's
+    stop rule and of the pruner's interval."""
+    n = len(times)
+    if n < 2:
+        return None
+    mean = statistics.fmean(times)
+    if mean <= 0:
+        return None
+    t = student_t_quantile(0.5 + CONFIDENCE / 2.0, n - 1)
+    return t * statistics.stdev(times) / math.sqrt(n) / mean
+
+
 def backoff_steps(overflows) -> int:
     """The leading run of overflowed steps: the scaler's initial back-off."""
     k = 0
@@ -162,6 +237,19 @@ class StepLog:
     def close(self):
         if self._file:
             self._file.close()
+
+    def settled_steps(self) -> int:
+        """Measured steps after the loss scaler's initial back-off (the steps the overflow rate
+        is taken over): a count of steps and overflows, so the same on every rank."""
+        start = max(self.measure_after, backoff_steps([r["overflow"] for r in self.records]))
+        return max(0, len(self.records) - start)
+
+    def precise(self, precision: float) -> bool:
+        """Whether :func:`step_time_ci` of the measured steps so far (this rank's times) is
+        within ``precision``. The trial's stop rule is this once :meth:`settled_steps` reached
+        ``trial.min_steps`` (`autotune.train.program`)."""
+        ci = step_time_ci([r["step_time_ms"] for r in self.records[self.measure_after:]])
+        return ci is not None and ci <= precision
 
     def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0,
                 underflow_bound=0.0, underflow_probed=False) -> dict:
@@ -211,4 +299,5 @@ class StepLog:
             "probe_s": timing["probe_s"],
             "started_at": timing["started_at"],
             "finished_at": None,
+            "step_time_ci": step_time_ci([r["step_time_ms"] for r in measured]),
         }

@@ -79,7 +79,9 @@ def _standing(v) -> str:
         c = confirmed.get(t.number)
         if c is not None:
             line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
-                     f"(original {fmt(c.original)} not included)")
+                     f"(original {fmt(c.original)} not included"
+                     + ("" if c.within_run is None else f"; ±{c.within_run:.1%} within a run")
+                     + ")")
         rows.append(f"<li>{escape(line)} <small>({escape(knobs)})</small></li>")
     floor = v.noise_floor
     if floor is not None:
