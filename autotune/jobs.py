@@ -22,7 +22,8 @@ OUTCOMES = ("ok", "infeasible", "oom", "diverged", "timeout", "pruned", "error",
 # The metrics a trial reports (its metrics.json, `autotune.train.metrics`) and the study stores
 # under their own names.
 METRICS = ("goodput", "throughput", "step_time_ms", "step_time_ci", "peak_memory_mb",
-           "overflow_steps", "backoff_steps", "overflow_rate", "underflow_share", "loss_first",
+           "overflow_steps", "backoff_steps", "overflow_rate", "underflow_share",
+           "underflow_bound", "underflow_probed", "loss_first",
            "loss_last", "diverged", "compile_s", "launch_s", "init_s", "first_step_s",
            "excluded_steps_s", "steps_s", "probe_s", "teardown_s")
 # Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.timing`);

@@ -26,7 +26,7 @@ on the model's gradients, as ``count_nonzero`` (what the step uses) and as equal
 the median and the fastest call of each (on a busy machine the fastest shows the cost). And
 under ``msrun`` (two workers, this file in worker mode) the sum of two numbers over the ranks,
 as the trial program sums its peak memory (a one-op compiled cell per call,
-``program._sum_over_ranks``) and as the bound sums its counts (an eager AllReduce,
+a one-op compiled cell made per call, as the trial program once summed) and as the bound sums its counts (an eager AllReduce,
 `autotune.train.parallel.world_sum`), ``--calls``/10 calls each in turn.
 
     python benchmarks/probe_cost.py [MODEL_YAML] [--rounds 2] [--old-tree DIR] [--low-scales 1 0.0625 0.00390625]
@@ -91,11 +91,11 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
     from mindspore import nn, ops
     from mindspore.common.parameter import ParameterTuple
 
-    from autotune.train import data, models, program, step, tp_layers, weights
+    from autotune.train import data, models, session, step, tp_layers, weights
     from autotune.train.engine import make_optimizer, optimizer_order
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    program.numpy2_workaround(ms)
+    session.numpy2_workaround(ms)
     model = spec.model.as_config()
     network = models.build_network(model)
     weights.initialize(network, model, models.SINGLE, seed=0)
@@ -138,19 +138,35 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
     return [(name, statistics.median(t), min(t)) for name, t in times.items()]
 
 
+def _cell_sum(ms, values):
+    """The sum over the ranks as a one-op compiled cell, made (and so compiled) per call."""
+    import numpy as np
+    from mindspore import nn, ops
+
+    class AllSum(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.op = ops.AllReduce()
+
+        def construct(self, x):
+            return self.op(x)
+
+    return AllSum()(ms.Tensor(np.asarray(values, np.float32))).asnumpy()
+
+
 def allreduce_worker(out: Path, calls: int) -> None:
     """One msrun rank: time both ways of summing over the ranks; rank 0 writes ``out``."""
     import mindspore as ms
 
-    from autotune.train import device, parallel, program
+    from autotune.train import device, parallel, session
 
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler only serves the cluster
         device.serve_cluster()
         return
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    program.numpy2_workaround(ms)
+    session.numpy2_workaround(ms)
     ms.communication.init()
-    ways = {"compiled one-op cell (program._sum_over_ranks)": lambda: program._sum_over_ranks(ms, [1.0, 2.0]),
+    ways = {"compiled one-op cell, new each call": lambda: _cell_sum(ms, [1.0, 2.0]),
             "eager AllReduce (parallel.world_sum)": lambda: parallel.world_sum([1.0, 2.0])}
     times = {name: [] for name in ways}
     for _ in range(calls):

@@ -22,9 +22,9 @@ TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
-    from autotune.train import program
+    from autotune.train import session
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
-    program.numpy2_workaround(mindspore)
+    session.numpy2_workaround(mindspore)
     return mindspore
 
 

@@ -21,13 +21,14 @@ def main(config_path: str, scales_json: str) -> None:
     import mindspore as ms
 
     from autotune.spec.knobs import SCALE_WINDOW
-    from autotune.train import program
+    from autotune.train.session import open_session
     from autotune.train.engine import build_engine
     from autotune.train.parallel import world_sum
 
     cfg = json.loads(open(config_path).read())
     cfg["trial"]["underflow_probe"] = "always"
-    placement = program._setup(cfg, ms)
+    knobs = cfg["knobs"]
+    placement = open_session(cfg, knobs["dp"] * knobs["tp"] * knobs["pp"], ms).place(knobs)
     engine = build_engine(cfg, placement, SCALE_WINDOW)
     inputs, labels = engine.dataset(0, placement.dp_index, placement.dp)
 

@@ -59,7 +59,7 @@ class Backend:
     # Whether a worker makes its first MindSpore op before communication.init(). MindSpore asks
     # for init() before any Tensor or op (its init() doc, Ascend; on GPU an op opens the device's
     # context and pool first): accelerators do. On CPU the first eager op is numpy 2's throw-away
-    # (`autotune.train.program.numpy2_workaround`), and made after init() it leaves the worker
+    # (`autotune.train.session.numpy2_workaround`), and made after init() it leaves the worker
     # judged timed out by msrun's scheduler, which exits 1 (measured: docs/accelerators.md).
     first_op_before_init: bool = False
     # Environment variables every run of this backend sets (trials and exported launch.sh).
