@@ -123,10 +123,16 @@ def _hits(folder: Path) -> list[str]:
                       (folder / "logs" / "worker_0.log").read_text())
 
 
+def _probed(config: dict) -> dict:
+    config["trial"]["underflow_probe"] = "always"  # the probe's own graphs after the step's
+    return config
+
+
 def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph(tmp_path, monkeypatch):
     """Confirm-phase shape: the same candidate again, in warm workers and in a fresh process;
     recompute none and full are two graphs, warmups A and B one (the schedule's numbers are
-    Parameters); MindSpore's own line says it loaded."""
+    Parameters); a trial that probes compiles the probe's two graphs after the step's, and
+    loads all three, in order, when it runs again; MindSpore's own line says it loaded."""
     monkeypatch.setenv("GLOG_v", "2")  # MindSpore's WARNING line for a cache load
     cache = tmp_path / "cache"
     full = replace(DP2, recompute="full")
@@ -140,16 +146,23 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     try:
         runs = {}
         for name, candidate in (("none", DP2), ("full", full), ("none-again", DP2),
-                                ("full-again", full), ("warmup", warmup)):
+                                ("full-again", full), ("warmup", warmup), ("probed", DP2),
+                                ("probed-again", DP2)):
             folder = tmp_path / name
-            runs[name] = pool.run(_config(folder, candidate, cache), folder, 300, None)
+            config = _config(folder, candidate, cache)
+            runs[name] = pool.run(_probed(config) if name.startswith("probed") else config,
+                                  folder, 300, None)
             assert runs[name].outcome == "ok", runs[name].detail
     finally:
         pool.close()
-    assert _hits(tmp_path / "none") == [("0", "5")] and _hits(tmp_path / "full") == [("0", "5")]
-    assert _hits(tmp_path / "none-again") == [("5", "5")]
-    assert _hits(tmp_path / "full-again") == [("5", "5")]
-    assert _hits(tmp_path / "warmup") == [("5", "5")]  # the graph of "none"
+    assert _hits(tmp_path / "none") == [("0", "1")] and _hits(tmp_path / "full") == [("0", "1")]
+    assert _hits(tmp_path / "none-again") == [("1", "1")]
+    assert _hits(tmp_path / "full-again") == [("1", "1")]
+    assert _hits(tmp_path / "warmup") == [("1", "1")]  # the graph of "none"
+    assert _hits(tmp_path / "probed") == [("0", "3")]  # underflow_probe is part of the key
+    assert _hits(tmp_path / "probed-again") == [("3", "3")]
+    assert [runs[n].metrics["underflow_probed"] for n in ("none", "probed", "probed-again")] == [False, True, True]
+    assert runs["probed-again"].metrics["underflow_share"] == runs["probed"].metrics["underflow_share"]
     assert runs["warmup"].metrics["loss_last"] == pytest.approx(uncached["warmup"], rel=1e-6)
     assert uncached["warmup"] != pytest.approx(uncached["none"], rel=1e-5)  # B is not A
     log = (tmp_path / "none-again" / "logs" / "worker_0.log").read_text()
@@ -157,11 +170,13 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     for name in ("none", "full"):
         for run in (name, f"{name}-again"):
             assert runs[run].metrics["loss_last"] == pytest.approx(uncached[name], rel=1e-6)
+    for run in ("probed", "probed-again"):
+        assert runs[run].metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
     # a fresh process of the same graph loads it too
     folder = tmp_path / "fresh"
     fresh = run_trial(_config(folder, DP2, cache), folder, 300, None, 2)
-    assert _hits(folder) == [("5", "5")]
+    assert _hits(folder) == [("1", "1")]
     assert fresh.metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
     assert runs["none-again"].metrics["first_step_s"] < runs["none"].metrics["first_step_s"]
     stored = json.dumps(sorted(str(p.relative_to(cache)) for p in (cache / "graphs").rglob("*.mindir")))
-    assert stored.count("rank_0") == 10  # two graphs of five compiles each, per rank
+    assert stored.count("rank_0") == 5  # one compile for each of two graphs, three for the probed, per rank
