@@ -48,7 +48,7 @@ from pathlib import Path
 
 from autotune.execution.nodes import node_plan, unplaceable
 from autotune.execution.processes import Guard
-from autotune.execution.runner import NodeRun, free_port, run_trial
+from autotune.execution.ray_tasks import PoolActor, master_address, node_task
 from autotune.jobs import Result
 from autotune.spec.backends import Backend
 from autotune.spec.errors import SpecError
@@ -86,57 +86,6 @@ class _Trial:
     bundles: list = field(default_factory=list)
     results: dict = field(default_factory=dict)   # node index → (started, Result)
     pool: _Pool | None = None                     # the warm workers running it, if any
-
-
-class _PoolActor:
-    """A `autotune.execution.warm.WarmPool` inside a Ray actor: the actor holds the pool's
-    devices for as long as it lives, and its processes die with it."""
-
-    def __init__(self, root: str, workers: int, visible_devices: str | None,
-                 resource: str | None):
-        import ray
-
-        from autotune.execution.warm import WarmPool
-
-        env = {}
-        if visible_devices:  # Ray sets it too; said here so msrun's workers surely inherit it
-            ids = ray.get_runtime_context().get_accelerator_ids().get(resource, [])
-            env[visible_devices] = ",".join(map(str, ids))
-        self.pool = WarmPool(Path(root), workers, env)
-
-    def run(self, config: dict, trial_dir: str, timeout_s: float, memory_limit_mb):
-        started = time.time()
-        return started, self.pool.run(config, Path(trial_dir), timeout_s, memory_limit_mb)
-
-
-def _node_task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int,
-               launch, master, visible_devices: str | None, resource: str | None):
-    """One node's share of a trial (all of it on one node), inside Ray."""
-    import ray
-
-    started = time.time()
-    env = {}
-    if visible_devices:  # Ray sets it too; said here so msrun's workers surely inherit it
-        ids = ray.get_runtime_context().get_accelerator_ids().get(resource, [])
-        env[visible_devices] = ",".join(map(str, ids))
-    node = NodeRun(launch, *master) if launch is not None else None
-    return started, run_trial(config, Path(trial_dir), timeout_s, memory_limit_mb, workers,
-                              node=node, env=env)
-
-
-def _master_address() -> tuple[str, int]:
-    """Where rank 0's node listens: this node's address and a port free on it now. A node on a
-    loopback address (127.0.0.2, …: Ray nodes sharing one host) answers 127.0.0.1: msrun starts
-    its scheduler only where ``--master_addr`` is one of the host's own addresses, and the
-    loopback interface holds 127.0.0.1 alone (docs/cluster.md)."""
-    import ipaddress
-
-    import ray
-
-    address = ray.util.get_node_ip_address()
-    if ipaddress.ip_address(address).is_loopback:
-        address = "127.0.0.1"
-    return address, free_port(address)
 
 
 class Dispatcher:
@@ -180,9 +129,9 @@ class Dispatcher:
             except BaseException:
                 self._close_embedded()
                 raise
-        self._remote = ray.remote(_node_task)
-        self._address_task = ray.remote(_master_address)
-        self._pool_actor = ray.remote(_PoolActor)
+        self._remote = ray.remote(node_task)
+        self._address_task = ray.remote(master_address)
+        self._pool_actor = ray.remote(PoolActor)
         return self
 
     def __exit__(self, *exc) -> None:
