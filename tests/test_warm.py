@@ -34,10 +34,13 @@ def _spec():
     return load_spec(ROOT / "examples" / "quickstart.yaml", {"trial.steps": 8, "trial.measure_after": 2})
 
 
-def _config(folder: Path, candidate: Candidate, cache: Path | None = None, **trial) -> dict:
+def _config(folder: Path, candidate: Candidate, cache: Path | None = None, steps: int = 8,
+            **trial) -> dict:
+    """The trial's config; ``trial``: further keys of its ``trial`` section."""
     spec = _spec()
     config = trial_config(spec, candidate, study="warm", number=0, out_dir=folder.resolve(),
-                          steps=trial.get("steps", 8), measure_after=2, compile_cache=cache)
+                          steps=steps, measure_after=2, compile_cache=cache)
+    config["trial"].update(trial)
     return config
 
 
@@ -123,11 +126,6 @@ def _hits(folder: Path) -> list[str]:
                       (folder / "logs" / "worker_0.log").read_text())
 
 
-def _probed(config: dict) -> dict:
-    config["trial"]["underflow_probe"] = "always"  # the probe's own graphs after the step's
-    return config
-
-
 def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph(tmp_path, monkeypatch):
     """Confirm-phase shape: the same candidate again, in warm workers and in a fresh process;
     recompute none and full are two graphs, warmups A and B one (the schedule's numbers are
@@ -149,9 +147,8 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
                                 ("full-again", full), ("warmup", warmup), ("probed", DP2),
                                 ("probed-again", DP2)):
             folder = tmp_path / name
-            config = _config(folder, candidate, cache)
-            runs[name] = pool.run(_probed(config) if name.startswith("probed") else config,
-                                  folder, 300, None)
+            probe = {"underflow_probe": "always"} if name.startswith("probed") else {}
+            runs[name] = pool.run(_config(folder, candidate, cache, **probe), folder, 300, None)
             assert runs[name].outcome == "ok", runs[name].detail
     finally:
         pool.close()

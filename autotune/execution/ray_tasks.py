@@ -1,7 +1,7 @@
 """What runs inside Ray's workers for `autotune.execution.dispatch`: one node's share of a
 fresh trial (:func:`node_task`), the warm workers' actor (:class:`PoolActor`) and the address
-rank 0's node listens on (:func:`master_address`). Each returns the time it started with the
-trial's `autotune.jobs.Result`, so the dispatcher can tell queueing from running.
+rank 0's node listens on (:func:`master_address`). The trial's two return the time they
+started with its `autotune.jobs.Result`, so the dispatcher can tell queueing from running.
 """
 
 from __future__ import annotations
