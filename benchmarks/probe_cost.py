@@ -22,7 +22,8 @@ not change the step's numerics).
 Then, in this process (calls interleaved in shuffled order, so the machine's noise hits all
 alike), what the bound's count costs a step: the model's training step (one dp2 shard, float16)
 with and without `autotune.train.step.zero_counts`, ``--calls`` calls each, and the count alone
-on the model's gradients, as ``count_nonzero`` (what the step uses) and as equal + cast + sum —
+on the model's gradients, as one HyperMap of equal + cast + sum (what the step uses) and as a
+list of equal + cast + sum calls (the first version) —
 the median and the fastest call of each (on a busy machine the fastest shows the cost). And
 under ``msrun`` (two workers, this file in worker mode) the sum of two numbers over the ranks,
 as the trial program sums its peak memory (a one-op compiled cell per call,
@@ -105,13 +106,13 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
     for counted in (False, True):
         state = step.TrainState(params, 1, 2.0 ** 16, 1000, count_zeros=counted)
         cell = step.TrainStep(step.NetWithLoss(network, tp_layers.TokenCrossEntropy()),
-                              make_optimizer(list(params), 0.0), state, accum_steps=1, apply=True, scaling=True,
+                              make_optimizer(list(params), 0.0), state, scaling=True,
                               parallel=step.Parallelism(), weights=params)
         cell.set_train()
         cell.set_jit_config(ms.JitConfig(jit_level="O1"))  # as the quickstart's trials run
         cells[f"training step, zero counts {'on' if counted else 'off'}"] = cell
 
-    class CountNonzero(nn.Cell):
+    class ZeroCounts(nn.Cell):
         def construct(self, grads):
             return step.zero_counts(grads)
 
@@ -124,7 +125,7 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
     x, y = ms.Tensor(x), ms.Tensor(y)
     calls_of = {name: (lambda cell=cell: cell(x, y)[0].asnumpy()) for name, cell in cells.items()}
     calls_of.update({f"count alone, {type(cell).__name__}": (lambda cell=cell: cell(grads).asnumpy())
-                     for cell in (CountNonzero(), EqualCastSum())})
+                     for cell in (ZeroCounts(), EqualCastSum())})
     times = {name: [] for name in calls_of}
     for name, call in calls_of.items():
         call()  # compile

@@ -338,6 +338,22 @@ def test_cpu_does_not_hide_the_gradient_all_reduce_behind_the_backward():
     assert gpu(1.0) < gpu(0.0)  # an accelerator hides part of it behind the backward
 
 
+def test_the_trainers_accumulating_step_reduces_after_its_last_micro_batch():
+    """With grad_accum > 1 the trainer's update is a graph of its own (`step.ApplyStep`): an
+    accelerator's overlap hides nothing there, where a one-graph step (grad_accum 1) and
+    Megatron's accumulation hide part of it behind the last backward."""
+    model = {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "ffn_hidden_size": 2048,
+             "seq_length": 64}
+
+    def dp_comm(accum, overlap, engine="trainer"):
+        spec = spec_of(model, batch=16, cluster={"devices": 2, "device": {"base": "a100-80g",
+                                                                           "comm_overlap": overlap}})
+        return estimate(spec, cand(dp=2, fusion_mb=1, grad_accum=accum), engine=engine).breakdown["time_s"]["dp_comm"]
+    assert dp_comm(2, 1.0) == pytest.approx(dp_comm(2, 0.0))
+    assert dp_comm(1, 1.0) < dp_comm(1, 0.0)
+    assert dp_comm(2, 1.0, "megatron") < dp_comm(2, 0.0, "megatron")
+
+
 def test_cpu_prices_16_bit_hidden_state_messages_slower():
     """benchmarks/allreduce_in_graph.py: a float16 all-reduce costs ≈3.5× its α–β price on CPU."""
     def pp_comm(factor=None):

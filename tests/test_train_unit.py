@@ -97,9 +97,14 @@ def test_grad_accumulation_equals_full_batch(ms):
         accumulate, apply = step.build_steps(network, tp_layers.TokenCrossEntropy(), optimizer, accum_steps=k,
                                              scaling=False, loss_scale=1)
         micro = len(x) // k
-        for j in range(k):
-            batch = ms.Tensor(x[j * micro:(j + 1) * micro]), ms.Tensor(y[j * micro:(j + 1) * micro])
-            out = accumulate(*batch) if j < k - 1 else apply(*batch)
+        batches = [(ms.Tensor(x[j * micro:(j + 1) * micro]), ms.Tensor(y[j * micro:(j + 1) * micro]))
+                   for j in range(k)]
+        if accumulate is None:
+            out = apply(*batches[0])
+        else:
+            for batch in batches:
+                accumulate(*batch)
+            out = apply()
         updates[k] = {n: p.asnumpy() - before[n] for n, p in network.parameters_and_names()}
         losses[k] = float(out[0].asnumpy())
         if k > 1:

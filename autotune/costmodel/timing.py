@@ -48,8 +48,9 @@ Model:
   term once. Buckets are reduced while the last micro-batch's backward (⅔ of its compute and
   knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
   (k−1)/k of that window hides communication, the last bucket never hides. One bucket hides
-  nothing; many pay latency. The trainer's pipeline stages reduce in a graph of their own after
-  the last micro-batch (``ApplyStep``), so with pp > 1 nothing hides. The profile's
+  nothing; many pay latency. The trainer's pipeline stages and its accumulating steps
+  (``grad_accum`` > 1) reduce in a graph of their own after the last micro-batch (``ApplyStep``),
+  so there nothing hides. The profile's
   ``comm_overlap`` scales the window: 0.5 on the accelerators (collectives run on their own
   streams; how much they hide is assumed, and calibrated per study), 0 on the CPU backend, which
   runs a graph's kernels in turn.
@@ -128,8 +129,8 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
             stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses, c.tp), gbps(crossed, 2),
                                               micro_batch, dtype, stage, engine)
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
-    if engine != "megatron" and c.pp > 1:
-        window = 0.0  # the update (and its all-reduce) runs after the pipeline has drained
+    if engine != "megatron" and c.pp > 1 or engine == "trainer" and n_micro > 1:
+        window = 0.0  # the update (and its all-reduce) runs after the last micro-batch, in its own graph
     per_param = state_bytes(engine, dtype, n_micro, param_dtype)
     grad_bytes = params_per_device * per_param["grads"]
     updated, gather = params_per_device, 0.0

@@ -197,9 +197,11 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                                              sharding=sharding)
 
         def run_micro(xs, ys):
-            for j in range(micro - 1):
-                accumulate(xs[j], ys[j])
-            return apply(xs[-1], ys[-1])
+            if accumulate is None:
+                return apply(xs[0], ys[0])
+            for x, y in zip(xs, ys):
+                accumulate(x, y)
+            return apply()
 
         return Engine(network, optimizer, apply.state, dataset, run_micro, micro, sharding=sharding,
                       **underflow)

@@ -6,11 +6,14 @@ all-reduce of the gradients over the dp group (mean), unscale, overflow check, o
 accumulators zeroed. The update equals one step over the concatenated micro-batches (the loss is a
 mean, so the full-batch gradient is the mean of the micro-batch gradients).
 
-Without pipeline stages a step is K calls of :class:`TrainStep`: K−1 *accumulate* calls
-(forward + backward, added into the accumulators, no communication) and one *apply* call that adds
-the last micro-batch the same way and updates; with K = 1 only the apply cell exists and nothing
-is accumulated. Under pipeline stages the stage's forward/backward cells
-(`autotune.train.pipeline`) accumulate, and :class:`ApplyStep` updates.
+Without pipeline stages and with K > 1 a step is K calls of :class:`AccumulateStep` (forward +
+backward, added into the accumulators, no communication) and one of :class:`ApplyStep` (the
+update alone); with K = 1 it is one call of :class:`TrainStep` (forward, backward and update in
+one graph) and nothing is accumulated. Under pipeline stages the stage's forward/backward cells
+(`autotune.train.pipeline`) accumulate, and :class:`ApplyStep` updates. So each step graph that
+holds a forward and backward is compiled once per trial: the update of K > 1 is a graph of its
+own, not a second copy of the forward and backward with the update on top (docs/mindspore-cpu.md,
+"What a new graph costs": that copy was ~2 s of every accumulating trial's compile).
 
 The DP all-reduce is MindSpore's ``nn.DistributedGradReducer``: over the world group under pure
 data parallelism, over the rank's dp group otherwise; either way its all-reduces are bucketed by
@@ -40,6 +43,8 @@ _accumulate = ops.MultitypeFuncGraph("accumulate")
 _add = ops.MultitypeFuncGraph("add")
 _zero = ops.MultitypeFuncGraph("zero")
 _finite = ops.MultitypeFuncGraph("finite")
+_zeros = ops.MultitypeFuncGraph("zeros")
+_hyper_map = ops.HyperMap()
 
 
 @_mul.register("Tensor", "Tensor")
@@ -68,13 +73,19 @@ def _finite_tensor(grad):
     return ops.isfinite(grad).all()
 
 
+@_zeros.register("Tensor")
+def _zeros_tensor(grad):
+    return ops.reduce_sum(ops.cast(ops.equal(grad, 0.0), ms.int64))
+
+
 def zero_counts(grads):
     """int64 vector: how many elements of each gradient are exactly zero (``-0.0`` too). The
     numerator of the underflow bound (`autotune.train.probe`); read-only, so the step's numerics
-    are untouched. ``count_nonzero``, one kernel per gradient: measured on the quickstart's 1.8 MB
-    of gradients, 0.2–0.8 ms a step, where equal + cast + sum took 2–10 ms (docs/mindspore-cpu.md,
-    "The underflow probe and its bound")."""
-    return ops.stack([grad.size - ops.count_nonzero(grad) for grad in grads])
+    are untouched. One HyperMap of equal + cast + sum: at run time 0.2–0.8 ms a step on the
+    quickstart's 1.8 MB of gradients, and at compile time ~0.1 s where a list of
+    ``ops.count_nonzero`` calls took ~1 s of every step graph's compile (docs/mindspore-cpu.md,
+    "The underflow probe and its bound", "What a new graph costs")."""
+    return ops.stack(_hyper_map(_zeros, grads))
 
 
 def _keeps_float32(cell) -> bool:
@@ -213,48 +224,53 @@ class _Update(nn.Cell):
 
 
 class TrainStep(_Update):
-    """One micro-step without pipeline stages; ``apply`` selects the accumulate-only or the apply
-    variant (see the module doc).
-
-    Accumulate returns the micro-batch loss; apply returns ``(loss, overflow, loss_scale)``: the
-    global-batch mean loss, whether the update was skipped, and the scale this step used — and,
-    when the state counts zeros, the step's :func:`zero_counts` summed over its micro-batches.
+    """One optimizer step on one batch, without pipeline stages or accumulation: returns
+    ``(loss, overflow, loss_scale)``: the batch's mean loss, whether the update was skipped, and
+    the scale this step used — and, when the state counts zeros, the step's :func:`zero_counts`.
     """
 
-    def __init__(self, net_with_loss, optimizer, state, *, accum_steps, apply, scaling, parallel, weights=None,
-                 sharding=None):
-        super().__init__(optimizer, state, accum_steps=accum_steps, scaling=scaling, parallel=parallel,
+    def __init__(self, net_with_loss, optimizer, state, *, scaling, parallel, weights=None, sharding=None):
+        super().__init__(optimizer, state, accum_steps=1, scaling=scaling, parallel=parallel,
                          weights=weights, sharding=sharding)
         self.network = net_with_loss
         self.network.set_grad()
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.apply = apply
 
     def construct(self, inputs, labels):
         scale = self.state.scale + 0.0  # a copy: the value this step uses, before any update
         loss = self.network(inputs, labels)
         grads = self.grad(self.network, self.weights)(inputs, labels, ops.ones_like(loss) * scale)
-        counting = self.state.count_zeros
-        zeros = zero_counts(grads) if counting else None
-        if self.accum_steps > 1:
-            grads = self.hyper_map(ops.partial(_mul, self.inv_k), grads)
-            loss = loss * self.inv_k
-            if not self.apply:
-                grads = self.hyper_map(_accumulate, self.state.accum, grads)
-                done = ops.depend(ops.assign_add(self.state.loss_sum, loss), grads)
-                return ops.depend(done, ops.assign_add(self.state.zeros, zeros)) if counting else done
-            # fresh sums, not assign_add: its result aliases the accumulator zeroed below
-            grads = self.hyper_map(_add, self.state.accum, grads)
-            loss = loss + self.state.loss_sum
-            zeros = zeros + self.state.zeros if counting else None
+        zeros = zero_counts(grads) if self.state.count_zeros else None
         loss, overflow = self.update(grads, loss, scale)
-        return (loss, overflow, scale, zeros) if counting else (loss, overflow, scale)
+        return (loss, overflow, scale, zeros) if self.state.count_zeros else (loss, overflow, scale)
+
+
+class AccumulateStep(nn.Cell):
+    """Forward and backward of one of a step's K micro-batches: adds ``grad/K`` into the
+    accumulators and ``loss/K`` into the loss sum (and the zero counts into the state's); no
+    communication, no update. Returns the loss sum so far."""
+
+    def __init__(self, net_with_loss, weights, state, accum_steps):
+        super().__init__(auto_prefix=False)
+        self.network, self.weights, self.state = net_with_loss, weights, state
+        self.network.set_grad()
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.hyper_map = ops.HyperMap()
+        self.inv_k = ms.Tensor(1.0 / accum_steps, ms.float32)
+
+    def construct(self, inputs, labels):
+        loss = self.network(inputs, labels)
+        grads = self.grad(self.network, self.weights)(inputs, labels, ops.ones_like(loss) * self.state.scale)
+        counted = ops.assign_add(self.state.zeros, zero_counts(grads)) if self.state.count_zeros else loss
+        grads = self.hyper_map(_accumulate, self.state.accum, self.hyper_map(ops.partial(_mul, self.inv_k), grads))
+        done = ops.depend(ops.assign_add(self.state.loss_sum, loss * self.inv_k), grads)
+        return ops.depend(done, counted)
 
 
 class ApplyStep(_Update):
-    """The update after a pipeline step's micro-batches were accumulated: returns
-    ``(loss, overflow, loss_scale)`` (and the zero counts) as the apply variant of
-    :class:`TrainStep` does."""
+    """The update once a step's micro-batches were accumulated (:class:`AccumulateStep`, or a
+    pipeline stage's backward cells): returns ``(loss, overflow, loss_scale)`` (and the zero
+    counts) as :class:`TrainStep` does."""
 
     def construct(self):
         scale = self.state.scale + 0.0
@@ -269,11 +285,13 @@ class ApplyStep(_Update):
 def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale, scale_window=SCALE_WINDOW,
                 jit_level=None, parallel: Parallelism | None = None, weights=None, sharding=None):
     """``(accumulate_cell or None, apply_cell)`` for ``network`` trained by ``optimizer`` without
-    pipeline stages.
+    pipeline stages: with K = ``accum_steps`` > 1 a step is K calls of the :class:`AccumulateStep`
+    (one per micro-batch) and one of the :class:`ApplyStep` (no inputs); with K = 1 one call of
+    the :class:`TrainStep` (``accumulate_cell`` None).
 
     ``scaling`` turns dynamic loss scaling on (float16 compute), starting at ``loss_scale``, and
     the zero counts of the underflow bound with it.
-    ``jit_level`` (O0/O1/O2) is set on both cells when given (GRAPH_MODE only). ``sharding``
+    ``jit_level`` (O0/O1/O2) is set on the cells when given (GRAPH_MODE only). ``sharding``
     (`autotune.train.sharding`): the optimizer updates shards of ``weights`` (the network's
     trainable parameters in the optimizer's order; default: the optimizer's own parameters).
     """
@@ -281,9 +299,12 @@ def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale
     net_with_loss = NetWithLoss(network, loss_fn)
     weights = optimizer.parameters if weights is None else weights
     state = TrainState(weights, accum_steps, loss_scale if scaling else 1.0, scale_window, count_zeros=scaling)
-    cells = [TrainStep(net_with_loss, optimizer, state, accum_steps=accum_steps, apply=apply, scaling=scaling,
-                       parallel=parallel, weights=weights, sharding=sharding)
-             for apply in ((False, True) if accum_steps > 1 else (True,))]
+    update = dict(scaling=scaling, parallel=parallel, weights=weights, sharding=sharding)
+    if accum_steps > 1:
+        cells = [AccumulateStep(net_with_loss, weights, state, accum_steps),
+                 ApplyStep(optimizer, state, accum_steps=accum_steps, **update)]
+    else:
+        cells = [TrainStep(net_with_loss, optimizer, state, **update)]
     for cell in cells:
         cell.set_train()
         if jit_level:
