@@ -6,7 +6,7 @@ program's own calls (`autotune.train.program.run_trial` in one session), freed b
 a warm worker frees them (`autotune.train.serve.release`), against one trial in a fresh
 process. Prints per trial: the resident set before it, its raw peak (VmHWM after the reset the
 trial makes once its network is built), the resident set once released, and the peak less what
-earlier trials left (``leftover_mb``, what a warm worker reports).
+earlier trials left (``leftover_mb``, what a warm worker reports), and how long the release took.
 
     python benchmarks/warm_memory.py [--trials 5]
 """
@@ -47,10 +47,12 @@ def trials(count: int, folder: Path) -> list[dict]:
         leftover = max(0.0, before - settled) if settled is not None else 0.0
         program.run_trial(config, session, time.time())
         raw = json.loads((out / "metrics.rank0.json").read_text())["peak_memory_mb"]
+        released_at = time.perf_counter()
         release(session.ms)
+        release_ms = (time.perf_counter() - released_at) * 1000
         settled = resident_mb() if settled is None else settled
         rows.append({"before": before, "raw_peak": raw, "released": resident_mb(),
-                     "peak": raw - leftover})
+                     "peak": raw - leftover, "release_ms": release_ms})
     return rows
 
 
@@ -71,10 +73,10 @@ def main() -> None:
     print(f"\nquickstart model, one process (MB); a fresh process's trial peaks at "
           f"{fresh['raw_peak']:.0f}\n")
     print(f"{'trial':>5} | {'before':>6} | {'raw peak':>8} | {'released':>8} | "
-          f"{'peak less leftover':>18} | vs fresh")
+          f"{'peak less leftover':>18} | vs fresh | release ms")
     for k, r in enumerate(warm):
         print(f"{k:>5} | {r['before']:6.0f} | {r['raw_peak']:8.0f} | {r['released']:8.0f} | "
-              f"{r['peak']:18.0f} | {r['peak'] / fresh['raw_peak'] - 1:+.1%}")
+              f"{r['peak']:18.0f} | {r['peak'] / fresh['raw_peak'] - 1:>+8.1%} | {r['release_ms']:10.0f}")
 
 
 if __name__ == "__main__":
