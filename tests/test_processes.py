@@ -237,14 +237,14 @@ def test_sigkill_of_the_driver_leaves_no_process_and_resume_reruns_its_trial(tmp
 
 @pytest.mark.slow
 def test_a_lost_ray_cluster_stops_the_study_with_nothing_lost(tmp_path):
-    """The driver's local raylet dies during trial 0. A warm pool's Ray actor may finish the
-    trials it was given (its results come back over the actor's own connection, measured: up
-    to two 12-step trials, all three once trials got faster — so the trials here take 40
-    steps, and there are six), but once it dies the trial it held is the infrastructure's error, not remembered
-    as its candidate's; nothing more can run: its retry is recorded as interrupted and queued
-    again, and the study stops at once (exit 1, saying how to resume) — rather than burning
-    every remaining candidate as an error against a dead cluster (measured before: 8 trials
-    and their retries, 14 errors, in 91 s)."""
+    """The driver's local raylet dies during trial 0. A warm pool's Ray actor may finish the trials
+    it was given (its results come back over the actor's own connection, measured: up to two 12-step
+    trials, all three once trials got faster — so the trials here take 40 steps, and there are six),
+    but once it dies the trial it held is the infrastructure's error, not remembered as its
+    candidate's; nothing more can run: its retry is recorded as interrupted and queued again, and
+    the study stops at once (exit 1, saying how to resume) — rather than burning every remaining
+    candidate as an error against a dead cluster (measured before: 8 trials and their retries, 14
+    errors, in 91 s)."""
     import optuna
 
     study = f"lost-{os.getpid()}"

@@ -210,7 +210,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel,
                                      weights=weights, sharding=sharding)}
     if p.last:
-        cells["last"] = pipeline.LastStageStep(step.NetWithLoss(network, loss_fn), weights, state, micro)
+        cells["last"] = step.AccumulateStep(step.NetWithLoss(network, loss_fn), weights, state, micro,
+                                            input_grad=True)
     else:
         cells["forward"] = pipeline.StageForward(network, COMPUTE[dtype])
         cells["backward"] = pipeline.StageBackward(pipeline.StageForward(network, COMPUTE[dtype]), weights,

@@ -15,8 +15,8 @@ Cells (compiled graphs, one set per stage):
   micro-batch again, as one graph. MindSpore compiles a backward together with its forward, so a
   non-last stage computes each forward twice; in exchange it keeps only the stage *input* of an
   in-flight micro-batch, not its activations (the cost model prices both).
-- the last stage runs :class:`LastStageStep`: forward, loss and backward of a micro-batch at
-  once, returning the gradient for the previous stage.
+- the last stage runs `autotune.train.step.AccumulateStep` (``input_grad``): forward, loss and
+  backward of a micro-batch at once, returning the gradient for the previous stage.
 
 Both backward cells add ``grad/m`` into the step's accumulators (and, under float16, each
 gradient's count of exact zeros into the state's ``zeros``: `autotune.train.step.zero_counts`),
@@ -93,30 +93,6 @@ class StageBackward(nn.Cell):
         if self.state.count_zeros:
             accumulated = ops.depend(accumulated, ops.assign_add(self.state.zeros, zero_counts(params)))
         return ops.depend(dx, accumulated)
-
-
-class LastStageStep(nn.Cell):
-    """Forward, loss and backward of the last stage for one micro-batch (loss × scale as the
-    sensitivity); adds ``grad/m`` and ``loss/m`` into the accumulators, returns the input's
-    gradient (a zero scalar when the last stage is also the first, i.e. never under pp > 1)."""
-
-    def __init__(self, net_with_loss, weights, state, micro: int):
-        super().__init__(auto_prefix=False)
-        self.network, self.weights, self.state = net_with_loss, weights, state
-        self.network.set_grad()
-        self.grad = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)
-        self.hyper_map = ops.HyperMap()
-        self.inv_m = ms.Tensor(1.0 / micro, ms.float32)
-
-    def construct(self, x, labels):
-        loss = self.network(x, labels)
-        grads = self.grad(self.network, self.weights)(x, labels, ops.ones_like(loss) * self.state.scale)
-        params = self.hyper_map(ops.partial(_mul, self.inv_m), grads[1])
-        accumulated = self.hyper_map(_accumulate, self.state.accum, params)
-        accumulated = ops.depend(accumulated, ops.assign_add(self.state.loss_sum, loss * self.inv_m))
-        if self.state.count_zeros:
-            accumulated = ops.depend(accumulated, ops.assign_add(self.state.zeros, zero_counts(grads[1])))
-        return ops.depend(grads[0][0], accumulated)
 
 
 class PipelineStage:

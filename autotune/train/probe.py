@@ -62,9 +62,9 @@ Cost: two forward + backward passes of each micro-batch of one shard, two or (no
 stages) four more compiled graphs, and one float16 gradient set plus a byte per parameter
 element for the masks while it runs — on the quickstart's trials 1.4–1.9× their 25 measured
 steps (docs/mindspore-cpu.md, "The underflow probe and its bound"), which is why the bound
-decides first. The bound costs a zero count per gradient in every float16 step (one HyperMap:
-under 1 ms of a ~90 ms quickstart step, ~0.1 s of its graph's compile) and, after the last one, host arithmetic and one eager
-all-reduce: 0.01–0.04 s, under 0.5 % of the measured steps.
+decides first. The bound costs a zero count per gradient in every float16 step (one HyperMap: under
+1 ms of a ~90 ms quickstart step, ~0.1 s of its graph's compile) and, after the last one, host
+arithmetic and one eager all-reduce: 0.01–0.04 s, under 0.5 % of the measured steps.
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ from autotune.spec.knobs import SCALE_WINDOW
 
 _mul = ops.MultitypeFuncGraph("mul")
 _accumulate = ops.MultitypeFuncGraph("accumulate")
-_add = ops.MultitypeFuncGraph("add")
 _zero = ops.MultitypeFuncGraph("zero")
 _finite = ops.MultitypeFuncGraph("finite")
 _zeros = ops.MultitypeFuncGraph("zeros")
@@ -56,11 +55,6 @@ def _mul_tensor(factor, grad):
 @_accumulate.register("Tensor", "Tensor")
 def _accumulate_tensor(acc, grad):
     return ops.assign_add(acc, ops.cast(grad, acc.dtype))
-
-
-@_add.register("Tensor", "Tensor")
-def _add_tensor(acc, grad):
-    return acc + grad
 
 
 @_zero.register("Tensor")
@@ -176,7 +170,6 @@ class _Update(nn.Cell):
         self.state = state
         self.hyper_map = ops.HyperMap()
         self.accum_steps, self.scaling = accum_steps, scaling
-        self.inv_k = ms.Tensor(1.0 / accum_steps, ms.float32)
         self.reducer = None
         self.loss_rides = not parallel.agree
         if parallel.dp > 1:
@@ -248,23 +241,27 @@ class TrainStep(_Update):
 class AccumulateStep(nn.Cell):
     """Forward and backward of one of a step's K micro-batches: adds ``grad/K`` into the
     accumulators and ``loss/K`` into the loss sum (and the zero counts into the state's); no
-    communication, no update. Returns the loss sum so far."""
+    communication, no update. Returns the loss sum so far — or, with ``input_grad`` (a pipeline's
+    last stage, `autotune.train.pipeline`), the gradient of the input, for the previous stage."""
 
-    def __init__(self, net_with_loss, weights, state, accum_steps):
+    def __init__(self, net_with_loss, weights, state, accum_steps, input_grad=False):
         super().__init__(auto_prefix=False)
         self.network, self.weights, self.state = net_with_loss, weights, state
         self.network.set_grad()
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.input_grad = input_grad
+        self.grad = ops.GradOperation(get_all=input_grad, get_by_list=True, sens_param=True)
         self.hyper_map = ops.HyperMap()
         self.inv_k = ms.Tensor(1.0 / accum_steps, ms.float32)
 
     def construct(self, inputs, labels):
         loss = self.network(inputs, labels)
         grads = self.grad(self.network, self.weights)(inputs, labels, ops.ones_like(loss) * self.state.scale)
-        counted = ops.assign_add(self.state.zeros, zero_counts(grads)) if self.state.count_zeros else loss
-        grads = self.hyper_map(_accumulate, self.state.accum, self.hyper_map(ops.partial(_mul, self.inv_k), grads))
-        done = ops.depend(ops.assign_add(self.state.loss_sum, loss * self.inv_k), grads)
-        return ops.depend(done, counted)
+        params = grads[1] if self.input_grad else grads
+        counted = ops.assign_add(self.state.zeros, zero_counts(params)) if self.state.count_zeros else loss
+        scaled = self.hyper_map(ops.partial(_mul, self.inv_k), params)
+        params = self.hyper_map(_accumulate, self.state.accum, scaled)
+        done = ops.depend(ops.depend(ops.assign_add(self.state.loss_sum, loss * self.inv_k), params), counted)
+        return ops.depend(grads[0][0], done) if self.input_grad else done
 
 
 class ApplyStep(_Update):
