@@ -9,6 +9,7 @@ import pytest
 from autotune.analysis import trial_time
 from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import METRICS, TIME_PARTS
+from autotune.spec.knobs import KNOBS
 from autotune.train.compile_cache import graph_key
 
 
@@ -64,6 +65,7 @@ def changed(path, value):
 @pytest.mark.parametrize("path,value", [
     ("study", "other"), ("trial_number", 9), ("out_dir", "/y"), ("seed", 7),
     ("compile_cache", "/z"), ("knobs.loss_scale", 65536), ("knobs.warmup_steps", 400),
+    ("knobs.fusion_mb", 4),
     ("train.learning_rate", 1e-4), ("train.total_steps", 5000), ("trial.steps", 10),
     ("trial.measure_after", 2), ("train.save_every", 7)])
 def test_what_no_graph_holds_keeps_the_graph_key(path, value):
@@ -71,9 +73,31 @@ def test_what_no_graph_holds_keeps_the_graph_key(path, value):
 
 
 @pytest.mark.parametrize("path,value", [
-    ("knobs.recompute", "full"), ("knobs.fusion_mb", 4), ("knobs.grad_accum", 2),
+    ("knobs.recompute", "full"), ("knobs.grad_accum", 2),
     ("knobs.jit_level", "O0"), ("knobs.parallel_optimizer", True), ("knobs.dp", 1),
     ("model.dtype", "float32"), ("model.hidden_size", 64), ("backend", "gpu"),
     ("train.global_batch_size", 16), ("knobs.micro_batches", 2)])
 def test_what_changes_a_graph_changes_its_key(path, value):
     assert changed(path, value) != graph_key(BASE)
+
+
+def update_free(config):
+    return graph_key(config, update_free=True)
+
+
+def test_a_graph_without_the_update_has_one_key_for_every_parallel_optimizer_setting():
+    """The parallel optimizer acts in the update only (Knob.graphs "update"): graphs without it
+    share a key over its values; everything else that changes a graph still changes that key,
+    and it is never a whole trial's key."""
+    base = update_free(BASE)
+    config = copy.deepcopy(BASE)
+    config["knobs"]["parallel_optimizer"] = True
+    assert update_free(config) == base and graph_key(config) != graph_key(BASE)
+    for path, value in (("knobs.recompute", "full"), ("knobs.grad_accum", 2), ("knobs.dp", 1),
+                        ("model.dtype", "float32"), ("knobs.jit_level", "O0")):
+        config = copy.deepcopy(BASE)
+        section, field = path.split(".")
+        config[section][field] = value
+        assert update_free(config) != base, path
+    assert base != graph_key(BASE)
+    assert {knob.graphs for knob in KNOBS.values()} <= {"all", "update", "none"}

@@ -130,13 +130,17 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     """Confirm-phase shape: the same candidate again, in warm workers and in a fresh process;
     recompute none and full are two graphs, warmups A and B one (the schedule's numbers are
     Parameters); a trial that probes compiles the probe's two graphs after the step's, and
-    loads all three, in order, when it runs again; MindSpore's own line says it loaded."""
+    loads all three, in order, when it runs again; an accumulating trial of another fusion and
+    the parallel optimizer loads the accumulate graph (no part of the update) and compiles its
+    update; MindSpore's own line says it loaded."""
     monkeypatch.setenv("GLOG_v", "2")  # MindSpore's WARNING line for a cache load
     cache = tmp_path / "cache"
     full = replace(DP2, recompute="full")
     warmup = replace(DP2, warmup_steps=1000)  # 4 of the trial's 8 steps
+    accum = replace(DP2, grad_accum=2)
+    accum_other = replace(accum, fusion_mb=1, parallel_optimizer=True)
     uncached = {}
-    for name, candidate in (("none", DP2), ("full", full), ("warmup", warmup)):
+    for name, candidate in (("none", DP2), ("full", full), ("warmup", warmup), ("accum-other", accum_other)):
         folder = tmp_path / f"uncached-{name}"
         result = run_trial(_config(folder, candidate), folder, 300, None, 2)
         uncached[name] = result.metrics["loss_last"]
@@ -145,7 +149,7 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
         runs = {}
         for name, candidate in (("none", DP2), ("full", full), ("none-again", DP2),
                                 ("full-again", full), ("warmup", warmup), ("probed", DP2),
-                                ("probed-again", DP2)):
+                                ("probed-again", DP2), ("accum", accum), ("accum-other", accum_other)):
             folder = tmp_path / name
             probe = {"underflow_probe": "always"} if name.startswith("probed") else {}
             runs[name] = pool.run(_config(folder, candidate, cache, **probe), folder, 300, None)
@@ -160,6 +164,9 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     assert _hits(tmp_path / "probed-again") == [("3", "3")]
     assert [runs[n].metrics["underflow_probed"] for n in ("none", "probed", "probed-again")] == [False, True, True]
     assert runs["probed-again"].metrics["underflow_share"] == runs["probed"].metrics["underflow_share"]
+    assert _hits(tmp_path / "accum") == [("0", "2")]
+    assert _hits(tmp_path / "accum-other") == [("1", "2")]  # the accumulate graph, not the update
+    assert runs["accum-other"].metrics["loss_last"] == pytest.approx(uncached["accum-other"], rel=1e-6)
     assert runs["warmup"].metrics["loss_last"] == pytest.approx(uncached["warmup"], rel=1e-6)
     assert uncached["warmup"] != pytest.approx(uncached["none"], rel=1e-5)  # B is not A
     log = (tmp_path / "none-again" / "logs" / "worker_0.log").read_text()
@@ -176,4 +183,32 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     assert fresh.metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
     assert runs["none-again"].metrics["first_step_s"] < runs["none"].metrics["first_step_s"]
     stored = json.dumps(sorted(str(p.relative_to(cache)) for p in (cache / "graphs").rglob("*.mindir")))
-    assert stored.count("rank_0") == 5  # one compile for each of two graphs, three for the probed, per rank
+    # per rank: one compile for each of two graphs, three for the probed, two for the accumulating
+    # one and one (its update) for the other accumulating one
+    assert stored.count("rank_0") == 8
+
+
+def _allreduces(ir_dir: Path) -> int:
+    """AllReduce nodes of rank 0's step graph as MindSpore's backend built it (graph_build IR)."""
+    (step_graph, *_) = sorted((ir_dir / "rank_0").glob("graph_build_0_*.ir"))
+    return len(re.findall(r"AllReduce\(", step_graph.read_text()))
+
+
+def test_a_graph_loaded_under_another_fusion_threshold_buckets_by_its_own(tmp_path, monkeypatch):
+    """The fusion threshold is no part of a cached graph (Knob.graphs "none"): MindSpore's
+    backend buckets the all-reduces after a load, so a fusion-1 trial loading the graph a
+    fusion-64 trial stored runs fusion 1's buckets, and its losses."""
+    monkeypatch.setenv("MS_DEV_SAVE_GRAPHS", "1")
+    monkeypatch.setenv("MS_DEV_DUMP_IR_PASSES", "graph_build")
+    cache, fusion_1 = tmp_path / "cache", replace(DP2, fusion_mb=1)
+    runs, buckets = {}, {}
+    for name, candidate, cached in (("uncached-1", fusion_1, None), ("store-64", DP2, cache),
+                                    ("load-as-1", fusion_1, cache)):
+        folder = tmp_path / name
+        monkeypatch.setenv("MS_DEV_SAVE_GRAPHS_PATH", str(tmp_path / f"ir-{name}"))
+        runs[name] = run_trial(_config(folder, candidate, cached), folder, 300, None, 2)
+        assert runs[name].outcome == "ok", runs[name].detail
+        buckets[name] = _allreduces(tmp_path / f"ir-{name}")
+    assert _hits(tmp_path / "store-64") == [("0", "1")] and _hits(tmp_path / "load-as-1") == [("1", "1")]
+    assert buckets["load-as-1"] == buckets["uncached-1"] > buckets["store-64"]
+    assert runs["load-as-1"].metrics["loss_last"] == pytest.approx(runs["uncached-1"].metrics["loss_last"], rel=1e-6)

@@ -41,6 +41,13 @@ class Knob:
     # and neither its fingerprint nor its trials name it (`autotune.study.opening`,
     # `autotune.storage.schema.knobs_of`).
     added_later: bool = False
+    # Which compiled graphs of a trial hold the knob's value (`autotune.train.compile_cache`
+    # reuses a graph across the values of a knob it does not hold): "all"; "update", the
+    # optimizer update's only (a forward and backward that accumulates, a pipeline stage's
+    # cells are the same graph for every value); "none", no graph MindSpore caches (a
+    # Parameter's value, or applied by MindSpore's backend after a cached graph loads).
+    # docs/mindspore-cpu.md, "Compile cache", has the measurements.
+    graphs: str = "all"
 
 
 _NUMERICS = "the cost model cannot tell its values apart (they change numerics, not work)"
@@ -65,18 +72,18 @@ KNOBS: dict[str, Knob] = {
              "parallel_config.micro_batch_num", default=1),
         Knob("fusion_mb", int, "AllReduce fusion bucket threshold in MB",
              'set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})',
-             "parallel.comm_fusion", default=64),
+             "parallel.comm_fusion", default=64, graphs="none"),
         Knob("grad_accum", int, "gradient accumulation steps (used when pp == 1)",
              "accumulate grads/K over K micro-steps, one AllReduce and one update per step",
              "runner_config.gradient_accumulation_steps", default=1),
         Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
              "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
              "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False,
-             unestimated_because=_NUMERICS),
+             unestimated_because=_NUMERICS, graphs="none"),
         Knob("warmup_steps", int, "linear warmup steps before cosine decay",
              "LearningRateSchedule: linear warmup then cosine over train.total_steps",
              "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False,
-             unestimated_because=_NUMERICS),
+             unestimated_because=_NUMERICS, graphs="none"),
         Knob("jit_level", str, "graph compile level, or PyNative execution",
              "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
              "or set_context(mode=PYNATIVE_MODE)",
@@ -94,7 +101,7 @@ KNOBS: dict[str, Knob] = {
              "shard of every parameter over 64 KB and gathers the shards back with explicit "
              "collectives (docs/parallel.md)",
              "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)", default=False,
-             added_later=True),
+             added_later=True, graphs="update"),
     )
 }
 

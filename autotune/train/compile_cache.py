@@ -17,9 +17,16 @@ So MindSpore's folder is used here as a slot, never as a store:
   points (``_CellGraphExecutor.compile``, ``_JitExecutor.compile``) to count the graphs compiled:
   the count is MindSpore's ``i``. The slot of the next graph always holds a *placeholder*, a
   file that is no graph: a graph with nothing stored is a miss, never the end of loading.
-- :meth:`GraphCache.trial` names the graph key of the trial about to build its graphs: a hash of
+- :meth:`GraphCache.trial` names the graph keys of the trial about to build its graphs: a hash of
   everything in the trial's config that can change a graph (:func:`graph_key`: the config less
-  the fields no graph holds), MindSpore's version and the source of the trial program. The n-th
+  the fields no graph holds), MindSpore's version and the source of the trial program; and its
+  *update-free* key, the same less the knobs that act in the optimizer update only
+  (`autotune.spec.knobs.Knob.graphs` "update": the parallel optimizer), for the cells whose class
+  says ``update_free = True`` (a forward and backward that accumulates, a pipeline stage's cells):
+  trials that differ only in those knobs share these graphs and compile only their update. Which
+  knobs no graph holds, or only the update, is measured (docs/mindspore-cpu.md, "Compile cache":
+  such a graph stored under other values is the same MindIR but for MindSpore's node counters,
+  and the fusion threshold buckets the all-reduces in MindSpore's backend, after a load). The n-th
   graph a trial compiles is stored under (key, n, signature): the signature is the compiled
   cell's class, its parameters (names, shapes, dtypes) and its inputs (shapes, dtypes). Just
   before a cell's first compile, the matching entry (if any) is *copied* over the placeholder;
@@ -51,31 +58,41 @@ from pathlib import Path
 
 import autotune.train as train_package
 from autotune.files import staged_folder
+from autotune.spec.knobs import KNOBS
 
 # Fields of a trial config that no compiled graph holds: where it writes, who it is, the
 # weights' seed (weights are bound by name when a cached graph loads), the steps excluded from
-# timing, when the trial may stop measuring, the initial loss scale and the learning-rate
-# schedule's numbers (Parameters' values: `autotune.train.schedule`), the trial's and the run's
-# lengths (only the schedule reads them) and the checkpoint interval.
+# timing, when the trial may stop measuring, the learning-rate schedule's numbers (Parameters'
+# values: `autotune.train.schedule`), the trial's and the run's lengths (only the schedule reads
+# them), the checkpoint interval, and the knobs no graph holds (`Knob.graphs` "none": the initial
+# loss scale, the warmup, the fusion threshold).
 NEUTRAL = {"study", "trial_number", "out_dir", "seed", "compile_cache", "model_dir",
            ("trial", "measure_after"), ("trial", "steps"), ("trial", "precision"),
-           ("trial", "min_steps"), ("knobs", "loss_scale"), ("knobs", "warmup_steps"),
-           ("train", "learning_rate"), ("train", "total_steps"), ("train", "save_every")}
+           ("trial", "min_steps"), ("train", "learning_rate"), ("train", "total_steps"),
+           ("train", "save_every")} | {("knobs", name) for name, knob in KNOBS.items() if knob.graphs == "none"}
 SAY = "autotune.train compile cache:"
 _SLOT = re.compile(r"^(?P<head>.*?)_(?P<index>\d+)(?P<tail>(\..*)?)$")
 
 
-def graph_key(cfg: dict) -> str:
-    """The hash of everything in ``cfg`` that can change a compiled graph (see the module doc)."""
+# The knobs a graph without the optimizer update does not hold (`Knob.graphs` "update").
+UPDATE_ONLY = {("knobs", name) for name, knob in KNOBS.items() if knob.graphs == "update"}
+
+
+def graph_key(cfg: dict, update_free: bool = False) -> str:
+    """The hash of everything in ``cfg`` that can change a compiled graph (see the module doc);
+    ``update_free``: of a graph that holds no part of the optimizer update."""
     import mindspore as ms
 
+    neutral = NEUTRAL | UPDATE_ONLY if update_free else NEUTRAL
     kept = {}
     for section, value in cfg.items():
-        if section in NEUTRAL:
+        if section in neutral:
             continue
         if isinstance(value, dict):
-            value = {k: v for k, v in value.items() if (section, k) not in NEUTRAL}
+            value = {k: v for k, v in value.items() if (section, k) not in neutral}
         kept[section] = value
+    if update_free:
+        kept["update_free"] = True  # never the key of a whole trial's graphs
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode())
     digest.update(ms.__version__.encode())
     here = os.path.dirname(os.path.abspath(train_package.__file__))  # autotune/train
@@ -129,13 +146,17 @@ class GraphCache:
         self.slot_dir = os.path.join(self.slot_root, f"rank_{rank}", "graph_cache")
         self.compiled = 0       # graphs this process compiled: MindSpore's slot index
         self.key = None         # the trial's graph key; None: store and load nothing
+        self.update_free_key = None  # the key of its graphs without the update
         self.ordinal = 0        # graphs the trial compiled so far
         self.broken = False
         self.hits = self.stores = 0
 
-    def trial(self, key: str | None) -> None:
-        """The next graphs are a trial's of graph ``key`` (None: no reuse for this trial)."""
-        self.key, self.ordinal, self.hits, self.stores = key, 0, 0, 0
+    def trial(self, cfg: dict | None) -> None:
+        """The next graphs are those of the trial of config ``cfg`` (None: no reuse for this
+        trial)."""
+        self.key = None if cfg is None else graph_key(cfg)
+        self.update_free_key = None if cfg is None else graph_key(cfg, update_free=True)
+        self.ordinal, self.hits, self.stores = 0, 0, 0
 
     def _slot(self, index: int) -> str:
         return os.path.join(self.slot_dir, f"{self.role}compile_cache_{index}.mindir")
@@ -158,7 +179,8 @@ class GraphCache:
         put there (empty: the placeholder is there)."""
         if self.key is None or self.broken:
             return None, {}
-        entry = os.path.join(self.root, "graphs", self.key, f"rank_{self.rank}",
+        key = self.update_free_key if getattr(obj, "update_free", False) else self.key
+        entry = os.path.join(self.root, "graphs", key, f"rank_{self.rank}",
                              f"{self.ordinal}-{_signature(obj, args)}")
         placed = {}
         if os.path.isdir(entry):

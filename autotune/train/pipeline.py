@@ -60,6 +60,8 @@ def schedule(stage: int, stages: int, micro: int) -> list[tuple]:
 class StageForward(nn.Cell):
     """The stage's network, its output cast to the compute dtype (what crosses the link)."""
 
+    update_free = True  # no part of the update (`autotune.train.compile_cache`)
+
     def __init__(self, network, dtype):
         super().__init__(auto_prefix=False)
         self.network, self.dtype = network, dtype
@@ -72,6 +74,8 @@ class StageBackward(nn.Cell):
     """Forward and backward of a non-last stage for one micro-batch given the gradient of its
     output; adds ``grad/m`` into the accumulators and returns the input's gradient (the first
     stage's input is token ids: it returns a zero scalar instead)."""
+
+    update_free = True  # no part of the update (`autotune.train.compile_cache`)
 
     def __init__(self, forward: StageForward, weights, state, micro: int, first: bool):
         super().__init__(auto_prefix=False)

@@ -109,6 +109,8 @@ class _Pass(nn.Cell):
     (a zero scalar on the first stage, whose inputs are ids) and the parameters' gradients.
     """
 
+    update_free = True  # no part of the update (`autotune.train.compile_cache`)
+
     def __init__(self, network, loss_fn, weights, *, first: bool, last: bool, dtype):
         super().__init__(auto_prefix=False)
         self.forward = NetWithLoss(network, loss_fn) if last else StageForward(network, dtype)

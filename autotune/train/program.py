@@ -222,12 +222,12 @@ def open_trial_session(cfg: dict) -> Session:
     return session
 
 
-def _graph_key(cfg: dict, session: Session) -> str | None:
-    """The trial's graph key for the compile cache, None where no graph may be reused: no
-    cache, a model.entry network (its source is not in the key), PyNative (nothing compiled)."""
-    if session.cache is None or cfg["model"].get("entry") or cfg["knobs"]["jit_level"] == "pynative":
+def _reusable(cfg: dict) -> dict | None:
+    """``cfg`` where its graphs may be reused, None where not: a model.entry network (its source
+    is not in the graph key), PyNative (nothing compiled)."""
+    if cfg["model"].get("entry") or cfg["knobs"]["jit_level"] == "pynative":
         return None
-    return compile_cache.graph_key(cfg)
+    return cfg
 
 
 def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 0.0) -> dict:
@@ -248,7 +248,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     print(f"{CANDIDATE_STARTED}: rank {placement.rank} of {placement.world}", file=sys.stderr,
           flush=True)
     if session.cache is not None:
-        session.cache.trial(_graph_key(cfg, session))
+        session.cache.trial(_reusable(cfg))
     engine = build_engine(cfg, placement, SCALE_WINDOW)
     tensors, folder, save_every, first_step = _checkpoints(cfg, engine, placement, ms)
     train, trial, rank, dp = cfg["train"], cfg["trial"], placement.rank, placement.dp

@@ -244,6 +244,8 @@ class AccumulateStep(nn.Cell):
     communication, no update. Returns the loss sum so far — or, with ``input_grad`` (a pipeline's
     last stage, `autotune.train.pipeline`), the gradient of the input, for the previous stage."""
 
+    update_free = True  # no part of the update: one graph for all fusion and sharding values
+
     def __init__(self, net_with_loss, weights, state, accum_steps, input_grad=False):
         super().__init__(auto_prefix=False)
         self.network, self.weights, self.state = net_with_loss, weights, state
