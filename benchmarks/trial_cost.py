@@ -1,5 +1,5 @@
-"""What a trial costs beside what it measures: the quickstart's dp2, tp2 and pp2 trials with each
-lever off and on, side by side.
+"""What a trial costs beside what it measures: the quickstart's dp2, tp2 and pp2 trials (and dp2
+at another fusion threshold) with each lever off and on, side by side.
 
 Levers (each a column group of the table, the rounds interleaved so machine noise hits all):
 
@@ -7,7 +7,9 @@ Levers (each a column group of the table, the rounds interleaved so machine nois
 - warm:         the trials one after another in workers that stay up (autotune.execution.warm;
                 one pool for the whole run, as a study keeps it: its first trial pays the start);
 - warm+cache:   the same with the graph-keyed compile cache (autotune.train.compile_cache); the
-                first round fills it, later rounds load it (what a confirm re-run sees).
+                first round fills it, later rounds load it (what a confirm re-run sees); the
+                dp2 trial at fusion 1 loads the dp2 trial's graphs in every round (no graph
+                holds the fusion threshold: what a search candidate that differs in it sees).
 
 Every trial is the quickstart's (examples/quickstart.yaml: 30 steps, 5 excluded from timing),
 its time split as the study stores it (autotune.jobs.TIME_PARTS). Prints one row per trial run
@@ -44,8 +46,8 @@ SHORT = {"launch_s": "launch", "init_s": "init", "first_step_s": "first", "exclu
 
 def candidates(spec):
     baseline = build_space(spec).baseline()  # dp2, as the quickstart study starts
-    return {"dp2": baseline, "tp2": replace(baseline, dp=1, tp=2),
-            "pp2": replace(baseline, dp=1, pp=2, micro_batches=2)}
+    return {"dp2": baseline, "dp2 f1": replace(baseline, fusion_mb=1),
+            "tp2": replace(baseline, dp=1, tp=2), "pp2": replace(baseline, dp=1, pp=2, micro_batches=2)}
 
 
 def main() -> None:
@@ -62,7 +64,7 @@ def main() -> None:
             levers = args.levers[round_ % len(args.levers):] + args.levers[:round_ % len(args.levers)]
             for lever in levers:
                 for name, candidate in candidates(spec).items():
-                    folder = work / f"{lever}-{round_}-{name}"
+                    folder = work / f"{lever}-{round_}-{name.replace(' ', '-')}"
                     cache = work / "cache" if lever == "warm+cache" else None
                     config = trial_config(spec, candidate, study="cost", number=0,
                                           out_dir=folder.resolve(), steps=spec.trial.steps,
@@ -83,12 +85,12 @@ def main() -> None:
     print(f"\nquickstart trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded), "
           f"seconds; fixed = run − measured steps\n")
     header = " | ".join(f"{SHORT[p]:>6}" for p in TIME_PARTS)
-    print(f"{'lever':>10} | {'rd':>2} | {'trial':>5} | {header} | {'run':>6} | {'fixed':>6} | fixed/steps")
+    print(f"{'lever':>10} | {'rd':>2} | {'trial':>6} | {header} | {'run':>6} | {'fixed':>6} | fixed/steps")
     print("-" * (50 + 9 * len(TIME_PARTS)))
     for lever, round_, name, parts, run_s in rows:
         fixed = run_s - parts["steps_s"]
         cells = " | ".join(f"{parts[p]:6.2f}" for p in TIME_PARTS)
-        print(f"{lever:>10} | {round_:>2} | {name:>5} | {cells} | {run_s:6.1f} | {fixed:6.1f} | "
+        print(f"{lever:>10} | {round_:>2} | {name:>6} | {cells} | {run_s:6.1f} | {fixed:6.1f} | "
               f"{fixed / parts['steps_s']:.2f}")
     print(f"\n{'lever':>10} | median fixed/steps | total run s | vs fresh")
     totals = {}
