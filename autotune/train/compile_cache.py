@@ -46,6 +46,7 @@ placeholder; both are seen with ``GLOG_v=2``, the ERROR also at the trials' ``GL
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import hashlib
 import json
@@ -81,8 +82,6 @@ UPDATE_ONLY = {("knobs", name) for name, knob in KNOBS.items() if knob.graphs ==
 def graph_key(cfg: dict, update_free: bool = False) -> str:
     """The hash of everything in ``cfg`` that can change a compiled graph (see the module doc);
     ``update_free``: of a graph that holds no part of the optimizer update."""
-    import mindspore as ms
-
     neutral = NEUTRAL | UPDATE_ONLY if update_free else NEUTRAL
     kept = {}
     for section, value in cfg.items():
@@ -94,14 +93,24 @@ def graph_key(cfg: dict, update_free: bool = False) -> str:
     if update_free:
         kept["update_free"] = True  # never the key of a whole trial's graphs
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode())
-    digest.update(ms.__version__.encode())
+    digest.update(_program_digest())
+    return digest.hexdigest()[:24]
+
+
+@functools.cache
+def _program_digest() -> bytes:
+    """MindSpore's version and the trial program's source, hashed once per process: the code
+    this process runs is what it imported, whatever the files say later."""
+    import mindspore as ms
+
+    digest = hashlib.sha256(ms.__version__.encode())
     here = os.path.dirname(os.path.abspath(train_package.__file__))  # autotune/train
     sources = sorted(glob.glob(os.path.join(here, "*.py"))
                      + [os.path.join(os.path.dirname(here), name) for name in ("layout.py", "shapes.py")])
     for path in sources:
         with open(path, "rb") as f:
             digest.update(f.read())
-    return digest.hexdigest()[:24]
+    return digest.digest()
 
 
 def _signature(obj, args) -> str:

@@ -244,7 +244,7 @@ class AccumulateStep(nn.Cell):
     communication, no update. Returns the loss sum so far — or, with ``input_grad`` (a pipeline's
     last stage, `autotune.train.pipeline`), the gradient of the input, for the previous stage."""
 
-    update_free = True  # no part of the update: one graph for all fusion and sharding values
+    update_free = True  # no part of the update (`autotune.train.compile_cache`)
 
     def __init__(self, net_with_loss, weights, state, accum_steps, input_grad=False):
         super().__init__(auto_prefix=False)
