@@ -194,7 +194,6 @@ def estimated_table(path, tmp_path) -> dict:
 
 
 def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice(tmp_path, capsys):
-    from autotune import costmodel
     from autotune.search.prior import Prior
     from autotune.spec.candidate import Candidate
     from autotune.spec.space import build_space
@@ -213,10 +212,10 @@ def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice
     spec = load_spec(path)
     prior = Prior(spec, build_space(spec))
     baseline = Candidate(**schema.knobs_of(trials[0]))
-    measured = [(costmodel.estimate(spec, baseline), trials[0].user_attrs["peak_memory_mb"],
+    measured = [(baseline, trials[0].user_attrs["peak_memory_mb"],
                  trials[0].user_attrs["step_time_ms"])]
-    prior.mark(baseline)
-    expected = prior.next(measured, costmodel.Calibration.from_pairs(measured))
+    prior.mark(baseline, "ok")
+    expected, _ = prior.next(measured)
     assert Candidate(**schema.knobs_of(trials[1])) == expected
 
     # resumed, it goes on where it was: never a candidate that ran, and finds the measured best
@@ -228,7 +227,6 @@ def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice
 
 
 def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prior(tmp_path, capsys):
-    from autotune import costmodel
     from autotune.search.prior import Prior
     from autotune.spec.candidate import Candidate
     from autotune.spec.space import build_space
@@ -256,15 +254,14 @@ def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prio
     # the first proposal after the baseline: the best under the prior the first study informed
     spec = load_spec(path)
     prior = Prior(spec, build_space(spec))
-    pairs = []
+    measured = []
     for t in ran_first:
         c = Candidate(**schema.knobs_of(t))
-        prior.mark(c)
+        prior.mark(c, t.user_attrs["outcome"])
         if t.user_attrs["outcome"] == "ok":
-            pairs.append((costmodel.estimate(spec, c), t.user_attrs["peak_memory_mb"],
-                          t.user_attrs["step_time_ms"]))
+            measured.append((c, t.user_attrs["peak_memory_mb"], t.user_attrs["step_time_ms"]))
     proposed = next(t for t in second.trials if t.user_attrs.get("proposed_by") == "prior")
-    expected = prior.next(pairs, costmodel.Calibration.from_pairs(pairs))
+    expected, _ = prior.next(measured)
     assert Candidate(**schema.knobs_of(proposed)) == expected
     # the best the first study found is the second's best too, unless it found better
     assert second.best_value >= first.best_value

@@ -60,6 +60,7 @@ def show_study(v: StudyView, console: Console) -> None:
                       fmt(t.user_attrs.get("overflow_steps")), spent, bottleneck, style=style)
     console.print(table)
     _device_time(v, console)
+    _layouts(v, console)
     _standing(v, console)
     shown = [v.best] + ([v.baseline] if v.baseline is not v.best else [])
     for t in [x for x in shown if x is not None]:
@@ -81,6 +82,19 @@ def _device_time(v: StudyView, console: Console) -> None:
     console.print(f"device time: {total / 3600:.3g} device-h, fixed {spent['fixed_s'] / 3600:.3g} "
                   f"({spent['fixed_s'] / total:.0%}), measured steps "
                   f"{spent['measured_s'] / 3600:.3g}{ratio}")
+
+
+def _layouts(v: StudyView, console: Console) -> None:
+    """The layouts the search did not run, and why (study attr ``layouts``, stored by a study
+    of sampler ``auto`` when its search ends: `autotune.search.prior.Prior.layouts`)."""
+    layouts = v.study.user_attrs.get("layouts")
+    if not layouts:
+        return
+    skipped = [entry for entry in layouts if not entry["ran"]]
+    console.print(f"layouts: {len(layouts) - len(skipped)} of {len(layouts)} ran"
+                  + (", the others did not:" if skipped else ""))
+    for entry in skipped:
+        console.print(f"  {entry['layout']}: {entry['why']}")
 
 
 def _standing(v: StudyView, console: Console) -> None:

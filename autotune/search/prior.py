@@ -1,28 +1,34 @@
-"""The cost model as the prior of a study (``search.sampler: auto``).
+"""The cost model as the prior of a study (``search.sampler: auto``), and how sure it is.
 
-Contract: a :class:`Prior` holds the cost model's estimate of every feasible candidate of the
-space (a seeded sample of :data:`PRIOR_LIMIT` where the space is larger) and answers
-:meth:`Prior.next`: the candidate to try next, given the measurements so far. It reads no
-storage and runs nothing; the proposer (`autotune.search.proposer`) asks it, and tells it every
-candidate proposed (:meth:`Prior.mark`), so nothing running or finished is proposed again.
+Contract: a :class:`Prior` holds the cost model's estimate of every candidate of the space that
+breaks no constraint and might fit in memory (a seeded sample of :data:`PRIOR_LIMIT` where the
+space is larger) and answers :meth:`Prior.next`: the candidate to try next, given the
+measurements so far, and whether every knob of it is fixed (a layout being explored) or the
+sampler chooses the knobs the cost model does not estimate. It reads no storage and runs
+nothing; the proposer (`autotune.search.proposer`) asks it and tells it every candidate proposed
+and how each ended (:meth:`Prior.mark`), so nothing running or finished is proposed again.
 :func:`prior_for` is the prior of a study's spec (None: not ``auto``, or nothing to rank).
 
-- The ranking is by an objective the model estimates: goodput (samples/s of the estimated step
-  time, corrected as below) or peak memory (the estimate × the study's memory calibration).
-  With several such objectives the proposer takes them in turn (:attr:`Prior.objectives`);
-  ``final_loss`` is not estimated (its knobs are the sampler's, below), and a study with no
-  estimated objective, or a model without dimensions, has no prior (:func:`usable`).
-- Correction: the measured step times refit one factor per part of the estimated step
-  (compute, recompute, tp/pp/dp communication, bubble, optimizer, host) by ridge regression
-  toward the median measured/estimated ratio (:func:`fit_parts`), so a measured layout moves
-  the estimates of its kind: the cost model's constants are what is wrong, part by part.
-  Candidates predicted out of memory under the study's memory calibration are skipped.
-- Order: first the best candidate of each (dp, tp, pp) layout not measured yet whose best
-  estimate is within :data:`OPENER_RATIO` of the best overall (best layout first), then the
-  best candidate not tried, re-ranked after every measurement.
-- Knobs the cost model does not estimate (`autotune.spec.knobs.Knob.estimable`: loss scale, warmup,
-  jit level) are not the prior's: candidates are ranked at the baseline's value of them, and
-  the sampler chooses them (:attr:`Prior.left_to_sampler`).
+- Belief: the estimate of each candidate is corrected by what was measured, mechanism by
+  mechanism, and carries an uncertainty that shrinks only where measurements exercised the same
+  mechanisms and layout (`autotune.search.belief`); memory likewise, as the probability that the
+  candidate fits.
+- Acquisition: expected improvement of log goodput (samples/s of the step time) over the best
+  measured, times the probability of fitting: a candidate the model prices just over the
+  memory limit may run when the memory measured so far says the model is pessimistic.
+- Layouts before polish: a layout is a (dp, tp, pp, micro-batch count) split. While some layout
+  that has not run has an optimistic value (:data:`OPTIMISM` standard deviations of what its
+  layout and mechanisms may cost, above the mean) better than the best measurement, the next
+  candidate is such a layout's, with the knobs the cost model does not estimate at the
+  baseline's value; only then are the measured layouts' other variants — fusion threshold,
+  parallel optimizer, recompute, and the knobs left to the sampler — tried, by the same
+  acquisition, and a layout's third variant only when no layout that has not run could do
+  better than it.
+- Several objectives the model estimates (goodput, peak memory): the proposer takes them in turn
+  (:attr:`Prior.objectives`); by peak memory the prior ranks by the corrected memory estimate.
+  ``final_loss`` is not estimated: a study with no estimated objective, or a model without
+  dimensions, has no prior (:func:`usable`).
+- :meth:`Prior.layouts` says, for every layout, whether it ran and, if not, why not.
 """
 
 from __future__ import annotations
@@ -35,21 +41,17 @@ import numpy as np
 
 from autotune import costmodel
 from autotune.costmodel.workload import workload_for
+from autotune.search.belief import PARTS, Belief, normal_cdf
+from autotune.spec.backends import backend_of
 from autotune.spec.knobs import KNOB_NAMES, KNOBS
 
 PRIOR_LIMIT = 20_000  # candidates estimated at most (≈0.2 ms each)
-PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host")
-# A layout whose best estimate is within this of the best is measured early: closer than the
-# model's error between layouts can tell apart. Chosen on benchmarks/search_efficiency.py's
-# seeds 100-109 (0.8, 0.9, 0.95 and 1.01, i.e. none, all reached 0.97 within 15 runs; the
-# closer, the fewer runs there) and kept below 0.95 for truths further from the model than that
-# benchmark's; docs/search.md has its table.
-OPENER_RATIO = 0.9
-RIDGE = 0.5  # how strongly part factors stay at the common ratio (0.02 to 2: same benchmark)
-FACTOR_RANGE = (0.25, 4.0)  # a part's correction stays within this × the common ratio
-
-
 ESTIMATED = ("goodput", "peak_memory")
+# OPTIMISM was chosen on benchmarks/search_efficiency.py's seeds 100-109 (docs/search.md).
+OPTIMISM = 0.5         # standard deviations above the mean a layout's optimistic value is taken
+MEMORY_REACH = 2.0     # candidates estimated up to this × the limit may still fit
+FIT_AT_LEAST = 0.05    # a candidate less likely than this to fit is not proposed
+NOT_RUN = ("infeasible",)
 
 
 def usable(spec) -> bool:
@@ -58,95 +60,220 @@ def usable(spec) -> bool:
             and workload_for(spec.model) is not None)
 
 
-def fit_parts(rows, ridge: float = RIDGE) -> np.ndarray:
-    """One factor per :data:`PARTS` from ``[(raw parts vector, measured step seconds), ...]``:
-    ``measured ≈ Σ factor_k · part_k``, each factor ``g·(1 + δ_k)`` with ``g`` the median
-    measured/estimated ratio and the δ fitted by least squares on relative errors plus
-    ``ridge·Σδ²``. No rows: all ones."""
-    rows = [(p, m) for p, m in rows if m > 0 and p.sum() > 0]
-    if not rows:
-        return np.ones(len(PARTS))
-    parts = np.array([p for p, _ in rows])
-    measured = np.array([m for _, m in rows])
-    common = float(np.median(measured / parts.sum(axis=1)))
-    relative = common * parts / measured[:, None]
-    residual = relative.sum(axis=1) - 1.0
-    delta = -np.linalg.solve(relative.T @ relative + ridge * np.eye(len(PARTS)),
-                             relative.T @ residual)
-    return common * np.clip(1.0 + delta, *FACTOR_RANGE)
-
-
 def raw_parts(estimate) -> np.ndarray:
     """The step-time parts of ``estimate`` before the study's calibration scaled them."""
     scale = estimate.calibration.time_factor if estimate.calibration else 1.0
     return np.array([estimate.breakdown["time_s"][k] / scale for k in PARTS])
 
 
+def layout_of(candidate) -> tuple:
+    """(dp, tp, pp, micro-batches per step) of ``candidate``."""
+    split = candidate.micro_batches if candidate.pp > 1 else candidate.grad_accum
+    return candidate.dp, candidate.tp, candidate.pp, split
+
+
 class Prior:
-    """The cost model's ranking of a space (see the module doc)."""
+    """The cost model's ranking of a space, corrected by measurements (see the module doc)."""
 
     def __init__(self, spec, space, seed: int | None = None, limit: int = PRIOR_LIMIT):
         self.spec, self.space = spec, space
         self.objectives = tuple(o for o in spec.search.objectives if o in ESTIMATED)
+        self.estimated = backend_of(spec.cluster.backend).kind == "estimate"
         self.left_to_sampler = tuple(n for n in space.searched() if not KNOBS[n].estimable)
-        base = space.baseline()
+        self.base = space.baseline()
         self.projected = replace(space, domains={**space.domains, **{
-            n: (getattr(base, n),) for n in self.left_to_sampler}})
-        estimates = [(c, costmodel.estimate(spec, c))
-                     for c in _candidates(self.projected, limit, seed)]
-        kept = [(c, e) for c, e in estimates
-                if e.feasible and e.breakdown and math.isfinite(e.step_time_s)]
-        self.candidates = [c for c, _ in kept]
-        self.index = {c: i for i, c in enumerate(self.candidates)}
-        self.parts = np.array([raw_parts(e) for _, e in kept]).reshape(len(kept), len(PARTS))
-        self.memory = np.array([e.memory_gb_per_device for _, e in kept])
-        layouts = [(c.dp, c.tp, c.pp) for c in self.candidates]
-        self.layout_ids = {layout: i for i, layout in enumerate(dict.fromkeys(layouts))}
-        self.layout = np.array([self.layout_ids[layout] for layout in layouts], dtype=int)
+            n: (getattr(self.base, n),) for n in self.left_to_sampler}})
+        self.limit_gb = (spec.cluster.max_device_memory_gb
+                         or costmodel.resolve_profile(spec.cluster).memory_gb
+                         * costmodel.SAFETY_MARGIN)
+        self.candidates, self.index, self.layout_ids = [], {}, {}
+        rows = []
+        for c in _candidates(self.projected, limit, seed):
+            row = self._row(c)
+            if row is not None and row[3] <= MEMORY_REACH * self.limit_gb:
+                rows.append(row)
+                self._add(c)
+        rows = [(parts, piped, self.layout_ids[key], memory) for parts, piped, key, memory in rows]
+        self.parts = np.array([r[0] for r in rows]).reshape(len(rows), len(PARTS))
+        self.belief = Belief(self.parts, np.array([r[1] for r in rows], dtype=bool),
+                             np.array([r[2] for r in rows], dtype=int),
+                             np.array([r[3] for r in rows]), self.limit_gb)
         self.tried = np.zeros(len(self.candidates), dtype=bool)
-        self.limit_gb = costmodel.resolve_profile(spec.cluster).memory_gb * costmodel.SAFETY_MARGIN
+        self.ran_layouts: dict = {}  # layout id → how many of its candidates ran
+        self.ooms: set = set()
+
+    # -- the candidates --------------------------------------------------------------------
+
+    def _row(self, candidate):
+        """(raw parts, pipelined, layout, estimated GiB), None if nothing can be estimated."""
+        e = costmodel.estimate(self.spec, candidate)
+        if not e.breakdown or not math.isfinite(e.step_time_s):
+            return None
+        return raw_parts(e), candidate.pp > 1, layout_of(candidate), e.memory_gb_per_device
+
+    def _add(self, candidate) -> int:
+        self.layout_ids.setdefault(layout_of(candidate), len(self.layout_ids))
+        self.index[candidate] = len(self.candidates)
+        self.candidates.append(candidate)
+        return self.index[candidate]
+
+    def _index_of(self, candidate) -> int | None:
+        """Where ``candidate``'s projection is (added when it ran but was not held)."""
+        c = self.project(candidate)
+        if c in self.index:
+            return self.index[c]
+        row = self._row(c)
+        if row is None:
+            return None
+        b, i = self.belief, self._add(c)
+        self.parts = np.vstack([self.parts, row[0]])
+        b.parts, b.pipelined = self.parts, np.append(b.pipelined, row[1])
+        b.layout = np.append(b.layout, self.layout_ids[row[2]])
+        b.memory_gb = np.append(b.memory_gb, row[3])
+        self.tried = np.append(self.tried, False)
+        return i
 
     def project(self, candidate):
         """``candidate`` with the knobs left to the sampler at the baseline's value."""
         return replace(candidate, **{n: self.projected.domains[n][0] for n in self.left_to_sampler})
 
-    def mark(self, candidate) -> None:
-        """``candidate`` was proposed (or ran before): never propose its projection again."""
-        i = self.index.get(self.project(candidate))
-        if i is not None:
-            self.tried[i] = True
+    def mark(self, candidate, outcome: str | None = None) -> None:
+        """``candidate`` was proposed (or ran before): never propose its projection again.
+        ``outcome``: how its run ended, once it has (``oom`` bounds the memory belief; any run
+        makes its layout one that ran)."""
+        i = self._index_of(candidate)
+        if i is None:
+            return
+        self.tried[i] = True
+        if outcome == "oom":
+            self.ooms.add(i)
+        elif outcome is not None and outcome not in NOT_RUN:
+            layout = int(self.belief.layout[i])
+            self.ran_layouts[layout] = self.ran_layouts.get(layout, 0) + 1
 
-    def params(self, candidate) -> dict:
-        """The params to enqueue for ``candidate``: all but the knobs left to the sampler."""
-        mine = {p.name for n, p in self.space.params.items() if n in self.left_to_sampler}
+    def params(self, candidate, fixed: bool = False) -> dict:
+        """The params to enqueue for ``candidate``: all but the knobs left to the sampler
+        (``fixed``: all)."""
+        mine = set() if fixed else {p.name for n, p in self.space.params.items()
+                                    if n in self.left_to_sampler}
         return {k: v for k, v in self.space.params_of(candidate).items() if k not in mine}
 
-    def scores(self, measurements, calibration=None, objective: str = "goodput") -> np.ndarray:
-        """The corrected estimate of each candidate by ``objective``, higher is better; -inf
-        where predicted out of memory under ``calibration``. ``measurements``: ``[(estimate,
-        peak MB, step ms)]`` of the study's measured trials."""
-        memory = self.memory * (calibration.memory_factor if calibration else 1.0)
-        if objective == "peak_memory":
-            score = 1.0 / memory
-        else:
-            factors = fit_parts([(raw_parts(e), ms / 1000) for e, _, ms in measurements
-                                 if e.breakdown and ms is not None])
-            score = self.spec.train.global_batch_size / (self.parts @ factors)
-        return np.where(memory > self.limit_gb, -np.inf, score)
+    # -- choosing --------------------------------------------------------------------------
 
-    def next(self, measurements, calibration=None, objective: str | None = None):
-        """The candidate to try next by ``objective`` (default: the first the model estimates;
-        see the module doc), or None when every feasible one was tried."""
-        score = self.scores(measurements, calibration, objective or self.objectives[0])
-        open_ = ~self.tried & np.isfinite(score)
+    def _fit(self, measurements) -> float:
+        """Refit the belief from ``measurements`` ``[(candidate, peak MB, step ms)]``; returns
+        the best measured log goodput (-inf: none)."""
+        times, peaks = [], []
+        for candidate, memory_mb, step_ms in measurements:
+            i = self._index_of(candidate)
+            if i is None:
+                continue
+            if step_ms:
+                times.append((i, step_ms / 1000))
+            if memory_mb:
+                peaks.append((i, memory_mb / 1024))
+        self.belief.fit(times, peaks, sorted(self.ooms))
+        batch = self.spec.train.global_batch_size
+        return max((math.log(batch / s) for _, s in times), default=-math.inf)
+
+    def next(self, measurements, objective: str | None = None):
+        """``(candidate, fixed)``: the candidate to try next by ``objective`` (default: the
+        first the model estimates) and whether all its knobs are fixed; None when every
+        candidate that may fit was tried (see the module doc)."""
+        best, fits, open_ = self._open(measurements)
         if not open_.any():
             return None
-        measured = np.unique(self.layout[self.tried])
-        fresh = open_ & ~np.isin(self.layout, measured)
-        best = score[np.isfinite(score)].max()
-        if fresh.any() and score[fresh].max() >= OPENER_RATIO * best:
-            return self.candidates[int(np.argmax(np.where(fresh, score, -np.inf)))]
-        return self.candidates[int(np.argmax(np.where(open_, score, -np.inf)))]
+        if (objective or self.objectives[0]) == "peak_memory":
+            memory = np.log(self.belief.memory_gb) + self.belief.memory_mean
+            return self.candidates[int(np.argmax(np.where(open_, -memory, -np.inf)))], False
+        gain, optimistic = self._values()
+        score = np.where(open_, _expected_gain(gain, best) * fits, -np.inf)
+        if self.estimated:  # the estimate is the trial: nothing to learn, nothing to explore
+            return self.candidates[int(np.argmax(np.where(open_, gain[0], -np.inf)))], False
+        unexplored = open_ & self._unexplored()
+        fresh = unexplored & (optimistic > best)
+        if not fresh.any():  # else a layout that could beat the best measurement runs first
+            choice = int(np.argmax(score))
+            if self.ran_layouts.get(int(self.belief.layout[choice]), 0) < 2:
+                return self.candidates[choice], False
+            # a third variant of a layout waits for the layouts that could do better than it
+            fresh = unexplored & (optimistic > optimistic[choice])
+            if not fresh.any():
+                return self.candidates[choice], False
+        return self.candidates[int(np.argmax(np.where(fresh, score, -np.inf)))], True
+
+    def _open(self, measurements):
+        """(best measured log goodput, each candidate's probability to fit, which may be
+        proposed) after refitting the belief."""
+        best = self._fit(measurements)
+        fits = (self.belief.memory_gb <= self.limit_gb).astype(float) if self.estimated \
+            else self.belief.fit_probability()
+        return best, fits, ~self.tried & (fits >= FIT_AT_LEAST)
+
+    def _values(self):
+        """((mean, sd) of each candidate's log goodput, its layout's optimistic value)."""
+        mean, var = self.belief.predict()
+        gain = math.log(self.spec.train.global_batch_size) - mean
+        return (gain, self.belief.run_sd(var)), gain + OPTIMISM * np.sqrt(var)
+
+    def _unexplored(self) -> np.ndarray:
+        """Candidates of layouts that never ran."""
+        return ~np.isin(self.belief.layout, list(self.ran_layouts))
+
+    def promising(self) -> int:
+        """How many layouts could beat the best estimate before anything is measured: their
+        optimistic value, relative to the best mean (the common factor left out), above it."""
+        fits = self.belief.fit_probability() >= FIT_AT_LEAST
+        mean, var = self.belief.predict(common=False)
+        gain = np.where(fits, -mean, -np.inf)
+        if not np.isfinite(gain).any():
+            return 0
+        ahead = gain + OPTIMISM * np.sqrt(var) >= gain.max()
+        return len(set(self.belief.layout[ahead & fits].tolist()))
+
+    def layouts(self, measurements, remaining: int | None = None) -> list[dict]:
+        """Every layout: ``{"layout": "dp·tp·pp·m", "ran": runs}``, and for one that did not
+        run ``"why"`` not, as the prior sees it now, and ``"reach"``, its optimistic goodput
+        (None: nothing of it may fit); ``remaining``: trials left."""
+        best, fits, open_ = self._open(measurements)
+        (gain, _), optimistic = self._values()
+        out = []
+        for key, layout in sorted(self.layout_ids.items()):
+            rows = self.belief.layout == layout
+            entry = {"layout": "dp{}·tp{}·pp{}·m{}".format(*key),
+                     "ran": self.ran_layouts.get(layout, 0)}
+            if not entry["ran"]:
+                entry["why"] = self._why_not(rows, fits, open_, gain, optimistic, best, remaining)
+                entry["reach"] = (float(np.exp(optimistic[rows & open_].max()))
+                                  if (rows & open_).any() else None)
+            out.append(entry)
+        return out
+
+    def _why_not(self, rows, fits, open_, gain, optimistic, best, remaining) -> str:
+        """Why the layout of candidates ``rows`` has not run."""
+        if not (rows & open_).any():
+            if any(self.belief.layout[i] == self.belief.layout[rows][0] for i in self.ooms):
+                return "ran out of memory"
+            smallest = float(self.belief.memory_gb[rows].min())
+            return (f"predicted out of memory: {smallest:.3g} GB estimated against "
+                    f"{self.limit_gb:.3g} GB, fits with p = {float(fits[rows].max()):.2g}")
+        value = float(optimistic[rows & open_].max())
+        if value <= best:
+            return (f"at best {math.exp(value):.4g} samples/s (mean + {OPTIMISM:g} sd), below "
+                    f"the best measured {math.exp(best):.4g}")
+        reach = (f"could reach {math.exp(value):.4g} samples/s (mean "
+                 f"{math.exp(float(gain[rows & open_].max())):.4g})")
+        return reach + (": no trials left" if remaining == 0 else ": not measured yet")
+
+
+def _expected_gain(gain, best: float) -> np.ndarray:
+    """Expected improvement of a normal (mean, sd) over ``best`` (the mean when -inf)."""
+    mean, sd = gain
+    if not math.isfinite(best):  # nothing measured: the expected goodput, relative
+        return np.exp(mean - mean.max())
+    z = (mean - best) / sd
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return sd * (z * normal_cdf(z) + pdf) + 1e-12
 
 
 def _candidates(space, limit: int, seed: int | None) -> list:
@@ -165,9 +292,10 @@ def _candidates(space, limit: int, seed: int | None) -> list:
     return list(drawn)
 
 
-def prior_for(spec, space, note) -> Prior | None:
+def prior_for(spec, space, note, n_trials: int | None = None) -> Prior | None:
     """The prior of an ``auto`` study, when the cost model can rank its candidates; ``note``
-    (a callable taking one line) hears why not, or what it ranked."""
+    (a callable taking one line) hears why not, or what it ranked, and — given ``n_trials`` —
+    when the study is too short to measure every layout that could be the best."""
     if spec.search.sampler != "auto":
         return None
     if not usable(spec):
@@ -179,7 +307,13 @@ def prior_for(spec, space, note) -> Prior | None:
         note("auto: the cost model predicts no candidate fits: the baseline and one "
              "trial per layout run as with any sampler")
         return None
-    note(f"auto: the cost model ranks {len(prior.candidates)} feasible candidates; the "
-         "baseline runs first, then the best of each promising layout, then the best "
-         "under the estimate corrected by every measurement")
+    promising = prior.promising()
+    note(f"auto: the cost model ranks {len(prior.candidates)} candidates in "
+         f"{len(prior.layout_ids)} layouts; the baseline runs first, then each layout that "
+         "could beat the best measurement, then the best variants under the estimate "
+         "corrected by every measurement")
+    if n_trials is not None and promising > n_trials - 1:
+        note(f"auto: {promising} layouts could be the best before anything is measured, and "
+             f"{n_trials - 1} trials follow the baseline: the rest are judged by what the "
+             "measured ones teach about their mechanisms (autotune show lists them)")
     return prior

@@ -13,13 +13,15 @@ is written to it, its claim, params and knob attrs in one transaction
 (`autotune.storage.writes.batched`).
 
 - Feasibility is :func:`autotune.spec.constraints.violations` and the cost model's memory
-  screen, with the study's calibration (:attr:`calibration`, kept up to date by the loop).
+  screen, with the study's calibration (:attr:`calibration`, kept up to date by the loop) —
+  the screen but for what the prior proposes: the prior weighs the memory risk itself.
 - ``search.sampler: auto``: a :class:`~autotune.search.prior.Prior` chooses the candidates
   (each asked as a new trial with its knobs fixed as Optuna's queue fixes them and user attr
-  ``proposed_by: prior``, the sampler filling in the knobs the prior leaves to it) whenever
-  nothing else is queued, taking the objectives it ranks by in turn; the sampler proposes alone
-  once the prior has nothing left. Every proposed candidate is marked in the prior, so it never
-  comes again.
+  ``proposed_by: prior``, the sampler filling in the knobs the prior leaves to it — none while
+  the prior explores a layout: user attr ``exploring``) whenever nothing else is queued, taking
+  the objectives it ranks by in turn; the sampler proposes alone once the prior has nothing
+  left. Every proposed candidate is marked in the prior, and every ended one with how it
+  ended, so it never comes again; the prior reads the measurements (:attr:`measurements`).
 - ``--sampler grid``: :meth:`start_grid` queues every candidate not tried yet; each is enqueued
   just before its ask (Optuna scans every waiting trial on each ask).
 - :meth:`again` (a confirm-phase re-run, asked as a new trial with the original's params) and
@@ -39,6 +41,7 @@ from optuna.trial import TrialState
 
 from autotune import costmodel
 from autotune.jobs import RUNNING, Job, Result
+from autotune.search.prior import layout_of
 from autotune.spec.constraints import violations
 from autotune.spec.space import SearchSpace
 from autotune.storage.writes import batched
@@ -53,7 +56,7 @@ class Proposer:
         self.drivers = drivers  # autotune.storage.drivers.Drivers: marks each asked trial as its own
         self.calibration = None
         self.prior = prior
-        # (estimate, peak MB, step ms) of the measured trials: the recorder appends to it
+        # (candidate, peak MB, step ms) of the measured trials: the recorder appends to it
         self.measurements = measurements if measurements is not None else []
         self._turn = 0  # several objectives the prior ranks by: they take turns
         # candidate → (number, outcome, metrics, detail) of a finished trial: a repeat is
@@ -70,7 +73,7 @@ class Proposer:
         candidate = candidate.canonical()
         self.seen[candidate] = (number, outcome, metrics or {}, detail)
         if self.prior is not None:
-            self.prior.mark(candidate)
+            self.prior.mark(candidate, outcome)
 
     def start_grid(self) -> int:
         """Queue every candidate of the space not tried yet, the baseline first (so the study
@@ -81,11 +84,12 @@ class Proposer:
         self.grid = deque((c, self.space.params_of(c)) for c in todo)
         return len(self.grid)
 
-    def verdict(self, candidate) -> tuple:
-        """(estimate, reason): the reason is empty when the candidate may run."""
+    def verdict(self, candidate, memory: bool = True) -> tuple:
+        """(estimate, reason): the reason is empty when the candidate may run. Without
+        ``memory`` the memory screen is left out (the prior weighed the risk itself)."""
         reasons = violations(self.spec, candidate)
         estimate = costmodel.estimate(self.spec, candidate, self.calibration)
-        infeasible = reasons or not estimate.feasible
+        infeasible = reasons or not estimate.feasible and (memory or not estimate.breakdown)
         return estimate, ("; ".join(reasons) or estimate.reason) if infeasible else ""
 
     def _ask(self, match=None, fixed=None):
@@ -143,8 +147,7 @@ class Proposer:
         # what is queued (the baseline, a retry, a re-run) runs first
         fixed = (self._from_prior() if not self.grid and self.prior is not None
                  and not self._queued_any(trials) else None)
-        trial, candidate = self._ask(fixed=None if fixed is None
-                                     else (fixed, {"proposed_by": "prior"}))
+        trial, candidate = self._ask(fixed=fixed)
         if self.prior is not None:
             self.prior.mark(candidate)
         if candidate in self.seen:
@@ -154,7 +157,7 @@ class Proposer:
         if candidate in self.running:  # its outcome is known once that trial ends
             return Job(trial, candidate, settled=Result(RUNNING,
                                                         repeat_of=self.running[candidate]))
-        estimate, reason = self.verdict(candidate)
+        estimate, reason = self.verdict(candidate, memory=fixed is None)
         driver_s = time.perf_counter() - started
         if reason:
             return Job(trial, candidate, estimate, driver_s, Result("infeasible", detail=reason))
@@ -166,13 +169,20 @@ class Proposer:
             return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         return any(t.state == TrialState.WAITING for t in trials)
 
-    def _from_prior(self) -> dict | None:
-        """The params of the prior's next candidate, by the objective whose turn it is; None
-        when the prior has nothing left (then the sampler proposes)."""
+    def _from_prior(self) -> tuple | None:
+        """(params, user attrs) of the prior's next candidate, by the objective whose turn it
+        is; None when the prior has nothing left (then the sampler proposes). A layout being
+        explored has every param fixed (user attr ``exploring``: its layout)."""
         objective = self.prior.objectives[self._turn % len(self.prior.objectives)]
         self._turn += 1
-        candidate = self.prior.next(self.measurements, self.calibration, objective)
-        return self.prior.params(candidate) if candidate is not None else None
+        chosen = self.prior.next(self.measurements, objective)
+        if chosen is None:
+            return None
+        candidate, fixed = chosen
+        attrs = {"proposed_by": "prior"}
+        if fixed:
+            attrs["exploring"] = "dp{}·tp{}·pp{}·m{}".format(*layout_of(candidate))
+        return self.prior.params(candidate, fixed), attrs
 
     def _run_as_is(self, **how) -> Job:
         """Ask a trial as :meth:`_ask` does with ``how`` and run it as it is (no repeat or

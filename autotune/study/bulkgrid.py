@@ -35,7 +35,7 @@ def run_bulk_grid(study, proposer, executor, recorder, progress, batch: int = 25
                 result = executor.evaluate(candidate, estimate)
                 extra.update(result.timing())
                 if result.outcome == "ok":
-                    recorder.add_measurement(estimate, result.metrics)
+                    recorder.add_measurement(candidate, estimate, result.metrics)
                     proposer.calibration = recorder.calibration
             state, values, attrs = settle(recorder.objectives, result.outcome, result.metrics,
                                           result.detail, extra)

@@ -64,7 +64,7 @@ def load_history(spec, study, proposer: Proposer, recorder: Recorder,
         proposer.remember(candidate, t.number, schema.outcome_of(t), metrics,
                           t.user_attrs.get("detail", ""))
         if schema.outcome_of(t) == "ok":
-            recorder.add_measurement(costmodel.estimate(spec, candidate), metrics)
+            recorder.add_measurement(candidate, costmodel.estimate(spec, candidate), metrics)
     proposer.calibration = recorder.calibration
     return read
 

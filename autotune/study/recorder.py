@@ -28,18 +28,22 @@ class Recorder:
         self.spec, self.study, self.progress = spec, study, progress
         self.objectives = spec.search.objectives
         self.calibrates = calibrates
-        self.pairs: list = []  # (estimate, measured peak MB, measured step ms)
+        self.pairs: list = []  # (estimate, measured peak MB, measured step ms): calibration
+        self.measured: list = []  # (candidate, measured peak MB, measured step ms): the prior
         self.calibration = None
         self.memory_gb = costmodel.resolve_profile(spec.cluster).memory_gb
         self.late: dict = {}   # number → the trial holding its late result (another driver failed it)
 
-    def add_measurement(self, estimate, metrics: dict) -> bool:
-        """Refit the per-study correction of the cost model with one more measured trial;
-        whether it did (not: nothing to calibrate with). Storing it is the caller's (with the
-        trial's result: :meth:`finished`; after a batch: :meth:`store_calibration`)."""
+    def add_measurement(self, candidate, estimate, metrics: dict) -> bool:
+        """Refit the per-study correction of the cost model with one more measured trial of
+        ``candidate``, and keep it for the prior (:attr:`measured`); whether it did (not:
+        nothing to calibrate with). Storing it is the caller's (with the trial's result:
+        :meth:`finished`; after a batch: :meth:`store_calibration`)."""
         if not self.calibrates or not {"peak_memory_mb", "step_time_ms"} & set(metrics):
             return False
-        self.pairs.append((estimate, metrics.get("peak_memory_mb"), metrics.get("step_time_ms")))
+        memory_mb, step_ms = metrics.get("peak_memory_mb"), metrics.get("step_time_ms")
+        self.pairs.append((estimate, memory_mb, step_ms))
+        self.measured.append((candidate, memory_mb, step_ms))
         self.calibration = costmodel.Calibration.from_pairs(self.pairs)
         return True
 
@@ -82,7 +86,8 @@ class Recorder:
         """Record a finished trial; True when its candidate must run once more (a first
         infrastructure failure, queued again here)."""
         trial, study_attrs = job.trial, {}
-        if result.outcome == "ok" and self.add_measurement(job.estimate, result.metrics):
+        if result.outcome == "ok" and self.add_measurement(job.candidate, job.estimate,
+                                                                result.metrics):
             study_attrs["calibration"] = self.calibration.as_dict()  # stored with the trial
         timing = result.timing()
         extra = {"estimate": job.estimate.as_dict(), **timing, **retry.attrs(result)}

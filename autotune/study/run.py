@@ -119,12 +119,11 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     for number in recover_interrupted(study, drivers.me):
         progress.note(interrupted_note(study, number, drivers.shared))
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
-    proposer = Proposer(spec, space, study, prior_for(spec, space, progress.note), recorder.pairs,
-                        drivers)
+    proposer = Proposer(spec, space, study, prior_for(spec, space, progress.note, n_trials),
+                        recorder.measured, drivers)
     with drivers.lock():  # another driver starting at once neither copies nor enqueues again
-        for estimate, memory_mb, step_ms in warm_start(spec, space, study, earlier):
-            recorder.add_measurement(estimate, {"peak_memory_mb": memory_mb,
-                                                "step_time_ms": step_ms})
+        for candidate, estimate, metrics in warm_start(spec, space, study, earlier):
+            recorder.add_measurement(candidate, estimate, metrics)
         synced = load_history(spec, study, proposer, recorder)
         trials = study.get_trials(deepcopy=False)
         executor.continue_from(Counter(Candidate(**knobs_of(t)) for t in trials if ran(t)))
@@ -152,6 +151,9 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
             run_bulk_grid(study, proposer, executor, recorder, progress)
         else:
             loop.run(n_trials)
+        if proposer.prior is not None:  # what `autotune show` lists: why a layout never ran
+            left = wanted(study.get_trials(deepcopy=False), n_trials)
+            study.set_user_attr("layouts", proposer.prior.layouts(recorder.measured, left))
         if executor.noisy and confirm_top:
             runner = drivers.confirm_runner()
             if runner is not None:

@@ -119,7 +119,8 @@ def earlier_studies(spec, space, study_name: str, names, storage) -> list:
 
 def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
     """Bring the measurements of the ``earlier`` studies (:func:`earlier_studies`) into
-    ``study`` (see the module doc); returns those that only calibrate."""
+    ``study`` (see the module doc); returns those that only calibrate, as ``[(candidate,
+    estimate, metrics)]``."""
     done = {t.user_attrs["warm_start"] for t in study.get_trials(deepcopy=False)
             if "warm_start" in t.user_attrs}
     distributions, baseline = space.distributions(), space.baseline()
@@ -136,9 +137,8 @@ def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
             scored = objective_values(spec.search.objectives, metrics) is not None
             if use == CALIBRATE or not space.contains(candidate) or outcome == "ok" and not scored:
                 if outcome == "ok":
-                    calibration_only.append((costmodel.estimate(spec, candidate),
-                                             metrics.get("peak_memory_mb"),
-                                             metrics.get("step_time_ms")))
+                    calibration_only.append((candidate, costmodel.estimate(spec, candidate),
+                                             metrics))
                 continue
             tag = f"{name}#{t.number}"
             if tag in done:
