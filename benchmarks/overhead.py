@@ -134,9 +134,16 @@ def trial_main(rounds: int, steps: int) -> None:
 # ---------------------------------------------------------------------------------------------
 # --driver: the driver's own time per trial, no MindSpore
 
-DRIVER_STUDIES = {  # name → (model.yaml, overrides); the quickstart is replayed from a table
+# The LLaMA example's space widened until the prior holds its limit (PRIOR_LIMIT: every fusion
+# threshold from 1 to 512 MB, more micro-batch and accumulation counts, pp 8), replayed from
+# a table of every layout × recompute × parallel optimizer (:func:`wide_table`, any fusion).
+WIDE = {"cluster.backend": "replay", "search.space.fusion_mb": {"low": 1, "high": 512},
+        "search.space.micro_batches": [4, 8, 16, 32, 64], "search.space.grad_accum": [1, 2, 4, 8, 16],
+        "search.space.pp": [1, 2, 4, 8], "search.space.jit_level": "O1"}
+DRIVER_STUDIES = {  # name → (model.yaml, overrides); replayed ones read a table
     "quickstart": ("quickstart.yaml", {"cluster.backend": "replay", "cluster.device": "cpu"}),
     "llama7b-64": ("llama7b_64dev_simulate.yaml", {}),
+    "llama7b-64-wide": ("llama7b_64dev_simulate.yaml", WIDE),
 }
 # part → the functions whose own time (callees that are parts themselves excluded) it is
 PARTS = {
@@ -182,6 +189,40 @@ def replay_table(path: Path) -> Path:
                 writer.writerow([*(getattr(c, k) for k in KNOB_NAMES), goodput,
                                  1000 * spec.train.global_batch_size / goodput,
                                  e.memory_gb_per_device * 1024, loss + rng.uniform(0, 0.1), 30])
+    return path
+
+
+def wide_table(path: Path) -> Path:
+    """The widened LLaMA space (:data:`WIDE`) as a replay table without a fusion column (a
+    row stands for every threshold): the cost model's step time with tp's all-reduces 1.6×
+    and the pipeline 0.6× what it estimates, memory 1.1×, seeded ±10 % per row."""
+    import csv
+    import random
+    from dataclasses import replace
+
+    from autotune import costmodel
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+
+    spec = load_spec(ROOT / "examples" / "llama7b_64dev_simulate.yaml", WIDE)
+    space = build_space(spec)
+    space = replace(space, domains={**space.domains, "fusion_mb": (64,)})
+    rng, keys = random.Random(0), ("dp", "tp", "pp", "micro_batches", "grad_accum",
+                                   "recompute", "parallel_optimizer")
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*keys, "goodput", "step_time_ms", "peak_memory_mb"])
+        for c in space.candidates():
+            e = costmodel.estimate(spec, c)
+            if not e.breakdown:
+                continue
+            parts = e.breakdown["time_s"]
+            seconds = (e.step_time_s + 0.6 * parts["tp_comm"]
+                       - (0.4 * (parts["compute"] + parts["recompute"] + parts["bubble"])
+                          if c.pp > 1 else 0.0)) * rng.uniform(0.9, 1.1)
+            writer.writerow([*(getattr(c, k) for k in keys),
+                             spec.train.global_batch_size / seconds, seconds * 1000,
+                             e.memory_gb_per_device * 1.1 * 1024])
     return path
 
 
@@ -299,7 +340,8 @@ def _tree_of(rev: str, work: Path) -> Path:
 def driver_main(args) -> None:
     """Both studies under each tree, interleaved round by round; prints the table."""
     work = Path(tempfile.mkdtemp(prefix="autotune-driver-"))
-    table = replay_table(work / "quickstart.csv")
+    tables = {"quickstart": replay_table(work / "quickstart.csv"),
+              "llama7b-64-wide": wide_table(work / "llama7b-wide.csv")}
     trees = {"after": ROOT}
     if args.before:
         trees = {"before": _tree_of(args.before, work), **trees}
@@ -312,7 +354,7 @@ def driver_main(args) -> None:
                     storage = args.storage or f"sqlite:///{work}/{label}-{round_}-{which}.db"
                     done = subprocess.run(
                         [sys.executable, __file__, "--driver-worker", str(tree), which, sampler,
-                         str(table), storage], capture_output=True, text=True)
+                         str(tables.get(which, "")), storage], capture_output=True, text=True)
                     if done.returncode:
                         sys.exit(f"the {label} tree failed on {which}:\n{done.stderr[-3000:]}")
                     runs.setdefault((which, sampler, label), []).append(
@@ -325,7 +367,7 @@ def driver_main(args) -> None:
     print("-" * (len(header) + (14 if args.before else 0)))
     for which in DRIVER_STUDIES:
         for sampler in args.samplers.split(","):
-            kind = "replay" if which == "quickstart" else "simulate"
+            kind = "replay" if "replay" in DRIVER_STUDIES[which][1].values() else "simulate"
             title = f"{which} ({kind}, {sampler})"
             rows = [(r, "{:9.1f}") for r in ROWS] + [
                 ("printed", "{:9.1f}"), ("commits", "{:9.1f}"), ("statements", "{:9.1f}"),
