@@ -136,7 +136,6 @@ def _variant(tmp_path, name, body):
     ("moe", "moe_config:\n  expert_num: 8\n", "moe_config.expert_num"),
     ("mla", "model:\n  model_config:\n    multi_latent_attention: true\n",
      "model.model_config.multi_latent_attention"),
-    ("headdim", "model:\n  model_config:\n    head_dim: 256\n", "model.model_config.head_dim"),
     ("qknorm", "model:\n  model_config:\n    qk_layernorm: true\n",
      "model.model_config.qk_layernorm"),
     ("cp", "parallel_config:\n  context_parallel: 2\n", "parallel_config.context_parallel"),
