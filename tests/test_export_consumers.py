@@ -179,6 +179,7 @@ def test_overlay_merged_over_llama2_is_what_mindformers_rule_gives(tmp_path):
                                "warmup_lr_init": 0.0, "num_cycles": 0.5, "decay_steps": None,
                                "decay_ratio": None}
     expected["recompute_config"]["select_recompute"] = True
+    expected["model"]["model_config"]["parallel_optimizer"] = False
     assert merged == expected
     changes = json.loads((out / "summary.json").read_text())["mindformers"]["changes"]
     # every key whose value moved ("absent": the base did not have it); lr_end 0 -> 0.0 is no change
@@ -192,6 +193,7 @@ def test_overlay_merged_over_llama2_is_what_mindformers_rule_gives(tmp_path):
         "lr_schedule.warmup_lr_init": "absent", "lr_schedule.num_cycles": "absent",
         "lr_schedule.decay_steps": "absent", "lr_schedule.decay_ratio": "absent",
         "recompute_config.select_recompute": False,
+        "model.model_config.parallel_optimizer": "absent",
     }
     header = (out / "mindformers.yaml").read_text().split("\nseed:")[0]
     assert "#   parallel.enable_parallel_optimizer: true -> false" in header
@@ -208,7 +210,12 @@ def test_a_tuned_parallel_optimizer_stays_on_over_a_base_that_has_it_on(tmp_path
     # the base's own threshold (and its gradient_accumulation_shard) are kept as they were
     assert merged["parallel"]["parallel_optimizer_config"] == base["parallel"]["parallel_optimizer_config"]
     changes = json.loads((out / "summary.json").read_text())["mindformers"]["changes"]
-    assert not [c for c in changes if "parallel_optimizer" in c["key"]]
+    # the legacy llama's embedding joins the sharding only when its model_config says so
+    assert [c for c in changes if "parallel_optimizer" in c["key"]] == [
+        {"key": "model.model_config.parallel_optimizer", "new": True}]
+    # the optimizer's all-gathers and reduce-scatters are bucketed at the tuned threshold too
+    assert merged["parallel"]["comm_fusion"] == {
+        bucket: {"mode": "size", "config": 16} for bucket in ("allreduce", "allgather", "reducescatter")}
     assert "optimizer_shard" not in json.dumps(merged["parallel_config"])
     # without a base, the overlay turns it on with MindFormers' default threshold
     overlay = read_yaml(export(tmp_path, "po-overlay", dict(LAYOUTS["dp8"], parallel_optimizer=True),
@@ -374,11 +381,16 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / "rank_0").mkdir(parents=True)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MSRUN_ARGS": str(tmp_path / "args")}
-    overlay_only = export(tmp_path, "overlay", LAYOUTS["dp2-tp2-pp2"], backend="cpu")
+    overlay_only = export(tmp_path, "overlay", LAYOUTS["dp8"], backend="cpu")
     refused = subprocess.run(["bash", str(overlay_only / "launch.sh"), "--mindformers", str(mf)],
                              env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "base_config" in refused.stderr
-    out = export(tmp_path, "full", LAYOUTS["dp2-tp2-pp2"], backend="cpu", base=LLAMA2)
+    # MindFormers refuses semi-auto parallel on CPU: the script says so before starting anything
+    split = export(tmp_path, "split", LAYOUTS["dp2-tp2-pp2"], backend="cpu", base=LLAMA2)
+    refused = subprocess.run(["bash", str(split / "launch.sh"), "--mindformers", str(mf)],
+                             env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "cannot run this export on CPU: tp = 2, pp = 2" in refused.stderr
+    out = export(tmp_path, "full", LAYOUTS["dp8"], backend="cpu", base=LLAMA2)
     # relative paths are the caller's: launch.sh makes them absolute before it changes folder
     subprocess.run(["bash", str(out / "launch.sh"), "--mindformers", "mindformers", "--out", "mfrun",
                     "--load-checkpoint", "ckpt", "--", "--train_dataset_dir", "/data"],
@@ -389,7 +401,9 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
                          "--master_port=8118", "--node_rank=0", f"--log_dir={tmp_path / 'mfrun' / 'logs'}",
                          "--join=True", "--cluster_time_out=600", "--tail_worker_log=0", "--bind_core=True"]
     assert args[10:] == ["run_mindformer.py", "--config", str(out / "mindformers.yaml"), "--run_mode", "train",
-                         "--output_dir", str(tmp_path / "mfrun"), "--load_checkpoint", str(ckpt),
+                         "--output_dir", str(tmp_path / "mfrun"),
+                         "--register_path", str(out),  # autotune's CPU training step is there
+                         "--load_checkpoint", str(ckpt),
                          "--src_strategy_path_or_dir", str(out / "strategy.ckpt"), "--auto_trans_ckpt", "True",
                          "--train_dataset_dir", "/data"]
     for bad in (["--mindformers", str(tmp_path)], ["--mindformers", str(mf), "--steps", "3"],
