@@ -40,7 +40,7 @@ test: $(STAMP)
 # PostgreSQL drivers, exported runs that train and resume, the loop on real trials. CI runs it
 # after make test.
 test-slow: $(STAMP) $(MF_STAMP)
-	$(BIN)/python -m pytest -q -m slow tests
+	AUTOTUNE_REQUIRE_MINDFORMERS=1 $(BIN)/python -m pytest -q -m slow tests
 
 clean:
 	rm -rf $(VENV) $(MF_VENV) trials/*/ trials/*.db .pytest_cache
