@@ -297,6 +297,12 @@ def _recompute(cfg: _Config, r: Reading) -> str:
         if isinstance(value, (list, dict)):
             r.warnings.append(f"recompute_config.{key}: {value}: per-layer lists are not "
                               "represented; the baseline applies it to every layer")
+    for key in ("select_comm_recompute", "select_recompute_exclude", "select_comm_recompute_exclude"):
+        value = cfg.get(f"recompute_config.{key}")
+        lists = list(value.values()) if isinstance(value, dict) else [value]
+        if any(isinstance(v, list) and not all(isinstance(x, str) for x in v) for v in lists):
+            r.warnings.append(f"recompute_config.{key}: {value}: not tuned; the export keeps it, "
+                              "re-derived for the tuned pipeline stages")
     if full is True or isinstance(full, list) and any(flatten(full)):
         return "full"
     if select is True or isinstance(select, (list, dict)) and select:
