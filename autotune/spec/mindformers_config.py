@@ -7,14 +7,13 @@ space that holds the baseline, and the warnings. It writes nothing. Every key is
 table in docs/mindformers.md ("autotune init --mindformers") says, each rule read from
 MindFormers' source:
 
-- a model autotune cannot represent (MoE, multi-latent attention, ``head_dim`` ≠ hidden/heads,
-  q/k layernorm, context parallelism) is a :class:`SpecError` naming the key (exit 2), and so is
-  a missing or ill-typed key the reading needs;
-- a setting that is dropped or fixed (sequence parallelism, ``fine_grain_interleave``, per-layer
-  recompute lists, an uneven ``offset``, ``qkv_concat``, qkv biases, ``micro_batch_interleave_num``
-  > 1, tied embeddings, …) is one warning line naming the key and what autotune does instead.
-- FFN width: ``intermediate_size``, else MindFormers' ``LlamaFeedForward`` rule
-  (`autotune.shapes.llama_ffn`: ``multiple_of``, ``ffn_dim_multiplier``).
+- the model (`autotune.spec.mindformers_model`): an architecture outside the llama family's
+  allow-list, PEFT, MoE, multi-latent attention, q/k layernorm, context parallelism is a
+  :class:`SpecError` naming the key (exit 2), and so is a missing or ill-typed key the reading
+  needs; a setting that is dropped or fixed is one warning line naming the key;
+- the layout as MindFormers runs it: ``use_parallel`` false (its default) is one device
+  stand-alone, ``parallel_mode`` 0 data parallel over dp·mp·pp devices, both with the
+  accumulation reset to 1 (``BaseTrainer._check_grad_accumulation_steps``);
 - global batch (``_check_global_batch_size_for_auto_parallel``, ``mindformers/trainer/
   base_trainer.py``): ``runner_config.batch_size`` (over a dataset's) × dp × ``micro_batch_num``
   with pipeline stages, else × ``gradient_accumulation_steps``; × ``micro_batch_interleave_num``
@@ -23,6 +22,7 @@ MindFormers' source:
 - warmup: ``warmup_ratio`` × total steps when the ratio is given (``_get_lr_steps``, ``mindformers/
   core/lr/lr_schedule.py``), else ``warmup_steps``; total steps from ``lr_schedule.total_steps``
   or ``total_steps`` (required when the config says -1, "the dataset's length").
+- ``cluster.device`` for every backend; jit level O2 (deprecated) read as O1 with a warning.
 """
 
 from __future__ import annotations
