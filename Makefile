@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# MindFormers, the export's consumer, in a venv of its own: it pins numpy<2 and mindspore~=2.9.0,
+# which autotune's venv cannot share (docs/mindformers.md, "MindFormers itself in the tests").
+MF_VENV  := .venv-mindformers
+MF_STAMP := $(MF_VENV)/.installed
 
-.PHONY: install search test test-slow clean
+.PHONY: install mindformers search test test-slow clean
 
 install: $(STAMP)
 
@@ -13,6 +17,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,plots,postgres]'
 	touch $(STAMP)
+
+mindformers: $(MF_STAMP)
+
+$(MF_STAMP): tests/mindformers/requirements.txt
+	rm -rf $(MF_VENV)
+	$(PYTHON) -m venv $(MF_VENV)
+	$(MF_VENV)/bin/pip install --quiet -r tests/mindformers/requirements.txt
+	touch $(MF_STAMP)
 
 # The quickstart: ~8 real MindSpore trials on this machine's CPU, a new study each run.
 search: $(STAMP)
@@ -27,8 +39,8 @@ test: $(STAMP)
 # Every multi-process proof: layouts that train alike, process-tree kills, two-node clusters,
 # PostgreSQL drivers, exported runs that train and resume, the loop on real trials. CI runs it
 # after make test.
-test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow tests
+test-slow: $(STAMP) $(MF_STAMP)
+	AUTOTUNE_REQUIRE_MINDFORMERS=1 $(BIN)/python -m pytest -q -m slow tests
 
 clean:
-	rm -rf $(VENV) trials/*/ trials/*.db .pytest_cache
+	rm -rf $(VENV) $(MF_VENV) trials/*/ trials/*.db .pytest_cache

@@ -52,6 +52,8 @@ def cmd_init(args) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise SpecError(f"--out {out}: exists (pass --force to replace it)")
+    if not out.parent.is_dir():
+        raise SpecError(f"--out {out}: no folder {out.parent}")
     text, warnings = init_text(args.mindformers, out, args.devices, args.devices_per_node,
                                args.backend, args.total_steps)
     for warning in warnings:

@@ -205,8 +205,16 @@ def test_data_parallel_export(tmp_path):
     assert launch["auto_parallel_context"]["gradients_mean"] is True
     assert launch["device"] == {"device_target": "CPU"} and launch["context"] == {"mode": 0}
     mf = yaml.safe_load((out / "mindformers.yaml").read_text())
-    # Without pipeline stages: batch_size × dp × gradient_accumulation_steps, and MindFormers
-    # keeps the accumulation only in semi-auto parallel (parallel_mode 1), pure DP included.
+    # MindFormers on CPU runs data parallel only (parallel_mode 0), where it accumulates nothing:
+    # the 4 accumulated micro-batches of 2 become one batch of 8 per rank.
+    assert mf["runner_config"] == {"batch_size": 8, "gradient_accumulation_steps": 1,
+                                   "sink_mode": False}
+    assert mf["parallel"]["parallel_mode"] == 0 and mf["parallel"]["full_batch"] is False
+    assert mf["parallel"]["gradients_mean"] is True
+    # On Ascend: batch_size × dp × gradient_accumulation_steps, and MindFormers keeps the
+    # accumulation only in semi-auto parallel (parallel_mode 1), pure DP included.
+    write_export(make_spec(tmp_path, devices=2, device="ascend-910b"), c, TRIAL, tmp_path / "npu")
+    mf = yaml.safe_load((tmp_path / "npu" / "mindformers.yaml").read_text())
     assert mf["runner_config"] == {"batch_size": 2, "gradient_accumulation_steps": 4}
     assert mf["parallel"]["parallel_mode"] == 1 and mf["parallel"]["full_batch"] is True
 
@@ -220,7 +228,8 @@ def test_pynative_data_parallel_export(tmp_path):
     mf = yaml.safe_load((out / "mindformers.yaml").read_text())
     # PyNative runs data parallel only: MindFormers' code 0
     assert mf["parallel"]["parallel_mode"] == 0 and mf["context"]["mode"] == 1
-    assert mf["runner_config"] == {"batch_size": 8, "gradient_accumulation_steps": 1}
+    assert mf["runner_config"] == {"batch_size": 8, "gradient_accumulation_steps": 1,
+                                   "sink_mode": False}
 
 
 @pytest.mark.parametrize("knobs, message", [

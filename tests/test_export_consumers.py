@@ -3,10 +3,11 @@
 - launch.yaml: every section passed to MindSpore 2.10's own set_device / set_context / JitConfig /
   set_auto_parallel_context, for a CPU export of every layout, with no error and no deprecation
   warning; what MindSpore refuses on CPU (Ascend, O2) is checked by value.
-- mindformers.yaml: MindFormers cannot be installed here (docs/mindformers.md), so its rules are
-  transcribed below from its source, and the fixtures (tests/fixtures/mindformers/) are written by
-  hand after its real configs. The merged config of every layout must give MindFormers' trainer
-  the tuned global batch, warmup, layout, no parallel optimizer and no interleave.
+- mindformers.yaml: MindFormers cannot be installed next to autotune (docs/mindformers.md), so
+  its merge and global-batch rules are transcribed below from its source for this fast tier; the
+  slow tier runs MindFormers itself over the same kind of exports, templates and LayerSetting
+  included (tests/test_mindformers_consumer.py). The merged config of every layout must give
+  MindFormers' trainer the tuned global batch, warmup, layout and no interleave.
 - strategy.ckpt: MindFormers' llama and mcore parameter names (and their Adam moments) are split
   as MindFormers' layers split them.
 - launch.sh --mindformers: the command MindFormers is started with.
@@ -75,24 +76,6 @@ def mindformers_global_batch(cfg: dict, device_num: int) -> int:
     if pp > 1:
         return batch * par["data_parallel"] * par["micro_batch_num"] * interleave
     return batch * par["data_parallel"] * interleave * accumulation
-
-
-# mindformers/tools/register/template.py: the sections whose unexpected keys raise KeyError, and
-# the top-level (GeneralConfig) keys.
-TEMPLATE_KEYS = {
-    "parallel_config": {"data_parallel", "model_parallel", "context_parallel", "expert_parallel",
-                        "pipeline_stage", "micro_batch_num", "seq_split_num", "use_seq_parallel",
-                        "optimizer_shard", "gradient_aggregation_group", "vocab_emb_dp",
-                        "context_parallel_algo", "ulysses_degree_in_cp", "mem_coeff"},
-    "recompute_config": {"recompute", "select_recompute", "parallel_optimizer_comm_recompute",
-                         "select_comm_recompute", "mp_comm_recompute", "recompute_slice_activation",
-                         "select_recompute_exclude", "select_comm_recompute_exclude"},
-    "runner_config": {"batch_size", "epochs", "sink_mode", "sink_size",
-                      "gradient_accumulation_steps", "num_classes", "stop_step"},
-}
-TEMPLATE_SECTIONS = {"context", "parallel", "parallel_config", "runner_config", "runner_wrapper",
-                     "lr_schedule", "recompute_config", "model", "trainer", "optimizer"}
-GENERAL_KEYS = {"run_mode", "use_parallel", "micro_batch_interleave_num", "base_config"}
 
 
 def read_yaml(path: Path) -> dict:
@@ -179,6 +162,7 @@ def test_overlay_merged_over_llama2_is_what_mindformers_rule_gives(tmp_path):
                                "warmup_lr_init": 0.0, "num_cycles": 0.5, "decay_steps": None,
                                "decay_ratio": None}
     expected["recompute_config"]["select_recompute"] = True
+    expected["model"]["model_config"]["parallel_optimizer"] = False
     assert merged == expected
     changes = json.loads((out / "summary.json").read_text())["mindformers"]["changes"]
     # every key whose value moved ("absent": the base did not have it); lr_end 0 -> 0.0 is no change
@@ -192,6 +176,7 @@ def test_overlay_merged_over_llama2_is_what_mindformers_rule_gives(tmp_path):
         "lr_schedule.warmup_lr_init": "absent", "lr_schedule.num_cycles": "absent",
         "lr_schedule.decay_steps": "absent", "lr_schedule.decay_ratio": "absent",
         "recompute_config.select_recompute": False,
+        "model.model_config.parallel_optimizer": "absent",
     }
     header = (out / "mindformers.yaml").read_text().split("\nseed:")[0]
     assert "#   parallel.enable_parallel_optimizer: true -> false" in header
@@ -208,7 +193,12 @@ def test_a_tuned_parallel_optimizer_stays_on_over_a_base_that_has_it_on(tmp_path
     # the base's own threshold (and its gradient_accumulation_shard) are kept as they were
     assert merged["parallel"]["parallel_optimizer_config"] == base["parallel"]["parallel_optimizer_config"]
     changes = json.loads((out / "summary.json").read_text())["mindformers"]["changes"]
-    assert not [c for c in changes if "parallel_optimizer" in c["key"]]
+    # the legacy llama's embedding joins the sharding only when its model_config says so
+    assert [c for c in changes if "parallel_optimizer" in c["key"]] == [
+        {"key": "model.model_config.parallel_optimizer", "new": True}]
+    # the optimizer's all-gathers and reduce-scatters are bucketed at the tuned threshold too
+    assert merged["parallel"]["comm_fusion"] == {
+        bucket: {"mode": "size", "config": 16} for bucket in ("allreduce", "allgather", "reducescatter")}
     assert "optimizer_shard" not in json.dumps(merged["parallel_config"])
     # without a base, the overlay turns it on with MindFormers' default threshold
     overlay = read_yaml(export(tmp_path, "po-overlay", dict(LAYOUTS["dp8"], parallel_optimizer=True),
@@ -248,10 +238,7 @@ def test_every_layout_trains_as_tuned_under_mindformers(tmp_path, base, dtype, l
     overlay = read_yaml(alone / "mindformers.yaml")
     assert overlay.pop("base_config") == "SET-ME-your-model-mindformers-config.yaml"
     assert mindformers_merge_a_into_b(overlay, base_as_mindformers_reads_it(base)) == merged
-    # every key is one MindFormers' config template accepts
-    assert set(overlay) <= TEMPLATE_SECTIONS | GENERAL_KEYS
-    for section, allowed in TEMPLATE_KEYS.items():
-        assert set(overlay[section]) <= allowed, section
+    # MindFormers' own section templates check every key: tests/test_mindformers_consumer.py
 
 
 def base_as_mindformers_reads_it(path: Path) -> dict:
@@ -374,11 +361,16 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / "rank_0").mkdir(parents=True)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MSRUN_ARGS": str(tmp_path / "args")}
-    overlay_only = export(tmp_path, "overlay", LAYOUTS["dp2-tp2-pp2"], backend="cpu")
+    overlay_only = export(tmp_path, "overlay", LAYOUTS["dp8"], backend="cpu")
     refused = subprocess.run(["bash", str(overlay_only / "launch.sh"), "--mindformers", str(mf)],
                              env=env, capture_output=True, text=True)
     assert refused.returncode == 2 and "base_config" in refused.stderr
-    out = export(tmp_path, "full", LAYOUTS["dp2-tp2-pp2"], backend="cpu", base=LLAMA2)
+    # MindFormers refuses semi-auto parallel on CPU: the script says so before starting anything
+    split = export(tmp_path, "split", LAYOUTS["dp2-tp2-pp2"], backend="cpu", base=LLAMA2)
+    refused = subprocess.run(["bash", str(split / "launch.sh"), "--mindformers", str(mf)],
+                             env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "cannot run this export on CPU: tp = 2, pp = 2" in refused.stderr
+    out = export(tmp_path, "full", LAYOUTS["dp8"], backend="cpu", base=LLAMA2)
     # relative paths are the caller's: launch.sh makes them absolute before it changes folder
     subprocess.run(["bash", str(out / "launch.sh"), "--mindformers", "mindformers", "--out", "mfrun",
                     "--load-checkpoint", "ckpt", "--", "--train_dataset_dir", "/data"],
@@ -389,10 +381,72 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
                          "--master_port=8118", "--node_rank=0", f"--log_dir={tmp_path / 'mfrun' / 'logs'}",
                          "--join=True", "--cluster_time_out=600", "--tail_worker_log=0", "--bind_core=True"]
     assert args[10:] == ["run_mindformer.py", "--config", str(out / "mindformers.yaml"), "--run_mode", "train",
-                         "--output_dir", str(tmp_path / "mfrun"), "--load_checkpoint", str(ckpt),
+                         "--output_dir", str(tmp_path / "mfrun"),
+                         "--register_path", str(out),  # autotune's CPU training step is there
+                         "--load_checkpoint", str(ckpt),
                          "--src_strategy_path_or_dir", str(out / "strategy.ckpt"), "--auto_trans_ckpt", "True",
                          "--train_dataset_dir", "/data"]
     for bad in (["--mindformers", str(tmp_path)], ["--mindformers", str(mf), "--steps", "3"],
                 ["--load-checkpoint", str(ckpt)]):
         done = subprocess.run(["bash", str(out / "launch.sh"), *bad], env=env, capture_output=True, text=True)
         assert done.returncode == 2, bad
+
+
+# --- the base's keys autotune does not tune -----------------------------------------------------
+
+def test_per_stage_recompute_lists_are_rederived_for_the_tuned_stages():
+    from autotune.export.mindformers_base import stage_lists
+    # Llama 2 70B's select_comm_recompute: the first 8, 4, 4, 1, … layers of each 10-layer stage
+    base = read_yaml(Path(__file__).parents[1] / "benchmarks" / "mindformers_configs"
+                     / "finetune_llama2_70b_bf16_32p.yaml")
+    key = "recompute_config.select_comm_recompute"
+    assert stage_lists(base, 80, 8) == {}  # the base's own layout: nothing to do
+    assert stage_lists(base, 80, 4) == {key: [12, 5, 2, 2]}
+    assert stage_lists(base, 80, 2) == {key: [17, 4]}
+    assert stage_lists(base, 80, 1) == {key: [21]}
+    # an uneven offset moves layers: stages of 9 and 11 layers recompute layers 0-2 and 9-10
+    uneven = {"parallel_config": {"pipeline_stage": 2},
+              "model": {"model_config": {"offset": [-1, 1]}},
+              "recompute_config": {"select_comm_recompute": {r".*\.norm": [3, 2], "mul": True},
+                                   "select_recompute_exclude": ["w1"]}}
+    assert stage_lists(uneven, 20, 4) == {key: {r".*\.norm": [3, 1, 1, 0], "mul": True}}
+    # interleaved stages: a nested list, one row per interleave
+    nested = {"parallel_config": {"pipeline_stage": 2},
+              "model": {"model_config": {"pp_interleave_num": 2}},
+              "recompute_config": {"select_comm_recompute": [[2, 0], [1, 1]]}}
+    assert stage_lists(nested, 16, 1) == {key: [[2], [2]]}
+    with pytest.raises(SpecError, match=r"select_comm_recompute: \[1, 2, 3\] has 3 entries for "
+                                        r"the base's pipeline_stage 2"):
+        stage_lists({"parallel_config": {"pipeline_stage": 2},
+                     "recompute_config": {"select_comm_recompute": [1, 2, 3]}}, 8, 4)
+
+
+def test_the_header_lists_what_was_rederived_and_what_the_base_keeps(tmp_path):
+    out = export(tmp_path, "o", dict(LAYOUTS["dp2-tp2-pp2"], parallel_optimizer=True),
+                 device="ascend-910b", base=FIXTURES / "pretrain_llama2_70b.yaml")
+    header = (out / "mindformers.yaml").read_text().split("\nseed:")[0]
+    kept = header.split("# Kept from the base, not tuned (they change layout, memory or schedule):\n")[1]
+    assert "#   parallel_config.use_seq_parallel: true\n" in kept
+    assert "#   model.model_config.fine_grain_interleave: 2\n" in kept
+    assert "parallel_config.vocab_emb_dp" not in kept  # the overlay sets it
+    overlay = read_yaml(export(tmp_path, "ov", LAYOUTS["dp4-pp2"], device="ascend-910b")
+                        / "mindformers.yaml")
+    assert "re-derived for pp = 2" in (tmp_path / "ov" / "mindformers.yaml").read_text()
+    assert overlay["model"]["model_config"] == {"offset": 0, "parallel_optimizer": False}
+
+
+def test_a_cpu_export_carries_autotunes_cpu_training_step(tmp_path):
+    out = export(tmp_path, "cpu", LAYOUTS["dp8"], backend="cpu", base=LLAMA2)
+    merged = read_yaml(out / "mindformers.yaml")
+    wrapper = merged["runner_wrapper"]
+    assert (wrapper["type"], wrapper["auto_register"]) == (
+        "CpuTrainOneStepCell", "mindformers_cpu_wrapper.CpuTrainOneStepCell")
+    assert "class CpuTrainOneStepCell(MFTrainOneStepCell)" in (out / "mindformers_cpu_wrapper.py").read_text()
+    model = merged["model"]["model_config"]
+    assert (model["use_rope_slice"], model["fused_rms_norm"], model["use_flash_attention"]) == (True, False, False)
+    assert merged["context"]["device_target"] == "CPU"
+    # what MindFormers cannot run on CPU keeps the device form, and says why
+    split = export(tmp_path, "split", LAYOUTS["dp2-tp2-pp2"], backend="cpu", base=LLAMA2)
+    assert not (split / "mindformers_cpu_wrapper.py").exists()
+    assert "# MindFormers cannot run this on CPU: tp = 2, pp = 2 is semi-auto parallel" in \
+        (split / "mindformers.yaml").read_text()

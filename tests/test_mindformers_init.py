@@ -1,12 +1,13 @@
 """``autotune init --mindformers``: MindFormers' published configs in (docs/mindformers.md,
 "autotune init --mindformers").
 
-The fixtures are MindFormers' own files, verbatim under a header naming the commit: the Llama 2
-7B/13B/70B pretraining configs and the Qwen2.5-7B config (tests/fixtures/mindformers/). Each is
-read into a model.yaml whose shape, FFN width, global batch, baseline and space are checked here
-against the values the config itself states (or MindFormers' rule derives from it); what cannot
-be represented is refused (exit 2, naming the key) and what is dropped is warned about. End to
-end: init → a simulate search → export merging into the fixture.
+The fixtures are MindFormers' own files, verbatim under a header naming the repository's commit
+(tests/fixtures/mindformers/, benchmarks/mindformers_configs/). Every one is read into a
+model.yaml whose fields are checked here against the value MindFormers' own rule gives (its
+trainer's global batch, its LlamaFeedForward width, its stand-alone and data-parallel resets), or
+refused with exit 2 naming the key or the architecture, never a traceback. Dropped settings are
+warned about. End to end: init → a simulate search → export merging into the fixture. The slow
+tier checks the same fixtures with MindFormers itself (tests/test_mindformers_consumer.py).
 """
 
 import json
@@ -25,6 +26,23 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "mindformers"
 LLAMA7, LLAMA13, LLAMA70 = (FIXTURES / f"pretrain_llama2_{s}.yaml" for s in ("7b", "13b", "70b"))
 QWEN25 = FIXTURES / "finetune_qwen2_5_7b_8k.yaml"
 QWEN3 = FIXTURES / "pretrain_qwen3_bf16.yaml"  # a handwritten mcore qwen3 (q/k layernorm)
+BENCHMARK_CONFIGS = FIXTURES.parents[2] / "benchmarks" / "mindformers_configs"
+TINY = FIXTURES.parents[1] / "mindformers" / "tiny_llama_cpu.yaml"
+# Fixtures autotune's llama family does not represent: what the refusal names.
+REFUSED = {
+    "run_gpt2.yaml": "model.arch.type: GPT2LMHeadModel: autotune's llama family represents "
+                     "LlamaForCausalLM",
+    "run_bloom_7.1b.yaml": "model.arch.type: BloomLMHeadModel",
+    "run_t5_small_on_wmt16.yaml": "model.arch.type: T5ForConditionalGeneration",
+    "finetune_glm4_9b.yaml": "model.arch.type: ChatGLM2ForConditionalGeneration",
+    "finetune_baichuan2_13b.yaml": "Baichuan13BV2ForCausalLM would need ALiBi positions",
+    "pretrain_mixtral-8x7b.yaml": "moe_config.expert_num: 8 experts",
+    "lora_llama2_7b.yaml": "model.model_config.pet_config: parameter-efficient fine-tuning (lora)",
+    "finetune_qwen3.yaml": "pretrained_model_dir: '/path/to/Qwen3-32B': this mcore config",
+    "pretrain_qwen3_bf16.yaml": "model.model_config.qk_layernorm",
+    "qwen3_common.yaml": "model.model_config.qk_layernorm",
+}
+EVERY = sorted(FIXTURES.glob("*.yaml")) + sorted(BENCHMARK_CONFIGS.glob("*.yaml")) + [TINY]
 
 
 def init(tmp_path, config, *flags, out="model.yaml"):
@@ -136,7 +154,6 @@ def _variant(tmp_path, name, body):
     ("moe", "moe_config:\n  expert_num: 8\n", "moe_config.expert_num"),
     ("mla", "model:\n  model_config:\n    multi_latent_attention: true\n",
      "model.model_config.multi_latent_attention"),
-    ("headdim", "model:\n  model_config:\n    head_dim: 256\n", "model.model_config.head_dim"),
     ("qknorm", "model:\n  model_config:\n    qk_layernorm: true\n",
      "model.model_config.qk_layernorm"),
     ("cp", "parallel_config:\n  context_parallel: 2\n", "parallel_config.context_parallel"),
@@ -260,3 +277,88 @@ def test_estimate_takes_the_baseline_and_set_wins_over_it(tmp_path, capsys):
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["candidate"]
     assert (out["dp"], out["tp"], out["grad_accum"], out["parallel_optimizer"]) == (4, 2, 8, False)
+
+
+@pytest.mark.parametrize("config", EVERY, ids=[p.name for p in EVERY])
+def test_every_fixture_is_read_or_refused_by_name(tmp_path, capsys, config):
+    code, data = init(tmp_path, config, "--total-steps", "1000", "--backend", "simulate")
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if config.name in REFUSED:
+        assert code == 2 and REFUSED[config.name] in err, err
+        assert str(config) in err and not (tmp_path / "model.yaml").exists()
+    else:
+        assert code == 0, err
+        assert data["model"]["family"] == "llama" and data["cluster"]["device"]
+        spec_and_space(tmp_path)
+
+
+def test_a_qwen_warmup_of_one_percent_stays_the_baselines_on_a_real_backend(tmp_path, capsys):
+    """The baseline's 10 warmup steps of 1000 compress to 0 in a 30-step trial, like 0 and 5:
+    merge_warmups keeps 10 as their group's value, so the baseline is in the space."""
+    code, data = init(tmp_path, FIXTURES / "finetune_qwen2.5_72B_32K.yaml", "--total-steps", "1000")
+    assert code == 0, capsys.readouterr().err
+    assert data["cluster"]["backend"] == "ascend" and data["baseline"]["warmup_steps"] == 10
+    # 1 × dp 1 × micro_batch_num 32; qkv biases dropped
+    assert data["train"]["global_batch_size"] == 32 and data["model"]["ffn_hidden_size"] == 29568
+    _, space = spec_and_space(tmp_path)
+    assert 10 in space.domains["warmup_steps"] and space.baseline().warmup_steps == 10
+
+
+def test_use_parallel_false_is_one_device_stand_alone(tmp_path):
+    # KnowLM-13B: use_parallel False with parallel_config dp 2, mp 4, pp 2 and 16 micro-batches:
+    # MindFormers sets no parallel context and resets parallel_config, so one device runs
+    # batch_size 4 (BaseTrainer._check_global_batch_size_for_auto_parallel, stand-alone branch)
+    code, data = init(tmp_path, FIXTURES / "run_knowlm_13b.yaml", "--total-steps", "1000",
+                      "--backend", "simulate")
+    assert code == 0
+    assert data["cluster"]["devices"] == 1 and data["train"]["global_batch_size"] == 4
+    assert data["baseline"] | {"recompute": None} == {
+        "dp": 1, "tp": 1, "pp": 1, "grad_accum": 1, "recompute": None,
+        "parallel_optimizer": False, "loss_scale": 65536, "warmup_steps": 30}
+    assert data["model"]["ffn_hidden_size"] == 13824  # 4·5120·2/3 up to a multiple of 256
+    assert "# NOTE: use_parallel: False: MindFormers runs it stand-alone" in \
+        (tmp_path / "model.yaml").read_text()
+
+
+def test_data_parallel_mode_resets_the_layout_as_mindformers_does(tmp_path):
+    # parallel_mode 0: every launched device a data-parallel rank, accumulation reset to 1
+    body = "parallel:\n  parallel_mode: 0\nparallel_config:\n  model_parallel: 2\n"
+    code, data = init(tmp_path, _variant(tmp_path, "dp0", body), "--total-steps", "10",
+                      "--backend", "simulate")
+    assert code == 0
+    assert (data["cluster"]["devices"], data["train"]["global_batch_size"]) == (16, 16)
+    assert (data["baseline"]["dp"], data["baseline"]["tp"], data["baseline"]["grad_accum"]) == (16, 1, 1)
+
+
+def test_o2_vocab_emb_dp_and_kv_channels_are_read_with_a_warning(tmp_path, capsys):
+    code, data = init(tmp_path, FIXTURES / "finetune_codellama_34b_16p.yaml", "--total-steps",
+                      "1000", "--backend", "simulate")
+    assert code == 0 and data["baseline"]["jit_level"] == "O1"
+    assert "context.jit_config.jit_level: O2: the GE backend, deprecated since MindSpore 2.9" in \
+        capsys.readouterr().err
+    # CodeLlama-34B: 4·8192·2/3 up to a multiple of 256 = 22016; 1 × dp 1 × 128 micro-batches
+    assert data["model"]["ffn_hidden_size"] == 22016 and data["train"]["global_batch_size"] == 128
+    code, _ = init(tmp_path, FIXTURES / "run_codellama_34b_910b.yaml", "--total-steps", "1000",
+                   "--backend", "simulate", out="b.yaml")
+    assert code == 0
+    assert "parallel_config.vocab_emb_dp: True with model_parallel 8: MindFormers keeps the " \
+           "embedding whole" in capsys.readouterr().err
+    # Qwen1.5-0.5B: kv_channels 16 is not 1024 / 16 = 64, and the legacy llama ignores it
+    code, data = init(tmp_path, FIXTURES / "finetune_qwen1_5_05b.yaml", "--total-steps", "1000",
+                      "--backend", "simulate", out="c.yaml")
+    assert code == 0 and data["model"]["num_heads"] == 16
+    assert "model.model_config.kv_channels: 16: ignored" in capsys.readouterr().err
+    body = "use_legacy: False\nmodel:\n  model_config:\n    model_type: qwen2\n    head_dim: 256\n"
+    assert init(tmp_path, _variant(tmp_path, "mcore", body), "--total-steps", "10", out="d.yaml")[0] == 2
+    assert "model.model_config.head_dim: 256 ≠ hidden_size / num_heads" in capsys.readouterr().err
+
+
+def test_cluster_device_is_written_for_every_backend(tmp_path):
+    # a CPU config on simulate is priced as the CPU (the export then targets it), and an Ascend
+    # config run on the CPU backend as the CPU it runs on
+    assert init(tmp_path, TINY, "--backend", "simulate")[1]["cluster"]["device"] == "cpu"
+    data = init(tmp_path, LLAMA7, "--backend", "cpu", "--total-steps", "10", out="b.yaml")[1]
+    assert data["cluster"]["device"] == "cpu" and "max_device_memory_gb" not in data["cluster"]
+    data = init(tmp_path, LLAMA7, "--total-steps", "10", out="c.yaml")[1]
+    assert (data["cluster"]["backend"], data["cluster"]["device"]) == ("ascend", "ascend-910b")

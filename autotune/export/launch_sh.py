@@ -14,6 +14,8 @@ Contract: :func:`launch_script` returns the script text. The script
   MindFormers' ``run_mindformer.py`` from its checkout MF_DIR under ``msrun`` (always: MindFormers
   initialises communication with ``use_parallel``) with ``--config`` this folder's
   ``mindformers.yaml``, ``--run_mode train`` and ``--output_dir DIR``, and ARGS passed through.
+  A CPU export passes its folder as ``--register_path`` (autotune's CPU training step is there),
+  and one MindFormers cannot run on CPU (tp/pp > 1, the parallel optimizer) refuses to start.
   ``--load-checkpoint CKPT`` adds ``--load_checkpoint CKPT --src_strategy_path_or_dir
   <this folder>/strategy.ckpt --auto_trans_ckpt True``: MindFormers reshards CKPT, laid out as
   this export, into its own layout. It refuses to start while ``mindformers.yaml`` still names no
@@ -34,7 +36,7 @@ from __future__ import annotations
 import json
 
 from autotune.export.configs import run_backend
-from autotune.export.mindformers import UNSET_BASE
+from autotune.export.mindformers import UNSET_BASE, cpu_refusals, on_cpu
 from autotune.spec.candidate import Candidate
 from autotune.spec.model_yaml import Spec
 from autotune.train.msrun import MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args, node_count
@@ -99,7 +101,7 @@ LOG_DIR="${{LOG_DIR:-$OUT/logs}}"
 
 if [[ -n "$MINDFORMERS" ]]; then
   ARGS=(run_mindformer.py --config "$HERE/mindformers.yaml" --run_mode train --output_dir "$OUT")
-  if [[ -n "$LOAD" ]]; then
+{register}  if [[ -n "$LOAD" ]]; then
     # strategy.ckpt describes a checkpoint laid out as this export: MindFormers reshards it.
     ARGS+=(--load_checkpoint "$LOAD" --src_strategy_path_or_dir "$HERE/strategy.ckpt" --auto_trans_ckpt True)
   fi
@@ -168,6 +170,9 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
                          cluster_time_out=MSRUN_DEFAULT_CLUSTER_TIME_OUT_S,
                          bind_core=backend.pins_cores, tail_worker=0)
     msrun = _shell_words(options)
+    refusal = backend.no_mindformers
+    if backend.name == "cpu" and cpu_refusals(c):
+        refusal = "MindFormers cannot run this export on CPU: " + "; ".join(cpu_refusals(c))
     script = _HEADER.format(
         study=json.dumps(str(trial["study"])), number=trial["number"], dp=c.dp, tp=c.tp, pp=c.pp,
         workers=workers, nodes_note=f" on {nodes} nodes" if nodes > 1 else "",
@@ -175,7 +180,9 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
         rank_note=f"0..{nodes - 1}, required" if nodes > 1 else "0",
         unset_base=UNSET_BASE, cluster=cluster, msrun=msrun,
         environment="".join(f"export {name}={value}\n" for name, value in backend.environment),
-        no_mindformers=f'  fail "--mindformers: {backend.no_mindformers}"\n' if backend.no_mindformers else "")
+        no_mindformers=f'  fail "--mindformers: {refusal}"\n' if refusal else "",
+        # autotune's CPU training step, beside mindformers.yaml (autotune.export.mindformers)
+        register='  ARGS+=(--register_path "$HERE")\n' if on_cpu(spec, c) else "")
     if workers == 1:
         return script + 'exec python -m autotune.train "$CONFIG"\n'
     return script + "exec msrun \\\n" + msrun + '    python -m autotune.train "$CONFIG"\n'

@@ -1,14 +1,23 @@
 """mindformers.yaml: the tuned settings as a MindFormers config.
 
-Contract (no MindFormers import: it cannot be installed next to autotune, docs/mindformers.md):
+Contract (no MindFormers import: it cannot be installed next to autotune; the slow tests run the
+output through MindFormers itself in a venv of its own, docs/mindformers.md):
 - :func:`overlay` is every key autotune sets, each for a reason docs/mindformers.md states with
   its MindFormers source ("What the overlay sets"). MindFormers' global batch under it is
   ``train.global_batch_size`` in every layout, pure data parallel included.
+- A ``cpu`` run backend gets the config MindFormers runs on CPU when it can (:func:`cpu_refusals`
+  is empty): data parallel (``parallel_mode: 0``, gradients averaged), accumulation folded into
+  the per-rank batch, no sink mode, the legacy llama's CPU kernels, and autotune's CPU training
+  step (:data:`CPU_WRAPPER_FILE`, passed by ``launch.sh`` through ``--register_path``). When it
+  cannot, the file is the device form and its header says why MindFormers refuses it on CPU.
 - The base is read and merged by MindFormers' own rule, `autotune.spec.mindformers_file`
-  (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too.
+  (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too; its
+  per-stage recompute lists are re-derived for the tuned pp and the keys it keeps that change
+  layout, memory or schedule are listed (`autotune.export.mindformers_base`).
 - :func:`document` returns ``(mindformers.yaml text, changes)``: without a base, the overlay with
   a ``base_config`` the user must set (its header says so); with one, the complete config — the
-  base with the overlay merged in — and a header listing every changed key (old -> new).
+  base with the overlay merged in — and a header listing every changed key (old -> new), the
+  re-derived lists and the kept keys.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import yaml
 
 from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
                                      loss_scaled, micro_batch_size, parallel_optimizer, run_backend)
+from autotune.export.mindformers_base import kept, stage_lists
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
@@ -28,20 +38,46 @@ from autotune.spec.model_yaml import Spec
 
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.
 UNSET_BASE = "SET-ME-your-model-mindformers-config.yaml"
+# autotune's training step for MindFormers on CPU, copied beside a CPU export's mindformers.yaml
+# (the file's own name) and registered through runner_wrapper.auto_register.
+CPU_WRAPPER_FILE = "mindformers_cpu_wrapper.py"
+CPU_WRAPPER = "CpuTrainOneStepCell"
+
+
+def on_cpu(spec: Spec, c: Candidate) -> bool:
+    """Whether mindformers.yaml is the CPU form (MindFormers runs ``c`` on this CPU)."""
+    return run_backend(spec).name == "cpu" and not cpu_refusals(c)
+
+
+def cpu_refusals(c: Candidate) -> list[str]:
+    """Why MindFormers cannot run ``c`` on CPU (measured: docs/mindformers.md, "On CPU")."""
+    reasons = []
+    if c.tp > 1 or c.pp > 1:
+        reasons.append(f"tp = {c.tp}, pp = {c.pp} is semi-auto parallel, which MindSpore refuses "
+                       "on CPU ('Invalid backend: CPU')")
+    if c.parallel_optimizer:
+        reasons.append("the parallel optimizer: MindSpore runs it in data-parallel mode on Ascend "
+                       "only")
+    return reasons
 
 
 def overlay(spec: Spec, c: Candidate) -> dict:
     """The tuned settings as MindFormers config keys (see docs/mindformers.md for each)."""
     # Semi-auto even for pure data parallel: MindFormers accumulates gradients only there.
-    # PyNative runs data parallel only (configs.export_reasons refuses the rest).
-    semi = c.jit_level != "pynative"
+    # PyNative runs data parallel only (configs.export_reasons refuses the rest), and so does
+    # MindFormers on CPU.
+    cpu = on_cpu(spec, c)
+    semi = c.jit_level != "pynative" and not cpu
     pp = c.pp > 1
     scaler = {"type": "DynamicLossScaleUpdateCell", **loss_scale_cell(c)}
     context = {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE,
                "device_target": run_backend(spec).device_target}
     if c.jit_level != "pynative":
         context["jit_config"] = {"jit_level": c.jit_level}
-    return {
+    fusion = {"mode": "size", "config": c.fusion_mb}
+    # With the parallel optimizer MindSpore also buckets its all-gathers and reduce-scatters.
+    buckets = ("allreduce", "allgather", "reducescatter") if c.parallel_optimizer else ("allreduce",)
+    document = {
         "run_mode": "train",
         "use_parallel": True,
         "micro_batch_interleave_num": 1,  # the global batch counts it; the tuned run has none
@@ -51,7 +87,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             "gradients_mean": not semi,         # semi-auto's loss is already the global mean
             "full_batch": semi,
             **parallel_optimizer(c),
-            "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}},
+            "comm_fusion": {bucket: dict(fusion) for bucket in buckets},
         },
         "parallel_config": {
             "data_parallel": c.dp, "model_parallel": c.tp, "pipeline_stage": c.pp,
@@ -70,9 +106,27 @@ def overlay(spec: Spec, c: Candidate) -> dict:
                         "decay_steps": None, "decay_ratio": None},
         "recompute_config": {"recompute": c.recompute == "full",
                              "select_recompute": c.recompute == "selective"},
-        # layers split evenly over the stages, as strategy.ckpt places them
-        "model": {"model_config": {"offset": 0}},
+        # layers split evenly over the stages, as strategy.ckpt places them; the legacy llama
+        # shards its embedding with the parallel optimizer only when its model_config says so
+        "model": {"model_config": {"offset": 0, "parallel_optimizer": c.parallel_optimizer}},
     }
+    if cpu:
+        _for_cpu(document, c)
+    return document
+
+
+def _for_cpu(document: dict, c: Candidate) -> None:
+    """The CPU form (docs/mindformers.md, "On CPU"): MindFormers accumulates gradients only under
+    semi-auto parallel, so the K accumulated micro-batches become one K-fold batch per rank (the
+    same global batch and updates, more activation memory)."""
+    runner = document["runner_config"]
+    runner.update(batch_size=runner["batch_size"] * runner["gradient_accumulation_steps"],
+                  gradient_accumulation_steps=1, sink_mode=False)  # sink: steps × sink_size
+    document["runner_wrapper"].update(type=CPU_WRAPPER,
+                                      auto_register=f"{Path(CPU_WRAPPER_FILE).stem}.{CPU_WRAPPER}")
+    # no RmsNorm or fused attention kernel on CPU; rope without slicing fails to broadcast
+    document["model"]["model_config"].update(use_rope_slice=True, fused_rms_norm=False,
+                                             use_flash_attention=False)
 
 
 def _check_base(spec: Spec, base: dict, where: str) -> None:
@@ -93,6 +147,18 @@ def _value(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _notes(spec: Spec, c: Candidate) -> str:
+    """Header lines on how MindFormers runs this file where it differs by device."""
+    if on_cpu(spec, c):
+        return ("# On CPU: data parallel, accumulation folded into the per-rank batch, and autotune's\n"
+                f"# {CPU_WRAPPER} ({CPU_WRAPPER_FILE} beside this file), which launch.sh\n"
+                "# --mindformers registers through run_mindformer.py --register_path.\n")
+    if run_backend(spec).name == "cpu":
+        return ("# MindFormers cannot run this on CPU: " + "; ".join(cpu_refusals(c))
+                + ".\n# It is the config for Ascend; launch.sh --mindformers refuses it here.\n")
+    return ""
+
+
 def document(spec: Spec, c: Candidate, trial: dict,
              base_path: str | None = None) -> tuple[str, list]:
     """``(mindformers.yaml text, changes)``; ``changes`` is empty without a base."""
@@ -104,8 +170,10 @@ def document(spec: Spec, c: Candidate, trial: dict,
         header = (f"{title} overlay.\n"
                   "# Set base_config to your model's MindFormers config (absolute, or relative to this\n"
                   "# file's folder): MindFormers merges this file over it. Or export again with\n"
-                  "# --mindformers-base YOUR.yaml to get the complete config. docs/mindformers.md\n"
-                  "# says why each key is set. Knobs map to:\n" + knob_lines)
+                  "# --mindformers-base YOUR.yaml to get the complete config, in which recompute lists\n"
+                  f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
+                  + _notes(spec, c) +
+                  "# docs/mindformers.md says why each key is set. Knobs map to:\n" + knob_lines)
         return header + _dump({BASE_CONFIG: UNSET_BASE, **tuned}), []
     base = load_config(base_path)
     _check_base(spec, base, str(base_path))
@@ -113,10 +181,20 @@ def document(spec: Spec, c: Candidate, trial: dict,
     if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:
         # the base's own threshold stays (ours is only MindFormers' default)
         tuned["parallel"].pop("parallel_optimizer_config", None)
+    rederived = stage_lists(base, spec.model.num_layers, c.pp)
+    for key, value in rederived.items():
+        tuned["recompute_config"][key.split(".", 1)[1]] = value
     merged, changes = merge(tuned, base, replace=True)
     lines = "".join(f"#   {ch['key']}: {_value(ch['old']) if 'old' in ch else '(absent)'} -> "
                     f"{_value(ch['new'])}\n" for ch in changes)
     header = (f"{title}:\n#   {Path(base_path).resolve()}\n"
               "# with the tuned settings merged in by MindFormers' own rule (docs/mindformers.md).\n"
-              "# Changed, old -> new:\n" + lines)
+              + _notes(spec, c) + "# Changed, old -> new:\n" + lines)
+    if rederived:
+        header += (f"# Re-derived for pp = {c.pp} (each stage recomputes the base's layers of its span):"
+                   f" {', '.join(rederived)}\n")
+    held = kept(merged, tuned)
+    if held:
+        header += ("# Kept from the base, not tuned (they change layout, memory or schedule):\n"
+                   + "".join(f"#   {key}: {_value(value)}\n" for key, value in held))
     return header + _dump(merged), changes

@@ -8,13 +8,15 @@ folder, the MindFormers base config and the checkpoint to reshard — and raises
 temporary sibling folder, checks the strategy file covers every parameter, and renames the
 folder into place, so a failure at any point leaves no half-written export. Returns the files of
 the finished folder, sorted. A run backend MindFormers cannot run (``Backend.no_mindformers``:
-gpu) gets no mindformers.yaml, and a ``mindformers_base`` for it is refused with that reason.
+gpu) gets no mindformers.yaml, and a ``mindformers_base`` for it is refused with that reason; a
+CPU export MindFormers runs gets its CPU training step beside it (``mindformers.CPU_WRAPPER_FILE``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -77,6 +79,9 @@ def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_co
         **({"mindformers.yaml": mindformers_yaml} if mindformers_yaml is not None else {}),
         "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
     }
+    if mindformers_yaml is not None and mindformers.on_cpu(spec, c):
+        documents[mindformers.CPU_WRAPPER_FILE] = (
+            resources.files(mindformers.__package__) / mindformers.CPU_WRAPPER_FILE).read_text()
     for name, text in documents.items():
         (folder / name).write_text(text.rstrip("\n") + "\n", encoding="utf-8")
     script = folder / "launch.sh"

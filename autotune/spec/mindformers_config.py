@@ -7,14 +7,13 @@ space that holds the baseline, and the warnings. It writes nothing. Every key is
 table in docs/mindformers.md ("autotune init --mindformers") says, each rule read from
 MindFormers' source:
 
-- a model autotune cannot represent (MoE, multi-latent attention, ``head_dim`` ≠ hidden/heads,
-  q/k layernorm, context parallelism) is a :class:`SpecError` naming the key (exit 2), and so is
-  a missing or ill-typed key the reading needs;
-- a setting that is dropped or fixed (sequence parallelism, ``fine_grain_interleave``, per-layer
-  recompute lists, an uneven ``offset``, ``qkv_concat``, qkv biases, ``micro_batch_interleave_num``
-  > 1, tied embeddings, …) is one warning line naming the key and what autotune does instead.
-- FFN width: ``intermediate_size``, else MindFormers' ``LlamaFeedForward`` rule
-  (`autotune.shapes.llama_ffn`: ``multiple_of``, ``ffn_dim_multiplier``).
+- the model (`autotune.spec.mindformers_model`): an architecture outside the llama family's
+  allow-list, PEFT, MoE, multi-latent attention, q/k layernorm, context parallelism is a
+  :class:`SpecError` naming the key (exit 2), and so is a missing or ill-typed key the reading
+  needs; a setting that is dropped or fixed is one warning line naming the key;
+- the layout as MindFormers runs it: ``use_parallel`` false (its default) is one device
+  stand-alone, ``parallel_mode`` 0 data parallel over dp·mp·pp devices, both with the
+  accumulation reset to 1 (``BaseTrainer._check_grad_accumulation_steps``);
 - global batch (``_check_global_batch_size_for_auto_parallel``, ``mindformers/trainer/
   base_trainer.py``): ``runner_config.batch_size`` (over a dataset's) × dp × ``micro_batch_num``
   with pipeline stages, else × ``gradient_accumulation_steps``; × ``micro_batch_interleave_num``
@@ -23,6 +22,7 @@ MindFormers' source:
 - warmup: ``warmup_ratio`` × total steps when the ratio is given (``_get_lr_steps``, ``mindformers/
   core/lr/lr_schedule.py``), else ``warmup_steps``; total steps from ``lr_schedule.total_steps``
   or ``total_steps`` (required when the config says -1, "the dataset's length").
+- ``cluster.device`` for every backend; jit level O2 (deprecated) read as O1 with a warning.
 """
 
 from __future__ import annotations
@@ -32,22 +32,31 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.shapes import llama_ffn
+from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import JIT_LEVELS, LOSS_SCALED_DTYPES
 from autotune.spec.mindformers_file import load_config
+from autotune.spec.mindformers_model import flatten, read_model
 
-# model_config keys: MindFormers' legacy LlamaConfig name first, then the mcore name.
-_NAMES = {"num_layers": ("num_layers", "num_hidden_layers"),
-          "hidden_size": ("hidden_size",),
-          "num_heads": ("num_heads", "num_attention_heads"),
-          "num_kv_heads": ("n_kv_heads", "num_key_value_heads"),
-          "vocab_size": ("vocab_size",),
-          "seq_length": ("seq_length",)}
 _DEVICES = {"ascend": "ascend", "gpu": "gpu", "cpu": "cpu"}  # context.device_target → backend
-_SCREENED_ON = {"ascend": ("ascend", "simulate"), "gpu": ("gpu", "simulate"), "cpu": ()}
-_PROFILE = {"ascend": "ascend-910b"}  # the published configs' "Atlas 800T A2"
+# The cost model's profile of the config's device; the published configs' "Atlas 800T A2".
+_PROFILE = {"ascend": "ascend-910b", "gpu": backend_of("gpu").default_profile, "cpu": "cpu"}
 _SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
+
+
+@dataclass
+class _Layout:
+    """The layout MindFormers runs a config with (``BaseTrainer._check_grad_accumulation_steps``,
+    ``_check_global_batch_size_for_auto_parallel``): ``split`` is ``micro_batch_num`` with
+    pipeline stages, else ``gradient_accumulation_steps``, each with its config key."""
+
+    dp: int
+    tp: int
+    pp: int
+    split: int
+    split_key: str
+    interleave: int  # micro_batch_interleave_num where it counts (semi-auto parallel), else 1
+    source: str = "parallel_config"  # where dp, tp and pp come from
 
 
 @dataclass
@@ -112,140 +121,64 @@ def read_config(path, devices: int | None = None, devices_per_node: int | None =
     path = Path(path)
     cfg = _Config(load_config(path), str(path))
     reading = Reading(str(path), str(cfg.get("trainer.model_name", path.stem)))
-    _refuse(cfg)
-    _read_model(cfg, reading)
-    dp, tp, pp = (cfg.number(f"parallel_config.{k}", default=1, minimum=1)
-                  for k in ("data_parallel", "model_parallel", "pipeline_stage"))
-    own = dp * tp * pp
+    read_model(cfg, reading)
+    runs = _layout(cfg, reading)
+    own = runs.dp * runs.tp * runs.pp
     devices = own if devices is None else devices
     if devices != own:
-        if devices % (tp * pp):
+        if devices % (runs.tp * runs.pp):
             raise SpecError(f"--devices {devices}: not a multiple of the config's model_parallel × "
-                            f"pipeline_stage = {tp * pp} (dp is scaled, tp and pp kept)")
+                            f"pipeline_stage = {runs.tp * runs.pp} (dp is scaled, tp and pp kept)")
         reading.notes.append(f"--devices {devices}, not the config's {own}: the global batch is "
-                             f"kept and dp scaled from {dp} to {devices // (tp * pp)}")
-    _read_train(cfg, reading, dp, pp, total_steps)
-    _read_cluster(cfg, reading, devices, devices == own, devices_per_node, backend)
-    _read_baseline(cfg, reading, dp, devices // (tp * pp), tp, pp)
+                             f"kept and dp scaled from {runs.dp} to {devices // (runs.tp * runs.pp)}")
+    _read_train(cfg, reading, runs, total_steps)
+    where = ("parallel_config: data_parallel × model_parallel × pipeline_stage"
+             if runs.source == "parallel_config" else runs.source)
+    _read_cluster(cfg, reading, devices, where if devices == own else "--devices (dp scaled)",
+                  devices_per_node, backend)
+    _read_baseline(cfg, reading, runs, devices // (runs.tp * runs.pp))
     reading.space = _space(dict((k, v) for k, v, _ in reading.baseline))
     return reading
 
 
-def _refuse(cfg: _Config) -> None:
-    """SpecError for a model autotune's llama family cannot represent."""
-    mc = "model.model_config"
-    experts = [(k, cfg.get(k)) for k in ("moe_config.expert_num", f"{mc}.num_experts",
-                                         f"{mc}.num_moe_experts", f"{mc}.n_routed_experts")]
-    for key, value in experts:
-        if isinstance(value, int) and value > 1:
-            cfg.fail(key, f"{value} experts: mixture-of-experts models cannot be represented "
-                          "(autotune's llama family is dense)")
-    for key in (f"{mc}.multi_latent_attention", f"{mc}.q_lora_rank", f"{mc}.kv_lora_rank"):
-        if cfg.get(key) not in (None, False):
-            cfg.fail(key, "multi-latent attention cannot be represented")
-    for key in (f"{mc}.qk_layernorm", f"{mc}.qk_norm", f"{mc}.use_qk_norm"):
-        if cfg.get(key) is True:
-            cfg.fail(key, "q/k layernorm cannot be represented (autotune's llama has none)")
-    _, hidden = cfg.first(_NAMES["hidden_size"])
-    heads_key, heads = cfg.first(_NAMES["num_heads"])
-    for key in (f"{mc}.head_dim", f"{mc}.kv_channels"):
-        value = cfg.get(key)
-        if value is not None and value * heads != hidden:
-            cfg.fail(key, f"{value} ≠ hidden_size / {heads_key.rsplit('.', 1)[1]} = "
-                          f"{hidden / heads:g}: autotune's heads are hidden / heads wide")
-    if cfg.get("parallel_config.context_parallel", 1) != 1:
-        cfg.fail("parallel_config.context_parallel", f"{cfg.get('parallel_config.context_parallel')}:"
-                 " context parallelism is not a knob autotune has (its devices have no layout)")
+def _layout(cfg: _Config, r: Reading) -> _Layout:
+    """The layout MindFormers runs: ``use_parallel`` false (MindFormers' default) is one device
+    stand-alone; a mode other than semi-auto/auto parallel resets ``parallel_config`` and the
+    accumulation to 1, with every launched device a data-parallel rank (the config's
+    dp·mp·pp); semi-auto resets the accumulation under pipeline stages."""
+    dp, tp, pp = (cfg.number(f"parallel_config.{k}", default=1, minimum=1)
+                  for k in ("data_parallel", "model_parallel", "pipeline_stage"))
+    stages = pp > 1
+    key = "parallel_config.micro_batch_num" if stages else "runner_config.gradient_accumulation_steps"
+    split = cfg.number(key, default=1, minimum=1)
+    interleave = cfg.number("micro_batch_interleave_num", default=1, minimum=1)
+    mode = cfg.get("parallel.parallel_mode", 1)
+    if cfg.get("use_parallel", False) is not True:
+        r.notes.append(f"use_parallel: {cfg.get('use_parallel', False)}: MindFormers runs it "
+                       "stand-alone on one device (parallel_config and "
+                       "gradient_accumulation_steps reset to 1)")
+        why = "use_parallel: False (stand-alone)"
+        return _Layout(1, 1, 1, 1, why, 1, why)
+    if mode not in _SEMI_AUTO:
+        if (tp, pp, split) != (1, 1, 1):
+            r.notes.append(f"parallel.parallel_mode: {mode}: MindFormers runs data parallel over "
+                           f"the {dp * tp * pp} devices, resetting model_parallel {tp}, "
+                           f"pipeline_stage {pp} and {key.rsplit('.', 1)[1]} {split} to 1")
+        why = f"parallel.parallel_mode {mode} (data parallel)"
+        return _Layout(dp * tp * pp, 1, 1, 1, why, 1, why)
+    return _Layout(dp, tp, pp, split, key, interleave)
 
 
-def _read_model(cfg: _Config, r: Reading) -> None:
-    mc = "model.model_config"
-    r.model.append(("family", "llama", "RMSNorm, SwiGLU, rotary embeddings (LlamaForCausalLM)"))
-    dims = {name: cfg.first(names) for name, names in _NAMES.items() if name != "num_kv_heads"}
-    for name in ("num_layers", "hidden_size", "num_heads"):
-        r.model.append((name, dims[name][1], dims[name][0]))
-    kv_key, kv = cfg.first(_NAMES["num_kv_heads"], default=None)
-    if kv is not None and kv != dims["num_heads"][1]:
-        r.model.append(("num_kv_heads", kv, f"{kv_key} (grouped-query attention)"))
-    ffn = cfg.get(f"{mc}.intermediate_size")
-    if ffn is not None:
-        r.model.append(("ffn_hidden_size", cfg.number(f"{mc}.intermediate_size", minimum=1),
-                        f"{mc}.intermediate_size"))
-    else:
-        multiple = cfg.number(f"{mc}.multiple_of", default=256, minimum=1)
-        factor = cfg.get(f"{mc}.ffn_dim_multiplier")
-        if factor is not None:
-            factor = cfg.number(f"{mc}.ffn_dim_multiplier", float)
-        r.model.append(("ffn_hidden_size", llama_ffn(dims["hidden_size"][1], multiple, factor),
-                        f"MindFormers' LlamaFeedForward rule: multiple_of {multiple}, "
-                        f"ffn_dim_multiplier {factor}"))
-    for name in ("seq_length", "vocab_size"):
-        r.model.append((name, dims[name][1], dims[name][0]))
-    compute = _dtype(cfg, f"{mc}.compute_dtype", "float16")
-    params = _dtype(cfg, f"{mc}.param_init_type", "float32", f"{mc}.params_dtype")
-    r.model += [("dtype", compute, f"{mc}.compute_dtype"),
-                ("param_dtype", params, f"{mc}.param_init_type"),
-                ("optimizer_dtype", "float32", f"optimizer.type {cfg.get('optimizer.type')}: "
-                 "MindFormers' AdamW and FP32StateAdamWeightDecay keep float32 moments"),
-                ("flash_attention", cfg.get(f"{mc}.use_flash_attention", False) is True,
-                 f"{mc}.use_flash_attention")]
-    _warn_model(cfg, r)
-
-
-def _dtype(cfg: _Config, key: str, default: str, other: str | None = None) -> str:
-    value = cfg.get(key, cfg.get(other) if other else None) or default
-    if value not in ("float16", "bfloat16", "float32"):
-        cfg.fail(key, f"must be float16, bfloat16 or float32, got {value!r}")
-    return value
-
-
-def _warn_model(cfg: _Config, r: Reading) -> None:
-    mc = "model.model_config"
-    checks = (
-        (f"{mc}.qkv_concat", True, "fused w_qkv: the trial runs wq, wk, wv apart (same work); "
-         "exported parameter names are the unfused ones"),
-        (f"{mc}.qkv_has_bias", True, "q/k/v biases dropped (the trial's llama has none; "
-         "their work and memory are negligible)"),
-        (f"{mc}.fine_grain_interleave", "> 1", "dropped: the trial does not interleave "
-         "communication with compute inside a layer"),
-        (f"{mc}.tie_word_embeddings", True, "the trial's head is untied (one more vocab × "
-         "hidden matrix)"),
-        ("parallel_config.use_seq_parallel", True, "dropped: autotune's tensor parallelism "
-         "keeps activations whole between layers; priced so"),
-        ("micro_batch_interleave_num", "> 1", "counted in the global batch; the trial and "
-         "the export run 1"),
-    )
-    for key, when, what in checks:
-        value = cfg.get(key)
-        hit = value is True if when is True else isinstance(value, int) and value > 1
-        if hit:
-            r.warnings.append(f"{key}: {value}: {what}")
-    offset = cfg.get(f"{mc}.offset", 0)
-    if offset not in (0, [], None) and any(_flatten(offset)):
-        r.warnings.append(f"{mc}.offset: {offset}: layers are split evenly over the stages")
-
-
-def _flatten(value) -> list:
-    return [x for v in value for x in _flatten(v)] if isinstance(value, list) else [value]
-
-
-def _read_train(cfg: _Config, r: Reading, dp: int, pp: int, total: int | None) -> None:
+def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> None:
     batch_key = "runner_config.batch_size"
     if cfg.get(batch_key) is None:  # runner_config's wins over a dataset's
         batch_key = "train_dataset.batch_size"
     batch = cfg.number(batch_key, minimum=1)
-    interleave = cfg.number("micro_batch_interleave_num", default=1, minimum=1)
-    semi = cfg.get("parallel.parallel_mode", 1) in _SEMI_AUTO
-    if pp > 1:
-        split, n = "parallel_config.micro_batch_num", cfg.number("parallel_config.micro_batch_num",
-                                                                 default=1, minimum=1)
-    else:
-        split, n = ("runner_config.gradient_accumulation_steps",
-                    cfg.number("runner_config.gradient_accumulation_steps", default=1, minimum=1))
-    factor = interleave if semi else 1
-    r.train.append(("global_batch_size", batch * dp * n * factor,
-                    f"{batch_key} {batch} × data_parallel {dp} × {split.rsplit('.', 1)[1]} {n}"
-                    + (f" × micro_batch_interleave_num {interleave}" if semi else "")))
+    how = (f"{batch_key} {batch} × data_parallel {runs.dp} × {runs.split_key.rsplit('.', 1)[1]} "
+           f"{runs.split} × micro_batch_interleave_num {runs.interleave}"
+           if runs.source == "parallel_config" else
+           f"{batch_key} {batch} × {runs.dp} device(s): {runs.source}")
+    r.train.append(("global_batch_size", batch * runs.dp * runs.split * runs.interleave, how))
     lr_key = "lr_schedule.learning_rate" if cfg.get("lr_schedule.learning_rate") is not None \
         else "optimizer.learning_rate"
     r.train.append(("learning_rate", float(cfg.number(lr_key, float)), lr_key))
@@ -284,7 +217,7 @@ def _memory_gb(cfg: _Config, key: str) -> float | None:
     return number / 1024 if match.group(2).upper() == "MB" else number
 
 
-def _read_cluster(cfg: _Config, r: Reading, devices: int, own: bool, per_node: int | None,
+def _read_cluster(cfg: _Config, r: Reading, devices: int, where: str, per_node: int | None,
                   backend: str | None) -> None:
     target = str(cfg.get("context.device_target", "Ascend")).lower()
     if target not in _DEVICES:
@@ -292,34 +225,40 @@ def _read_cluster(cfg: _Config, r: Reading, devices: int, own: bool, per_node: i
     backend = backend or _DEVICES[target]
     r.cluster += [("backend", backend, "--backend" if backend != _DEVICES[target]
                    else "context.device_target"),
-                  ("devices", devices, "parallel_config: data_parallel × model_parallel × "
-                   "pipeline_stage" if own else "--devices (dp scaled)"),
+                  ("devices", devices, where),
                   ("devices_per_node", per_node or min(devices, 8),
                    "--devices-per-node" if per_node else "8 per node (Atlas 800T A2)")]
-    if backend in _SCREENED_ON[target]:
-        if target in _PROFILE:
-            r.cluster.append(("device", _PROFILE[target], f"context.device_target {target}"))
-        cap = _memory_gb(cfg, "context.max_device_memory")
+    # The profile: the config's device where the study stands for it (its own backend or
+    # simulate), else the backend's own: a CPU study is priced as the CPU it runs on.
+    if backend in (_DEVICES[target], "simulate"):
+        r.cluster.append(("device", _PROFILE[target], f"context.device_target {target}"))
+        cap = _memory_gb(cfg, "context.max_device_memory") if target != "cpu" else None
         if cap is not None:
             r.cluster.append(("max_device_memory_gb", cap,
                               "context.max_device_memory: the cap the estimate screens against"))
+    else:
+        r.cluster.append(("device", backend_of(backend).default_profile, f"--backend {backend}"))
 
 
-def _read_baseline(cfg: _Config, r: Reading, own_dp: int, dp: int, tp: int, pp: int) -> None:
-    rows = [("dp", dp, "parallel_config.data_parallel" if dp == own_dp else "scaled to --devices"),
-            ("tp", tp, "parallel_config.model_parallel"),
-            ("pp", pp, "parallel_config.pipeline_stage")]
-    knob, key = (("micro_batches", "parallel_config.micro_batch_num") if pp > 1 else
-                 ("grad_accum", "runner_config.gradient_accumulation_steps"))
-    n = cfg.number(key, default=1, minimum=1)
-    if dp != own_dp and n * own_dp % dp == 0:  # the same global batch over the scaled dp
-        r.notes.append(f"{knob}: {n} × {own_dp} / {dp} = {n * own_dp // dp} ({key} scaled with "
-                       "dp, so the global batch stays)")
-        n, key = n * own_dp // dp, f"{key} scaled with dp"
+def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int) -> None:
+    where = {name: f"parallel_config.{name}" if runs.source == "parallel_config" else runs.source
+             for name in ("data_parallel", "model_parallel", "pipeline_stage")}
+    rows = [("dp", dp, where["data_parallel"] if dp == runs.dp else "scaled to --devices"),
+            ("tp", runs.tp, where["model_parallel"]),
+            ("pp", runs.pp, where["pipeline_stage"])]
+    knob = "micro_batches" if runs.pp > 1 else "grad_accum"
+    n, key = runs.split, runs.split_key
+    if dp != runs.dp and n * runs.dp % dp == 0:  # the same global batch over the scaled dp
+        r.notes.append(f"{knob}: {n} × {runs.dp} / {dp} = {n * runs.dp // dp} ({key} scaled "
+                       "with dp, so the global batch stays)")
+        n, key = n * runs.dp // dp, f"{key} scaled with dp"
     rows.append((knob, n, key))
     rows.append(("recompute", _recompute(cfg, r), "recompute_config"))
-    rows.append(("parallel_optimizer", cfg.get("parallel.enable_parallel_optimizer") is True,
-                 "parallel.enable_parallel_optimizer"))
+    if runs.source.startswith("use_parallel"):  # no parallel context is set stand-alone
+        rows.append(("parallel_optimizer", False, runs.source))
+    else:
+        rows.append(("parallel_optimizer", cfg.get("parallel.enable_parallel_optimizer") is True,
+                     "parallel.enable_parallel_optimizer"))
     dtype = next(v for k, v, _ in r.model if k == "dtype")
     scale = cfg.get("runner_wrapper.scale_sense")
     if dtype in LOSS_SCALED_DTYPES and isinstance(scale, dict):
@@ -331,16 +270,25 @@ def _read_baseline(cfg: _Config, r: Reading, own_dp: int, dp: int, tp: int, pp: 
     elif dtype in LOSS_SCALED_DTYPES and scale is not None:
         r.warnings.append(f"runner_wrapper.scale_sense: {scale}: a fixed scale; the baseline "
                           "uses a dynamic one from the knob's default")
+    rows += _jit_level(cfg, r)
+    r.baseline[:0] = rows
+
+
+def _jit_level(cfg: _Config, r: Reading) -> list:
     mode = cfg.get("context.mode", 0)
     jit = cfg.get("context.jit_config.jit_level")
+    key = "context.jit_config.jit_level"
     if mode in (1, "PYNATIVE_MODE"):
-        rows.append(("jit_level", "pynative", "context.mode 1"))
-    elif jit is not None:
-        if jit not in JIT_LEVELS:
-            cfg.fail("context.jit_config.jit_level", f"must be one of {', '.join(JIT_LEVELS)}, "
-                                                      f"got {jit!r}")
-        rows.append(("jit_level", jit, "context.jit_config.jit_level"))
-    r.baseline[:0] = rows
+        return [("jit_level", "pynative", "context.mode 1")]
+    if jit is None:
+        return []
+    if jit not in JIT_LEVELS:
+        cfg.fail(key, f"must be one of {', '.join(JIT_LEVELS)}, got {jit!r}")
+    if jit == "O2":  # docs/export.md, "What MindSpore refuses"
+        r.warnings.append(f"{key}: O2: the GE backend, deprecated since MindSpore 2.9 and run on "
+                          "no backend autotune has; the baseline uses O1")
+        return [("jit_level", "O1", f"{key} O2, deprecated: O1")]
+    return [("jit_level", jit, key)]
 
 
 def _recompute(cfg: _Config, r: Reading) -> str:
@@ -349,7 +297,13 @@ def _recompute(cfg: _Config, r: Reading) -> str:
         if isinstance(value, (list, dict)):
             r.warnings.append(f"recompute_config.{key}: {value}: per-layer lists are not "
                               "represented; the baseline applies it to every layer")
-    if full is True or isinstance(full, list) and any(_flatten(full)):
+    for key in ("select_comm_recompute", "select_recompute_exclude", "select_comm_recompute_exclude"):
+        value = cfg.get(f"recompute_config.{key}")
+        lists = list(value.values()) if isinstance(value, dict) else [value]
+        if any(isinstance(v, list) and not all(isinstance(x, str) for x in v) for v in lists):
+            r.warnings.append(f"recompute_config.{key}: {value}: not tuned; the export keeps it, "
+                              "re-derived for the tuned pipeline stages")
+    if full is True or isinstance(full, list) and any(flatten(full)):
         return "full"
     if select is True or isinstance(select, (list, dict)) and select:
         return "selective"

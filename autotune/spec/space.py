@@ -311,15 +311,17 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
 def merge_warmups(spec: Spec, domains: dict) -> list[str]:
     """Keep one warmup of each group a trial cannot tell apart (the same compressed warmup,
     `autotune.spec.knobs.trial_warmup`): the value nearest the full-run warmup that group's
-    trial schedule stands for (ties: the smaller). Returns the note naming the merged values."""
+    trial schedule stands for (ties: the smaller), or the baseline's warmup when the group holds
+    it, so the baseline stays a candidate. Returns the note naming the merged values."""
     total, steps = spec.train.total_steps, spec.trial.steps
+    baseline = spec.baseline.get("warmup_steps")
     groups: dict = {}
     for value in domains["warmup_steps"]:
         groups.setdefault(trial_warmup(value, total, steps), []).append(value)
     kept, merged = [], []
     for compressed, values in groups.items():
         stands_for = compressed * total / steps
-        keep = min(values, key=lambda v: (abs(v - stands_for), v))
+        keep = baseline if baseline in values else min(values, key=lambda v: (abs(v - stands_for), v))
         kept.append(keep)
         if len(values) > 1:
             merged.append(f"{', '.join(str(v) for v in values if v != keep)} → {keep}")

@@ -1,0 +1,107 @@
+"""MindFormers itself reading configs: run in the MindFormers venv (make mindformers), not autotune's.
+
+``python consumer.py JOBS.json`` prints one JSON object with, for each job of JOBS.json:
+
+- ``{"read": PATH}``: ``MindFormerConfig._file2dict(PATH)`` (the base_config chain merged, nothing
+  else) as ``raw``, and ``template``: null, or the error ``MindFormerConfig(PATH)`` raises when it
+  applies its section templates (``ConfigTemplate.apply_template``: unexpected keys, …);
+- ``{"layers": PATH}``: MindFormers' ``build_parallel_config`` and ``LayerSetting`` (the code
+  every legacy llama and mcore block runs at construction) over the config: ``layer_list``, the
+  formatted full-recompute and select_comm_recompute counts per stage, or the error;
+- ``{"batch": PATH}``: the global batch and per-rank batch MindFormers' trainer computes
+  (``BaseTrainer._check_grad_accumulation_steps`` and ``_check_global_batch_size_for_auto_parallel``)
+  with the auto-parallel context the config's ``parallel`` section sets and ``device_num`` ranks.
+
+It imports autotune nothing: the test compares what MindFormers says with what autotune wrote.
+"""
+
+import json
+import sys
+import traceback
+
+
+def _read(path):
+    from mindformers.tools.register import MindFormerConfig
+
+    raw = MindFormerConfig._file2dict(path)
+    try:
+        MindFormerConfig(path)
+        template = None
+    except Exception as exc:  # what MindFormers says is the answer
+        template = f"{type(exc).__name__}: {exc}"
+    return {"raw": raw, "template": template}
+
+
+def _layers(path):
+    from mindformers.core.parallel_config import build_parallel_config
+    from mindformers.parallel_core.training_graph.transformer.utils import LayerSetting
+    from mindformers.tools.register import MindFormerConfig
+
+    cfg = MindFormerConfig(path)
+    build_parallel_config(cfg)
+    mc = cfg.model.model_config
+    try:
+        setting = LayerSetting(mc.num_layers, mc.offset or 0, cfg.parallel_config,
+                               mc.pp_interleave_num or 1)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"layer_list": setting.layer_list.tolist(),
+            "recompute": [list(map(int, row)) for row in setting.layer_recompute],
+            "select_comm_recompute": {k: [list(map(int, row)) for row in v]
+                                      for k, v in setting.select_comm_recompute.items()}}
+
+
+class _Trainer:
+    """The attributes BaseTrainer's two batch checks read, around a real MindFormerConfig."""
+
+    def __init__(self, config, stages):
+        self.config, self.stages = config, stages
+
+    def get_pipeline_stages(self):
+        return self.stages
+
+    def _reset_wrapper_for_pipeline_parallel(self):
+        pass
+
+
+def _batch(path, device_num):
+    import mindspore as ms
+    from mindformers.core.parallel_config import build_parallel_config
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.trainer.base_trainer import BaseTrainer
+    from mindformers.trainer import base_trainer
+
+    cfg = MindFormerConfig(path)
+    build_parallel_config(cfg)
+    modes = {0: "data_parallel", 1: "semi_auto_parallel", 2: "auto_parallel"}
+    mode = modes[cfg.parallel.parallel_mode] if cfg.use_parallel else "stand_alone"
+    ms.reset_auto_parallel_context()
+    ms.set_auto_parallel_context(parallel_mode=mode, full_batch=bool(cfg.parallel.full_batch))
+    base_trainer.get_real_group_size = lambda: device_num if cfg.use_parallel else 1
+    trainer = _Trainer(cfg, cfg.parallel_config.pipeline_stage if mode != "data_parallel" else 1)
+    BaseTrainer._check_grad_accumulation_steps(trainer)
+    BaseTrainer._check_global_batch_size_for_auto_parallel(trainer)
+    return {"global_batch_size": int(trainer.global_batch_size),
+            "batch_size": int(cfg.runner_config.batch_size),
+            "gradient_accumulation_steps": int(cfg.runner_config.gradient_accumulation_steps)}
+
+
+def main(jobs_path):
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    results = []
+    for job in jobs:
+        try:
+            if "read" in job:
+                results.append(_read(job["read"]))
+            elif "layers" in job:
+                results.append(_layers(job["layers"]))
+            else:
+                results.append(_batch(job["batch"], job["device_num"]))
+        except Exception:
+            results.append({"crash": traceback.format_exc()})
+    print("RESULTS " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
