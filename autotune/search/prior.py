@@ -187,9 +187,9 @@ class Prior:
             memory = np.log(self.belief.memory_gb) + self.belief.memory_mean
             return self.candidates[int(np.argmax(np.where(open_, -memory, -np.inf)))], False
         gain, optimistic = self._values()
-        score = np.where(open_, _expected_gain(gain, best) * fits, -np.inf)
         if self.estimated:  # the estimate is the trial: nothing to learn, nothing to explore
             return self.candidates[int(np.argmax(np.where(open_, gain[0], -np.inf)))], False
+        score = np.where(open_, _expected_gain(gain, best) * fits, -np.inf)
         unexplored = open_ & self._unexplored()
         fresh = unexplored & (optimistic > best)
         if not fresh.any():  # else a layout that could beat the best measurement runs first
@@ -257,6 +257,9 @@ class Prior:
             smallest = float(self.belief.memory_gb[rows].min())
             return (f"predicted out of memory: {smallest:.3g} GB estimated against "
                     f"{self.limit_gb:.3g} GB, fits with p = {float(fits[rows].max()):.2g}")
+        if self.estimated:
+            return (f"its best estimate, {math.exp(float(gain[rows & open_].max())):.4g} "
+                    "samples/s, ranked below the candidates that ran")
         value = float(optimistic[rows & open_].max())
         if value <= best:
             return (f"at best {math.exp(value):.4g} samples/s (mean + {OPTIMISM:g} sd), below "
