@@ -119,6 +119,33 @@ def kernel_oom_report(processes: dict[int, int], kills: dict | None) -> str | No
     return None
 
 
+class CandidateStart:
+    """Whether a rank of a running trial started the candidate: it printed
+    `autotune.train.CANDIDATE_STARTED` into a log under ``log_dir`` (msrun's worker logs, the
+    one process's, a warm worker's trial log). :meth:`seen` reads only what the logs gained
+    since it last looked, so a launcher may ask at every poll."""
+
+    MARKER = CANDIDATE_STARTED.encode()
+
+    def __init__(self, log_dir: Path):
+        self.log_dir, self.offsets, self.started = Path(log_dir), {}, False
+
+    def seen(self) -> bool:
+        """Whether a rank has started the candidate (True from then on)."""
+        for log in [] if self.started else self.log_dir.glob("**/*.log"):
+            try:
+                with open(log, "rb") as f:
+                    # from a marker's length before the end of the last read: a line cut in two
+                    f.seek(max(0, self.offsets.get(log, 0) - len(self.MARKER)))
+                    self.started = self.MARKER in f.read()
+                    self.offsets[log] = f.tell()
+            except OSError:  # a log not there yet, or gone with a retired pool's folder
+                continue
+            if self.started:
+                break
+        return self.started
+
+
 def _candidate_ran(log_dir: Path) -> bool:
     """Whether any rank got to run the candidate: it said it started it, or gave a verdict
     that is not a failed launch (config errors are the candidate's too)."""

@@ -5,7 +5,8 @@ processes it keeps between trials (`autotune.train.serve`: one msrun launch, or 
 a single rank), so MindSpore's import, msrun's start, the cluster join and communication init
 are paid once per pool, not once per trial. :meth:`WarmPool.run` has the face and the outcomes
 of `autotune.execution.runner.run_trial` — ``config.json`` written, the folder cleared, the
-timeout, the memory budget and a cancel (KeyboardInterrupt) enforced on the trial's processes,
+timeout (from when a rank starts the candidate, so the pool's first trial does not spend it on
+the workers' start-up: `autotune.execution.runner.trial_clock`), the memory budget and a cancel (KeyboardInterrupt) enforced on the trial's processes,
 an `autotune.jobs.Result` read by `autotune.execution.classify` from the trial's own folder and
 logs — and says where the time went (``launch_s`` … ``teardown_s``,
 `autotune.execution.timing`).
@@ -36,7 +37,7 @@ from pathlib import Path
 from autotune.execution.classify import classify
 from autotune.execution.processes import ProcessTree
 from autotune.execution.runner import (POLL_S, STOP_GRACE_S, command, environment, free_port,
-                                       fresh_trial_dir)
+                                       fresh_trial_dir, trial_clock)
 from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import Result
 from autotune.spec.backends import backend_of
@@ -120,7 +121,8 @@ class WarmPool:
                      {"config": str(config_path), "log_dir": str(log_dir)})
         self.trials += 1
         try:
-            outcome, detail, stop_s, said = self._supervise(number, started, timeout_s,
+            outcome, detail, stop_s, said = self._supervise(number, started,
+                                                            trial_clock(log_dir, timeout_s),
                                                             memory_limit_mb)
         except BaseException:  # cancelled (Ctrl-C, a prune): leave nothing running
             self.close(grace_s=0)
@@ -128,7 +130,8 @@ class WarmPool:
         run_s, ended = time.monotonic() - started, time.time()
         if outcome:
             self.close(grace_s=0)
-            return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
+            return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
+                          infrastructure=outcome == "error")
         code = max((s["code"] for s in said.values()), default=None)
         if code == 0 and len(said) == self.workers:
             result = classify(0, trial_dir, log_dir, run_s, backend, dict(self.tree.known))
@@ -159,12 +162,13 @@ class WarmPool:
                 said[rank] = json.loads(path.read_text())
         return said
 
-    def _supervise(self, number: int, started: float, timeout_s: float,
-                   memory_limit_mb: float | None):
+    def _supervise(self, number: int, started: float, clock, memory_limit_mb: float | None):
         """Wait until every rank said how trial ``number`` ended, a rank failed (and the others
-        had a moment to say so too), or the processes ended; stop them on a timeout or a worker
-        over the memory budget. Returns (outcome, detail, seconds to the decision, what the
-        ranks said) with an outcome only for a stopped trial."""
+        had a moment to say so too), or the processes ended; stop them when the trial's
+        ``clock`` (`autotune.execution.runner.trial_clock`: its timeout from when a rank started
+        the candidate, the launch limit before) says so or a worker is over the memory budget.
+        Returns (outcome, detail, seconds to the decision, what the ranks said) with an outcome
+        only for a stopped trial."""
         launcher = self.proc.pid if self.workers > 1 else None
         failed_at = None
         while True:
@@ -179,8 +183,9 @@ class WarmPool:
                 return "", "", None, self._said(number)
             self.tree.refresh()
             now = time.monotonic() - started
-            if now > timeout_s:
-                return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)", now, said
+            outcome, detail = clock(now)
+            if outcome:
+                return outcome, detail, now, said
             if memory_limit_mb:
                 pid, rss = self.tree.largest_rss(exclude=launcher)
                 if rss > memory_limit_mb:
