@@ -145,3 +145,69 @@ def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
     assert all(r["z"] - r["u"] <= 0.1 * r["u"] for r in rows[:2])
     # ... and at a healthy scale the token rows no id selects are not counted: the probe is skipped
     assert rows[-1]["z"] <= SKIP_BELOW
+
+
+# -- a table the bound must not take for a token table (issue 28, item 6) -------------------------
+def _entry_network(ms, kind: str):
+    """A one-rank entry-style network built from autotune's own `VocabParallelEmbedding`, as a
+    user's model may be: ``tied`` — the LM head is the token table (logits = h · tableᵀ), so every
+    row gets a gradient through the head; ``positions`` — a second table looked up by positions,
+    whose rows every position selects (ids 8 and up select none of them)."""
+    from mindspore import nn, ops
+
+    from autotune.train import tp_layers
+
+    class Tiny(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.tok = tp_layers.VocabParallelEmbedding(64, 32)
+            if kind == "positions":  # a second table of 8 rows, looked up by the positions 0-7
+                self.pos = tp_layers.VocabParallelEmbedding(8, 32)
+                self.head = tp_layers.ColumnParallelDense(32, 64)
+                self.positions = ms.Tensor(np.arange(8, dtype=np.int32)[None, :])
+            self.mix = tp_layers.ColumnParallelDense(32, 32)
+
+        def construct(self, ids):
+            h = self.tok(ids)
+            if kind == "positions":
+                return self.head(ops.tanh(self.mix(h + self.pos(self.positions))))
+            h = ops.tanh(self.mix(h))
+            return ops.matmul(h, ops.cast(self.tok.embedding_table, h.dtype).T)  # tied
+
+    network = Tiny()
+    rng = np.random.default_rng(0)
+    for p in network.trainable_params():
+        p.set_data(ms.Tensor(rng.normal(0, 0.1, p.shape).astype(np.float32)))
+    return network, Tiny
+
+
+@pytest.mark.parametrize("kind", ["tied", "positions"])
+@pytest.mark.parametrize("SCALE", [2.0 ** -12, 2.0 ** 10])
+def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms, kind, SCALE):
+    """u ≤ z needs the bound to subtract only rows that are zero in float32 too: those of a
+    table read only by looking up the input ids. A VocabParallelEmbedding tied to the head, or
+    looked up by positions, has non-zero rows no id selects; taken for a token table it made z
+    negative (the probe skipped where it should run)."""
+    from mindspore.common.parameter import ParameterTuple
+
+    from autotune.train import models, step, tp_layers
+    from autotune.train.engine import make_optimizer, optimizer_order
+    from autotune.train.probe import UnderflowBound, UnderflowProbe
+
+    network, build = _entry_network(ms, kind)
+    step.set_compute_dtype(network, ms.float16)
+    params = ParameterTuple(optimizer_order(network.trainable_params()))
+    owned = {p.name for p in params}
+    loss_fn = tp_layers.TokenCrossEntropy()
+    _, apply = step.build_steps(network, loss_fn, make_optimizer(list(params), 0.0), accum_steps=1,
+                                scaling=True, loss_scale=SCALE, weights=params)
+    x, y = data.TokenChains(8, 8, 64, seed=3)(0)
+    x = 8 + x % 24  # ids 8-31: rows 0-7 and 32-63 of a table of 64 are selected by no id
+    *_, counts = apply(ms.Tensor(x), ms.Tensor(y))
+    zeros, elements = UnderflowBound(network, params, owned, micro=1)(counts.asnumpy(), x)
+    twin = build()
+    probe = UnderflowProbe(network, twin, loss_fn, models.SINGLE, micro=1, owned=owned,
+                           boundary=None)
+    kept, probed = probe(x, y, SCALE)
+    assert probed == elements
+    assert 0 <= kept <= zeros, (kept, zeros)  # u ≤ z

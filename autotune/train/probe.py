@@ -219,11 +219,17 @@ SKIP_BELOW = 1e-3  # the bound under which the probe is skipped (see the module 
 
 
 def token_tables(network) -> list:
-    """``[(parameter, start)]``: the token tables of ``network`` — every cell with a
-    ``token_table`` attribute ``(table, start)``, a table whose row i is the embedding of id
-    start + i and whose gradient is a sum over the micro-batch's ids that select it (a row no
-    id selects is exactly zero, in float16 and float32 alike)."""
-    return [cell.token_table for _, cell in network.cells_and_names() if hasattr(cell, "token_table")]
+    """``[(parameter, start)]``: the token tables of ``network`` — every cell whose
+    ``token_table`` attribute is ``(table, start)`` (not None), by which its builder declares a
+    table whose row i is the embedding of id start + i and is read *only* by looking up the
+    model's input ids: its gradient is a sum over the micro-batch's ids that select it, so a row
+    no id selects is exactly zero, in float16 and float32 alike. A table tied to the head, or
+    looked up by positions, is not one (its rows get gradients no input id explains): the
+    built-in families declare theirs (`autotune.train.tp_layers.VocabParallelEmbedding`
+    ``ids_only``), a user's network none unless it says so, and then the bound subtracts
+    nothing for it — a larger bound, the probe run where it must."""
+    return [cell.token_table for _, cell in network.cells_and_names()
+            if getattr(cell, "token_table", None) is not None]
 
 
 class UnderflowBound:
