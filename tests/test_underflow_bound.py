@@ -37,19 +37,69 @@ def test_the_rule_runs_the_probe_only_above_the_threshold(ms):
         ran.append(True)
         return 30, 1000
 
-    def share(part, whole):
-        return part / whole
+    def summed(values):  # one rank
+        return values
 
     under = int(SKIP_BELOW * 10_000)
-    assert measure((under, 10_000), probe, share) == {
-        "underflow_share": SKIP_BELOW, "underflow_bound": SKIP_BELOW, "underflow_probed": False}
+    assert measure((under, 10_000), probe, summed) == {
+        "underflow_share": SKIP_BELOW, "underflow_bound": SKIP_BELOW, "underflow_probed": False,
+        "underflow_note": None}
     assert not ran
-    assert measure((under + 1, 10_000), probe, share) == {
-        "underflow_share": 0.03, "underflow_bound": (under + 1) / 10_000, "underflow_probed": True}
-    assert measure((0, 10_000), probe, share, always=True)["underflow_share"] == 0.03
+    assert measure((under + 1, 10_000), probe, summed) == {
+        "underflow_share": 0.03, "underflow_bound": (under + 1) / 10_000, "underflow_probed": True,
+        "underflow_note": None}
+    assert measure((0, 10_000), probe, summed, always=True)["underflow_share"] == 0.03
     # no bound (the last step overflowed, or ran at another scale): the probe decides
-    assert measure(None, probe, share) == {"underflow_share": 0.03, "underflow_bound": 1.0, "underflow_probed": True}
+    assert measure(None, probe, summed) == {"underflow_share": 0.03, "underflow_bound": 1.0,
+                                            "underflow_probed": True, "underflow_note": None}
     assert len(ran) == 3
+
+
+def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_share_unmeasured(ms):
+    """(issue 28, item 7) A fused flash-attention candidate's float32 twin would hold the s²
+    scores the candidate never holds: the probe does not run, the bound stands. A probe out of
+    memory on any rank leaves the share unmeasured with the reason, on every rank; anything else
+    it raises is still the trial's error."""
+    from autotune.train.probe import measure
+
+    ran, told = [], []
+
+    def probe():
+        ran.append(True)
+        return 30, 1000
+
+    def summed(values):
+        return values
+
+    fused = measure((50, 1000), probe, summed, fused_attention=True)
+    assert fused == {"underflow_share": 0.05, "underflow_bound": 0.05, "underflow_probed": False,
+                     "underflow_note": "flash attention: the float32 probe cannot run the fused "
+                                       "kernel, so the bound stands for the share"}
+    assert not ran
+
+    def exhausted():
+        raise RuntimeError("Out of memory: device memory could not be allocated")
+
+    def oom(exc):
+        return "out of memory" in str(exc).lower()
+
+    out = measure((50, 1000), exhausted, summed, out_of_memory=oom, before_probe=told.append)
+    assert out == {"underflow_share": None, "underflow_bound": 0.05, "underflow_probed": False,
+                   "underflow_note": "out of memory in the underflow probe: RuntimeError: Out of "
+                                     "memory: device memory could not be allocated"}
+    assert told == [0.05]  # the training's metrics were written before it ran
+
+    def other_rank_failed(values):  # a peer ran out of memory: its flag arrives in the sum
+        return values[:2] + [1.0] if len(values) == 3 else values
+
+    assert measure((50, 1000), probe, other_rank_failed)["underflow_note"] == (
+        "out of memory in the underflow probe on another rank")
+
+    def broken():
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError):
+        measure((50, 1000), broken, summed, out_of_memory=oom)
 
 
 def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
@@ -211,3 +261,25 @@ def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms
     kept, probed = probe(x, y, SCALE)
     assert probed == elements
     assert 0 <= kept <= zeros, (kept, zeros)  # u ≤ z
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_the_probes_float32_twin_recomputes_as_the_candidate_does(ms, mode):
+    """(issue 28, item 7) The probe runs after training under the same memory cap: its float32
+    twin recomputes what the candidate recomputes, or a candidate that trained within its memory
+    could end out of memory in the probe."""
+    from autotune.spec.knobs import SCALE_WINDOW
+    from autotune.train import models
+    from autotune.train.engine import build_engine
+
+    cfg = {"model": {**TRANSFORMER, "dtype": "float16"}, "seed": 0,
+           "train": {"global_batch_size": 8, "learning_rate": 0.01, "total_steps": 100},
+           "trial": {"steps": 4, "measure_after": 1},
+           "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64, "grad_accum": 1,
+                     "loss_scale": 1024, "warmup_steps": 0, "jit_level": "O1", "recompute": mode}}
+    probe = build_engine(cfg, models.SINGLE, SCALE_WINDOW).make_probe()
+
+    def recomputed(cell):
+        return sorted(name for name, c in cell.cells_and_names() if c._has_config_recompute)
+
+    assert recomputed(probe.half) and recomputed(probe.full) == recomputed(probe.half)

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.execution.classify import CandidateStart, classify
+from autotune.execution.classify import CandidateStart, classify, stopped_in_probe
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
 from autotune.execution.timing import with_launch_and_teardown
@@ -217,6 +217,10 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
             raise
     run_s, ended = time.monotonic() - started, time.time()
     if outcome:
+        trained = stopped_in_probe(trial_dir, outcome, detail, run_s, stop_s)
+        if trained is not None and (node is None or node.launch.index == 0):
+            trained.metrics = with_launch_and_teardown(trained.metrics, handed_over, ended)
+            return trained
         return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
                       infrastructure=outcome == "error")
     if node is not None and node.launch.index > 0 and proc.returncode == 0:

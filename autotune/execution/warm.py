@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from autotune.execution.classify import classify
+from autotune.execution.classify import classify, stopped_in_probe
 from autotune.execution.processes import ProcessTree
 from autotune.execution.runner import (POLL_S, STOP_GRACE_S, command, environment, free_port,
                                        fresh_trial_dir, trial_clock)
@@ -130,6 +130,10 @@ class WarmPool:
         run_s, ended = time.monotonic() - started, time.time()
         if outcome:
             self.close(grace_s=0)
+            trained = stopped_in_probe(trial_dir, outcome, detail, run_s, stop_s)
+            if trained is not None:
+                trained.metrics = with_launch_and_teardown(trained.metrics, handed_over, ended)
+                return trained
             return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
                           infrastructure=outcome == "error")
         code = max((s["code"] for s in said.values()), default=None)

@@ -34,7 +34,10 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   when the compute dtype is not float16 (nothing underflows that a scale could save).
 - ``underflow_bound`` (z): the last step's share of float16 gradient elements exactly zero that
   are not structurally zero (1: no bound), which decides whether the probe runs;
-  ``underflow_probed``: whether it ran. 0 and false without float16.
+  ``underflow_probed``: whether it ran. 0 and false without float16. ``underflow_note``: None,
+  or why the probe the rule called for did not measure u — flash attention (the bound stands:
+  u = z), out of memory in the probe or the trial stopped while it probed (`PROBE_UNFINISHED`
+  until the probe ends): then ``underflow_share`` is None and goodput takes z for u.
 - ``goodput``: samples per second the full run will see, the default objective:
   ``throughput × (1 − r) × (1 − k / train.total_steps) × (1 − u)``. A skipped step costs its time
   and adds no samples, but the initial back-off is charged once over the run, not once per trial;
@@ -80,9 +83,11 @@ CONFIDENCE = 0.95    # of step_time_ci
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
                "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
-               "underflow_bound", "underflow_probed", "init_s", "first_step_s",
+               "underflow_bound", "underflow_probed", "underflow_note", "init_s", "first_step_s",
                "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at",
                "step_time_ci")
+# metrics.json's underflow_note while the probe runs (`autotune.train.program`)
+PROBE_UNFINISHED = "the underflow probe did not finish"
 
 
 def reset_peak_memory() -> None:
@@ -303,7 +308,7 @@ class StepLog:
         return min(steps_left, max(math.ceil(self.pilot_steps / 2), need))
 
     def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0,
-                underflow_bound=0.0, underflow_probed=False) -> dict:
+                underflow_bound=0.0, underflow_probed=False, underflow_note=None) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; the underflow metrics
         are `autotune.train.probe.measure`'s, 0 and false without float16. ``timing``:
         ``started_at``, ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them
@@ -328,7 +333,9 @@ class StepLog:
         overflow_steps = sum(overflows)
         finite = all(math.isfinite(x) for x in losses)
         return {
-            "goodput": throughput * (1.0 - rate) * (1.0 - once) * (1.0 - underflow_share),
+            # an unmeasured share (underflow_note): the bound, which it cannot exceed
+            "goodput": throughput * (1.0 - rate) * (1.0 - once)
+            * (1.0 - (underflow_bound if underflow_share is None else underflow_share)),
             "throughput": throughput,
             "step_time_ms": statistics.median(r["step_time_ms"] for r in measured),
             "peak_memory_mb": peak_mb,
@@ -346,6 +353,7 @@ class StepLog:
             "underflow_share": underflow_share,
             "underflow_bound": underflow_bound,
             "underflow_probed": underflow_probed,
+            "underflow_note": underflow_note,
             "init_s": timing["init_s"],
             "first_step_s": timing["first_step_s"],
             "excluded_steps_s": sum(r["step_time_ms"] for r in self.records[1:first]) / 1000.0,

@@ -56,7 +56,11 @@ After the last step (untimed, outside every step, the training state left as it 
 run measures ``underflow_share`` by `autotune.train.probe`'s rule on the last step's batch at the
 final loss scale: a bound from the last step's own gradients, and the probe only when the bound
 is above `autotune.train.probe.SKIP_BELOW` (or the config's ``trial.underflow_probe`` is
-``"always"``); each rank counts its part and an all-reduce sums the counts.
+``"always"``); each rank counts its part and an all-reduce sums the counts. Before the probe
+runs, rank 0 writes the training's metrics (``underflow_note``
+`autotune.train.metrics.PROBE_UNFINISHED`); the probe out of memory, or the trial stopped by
+its launcher while it probes, leaves ``underflow_share`` null with the reason and the trial
+``ok`` — the probe never fails a trial that trained.
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
@@ -161,22 +165,26 @@ def _rank_zero_value(placement, value: int) -> int:
     return int(round(float(world_sum([float(value if placement.rank == 0 else 0)])[0])))
 
 
-def _underflow_share(engine, placement, step: int, scale: float) -> dict:
+def _underflow_share(engine, placement, step: int, scale: float, backend, before_probe) -> dict:
     """The world's underflow metrics (``underflow_share``, ``underflow_bound``,
-    ``underflow_probed``) on step ``step``'s global batch at loss scale ``scale`` by
-    `autotune.train.probe`'s rule; none when the compute dtype is not float16."""
+    ``underflow_probed``, ``underflow_note``) on step ``step``'s global batch at loss scale
+    ``scale`` by `autotune.train.probe`'s rule; none when the compute dtype is not float16. An
+    out-of-memory failure in the probe, in ``backend``'s words or a MemoryError, leaves the
+    share unmeasured (the rule's ``before_probe``: called first)."""
     from autotune.train.parallel import world_sum
 
     if not engine.scaled:
         return {}
     inputs, labels = engine.dataset(step, placement.dp_index, placement.dp)
 
-    def world_share(part, whole):
-        if placement.world > 1:
-            part, whole = world_sum([part, whole])
-        return float(part) / float(whole)
+    def summed(values):
+        return [float(v) for v in world_sum(values)] if placement.world > 1 else values
 
-    return engine.underflow(inputs, labels, scale, world_share)
+    def out_of_memory(exc: BaseException) -> bool:
+        return isinstance(exc, MemoryError) or backend.oom_in(f"{type(exc).__name__}: {exc}")
+
+    return engine.underflow(inputs, labels, scale, summed, out_of_memory=out_of_memory,
+                            before_probe=before_probe)
 
 
 def _checkpoints(cfg, engine, placement, ms):
@@ -314,12 +322,23 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     world = placement.world
     peak = _max_over_ranks(own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
+    timing = {"started_at": started, "init_s": built - started, "first_step_s": first_done - built}
+
+    def before_probe(bound: float) -> None:
+        """The training's metrics, written before the probe runs: a trial its launcher stops
+        while it probes (over the memory budget, past its timeout) keeps them
+        (`autotune.execution.classify.stopped_in_probe`)."""
+        if rank == 0:
+            pending = log.summary({**timing, "probe_s": 0.0}, peak, final_scale,
+                                  underflow_share=None, underflow_bound=bound,
+                                  underflow_note=metrics_mod.PROBE_UNFINISHED)
+            pending["finished_at"] = time.time()
+            metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), pending)
+
     probe_started = time.perf_counter()
-    underflow = _underflow_share(engine, placement, i - 1, final_scale)
+    underflow = _underflow_share(engine, placement, i - 1, final_scale, backend, before_probe)
     probe_s = time.perf_counter() - probe_started
-    timing = {"started_at": started, "init_s": built - started,
-              "first_step_s": first_done - built, "probe_s": probe_s}
-    result = log.summary(timing, peak, final_scale, **underflow)
+    result = log.summary({**timing, "probe_s": probe_s}, peak, final_scale, **underflow)
     if log.weight is not None and rank == 0:  # what the rule did, and what agreeing on it cost
         pilot = log.pilot_end - trial["measure_after"]
         verdict = (f"stopped after {i} steps of {trial['steps']}" if stop_at is not None
