@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune import costmodel  # noqa: E402
 from autotune.execution.runner import run_trial  # noqa: E402
 from autotune.execution.warm import WarmPool  # noqa: E402
 from autotune.jobs import TIME_PARTS  # noqa: E402
@@ -70,8 +71,11 @@ def main() -> None:
                                           out_dir=folder.resolve(), steps=spec.trial.steps,
                                           measure_after=spec.trial.measure_after,
                                           compile_cache=cache)
+                    # the pool runs one size of trial, by the estimate the driver gives it
+                    size_mb = costmodel.estimate(spec, candidate).memory_gb_per_device * 1024
                     result = (run_trial(config, folder, 600, None, candidate.devices)
-                              if lever == "fresh" else pools[lever].run(config, folder, 600, None))
+                              if lever == "fresh" else pools[lever].run(config, folder, 600, None,
+                                                                        size_mb))
                     if result.outcome != "ok":
                         raise SystemExit(f"{lever} {name}: {result.outcome}: {result.detail[:2000]}")
                     parts = {p: result.metrics[p] for p in TIME_PARTS}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 from pathlib import Path
 
@@ -214,8 +215,10 @@ class DispatchedExecutor:
                               measure_after=self.spec.trial.measure_after,
                               stop_rule=self.spec.stop_rule(), device_memory=self.device_memory,
                               compile_cache=self.compile_cache)
+        estimated = job.estimate.memory_gb_per_device * 1024 if job.estimate is not None else math.nan
         self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
-                                self.spec.trial.timeout_s, self.memory_mb)
+                                self.spec.trial.timeout_s, self.memory_mb,
+                                estimated if math.isfinite(estimated) else None)
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
         return self._dispatcher.wait(timeout_s=timeout_s)

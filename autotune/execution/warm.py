@@ -14,7 +14,15 @@ logs — and says where the time went (``launch_s`` … ``teardown_s``,
 A trial that does not end well retires the pool: a timeout, a worker over the budget, a cancel,
 a crash, or any rank whose trial ended with a non-zero code (it may leave a collective half
 done). Its processes are stopped; the next trial starts fresh ones. A trial that ended ok or
-diverged leaves the workers up for the next. Should the pool's owner die, its processes die
+diverged leaves the workers up for the next — of the same size: a pool runs trials whose
+estimated memory per device (the cost model's, ``memory_mb``) is within `SAME_SIZE` of its
+first trial's, and retires before a trial of another size (or of no estimate). MindSpore's CPU
+memory pool keeps, after every release, the memory a trial's activations took (measured: ~0.5 GB
+after a large one, reused by the next trial unseen), so a smaller trial after a larger one would
+read the larger one's peak and answer to the memory budget for it; in trials of one size it is
+what each trial needs anyway (docs/mindspore-cpu.md, "Warm workers"). What the ranks keep beyond
+their state after the pool's first trial (``leftover_mb``) is taken off each trial's peak by the
+ranks and off the resident set the budget judges here. Should the pool's owner die, its processes die
 with it: they are started from a thread that lives as long as they do (``PR_SET_PDEATHSIG``,
 `autotune.train.lifetime`), and msrun's workers die with msrun.
 
@@ -47,8 +55,12 @@ FAILED_RANKS_GRACE_S = 1.0  # after a rank's failure, for the others to say how 
 CLOSE_WAIT_S = 5.0          # a pool told to stop gets this long before it is stopped
 # A pool whose workers keep more than this share of the memory budget resident beyond what they
 # held after its first trial (MindSpore keeps some of every trial: `autotune.train.serve`)
-# retires after the trial: the budget is checked on the workers' whole resident set.
+# retires after the trial.
 RETIRE_LEFTOVER = 0.1
+# Trials whose estimated memory per device differs by more than this share (of the smaller) are of
+# another size: a pool runs one size (see the module doc). The quickstart's candidates are
+# estimated within 1.2 % of each other (`autotune estimate examples/quickstart.yaml --set …`).
+SAME_SIZE = 0.03
 
 
 def _write_whole(path: Path, payload: dict) -> None:
@@ -68,6 +80,8 @@ class WarmPool:
         self.trials = 0            # trials handed to the processes running now
         self.argv: list[str] = []
         self.started_at = 0.0
+        self.size_mb: float | None = None  # the estimated memory of the trials they run
+        self.leftover_mb = 0.0     # what they keep beyond their state after their first trial
 
     @property
     def up(self) -> bool:
@@ -94,11 +108,19 @@ class WarmPool:
         threading.Thread(target=launch_and_wait, daemon=True, name="warm-pool").start()
         started.wait()
         self.tree = ProcessTree(self.proc.pid)
-        self.trials, self.started_at = 0, time.time()
+        self.trials, self.started_at, self.leftover_mb = 0, time.time(), 0.0
+
+    def _same_size(self, memory_mb: float | None) -> bool:
+        """Whether a trial estimated at ``memory_mb`` is of the size the running processes run."""
+        if memory_mb is None or self.size_mb is None:
+            return False
+        return abs(memory_mb - self.size_mb) <= SAME_SIZE * min(memory_mb, self.size_mb)
 
     def run(self, config: dict, trial_dir: Path, timeout_s: float,
-            memory_limit_mb: float | None) -> Result:
-        """Run the trial of ``config`` in ``trial_dir`` (see the module doc)."""
+            memory_limit_mb: float | None, memory_mb: float | None = None) -> Result:
+        """Run the trial of ``config`` in ``trial_dir`` (see the module doc); ``memory_mb``: the
+        cost model's estimate of its memory per device (None: not known, so of no size the
+        running processes run)."""
         backend = backend_of(config.get("backend", "cpu"))
         trial_dir = trial_dir.resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -106,14 +128,23 @@ class WarmPool:
         _write_whole(config_path, config)
         log_dir = trial_dir / "logs"
         fresh_trial_dir(trial_dir, log_dir)
-        fresh = not self.up
-        if fresh:
+        retired = ""
+        if self.up and not self._same_size(memory_mb):
+            held = "an unknown size" if self.size_mb is None else f"~{self.size_mb:.0f} MB"
+            this = "not estimated" if memory_mb is None else f"estimated at {memory_mb:.0f} MB"
+            retired = (f"fresh workers: the pool's processes ran trials of {held} a device, this "
+                       f"one is {this} (a trial after one of another size would reuse, unseen, "
+                       "the memory MindSpore kept of it)\n")
+            self.close()
+        if not self.up:
             self._start(config)
+            self.size_mb = memory_mb
         started, handed_over = time.monotonic(), time.time()
         given = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
         # the trial's launch log, as a fresh launch writes it: msrun's, or the one worker's
         with open(log_dir / ("worker_0.log" if self.workers == 1 else "msrun.log"), "w") as out:
             out.write(f"launched: {' '.join(given + [shlex.join(self.argv)])}\n")
+            out.write(retired)
             out.write(f"warm workers: trial {self.trials} of the processes started "
                       f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
         number = self.trials
@@ -144,8 +175,9 @@ class WarmPool:
                              *(self.root / f"done.{number}.{r}" for r in range(self.workers))]:
                     path.unlink(missing_ok=True)
                 result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
-                leftover = max(s.get("leftover_mb", 0.0) for s in said.values())
-                if memory_limit_mb and leftover > RETIRE_LEFTOVER * memory_limit_mb:
+                leftovers = [s.get("leftover_mb", 0.0) for s in said.values()]
+                self.leftover_mb = min(leftovers)  # the next trial's budget: each rank's own
+                if memory_limit_mb and max(leftovers) > RETIRE_LEFTOVER * memory_limit_mb:
                     self.close()
                 return result
         known = dict(self.tree.known)
@@ -192,8 +224,10 @@ class WarmPool:
                 return outcome, detail, now, said
             if memory_limit_mb:
                 pid, rss = self.tree.largest_rss(exclude=launcher)
-                if rss > memory_limit_mb:
-                    return "oom", (f"a worker reached {rss:.0f} MB, over the "
+                if rss - self.leftover_mb > memory_limit_mb:  # the trial's own memory
+                    kept = (f", {self.leftover_mb:.0f} MB of it kept from earlier trials"
+                            if self.leftover_mb else "")
+                    return "oom", (f"a worker reached {rss:.0f} MB{kept}, over the "
                                    f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
                                    f"{now:.1f} s in)"), now, said
             time.sleep(POLL_S / 5)
