@@ -60,6 +60,7 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   ``steps_s`` the measured steps (what ``throughput`` divides by); ``probe_s`` the underflow
   probe's wall time; ``started_at`` / ``finished_at`` the epoch seconds when the trial started
   and when its outputs were written (rank 0).
+- ``measurement``: the version of these rules (`MEASUREMENT`) that measured the numbers.
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
   "device"; on GPU/Ascend what the device held (`autotune.train.device.device_peak_mb`: the
@@ -85,9 +86,15 @@ METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overf
                "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
                "underflow_bound", "underflow_probed", "underflow_note", "init_s", "first_step_s",
                "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at",
-               "step_time_ci")
+               "step_time_ci", "measurement")
 # metrics.json's underflow_note while the probe runs (`autotune.train.program`)
 PROBE_UNFINISHED = "the underflow probe did not finish"
+# The rules a trial's numbers are measured by, recorded with them (``measurement``). 2 (issue 28):
+# a warm pool's trials are of one size (peak memory and the budget are the trial's own), the stop
+# rule's estimate (pilot and block), the graph key over the whole package, the timeout from the
+# candidate's start, the underflow probe's recompute and memory. Trials recorded without it were
+# measured by the rules before (1); a study resumed with them says so (`autotune.study.opening`).
+MEASUREMENT = 2
 
 
 def reset_peak_memory() -> None:
@@ -362,4 +369,5 @@ class StepLog:
             "started_at": timing["started_at"],
             "finished_at": None,
             "step_time_ci": step_time_ci(times, pilot, self.weight),
+            "measurement": MEASUREMENT,
         }
