@@ -231,9 +231,11 @@ def _entry_network(ms, kind: str):
     return network, Tiny
 
 
+SCALE = 2.0 ** 10  # a healthy scale: taken for structural, the rows' gradients made z < 0
+
+
 @pytest.mark.parametrize("kind", ["tied", "positions"])
-@pytest.mark.parametrize("SCALE", [2.0 ** -12, 2.0 ** 10])
-def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms, kind, SCALE):
+def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms, kind):
     """u ≤ z needs the bound to subtract only rows that are zero in float32 too: those of a
     table read only by looking up the input ids. A VocabParallelEmbedding tied to the head, or
     looked up by positions, has non-zero rows no id selects; taken for a token table it made z
