@@ -26,7 +26,11 @@ def _knob_settings(pairs: list[str], flag: str = "--set") -> dict:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise SpecError(f"{flag} {pair!r}: expected KNOB=VALUE")
-        settings[name.strip()] = yaml.safe_load(value)
+        try:
+            settings[name.strip()] = yaml.safe_load(value)
+        except (yaml.YAMLError, ValueError) as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise SpecError(f"{flag} {pair!r}: not a YAML value: {problem}") from None
     return settings
 
 

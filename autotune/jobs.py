@@ -25,7 +25,7 @@ METRICS = ("goodput", "throughput", "step_time_ms", "step_time_ci", "peak_memory
            "overflow_steps", "backoff_steps", "overflow_rate", "underflow_share",
            "underflow_bound", "underflow_probed", "loss_first",
            "loss_last", "diverged", "compile_s", "launch_s", "init_s", "first_step_s",
-           "excluded_steps_s", "steps_s", "probe_s", "teardown_s")
+           "excluded_steps_s", "steps_s", "probe_s", "teardown_s", "measurement")
 # Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.timing`);
 # its fixed time is the run time less ``steps_s``, the time it measures.
 TIME_PARTS = ("launch_s", "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s",

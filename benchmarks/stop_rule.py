@@ -1,17 +1,21 @@
-"""What the stop rule of `trial.precision` costs in accuracy and saves in steps (docs/search.md,
-"How long a trial measures").
+"""What the stop rule of `trial.precision` measures and how long it takes, beside the rule before
+it (docs/search.md, "How long a trial measures").
 
-1. Accuracy (no MindSpore): trials of independent normal step times of a given CV are run
-   through the rule (`autotune.train.metrics.step_time_ci`, checked at every step from
-   ``min_steps`` on, as `autotune.train.program` checks it); printed, for each CV, how many stop
-   early and, of those, how often the mean they stopped on is more than ``precision`` off the
-   true mean (the interval's nominal miss rate is 5 %; stopping at the first narrow interval
-   makes it somewhat optimistic).
-2. Savings (with trial folders): the rule applied to recorded ``steps.jsonl`` files of trials
-   that ran all their steps — where each would have stopped at each precision.
+The rule (`autotune.train.metrics.StepLog`, run as `autotune.train.program` runs it): a pilot of
+``min_steps`` measured steps plans the steps still to measure, and the estimate weighs the pilot
+and those fresh steps by weights fixed before they are seen. The rule before it stopped at the
+first step whose interval was narrow enough and averaged the same steps (kept here, as
+``first_narrow``, to compare).
+
+1. Simulated trials (no MindSpore): step times drawn independently from a normal of a given CV,
+   or N(100, 3) ms with 6 % spikes at 300 ms; per rule, the mean over trials of the measured mean
+   step time against the distribution's mean (throughput's truth is samples / that mean), how
+   many trials stop early, the measured steps a trial ran.
+2. Recorded trials (``steps.jsonl`` of trials that ran all their steps): each series replayed in
+   its order through both rules, against the mean of all its measured steps.
 
     python benchmarks/stop_rule.py [--precision 0.02] [--min-steps 10] [--measured 25]
-                                   [STUDY_TRIAL_FOLDER ...]   # e.g. trials/<study>
+                                   [--trials 4000] [STUDY_TRIAL_FOLDER ...]   # e.g. trials/<study>
 """
 
 from __future__ import annotations
@@ -26,38 +30,64 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.train.metrics import backoff_steps, step_time_ci  # noqa: E402
+from autotune.train.metrics import StepLog, backoff_steps, step_time_ci  # noqa: E402
+
+TIMING = {"started_at": 0.0, "init_s": 0.0, "first_step_s": 0.0, "probe_s": 0.0}
 
 
-def stops_at(times: list, overflows: list, measure_after: int, precision: float,
-             min_steps: int) -> int | None:
-    """The step count after which the rule stops a trial of these steps, None if it does not."""
+def first_narrow(times, overflows, measure_after, precision, min_steps) -> tuple[float, int]:
+    """The rule before: (mean of the measured steps up to the first step at which the interval
+    was within precision after min_steps settled steps, steps run)."""
     for n in range(1, len(times)):  # the last step ends the trial anyway
         start = max(measure_after, backoff_steps(overflows[:n]))
         if n - start >= min_steps:
             ci = step_time_ci(times[measure_after:n])
             if ci is not None and ci <= precision:
-                return n
-    return None
+                return statistics.fmean(times[measure_after:n]), n
+    return statistics.fmean(times[measure_after:]), len(times)
 
 
-def accuracy(precision: float, min_steps: int, measured: int, trials: int) -> None:
-    rng = random.Random(0)
-    print(f"independent normal steps, {measured} measured, min_steps {min_steps}, precision "
-          f"{precision:.0%}:")
-    for cv in (0.02, 0.03, 0.04, 0.05, 0.06):
-        early = missed = 0
-        for _ in range(trials):
-            times = [rng.gauss(1.0, cv) for _ in range(measured)]
-            n = stops_at(times, [False] * measured, 0, precision, min_steps)
-            if n is not None:
-                early += 1
-                missed += abs(statistics.fmean(times[:n]) - 1.0) > precision
-        share = f"{missed / early:.1%} of them off by more than ±{precision:.0%}" if early else "-"
-        print(f"  step-time CV {cv:.0%}: {early / trials:.0%} stop early; {share}")
+def pilot_and_block(times, overflows, measure_after, precision, min_steps) -> tuple[float, int]:
+    """The rule (the program's loop on one rank, counting steps): (its estimate, steps run)."""
+    log, i = StepLog(None, measure_after, 1, 10000, pilot_steps=min_steps), 0
+    stop_at = None
+    while i < len(times) and (stop_at is None or i < stop_at):
+        log.add(i, times[i] / 1000.0, 1.0, overflows[i], 1024.0)
+        i += 1
+        if log.pilot_ended() and i < len(times):
+            block = log.plan(precision, len(times) - i)
+            stop_at = i + block if block < len(times) - i else None
+    return 1000.0 / log.summary(TIMING, 0.0, 1024.0)["throughput"], i
 
 
-def savings(folders: list, min_steps: int) -> None:
+RULES = {"first narrow (before)": first_narrow, "pilot + block (now)": pilot_and_block}
+
+
+def simulated(precision: float, min_steps: int, measured: int, trials: int) -> None:
+    draws = {f"normal CV {cv:.0%}": ((lambda cv: lambda rng: rng.gauss(100.0, 100.0 * cv))(cv), 100.0)
+             for cv in (0.02, 0.03, 0.04, 0.06)}
+    draws["N(100, 3) + 6 % at 300"] = (
+        lambda rng: 300.0 if rng.random() < 0.06 else rng.gauss(100.0, 3.0), 112.0)
+    steps = measured + 5
+    print(f"simulated trials: {trials} per row, {steps} steps of which 5 excluded, min_steps "
+          f"{min_steps}, precision {precision:.0%}")
+    print(f"{'steps':<24} {'rule':<22} {'mean step vs truth':>18} {'stop early':>10} "
+          f"{'measured steps':>14}")
+    for name, (draw, truth) in draws.items():
+        for rule_name, rule in RULES.items():
+            rng = random.Random(28)
+            means, ran = [], []
+            for _ in range(trials):
+                times = [draw(rng) for _ in range(steps)]
+                mean, n = rule(times, [False] * steps, 5, precision, min_steps)
+                means.append(mean)
+                ran.append(n - 5)
+            early = sum(n < measured for n in ran) / trials
+            print(f"{name:<24} {rule_name:<22} {statistics.fmean(means) / truth - 1:>+17.2%} "
+                  f"{early:>10.0%} {statistics.fmean(ran):>14.1f}")
+
+
+def recorded(folders: list, precision: float, min_steps: int) -> None:
     runs = []
     for folder in folders:
         for steps in sorted(Path(folder).glob("*/steps.jsonl")):
@@ -71,13 +101,18 @@ def savings(folders: list, min_steps: int) -> None:
             records = [json.loads(line) for line in steps.read_text().splitlines()]
             runs.append(([r["step_time_ms"] for r in records], [r["overflow"] for r in records],
                          trial["measure_after"]))
-    print(f"{len(runs)} recorded trials that ran all their steps:")
-    for precision in (0.02, 0.03, 0.05, 0.10):
-        ran = [stops_at(t, o, m, precision, min_steps) or len(t) for t, o, m in runs]
-        full = sum(len(t) for t, _, _ in runs)
-        early = sum(n < len(t) for n, (t, _, _) in zip(ran, runs))
-        print(f"  precision {precision:.0%}: {early} stop early, {sum(ran)} of {full} steps "
-              f"({1 - sum(ran) / full:.0%} fewer), median {statistics.median(ran):g} a trial")
+    print(f"\n{len(runs)} recorded trials that ran all their steps, replayed in order "
+          f"(min_steps {min_steps}, precision {precision:.0%}): each rule's mean step time against "
+          "the mean of all the trial's measured steps")
+    for rule_name, rule in RULES.items():
+        errors, ran, full = [], 0, 0
+        for times, overflows, measure_after in runs:
+            mean, n = rule(times, overflows, measure_after, precision, min_steps)
+            errors.append(mean / statistics.fmean(times[measure_after:]) - 1)
+            ran, full = ran + n, full + len(times)
+        if errors:
+            print(f"  {rule_name:<22} mean {statistics.fmean(errors):+.2%}, from "
+                  f"{min(errors):+.2%} to {max(errors):+.2%}; {ran} of {full} steps run")
 
 
 def main() -> None:
@@ -88,9 +123,9 @@ def main() -> None:
     parser.add_argument("--measured", type=int, default=25)
     parser.add_argument("--trials", type=int, default=4000)
     args = parser.parse_args()
-    accuracy(args.precision, args.min_steps, args.measured, args.trials)
+    simulated(args.precision, args.min_steps, args.measured, args.trials)
     if args.folders:
-        savings(args.folders, args.min_steps)
+        recorded(args.folders, args.precision, args.min_steps)
 
 
 if __name__ == "__main__":

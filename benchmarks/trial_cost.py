@@ -14,9 +14,11 @@ Levers (each a column group of the table, the rounds interleaved so machine nois
 Every trial is the quickstart's (examples/quickstart.yaml: 30 steps, 5 excluded from timing),
 its time split as the study stores it (autotune.jobs.TIME_PARTS). Prints one row per trial run
 and, per lever, the median trial's fixed time (run − measured steps) ÷ its measured steps and
-the total seconds.
+the total seconds. ``--stop-rule`` gives every trial the stop rule of a study without
+final_loss (the quickstart has it, so its trials run every step): ``trial.precision`` and
+``min_steps`` at their defaults.
 
-    python benchmarks/trial_cost.py [--rounds 2] [--levers fresh warm warm+cache]
+    python benchmarks/trial_cost.py [--rounds 2] [--levers fresh warm warm+cache] [--stop-rule]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune import costmodel  # noqa: E402
 from autotune.execution.runner import run_trial  # noqa: E402
 from autotune.execution.warm import WarmPool  # noqa: E402
 from autotune.jobs import TIME_PARTS  # noqa: E402
@@ -54,8 +57,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--levers", nargs="+", default=list(LEVERS), choices=LEVERS)
+    parser.add_argument("--stop-rule", action="store_true",
+                        help="trials of a study without final_loss (the stop rule)")
     args = parser.parse_args()
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml")
+    spec = load_spec(ROOT / "examples" / "quickstart.yaml",
+                     {"search.objectives": ["goodput"]} if args.stop_rule else None)
     work = Path(tempfile.mkdtemp(prefix="autotune-trial-cost-"))
     pools = {lever: WarmPool(work / f"pool-{lever}", 2) for lever in args.levers if lever != "fresh"}
     rows = []
@@ -69,9 +75,12 @@ def main() -> None:
                     config = trial_config(spec, candidate, study="cost", number=0,
                                           out_dir=folder.resolve(), steps=spec.trial.steps,
                                           measure_after=spec.trial.measure_after,
-                                          compile_cache=cache)
+                                          stop_rule=spec.stop_rule(), compile_cache=cache)
+                    # the pool runs one size of trial, by the estimate the driver gives it
+                    size_mb = costmodel.estimate(spec, candidate).memory_gb_per_device * 1024
                     result = (run_trial(config, folder, 600, None, candidate.devices)
-                              if lever == "fresh" else pools[lever].run(config, folder, 600, None))
+                              if lever == "fresh" else pools[lever].run(config, folder, 600, None,
+                                                                        size_mb))
                     if result.outcome != "ok":
                         raise SystemExit(f"{lever} {name}: {result.outcome}: {result.detail[:2000]}")
                     parts = {p: result.metrics[p] for p in TIME_PARTS}
@@ -82,8 +91,9 @@ def main() -> None:
             pool.close()
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\nquickstart trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded), "
-          f"seconds; fixed = run − measured steps\n")
+    rule = f", stop rule {spec.stop_rule()}" if spec.stop_rule() else ""
+    print(f"\nquickstart trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded"
+          f"{rule}), seconds; fixed = run − measured steps\n")
     header = " | ".join(f"{SHORT[p]:>6}" for p in TIME_PARTS)
     print(f"{'lever':>10} | {'rd':>2} | {'trial':>6} | {header} | {'run':>6} | {'fixed':>6} | fixed/steps")
     print("-" * (50 + 9 * len(TIME_PARTS)))

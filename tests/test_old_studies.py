@@ -73,6 +73,30 @@ def test_a_new_study_warm_starts_from_an_old_one(old):
     assert new.user_attrs["fingerprint"]["cluster"] == stored["cluster"]
 
 
+def test_a_resumed_study_says_in_one_line_that_its_trials_were_measured_by_older_rules(old, capsys):
+    """(issue 28, item 8) Warm pools' peak memory, the stop rule's estimate, the graph key, the
+    timeout's clock and the underflow probe changed what a trial records: a study resumed with
+    trials measured before says so, once. Its trials stay as they are and it keeps running."""
+    before = optuna.load_study(study_name="old-cpu", storage=old).get_trials()
+    counted = sum(map(counting.counted, before))
+    assert main(["search", "cpu.yaml", "--storage", old, "--resume", "--no-confirm",
+                 "--artifacts", "trials", "--trials", str(counted)]) == 0
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "measured by autotune's rules" in line]
+    measured = [t for t in before if t.user_attrs.get("outcome") in ("ok", "diverged")]
+    assert len(said) == 1, out.out + out.err
+    from autotune.train.metrics import MEASUREMENT
+    assert (f"{len(measured)} of 'old-cpu''s measured trials were measured by autotune's rules "
+            f"before measurement {MEASUREMENT}") in said[0]
+    assert optuna.load_study(study_name="old-cpu", storage=old).get_trials() == before
+    # a simulated study's trials are estimates: nothing to say
+    sim = optuna.load_study(study_name="old-sim", storage=old)
+    assert main(["search", "sim.yaml", "--storage", old, "--resume",
+                 "--trials", str(sum(map(counting.counted, sim.get_trials())))]) == 0
+    out = capsys.readouterr()
+    assert "measured by autotune's rules" not in out.out + out.err
+
+
 @pytest.mark.slow
 def test_the_old_cpu_study_resumes_with_real_trials(old):
     before = optuna.load_study(study_name="old-cpu", storage=old).get_trials()
@@ -86,3 +110,5 @@ def test_the_old_cpu_study_resumes_with_real_trials(old):
     assert [t.user_attrs["outcome"] in ("ok", "pruned") for t in new] == [True], new
     assert new[0].params not in [t.params for t in before]
     assert sum(map(counting.counted, after)) == counted + 1
+    from autotune.train.metrics import MEASUREMENT
+    assert new[0].user_attrs["measurement"] == MEASUREMENT  # its rules, on the record

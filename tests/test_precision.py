@@ -15,7 +15,7 @@ import pytest
 from autotune.cli import main
 from autotune.spec.model_yaml import load_spec
 from autotune.stopping.pruning import SlowTrialPruner, StepWatcher
-from autotune.train.metrics import StepLog, step_time_ci, student_t_quantile
+from autotune.train.metrics import StepLog, mean_step_time, step_time_ci, student_t_quantile
 
 
 def test_the_t_quantile_is_students():
@@ -55,12 +55,80 @@ def test_the_stop_rule_counts_measured_steps_after_the_backoff():
     assert log_of([100.0] * 12, overflows=[True] * 12).settled_steps() == 0  # never settled
 
 
-def test_precise_means_the_interval_of_the_measured_steps_is_within_precision():
-    steady = log_of([1000.0, 1000.0] + [100.0, 101.0, 99.0, 100.0] * 3)  # excluded steps differ
-    ci = step_time_ci([100.0, 101.0, 99.0, 100.0] * 3)
-    assert ci < 0.01 and steady.precise(0.01) and not steady.precise(ci * 0.99)
-    noisy = log_of([100.0, 100.0] + [60.0, 140.0] * 6)
-    assert not noisy.precise(0.2) and noisy.precise(step_time_ci([60.0, 140.0] * 6))
+def simulated_trials(draw, seed: int, trials: int = 2000, steps: int = 30, measure_after: int = 5,
+                     min_steps: int = 10, precision: float = 0.02) -> tuple[list, list]:
+    """``trials`` simulated trials of the program's own loop (`autotune.train.program`) and its
+    `StepLog`, their step times (ms) drawn by ``draw(rng)``: (each trial's mean measured step
+    time as its metrics say, samples per step / throughput, in ms; the steps each ran)."""
+    import random
+
+    from autotune.train.metrics import StepLog
+
+    rng, means, ran = random.Random(seed), [], []
+    timing = {"started_at": 0.0, "init_s": 0.0, "first_step_s": 0.0, "probe_s": 0.0}
+    for _ in range(trials):
+        log = StepLog(None, measure_after, 32, 10000, pilot_steps=min_steps)
+        stop_at, i = None, 0
+        while i < steps and (stop_at is None or i < stop_at):
+            log.add(i, draw(rng) / 1000.0, 1.0, False, 1024.0)
+            i += 1
+            if log.pilot_ended() and i < steps:  # what the program does there, on one rank
+                block = log.plan(precision, steps - i)
+                stop_at = i + block if block < steps - i else None
+        metrics = log.summary(timing, 0.0, 1024.0)
+        means.append(32 / metrics["throughput"] * 1000.0)
+        ran.append(metrics["steps"])
+    return means, ran
+
+
+@pytest.mark.parametrize("kind", ["quiet", "spiky"])
+def test_the_stop_rule_measures_the_mean_step_time_without_bias(kind):
+    """Stopping at the first narrow interval and averaging the same steps favoured candidates
+    that had not met a slow step yet (optional stopping: N(100, 3) ms steps with 6 % spikes at
+    300 ms read 2.8-3.7 % fast). The rule's estimate, over 2,000 seeded trials, is the step-time
+    distribution's mean to 1 %, spiky or quiet — and quiet trials still stop early."""
+    def quiet(rng):
+        return rng.gauss(100.0, 3.0)
+
+    def spiky(rng):
+        return 300.0 if rng.random() < 0.06 else rng.gauss(100.0, 3.0)
+
+    draw, truth = {"quiet": (quiet, 100.0), "spiky": (spiky, 0.94 * 100.0 + 0.06 * 300.0)}[kind]
+    means, ran = simulated_trials(draw, seed=28)
+    assert statistics.fmean(means) == pytest.approx(truth, rel=0.01)
+    if kind == "quiet":  # N(100, 3) needs ~5 steps beyond the 10 of the pilot, not 25
+        assert statistics.fmean(ran) < 5 + 25 - 5 and statistics.median(ran) < 25
+
+
+def test_the_pilot_plans_the_block_its_precision_needs():
+    """The pilot (min_steps measured steps after the back-off) plans the steps that follow: as
+    many as the estimate w·pilot + (1 − w)·block needs for its 95 % half-width to be within
+    precision, w = pilot / (pilot + steps left) fixed before the block is seen; at least half
+    the pilot; the rest of the trial when the pilot's spread allows no precision."""
+    log = StepLog(None, 2, samples_per_step=8, total_steps=1000, pilot_steps=6)
+    for i, t in enumerate([500.0, 400.0] + [100.0, 102.0, 98.0, 101.0, 99.0]):
+        log.add(i, t / 1000.0, 1.0, False, 1024.0)
+        assert not log.pilot_ended()
+    log.add(7, 0.1, 1.0, False, 1024.0)
+    assert log.pilot_ended() and log.pilot_end == 8
+    pilot = [100.0, 102.0, 98.0, 101.0, 99.0, 100.0]
+    w, s, t = 6 / (6 + 20), statistics.stdev(pilot), student_t_quantile(0.975, 5)
+    need = math.ceil(((1 - w) * s) ** 2 / ((0.01 * 100.0 / t) ** 2 - (w * s) ** 2 / 6))
+    assert log.plan(0.01, 20) == max(3, need) and log.weight == w
+    assert log.plan(0.5, 20) == 3  # half the pilot at least
+    assert log.plan(0.001, 20) == 20  # the pilot's spread alone is wider: every step left
+    log.plan(0.01, 20)
+    for i, t in enumerate([110.0, 90.0, 100.0]):
+        log.add(8 + i, t / 1000.0, 1.0, False, 1024.0)
+    timing = {"started_at": 0.0, "init_s": 1.0, "first_step_s": 0.5, "probe_s": 0.1}
+    metrics = log.summary(timing, 100.0, 1024.0)
+    estimate = w * statistics.fmean(pilot) + (1 - w) * 100.0
+    assert metrics["throughput"] == pytest.approx(8 / (estimate / 1000.0))
+    times = pilot + [110.0, 90.0, 100.0]
+    half = t * statistics.stdev(times) * math.sqrt(w * w / 6 + (1 - w) ** 2 / 3)  # Student-t, n − 1
+    half *= student_t_quantile(0.975, 8) / t
+    assert metrics["step_time_ci"] == pytest.approx(half / estimate)
+    assert metrics["step_time_ci"] == pytest.approx(step_time_ci(times, pilot=6, weight=w))
 
 
 def test_the_summary_records_the_interval_of_the_measured_steps():
@@ -360,23 +428,42 @@ def real_trial(tmp_path, name, objectives, devices=1):
     return trial, json.loads((folder / "metrics.json").read_text()), steps, folder
 
 
-def check_stopped_at_the_first_precise_step(trial, metrics, steps, precision=0.15, min_steps=5):
+def check_stopped_where_the_pilot_planned(trial, metrics, steps, folder, precision=0.15, min_steps=5):
+    """The trial ran its pilot and the block its pilot planned (rank 0's times, as recorded),
+    and reports the rule's estimate and interval."""
+    from autotune.train.program import UPDATE_CAP
+
     times = [s["step_time_ms"] for s in steps]
-    assert metrics["steps"] == len(times) < 60  # stopped early
-    assert metrics["step_time_ci"] == pytest.approx(step_time_ci(times[2:]))
-    assert metrics["step_time_ci"] <= precision
+    log, applied = StepLog(None, 2, 8, 1000, pilot_steps=min_steps), 0
+    for i, step in enumerate(steps):
+        log.add(i, step["step_time_ms"] / 1000.0, step["loss"], step["overflow"], step["loss_scale"])
+        applied += not step["overflow"]
+        if log.pilot_ended():
+            break
+    left = min(UPDATE_CAP * 60 - log.pilot_end, 60 - applied)
+    block = log.plan(precision, left)
+    # stopped where planned — or, when the pilot's spread needed every step left (a machine
+    # busy enough), ran them all
+    assert len(times) == log.pilot_end + block if block < left else metrics["applied_steps"] == 60
+    assert metrics["steps"] == len(times)
+    pilot = log.pilot_end - 2
+    assert metrics["step_time_ci"] == pytest.approx(step_time_ci(times[2:], pilot, log.weight))
+    assert metrics["throughput"] == pytest.approx(
+        metrics["samples_per_step"] / mean_step_time(times[2:], pilot, log.weight) * 1000)
     assert trial.user_attrs["step_time_ci"] == pytest.approx(metrics["step_time_ci"])
-    # ... at the first step the rule held: at min_steps measured steps after the back-off, and
-    # at every step since, the interval was wider
-    start = max(2, metrics["backoff_steps"])
-    assert len(times) >= start + min_steps
-    for end in range(start + min_steps, len(times)):
-        assert step_time_ci(times[2:end]) > precision, end
+    said = [line for line in (folder / "logs" / "worker_0.log").read_text().splitlines()
+            if "autotune.train precision:" in line]
+    assert len(said) == 1, said
+    verdict = (f"stopped after {len(times)} steps of 60" if block < left
+               else f"needed every step: ran {len(times)} steps")
+    planned = block if block < left else len(times) - log.pilot_end
+    assert f"a pilot of {pilot} measured steps planned {planned} more; {verdict}, step_time_ci" in said[0]
+    assert "the plan took one all-reduce" in said[0]
 
 
 def test_a_goodput_study_stops_measuring_at_its_precision_and_a_final_loss_one_does_not(tmp_path):
     trial, metrics, steps, folder = real_trial(tmp_path, "goodput", ["goodput"])
-    check_stopped_at_the_first_precise_step(trial, metrics, steps)
+    check_stopped_where_the_pilot_planned(trial, metrics, steps, folder)
     config = json.loads((folder / "config.json").read_text())
     assert (config["trial"]["precision"], config["trial"]["min_steps"]) == (0.15, 5)
     # final_loss is the loss after trial.steps updates: every one of them runs
@@ -393,11 +480,6 @@ def test_every_rank_of_a_two_worker_trial_stops_at_the_same_step(tmp_path):
     rank that went on would wait for its peer's collectives until the timeout)."""
     trial, metrics, steps, folder = real_trial(tmp_path, "dp2", ["goodput"], devices=2)
     assert json.loads((folder / "config.json").read_text())["knobs"]["dp"] == 2
-    check_stopped_at_the_first_precise_step(trial, metrics, steps)
+    check_stopped_where_the_pilot_planned(trial, metrics, steps, folder)
     ranks = [json.loads((folder / f"metrics.rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
-    said = [line for line in (folder / "logs" / "worker_0.log").read_text().splitlines()
-            if "autotune.train precision:" in line]
-    assert len(said) == 1 and f"stopped after {len(steps)} steps of 60, step_time_ci" in said[0]
-    asked = int(re.search(r"asked (\d+) times", said[0]).group(1))
-    assert asked == len(steps) - max(2, metrics["backoff_steps"]) - 5 + 1

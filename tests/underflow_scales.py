@@ -32,10 +32,8 @@ def main(config_path: str, scales_json: str) -> None:
     engine = build_engine(cfg, placement, SCALE_WINDOW)
     inputs, labels = engine.dataset(0, placement.dp_index, placement.dp)
 
-    def world_share(part, whole):
-        if placement.world > 1:
-            part, whole = world_sum([part, whole])
-        return float(part) / float(whole)
+    def summed(values):
+        return [float(v) for v in world_sum(values)] if placement.world > 1 else values
 
     rows = []
     for scale in json.loads(scales_json):
@@ -44,7 +42,7 @@ def main(config_path: str, scales_json: str) -> None:
         _, overflow, _ = engine.step(inputs, labels)
         for param, value in before:
             param.set_data(ms.Tensor(value))
-        metrics = engine.underflow(inputs, labels, float(np.float32(scale)), world_share)
+        metrics = engine.underflow(inputs, labels, float(np.float32(scale)), summed)
         rows.append({"scale": scale, "overflow": bool(overflow), "z": metrics["underflow_bound"],
                      "u": metrics["underflow_share"]})
     if placement.rank == 0:

@@ -1,7 +1,9 @@
 """How a trial ended, read from what it left: its exit code, its ``metrics.json``, its logs.
 
 Contract: :func:`classify` turns a finished trial program (exit code, trial folder, log folder)
-into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics, ``oom``, or ``error``.
+into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics (and their
+``underflow_note`` as the detail), ``oom``, or ``error``; :func:`stopped_in_probe` one its
+launcher stopped while the underflow probe ran after training (``ok``, the share unmeasured).
 
 An ``oom`` needs evidence, and there are three kinds: a line of any log saying so in the
 backend's words (`autotune.spec.backends`); the runner's memory budget crossed (decided while
@@ -32,6 +34,7 @@ from autotune.jobs import Result
 from autotune.procfs import kernel_oom_kills, start_seconds
 from autotune.spec.backends import Backend
 from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, VERDICT
+from autotune.train.metrics import PROBE_UNFINISHED
 
 
 def _logs(log_dir: Path) -> dict:
@@ -71,7 +74,7 @@ def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
     if returncode == 0 and metrics_file.exists():
         metrics = json.loads(metrics_file.read_text())
         outcome = "diverged" if metrics.get("diverged") else "ok"
-        return Result(outcome, metrics, run_s=run_s)
+        return Result(outcome, metrics, detail=metrics.get("underflow_note") or "", run_s=run_s)
     tail = log_tail(log_dir)
     # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue.
     verdicts = [line for line in tail.splitlines() if line.startswith(VERDICT)]
@@ -117,6 +120,52 @@ def kernel_oom_report(processes: dict[int, int], kills: dict | None) -> str | No
         if when is not None and when >= start_seconds(start):
             return f"[kernel] {line}"
     return None
+
+
+def stopped_in_probe(trial_dir: Path, outcome: str, detail: str, run_s: float,
+                     stop_s: float | None) -> Result | None:
+    """A trial its launcher stopped (``outcome`` ``timeout`` or ``oom``, why in ``detail``)
+    while its underflow probe ran — its training done and its metrics written
+    (`autotune.train.metrics.PROBE_UNFINISHED`) — ends as its training did, ``underflow_share``
+    unmeasured with the reason (`autotune.train.probe.measure`: the probe never fails a trial
+    that trained); None for a trial stopped before that."""
+    metrics_file = trial_dir / "metrics.json"
+    if outcome not in ("timeout", "oom") or not metrics_file.exists():
+        return None
+    metrics = json.loads(metrics_file.read_text())
+    if metrics.get("underflow_note") != PROBE_UNFINISHED:
+        return None
+    reason = detail.splitlines()[0] if detail else outcome
+    metrics["underflow_note"] = f"{PROBE_UNFINISHED}: stopped by its launcher ({outcome}: {reason})"
+    return Result("diverged" if metrics.get("diverged") else "ok", metrics,
+                  detail=metrics["underflow_note"], run_s=run_s, stop_s=stop_s)
+
+
+class CandidateStart:
+    """Whether a rank of a running trial started the candidate: it printed
+    `autotune.train.CANDIDATE_STARTED` into a log under ``log_dir`` (msrun's worker logs, the
+    one process's, a warm worker's trial log). :meth:`seen` reads only what the logs gained
+    since it last looked, so a launcher may ask at every poll."""
+
+    MARKER = CANDIDATE_STARTED.encode()
+
+    def __init__(self, log_dir: Path):
+        self.log_dir, self.offsets, self.started = Path(log_dir), {}, False
+
+    def seen(self) -> bool:
+        """Whether a rank has started the candidate (True from then on)."""
+        for log in [] if self.started else self.log_dir.glob("**/*.log"):
+            try:
+                with open(log, "rb") as f:
+                    # from a marker's length before the end of the last read: a line cut in two
+                    f.seek(max(0, self.offsets.get(log, 0) - len(self.MARKER)))
+                    self.started = self.MARKER in f.read()
+                    self.offsets[log] = f.tell()
+            except OSError:  # a log not there yet, or gone with a retired pool's folder
+                continue
+            if self.started:
+                break
+        return self.started
 
 
 def _candidate_ran(log_dir: Path) -> bool:

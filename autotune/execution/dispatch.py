@@ -197,7 +197,11 @@ class Dispatcher:
                 "cluster.devices")
 
     def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
-               timeout_s: float, memory_limit_mb: float | None) -> None:
+               timeout_s: float, memory_limit_mb: float | None,
+               memory_mb: float | None = None) -> None:
+        """Run trial ``number``: in a warm pool of its size on one node (``memory_mb``: the cost
+        model's estimate of its memory per device, which a pool runs one size of:
+        `autotune.execution.warm`), else fresh on as many nodes as it spans."""
         plan = node_plan(devices, self.devices_per_node)
         bundles = [self.backend.resources(launch.local_workers) for launch in plan]
         reason = unplaceable(bundles, self._alive_nodes())
@@ -211,7 +215,8 @@ class Dispatcher:
         if len(plan) == 1 and self.warm_root is not None:
             pool = self._pool_for(devices)
             pool.trial, pool.used = number, time.monotonic()
-            ref = pool.actor.run.remote(config, str(trial_dir), timeout_s, memory_limit_mb)
+            ref = pool.actor.run.remote(config, str(trial_dir), timeout_s, memory_limit_mb,
+                                        memory_mb)
             self._trials[number] = _Trial(number, time.time(), [ref], pool=pool)
             return
         if len(plan) == 1:

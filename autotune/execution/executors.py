@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 from pathlib import Path
 
@@ -214,8 +215,14 @@ class DispatchedExecutor:
                               measure_after=self.spec.trial.measure_after,
                               stop_rule=self.spec.stop_rule(), device_memory=self.device_memory,
                               compile_cache=self.compile_cache)
+        # a warm pool runs one size of trial: by the cost model's own estimate, which the
+        # study's calibration (refit after every measurement) would move between trials
+        from autotune import costmodel
+
+        estimated = costmodel.estimate(self.spec, job.candidate).memory_gb_per_device * 1024
         self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
-                                self.spec.trial.timeout_s, self.memory_mb)
+                                self.spec.trial.timeout_s, self.memory_mb,
+                                estimated if math.isfinite(estimated) else None)
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
         return self._dispatcher.wait(timeout_s=timeout_s)

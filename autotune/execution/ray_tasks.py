@@ -33,9 +33,10 @@ class PoolActor:
 
         self.pool = WarmPool(Path(root), workers, _assigned_devices(visible_devices, resource))
 
-    def run(self, config: dict, trial_dir: str, timeout_s: float, memory_limit_mb):
+    def run(self, config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, memory_mb):
         started = time.time()
-        return started, self.pool.run(config, Path(trial_dir), timeout_s, memory_limit_mb)
+        return started, self.pool.run(config, Path(trial_dir), timeout_s, memory_limit_mb,
+                                      memory_mb)
 
 
 def node_task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int,

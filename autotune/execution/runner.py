@@ -2,7 +2,7 @@
 
 Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launches the trial
 program (directly for one worker, under ``msrun`` for several), enforces the wall-clock timeout
-and the per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
+(from when a rank starts the candidate: :func:`trial_clock`) and the per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
 of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program is read:
 `autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as
 one :func:`run_trial` per node (`autotune.execution.dispatch` places them), each launching that
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.execution.classify import classify
+from autotune.execution.classify import CandidateStart, classify, stopped_in_probe
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
 from autotune.execution.timing import with_launch_and_teardown
@@ -48,6 +48,38 @@ from autotune.train.msrun import msrun_args
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.25
 STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, a cancel)
+# A trial's start-up (the processes' imports, msrun's cluster join and communication init: ~14 s
+# for two CPU workers here, paid by a warm pool's first trial only) is outside its timeout, which
+# starts when a rank starts the candidate. A start-up still going after this long (or the
+# trial's timeout, if longer) is stopped as the infrastructure's: msrun itself gives up joining
+# after `autotune.train.msrun.CLUSTER_TIME_OUT_S` (120 s).
+LAUNCH_LIMIT_S = 300.0
+
+
+def trial_clock(log_dir: Path, timeout_s: float):
+    """The clock of a trial whose logs go to ``log_dir`` (see `LAUNCH_LIMIT_S`): a function of
+    the monotonic seconds since the launcher handed the trial over that returns ``(outcome,
+    detail)`` once the trial must be stopped — ``timeout`` past ``timeout_s`` from when a rank
+    started the candidate, ``error`` (the infrastructure's) when none did within the launch
+    limit — else ``("", "")``."""
+    watch, started_at = CandidateStart(log_dir), []
+    launch_limit = max(LAUNCH_LIMIT_S, timeout_s)
+
+    def check(elapsed: float) -> tuple[str, str]:
+        if not started_at and watch.seen():
+            started_at.append(elapsed)
+        if not started_at:
+            if elapsed > launch_limit:
+                return "error", (f"infrastructure: the launch did not start the candidate within "
+                                 f"{launch_limit:.0f} s (no rank said "
+                                 f"'autotune.train running the candidate')")
+            return "", ""
+        if elapsed - started_at[0] > timeout_s:
+            return "timeout", (f"killed after {timeout_s:.0f} s of the candidate's run "
+                               f"(trial.timeout_s; its launch took {started_at[0]:.1f} s before)")
+        return "", ""
+
+    return check
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -176,7 +208,8 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
                                 preexec_fn=die_with_parent_hook())
         tree = ProcessTree(proc.pid)
         try:
-            outcome, detail, stop_s = _supervise(proc, tree, started, timeout_s, memory_limit_mb,
+            outcome, detail, stop_s = _supervise(proc, tree, started,
+                                                 trial_clock(log_dir, timeout_s), memory_limit_mb,
                                                  launcher=proc.pid if workers > 1 else None)
         except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
             tree.stop(STOP_GRACE_S, reap=proc.poll)
@@ -184,7 +217,12 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
             raise
     run_s, ended = time.monotonic() - started, time.time()
     if outcome:
-        return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
+        trained = stopped_in_probe(trial_dir, outcome, detail, run_s, stop_s)
+        if trained is not None and (node is None or node.launch.index == 0):
+            trained.metrics = with_launch_and_teardown(trained.metrics, handed_over, ended)
+            return trained
+        return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
+                      infrastructure=outcome == "error")
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
     result = classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
@@ -192,20 +230,22 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     return result
 
 
-def _supervise(proc, tree: ProcessTree, started: float, timeout_s: float,
-               memory_limit_mb: float | None, launcher: int | None) -> tuple[str, str, float | None]:
-    """Wait for exit; stop the tree on timeout or when a worker exceeds the memory budget.
-    Returns (outcome, detail, seconds from launch to the decision) for a stopped trial."""
+def _supervise(proc, tree: ProcessTree, started: float, clock, memory_limit_mb: float | None,
+               launcher: int | None) -> tuple[str, str, float | None]:
+    """Wait for exit; stop the tree when the trial's ``clock`` (:func:`trial_clock`) says so or
+    a worker exceeds the memory budget. Returns (outcome, detail, seconds from launch to the
+    decision) for a stopped trial."""
     while True:
         exited = proc.poll() is not None
         tree.refresh()
         now = time.monotonic() - started
         if exited:
             break
-        if now > timeout_s:
+        outcome, detail = clock(now)
+        if outcome:
             tree.stop(STOP_GRACE_S, reap=proc.poll)
             proc.wait()
-            return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)", now
+            return outcome, detail, now
         if memory_limit_mb:
             pid, rss = tree.largest_rss(exclude=launcher)
             if rss > memory_limit_mb:

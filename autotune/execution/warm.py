@@ -5,7 +5,8 @@ processes it keeps between trials (`autotune.train.serve`: one msrun launch, or 
 a single rank), so MindSpore's import, msrun's start, the cluster join and communication init
 are paid once per pool, not once per trial. :meth:`WarmPool.run` has the face and the outcomes
 of `autotune.execution.runner.run_trial` — ``config.json`` written, the folder cleared, the
-timeout, the memory budget and a cancel (KeyboardInterrupt) enforced on the trial's processes,
+timeout (from when a rank starts the candidate, so the pool's first trial does not spend it on
+the workers' start-up: `autotune.execution.runner.trial_clock`), the memory budget and a cancel (KeyboardInterrupt) enforced on the trial's processes,
 an `autotune.jobs.Result` read by `autotune.execution.classify` from the trial's own folder and
 logs — and says where the time went (``launch_s`` … ``teardown_s``,
 `autotune.execution.timing`).
@@ -13,7 +14,15 @@ logs — and says where the time went (``launch_s`` … ``teardown_s``,
 A trial that does not end well retires the pool: a timeout, a worker over the budget, a cancel,
 a crash, or any rank whose trial ended with a non-zero code (it may leave a collective half
 done). Its processes are stopped; the next trial starts fresh ones. A trial that ended ok or
-diverged leaves the workers up for the next. Should the pool's owner die, its processes die
+diverged leaves the workers up for the next — of the same size: a pool runs trials whose
+estimated memory per device (the cost model's, ``memory_mb``) is within `SAME_SIZE` of its
+first trial's, and retires before a trial of another size (or of no estimate). MindSpore's CPU
+memory pool keeps, after every release, the memory a trial's activations took (measured: ~0.5 GB
+after a large one, reused by the next trial unseen), so a smaller trial after a larger one would
+read the larger one's peak and answer to the memory budget for it; in trials of one size it is
+what each trial needs anyway (docs/mindspore-cpu.md, "Warm workers"). What the ranks keep beyond
+their state after the pool's first trial (``leftover_mb``) is taken off each trial's peak by the
+ranks and off the resident set the budget judges here. Should the pool's owner die, its processes die
 with it: they are started from a thread that lives as long as they do (``PR_SET_PDEATHSIG``,
 `autotune.train.lifetime`), and msrun's workers die with msrun.
 
@@ -33,10 +42,10 @@ import threading
 import time
 from pathlib import Path
 
-from autotune.execution.classify import classify
+from autotune.execution.classify import classify, stopped_in_probe
 from autotune.execution.processes import ProcessTree
 from autotune.execution.runner import (POLL_S, STOP_GRACE_S, command, environment, free_port,
-                                       fresh_trial_dir)
+                                       fresh_trial_dir, trial_clock)
 from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import Result
 from autotune.spec.backends import backend_of
@@ -46,8 +55,12 @@ FAILED_RANKS_GRACE_S = 1.0  # after a rank's failure, for the others to say how 
 CLOSE_WAIT_S = 5.0          # a pool told to stop gets this long before it is stopped
 # A pool whose workers keep more than this share of the memory budget resident beyond what they
 # held after its first trial (MindSpore keeps some of every trial: `autotune.train.serve`)
-# retires after the trial: the budget is checked on the workers' whole resident set.
+# retires after the trial.
 RETIRE_LEFTOVER = 0.1
+# Trials whose estimated memory per device differs by more than this share (of the smaller) are of
+# another size: a pool runs one size (see the module doc). The quickstart's candidates are
+# estimated within 1.2 % of each other (`autotune estimate examples/quickstart.yaml --set …`).
+SAME_SIZE = 0.03
 
 
 def _write_whole(path: Path, payload: dict) -> None:
@@ -67,6 +80,8 @@ class WarmPool:
         self.trials = 0            # trials handed to the processes running now
         self.argv: list[str] = []
         self.started_at = 0.0
+        self.size_mb: float | None = None  # the estimated memory of the trials they run
+        self.leftover_mb = 0.0     # what they keep beyond their state after their first trial
 
     @property
     def up(self) -> bool:
@@ -93,11 +108,19 @@ class WarmPool:
         threading.Thread(target=launch_and_wait, daemon=True, name="warm-pool").start()
         started.wait()
         self.tree = ProcessTree(self.proc.pid)
-        self.trials, self.started_at = 0, time.time()
+        self.trials, self.started_at, self.leftover_mb = 0, time.time(), 0.0
+
+    def _same_size(self, memory_mb: float | None) -> bool:
+        """Whether a trial estimated at ``memory_mb`` is of the size the running processes run."""
+        if memory_mb is None or self.size_mb is None:
+            return False
+        return abs(memory_mb - self.size_mb) <= SAME_SIZE * min(memory_mb, self.size_mb)
 
     def run(self, config: dict, trial_dir: Path, timeout_s: float,
-            memory_limit_mb: float | None) -> Result:
-        """Run the trial of ``config`` in ``trial_dir`` (see the module doc)."""
+            memory_limit_mb: float | None, memory_mb: float | None = None) -> Result:
+        """Run the trial of ``config`` in ``trial_dir`` (see the module doc); ``memory_mb``: the
+        cost model's estimate of its memory per device (None: not known, so of no size the
+        running processes run)."""
         backend = backend_of(config.get("backend", "cpu"))
         trial_dir = trial_dir.resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -105,14 +128,23 @@ class WarmPool:
         _write_whole(config_path, config)
         log_dir = trial_dir / "logs"
         fresh_trial_dir(trial_dir, log_dir)
-        fresh = not self.up
-        if fresh:
+        retired = ""
+        if self.up and not self._same_size(memory_mb):
+            held = "an unknown size" if self.size_mb is None else f"~{self.size_mb:.0f} MB"
+            this = "not estimated" if memory_mb is None else f"estimated at {memory_mb:.0f} MB"
+            retired = (f"fresh workers: the pool's processes ran trials of {held} a device, this "
+                       f"one is {this} (a trial after one of another size would reuse, unseen, "
+                       "the memory MindSpore kept of it)\n")
+            self.close()
+        if not self.up:
             self._start(config)
+            self.size_mb = memory_mb
         started, handed_over = time.monotonic(), time.time()
         given = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
         # the trial's launch log, as a fresh launch writes it: msrun's, or the one worker's
         with open(log_dir / ("worker_0.log" if self.workers == 1 else "msrun.log"), "w") as out:
             out.write(f"launched: {' '.join(given + [shlex.join(self.argv)])}\n")
+            out.write(retired)
             out.write(f"warm workers: trial {self.trials} of the processes started "
                       f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
         number = self.trials
@@ -120,7 +152,8 @@ class WarmPool:
                      {"config": str(config_path), "log_dir": str(log_dir)})
         self.trials += 1
         try:
-            outcome, detail, stop_s, said = self._supervise(number, started, timeout_s,
+            outcome, detail, stop_s, said = self._supervise(number, started,
+                                                            trial_clock(log_dir, timeout_s),
                                                             memory_limit_mb)
         except BaseException:  # cancelled (Ctrl-C, a prune): leave nothing running
             self.close(grace_s=0)
@@ -128,7 +161,12 @@ class WarmPool:
         run_s, ended = time.monotonic() - started, time.time()
         if outcome:
             self.close(grace_s=0)
-            return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s)
+            trained = stopped_in_probe(trial_dir, outcome, detail, run_s, stop_s)
+            if trained is not None:
+                trained.metrics = with_launch_and_teardown(trained.metrics, handed_over, ended)
+                return trained
+            return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
+                          infrastructure=outcome == "error")
         code = max((s["code"] for s in said.values()), default=None)
         if code == 0 and len(said) == self.workers:
             result = classify(0, trial_dir, log_dir, run_s, backend, dict(self.tree.known))
@@ -137,8 +175,9 @@ class WarmPool:
                              *(self.root / f"done.{number}.{r}" for r in range(self.workers))]:
                     path.unlink(missing_ok=True)
                 result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
-                leftover = max(s.get("leftover_mb", 0.0) for s in said.values())
-                if memory_limit_mb and leftover > RETIRE_LEFTOVER * memory_limit_mb:
+                leftovers = [s.get("leftover_mb", 0.0) for s in said.values()]
+                self.leftover_mb = min(leftovers)  # the next trial's budget: each rank's own
+                if memory_limit_mb and max(leftovers) > RETIRE_LEFTOVER * memory_limit_mb:
                     self.close()
                 return result
         known = dict(self.tree.known)
@@ -159,12 +198,13 @@ class WarmPool:
                 said[rank] = json.loads(path.read_text())
         return said
 
-    def _supervise(self, number: int, started: float, timeout_s: float,
-                   memory_limit_mb: float | None):
+    def _supervise(self, number: int, started: float, clock, memory_limit_mb: float | None):
         """Wait until every rank said how trial ``number`` ended, a rank failed (and the others
-        had a moment to say so too), or the processes ended; stop them on a timeout or a worker
-        over the memory budget. Returns (outcome, detail, seconds to the decision, what the
-        ranks said) with an outcome only for a stopped trial."""
+        had a moment to say so too), or the processes ended; stop them when the trial's
+        ``clock`` (`autotune.execution.runner.trial_clock`: its timeout from when a rank started
+        the candidate, the launch limit before) says so or a worker is over the memory budget.
+        Returns (outcome, detail, seconds to the decision, what the ranks said) with an outcome
+        only for a stopped trial."""
         launcher = self.proc.pid if self.workers > 1 else None
         failed_at = None
         while True:
@@ -179,12 +219,15 @@ class WarmPool:
                 return "", "", None, self._said(number)
             self.tree.refresh()
             now = time.monotonic() - started
-            if now > timeout_s:
-                return "timeout", f"killed after {timeout_s:.0f} s (trial.timeout_s)", now, said
+            outcome, detail = clock(now)
+            if outcome:
+                return outcome, detail, now, said
             if memory_limit_mb:
                 pid, rss = self.tree.largest_rss(exclude=launcher)
-                if rss > memory_limit_mb:
-                    return "oom", (f"a worker reached {rss:.0f} MB, over the "
+                if rss - self.leftover_mb > memory_limit_mb:  # the trial's own memory
+                    kept = (f", {self.leftover_mb:.0f} MB of it kept from earlier trials"
+                            if self.leftover_mb else "")
+                    return "oom", (f"a worker reached {rss:.0f} MB{kept}, over the "
                                    f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
                                    f"{now:.1f} s in)"), now, said
             time.sleep(POLL_S / 5)

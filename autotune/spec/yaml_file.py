@@ -1,8 +1,11 @@
 """Reading a YAML mapping the user wrote: ``yaml.safe_load`` only, and every problem a SpecError.
 
 Contract: :func:`load_yaml` returns the mapping in ``path`` or raises
-`autotune.spec.errors.SpecError` naming the file (and the line, where YAML knows it): a file
-that cannot be read or is not UTF-8 text, invalid YAML, a document that is not a mapping, a
+`autotune.spec.errors.SpecError` naming the file (and the line and column, where YAML knows
+them): a file that cannot be read or is not UTF-8 text, invalid YAML — every error PyYAML
+raises (reader, scanner, parser, composer, constructor: a tag the safe loader does not build,
+such as ``!!python/object/apply``, is refused and nothing is built), and a value its tag cannot
+hold (``2001-13-45``) — a document that is not a mapping, a
 key given twice in one mapping (``safe_load`` would silently keep the last), or a document
 whose aliases expand it past :data:`NODE_BUDGET` nodes, or into itself. The document is composed
 once and each node walked once, however many aliases refer to it, so an alias bomb (nine levels
@@ -24,6 +27,32 @@ from autotune.spec.errors import SpecError
 NODE_BUDGET = 1_000_000
 
 
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose constructors' own failures (a value its tag cannot hold: a
+    13th month, ``!!int x``) are YAML errors at the node's place, as its others are."""
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(None, None, str(exc), node.start_mark) from None
+
+
+def _invalid(path: Path, text: str, exc: yaml.YAMLError) -> SpecError:
+    """``path: not valid YAML (line L, column C): problem`` for any error PyYAML raises."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if isinstance(exc, yaml.reader.ReaderError):  # a character: where, by its position
+        before = text[:exc.position]
+        line, column = before.count("\n"), exc.position - (before.rfind("\n") + 1)
+        problem = (f"unacceptable character #x{exc.character:04x}: special characters are not "
+                   "allowed" if isinstance(exc.character, int) else exc.reason)
+    else:
+        line, column = (mark.line, mark.column) if mark is not None else (None, None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" (line {line + 1}, column {column + 1})" if line is not None else ""
+    return SpecError(f"{path}: not valid YAML{where}: {problem}")
+
+
 def load_yaml(path: Path) -> dict:
     """safe_load a YAML mapping (see the module doc)."""
     path = Path(path)
@@ -34,17 +63,25 @@ def load_yaml(path: Path) -> dict:
     except UnicodeDecodeError:
         raise SpecError(f"{path}: not a text (UTF-8) file") from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes only, never Python objects
+        loader = _SafeLoader(text)  # the reader checks every character here
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise SpecError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    except RecursionError:
-        raise SpecError(f"{path}: nested too deeply to read") from None
-    if not isinstance(root, yaml.MappingNode):
-        raise SpecError(f"{path}: must be a YAML mapping")
-    _check_nodes(path, root)
-    return yaml.safe_load(text)
+        raise _invalid(path, text, exc) from None
+    try:
+        try:
+            root = loader.get_single_node()  # nodes only, never Python objects
+        except yaml.YAMLError as exc:
+            raise _invalid(path, text, exc) from None
+        except RecursionError:
+            raise SpecError(f"{path}: nested too deeply to read") from None
+        if not isinstance(root, yaml.MappingNode):
+            raise SpecError(f"{path}: must be a YAML mapping")
+        _check_nodes(path, root)
+        try:  # the checked nodes, by the safe constructors: never a Python object of a tag
+            return loader.construct_document(root)
+        except yaml.YAMLError as exc:
+            raise _invalid(path, text, exc) from None
+    finally:
+        loader.dispose()
 
 
 def _children(node) -> list:

@@ -16,6 +16,8 @@ Contract:
   known to ±2 % and one known to ±5 % estimate the same number; a final_loss study never stops
   early), so a resume may tighten or loosen them and its trials stay comparable (so does a warm
   start's).
+- :func:`older_measurements` is the one line a resumed study says when it holds trials the
+  trial program measured by older rules (`autotune.train.metrics.MEASUREMENT`).
 - :func:`encoding_of` is how the study's knobs are Optuna params (`autotune.spec.encoding`):
   stored on every study when it is created; a study created before ordered knobs has none and
   keeps its categorical params; an encoding this version does not know is a SpecError.
@@ -135,6 +137,23 @@ def as_created(study: optuna.Study, space) -> tuple:
         notes.append(f"{study.study_name!r} was created before ordered knobs: its knobs stay "
                      f"{encoding} params")
     return replace(space, domains=domains, encoding=encoding), notes
+
+
+def older_measurements(study: optuna.Study, measurement: int) -> str | None:
+    """One line when ``study`` holds measured trials (``ok``, ``diverged``) recorded by the trial
+    program's rules before ``measurement`` (`autotune.train.metrics.MEASUREMENT`; none recorded:
+    1), else None: the trials a resume adds are measured by the new rules, and the two groups'
+    numbers may differ by what changed (docs/search.md, "Old studies")."""
+    older = [t for t in study.get_trials(deepcopy=False)
+             if t.user_attrs.get("outcome") in ("ok", "diverged")
+             and t.user_attrs.get("measurement", 1) < measurement]
+    if not older:
+        return None
+    return (f"{len(older)} of {study.study_name!r}'s measured trials were measured by autotune's "
+            f"rules before measurement {measurement} (a warm pool's peak memory and budget, the "
+            "stop rule's estimate, the graph key, the timeout's clock, the underflow probe: "
+            "docs/search.md, \"Old studies\"); the trials this run adds are measured by the new "
+            "ones — differences between the two groups within those rules' effects are not findings")
 
 
 def encoding_of(study: optuna.Study) -> str:

@@ -52,10 +52,11 @@ from autotune.storage.schema import knobs_of
 from autotune.study import confirm
 from autotune.study.bulkgrid import run_bulk_grid
 from autotune.study.loop import Loop, load_history
-from autotune.study.opening import as_created, open_study
+from autotune.study.opening import as_created, older_measurements, open_study
 from autotune.study.progress import Progress
 from autotune.study.recorder import Recorder
 from autotune.study.warmstart import earlier_studies, warm_start
+from autotune.train.metrics import MEASUREMENT
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -113,6 +114,9 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     """Open the study and run it on the entered ``executor`` (see :func:`run_study`)."""
     study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     space, kept = as_created(study, space)
+    if backend_of(spec.cluster.backend).runs_program:  # the trial program measured its trials
+        older = older_measurements(study, MEASUREMENT)
+        kept = [*kept, older] if older else kept
     for note in (*(table.notes if table else ()), *kept, *(note for *_, note in earlier if note)):
         progress.note(note)
     drivers = Drivers(study)

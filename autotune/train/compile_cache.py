@@ -19,7 +19,10 @@ So MindSpore's folder is used here as a slot, never as a store:
   file that is no graph: a graph with nothing stored is a miss, never the end of loading.
 - :meth:`GraphCache.trial` names the graph keys of the trial about to build its graphs: a hash of
   everything in the trial's config that can change a graph (:func:`graph_key`: the config less
-  the fields no graph holds), MindSpore's version and the source of the trial program; and its
+  the fields no graph holds), MindSpore's version and the source of the whole ``autotune``
+  package (every module a trial process can import, by path and content: a value any of them
+  puts into a graph — `autotune.spec.knobs.SCALE_WINDOW`, `autotune.spec.backends`' fused
+  attention — is in the key, wherever the module lives); and its
   *update-free* key, the same less the knobs that act in the optimizer update only
   (`autotune.spec.knobs.Knob.graphs` "update": the parallel optimizer), for the cells whose class
   says ``update_free = True`` (a forward and backward that accumulates, a pipeline stage's cells):
@@ -35,7 +38,10 @@ So MindSpore's folder is used here as a slot, never as a store:
 - A trial without a key (a model.entry network: its source is the user's, outside the key;
   PyNative) stores and loads nothing. A file MindSpore writes for another index than the count
   turns the cache off for the rest of the process (one line on stderr), so a count gone wrong
-  can never load a wrong graph.
+  can never load a wrong graph; so does any I/O failure of the cache's own (a full disk, a
+  store it cannot write, an entry another process replaced while it was copied): the slots are
+  emptied, so MindSpore's next compile finds no file and stops loading, and the trial runs as it
+  would without the cache. :func:`install` that cannot make its folder returns None (no cache).
 
 Hits and stores are said on stderr (``autotune.train compile cache: …``); MindSpore's own line
 for a load is "Use the compilation cache and execute the backend actions only", for a miss
@@ -47,7 +53,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import glob
 import hashlib
 import json
 import os
@@ -57,7 +62,6 @@ import socket
 import sys
 from pathlib import Path
 
-import autotune.train as train_package
 from autotune.files import staged_folder
 from autotune.spec.knobs import KNOBS
 
@@ -99,17 +103,18 @@ def graph_key(cfg: dict, update_free: bool = False) -> str:
 
 @functools.cache
 def _program_digest() -> bytes:
-    """MindSpore's version and the trial program's source, hashed once per process: the code
-    this process runs is what it imported, whatever the files say later."""
+    """MindSpore's version and the source of every module of the ``autotune`` package (its
+    relative path and content), hashed once per process: the code this process runs is what it
+    imported, whatever the files say later. The whole package, not a list of modules: a module
+    the trial program imports is keyed wherever it is moved (measured: ~110 files, a few ms)."""
     import mindspore as ms
 
     digest = hashlib.sha256(ms.__version__.encode())
-    here = os.path.dirname(os.path.abspath(train_package.__file__))  # autotune/train
-    sources = sorted(glob.glob(os.path.join(here, "*.py"))
-                     + [os.path.join(os.path.dirname(here), name) for name in ("layout.py", "shapes.py")])
-    for path in sources:
-        with open(path, "rb") as f:
-            digest.update(f.read())
+    # the package's folder, found from this module's own name and file wherever it sits
+    root = Path(__file__).resolve().parents[__name__.count(".") - 1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
     return digest.digest()
 
 
@@ -177,10 +182,27 @@ class GraphCache:
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
     def hold_next(self) -> None:
-        """Empty the slots and put the placeholder where the next graph will look."""
-        self._clear_slots()
-        with open(self._slot(self.compiled), "wb") as f:
-            f.write(PLACEHOLDER)
+        """Empty the slots and put the placeholder where the next graph will look (after the
+        cache went off: empty them only, so MindSpore's next compile stops loading)."""
+        try:
+            self._clear_slots()
+            if not self.broken:
+                with open(self._slot(self.compiled), "wb") as f:
+                    f.write(PLACEHOLDER)
+        except OSError as exc:
+            self.off(f"{type(exc).__name__}: {exc}")
+
+    def off(self, why: str) -> None:
+        """No more storing or loading in this process, said once on stderr; the slots emptied
+        where that still works (a file left half copied is no graph MindSpore can load: a miss)."""
+        if not self.broken:
+            self.broken = True
+            print(f"{SAY} off for this process: {why}; the trial runs without it",
+                  file=sys.stderr, flush=True)
+        try:
+            self._clear_slots()
+        except OSError:
+            pass
 
     def before(self, obj, args) -> tuple[str | None, dict]:
         """Copy the stored entry of the graph about to compile into its slot. Returns the
@@ -192,37 +214,52 @@ class GraphCache:
         entry = os.path.join(self.root, "graphs", key, f"rank_{self.rank}",
                              f"{self.ordinal}-{_signature(obj, args)}")
         placed = {}
-        if os.path.isdir(entry):
-            self._clear_slots()
-            for name in os.listdir(entry):
-                slot = os.path.join(self.slot_dir, name.replace("@", str(self.compiled)))
-                copy = shutil.copytree if os.path.isdir(os.path.join(entry, name)) else shutil.copyfile
-                copy(os.path.join(entry, name), slot)  # a copy: MindSpore may write to it
-                placed[os.path.basename(slot)] = _stat(slot)
+        try:
+            if os.path.isdir(entry):
+                self._clear_slots()
+                for name in os.listdir(entry):
+                    slot = os.path.join(self.slot_dir, name.replace("@", str(self.compiled)))
+                    copy = shutil.copytree if os.path.isdir(os.path.join(entry, name)) else shutil.copyfile
+                    copy(os.path.join(entry, name), slot)  # a copy: MindSpore may write to it
+                    placed[os.path.basename(slot)] = _stat(slot)
+        except OSError as exc:  # an entry replaced while copied, a full disk: the cache's own
+            self.off(f"loading {entry}: {type(exc).__name__}: {exc}")
+            return None, {}
         return entry, placed
 
     def after(self, entry: str | None, placed: dict) -> None:
         """After a graph compiled: a miss's graph (what MindSpore wrote into the slot) into the
         store, a hit counted; then the placeholder for the next graph."""
-        written = {name for name in os.listdir(self.slot_dir) if _SLOT.match(name)
-                   and placed.get(name) != _stat(os.path.join(self.slot_dir, name))
-                   and not _is_placeholder(os.path.join(self.slot_dir, name))}
-        if any(int(_SLOT.match(n)["index"]) != self.compiled for n in written) and not self.broken:
-            self.broken = True
-            print(f"{SAY} off for this process: MindSpore wrote {sorted(written)} for graph "
-                  f"{self.compiled}", file=sys.stderr, flush=True)
-        if entry is not None and not self.broken:
-            if placed and not written:
-                self.hits += 1
-            elif written:
-                self._store(entry, written)
+        if not self.broken:
+            try:
+                self._keep(entry, placed)
+            except OSError as exc:
+                self.off(f"storing {entry}: {type(exc).__name__}: {exc}")
         self.ordinal += 1
         self.compiled += 1
         self.hold_next()
 
+    def _keep(self, entry: str | None, placed: dict) -> None:
+        """What :meth:`after` keeps of the graph just compiled: its files stored, or its hit."""
+        written = {name for name in os.listdir(self.slot_dir) if _SLOT.match(name)
+                   and placed.get(name) != _stat(os.path.join(self.slot_dir, name))
+                   and not _is_placeholder(os.path.join(self.slot_dir, name))}
+        if any(int(_SLOT.match(n)["index"]) != self.compiled for n in written):
+            self.off(f"MindSpore wrote {sorted(written)} for graph {self.compiled}")
+        elif entry is not None:
+            if placed and not written:
+                self.hits += 1
+            elif written:
+                self._store(entry, written)
+
     def _store(self, entry: str, names: set) -> None:
-        """Move MindSpore's files for this graph into ``entry``, whole or not at all (another
-        process storing the same graph at the same time stores the same files)."""
+        """Move MindSpore's files for this graph into ``entry``, whole or not at all; an entry
+        another process stored meanwhile (the same graph: the same files) is kept as it is."""
+        if os.path.isdir(entry):
+            for name in names:
+                path = os.path.join(self.slot_dir, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            return
         with staged_folder(Path(entry)) as staged:
             for name in names:
                 match = _SLOT.match(name)
@@ -246,22 +283,29 @@ def _is_placeholder(path: str) -> bool:
 _CACHE: GraphCache | None = None
 
 
-def install(root: str, rank: int) -> GraphCache:
+def install(root: str, rank: int) -> GraphCache | None:
     """Turn MindSpore's compile cache on for this process, through a :class:`GraphCache` under
     ``root`` (see the module doc). Call before the process compiles anything; a second call
-    returns the first one's cache."""
+    returns the first one's cache. None (one line on stderr) when its folders cannot be made:
+    the process runs without it."""
     global _CACHE
     if _CACHE is not None:
         return _CACHE
     from mindspore.graph import api
 
     cache = GraphCache(root, rank)
-    os.makedirs(cache.slot_dir, exist_ok=True)
+    try:
+        os.makedirs(cache.slot_dir, exist_ok=True)
+        with open(os.path.join(cache.slot_dir, f"{cache.role}compile_dependency.hash"), "w") as f:
+            f.write(_dependency_hash())
+    except OSError as exc:
+        print(f"{SAY} off for this process: {type(exc).__name__}: {exc}; the trial runs "
+              "without it", file=sys.stderr, flush=True)
+        shutil.rmtree(cache.slot_root, ignore_errors=True)
+        return None
     atexit.register(shutil.rmtree, cache.slot_root, True)  # the slots are this process's only
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
     os.environ["MS_COMPILER_CACHE_PATH"] = cache.slot_root + os.sep
-    with open(os.path.join(cache.slot_dir, f"{cache.role}compile_dependency.hash"), "w") as f:
-        f.write(_dependency_hash())
     cache.hold_next()
     compile_cell, compile_jit = api._CellGraphExecutor.compile, api._JitExecutor.compile
 

@@ -8,7 +8,7 @@ and the scale the step used. Without pipeline stages a step is `autotune.train.s
 accumulate/apply cells; with them, `autotune.train.pipeline`'s 1F1B schedule and apply cell.
 
 Under float16 compute every step also counts its gradients' exact zeros, and
-``underflow(inputs, labels, scale, world_share)`` applies `autotune.train.probe`'s rule on the
+``underflow(inputs, labels, scale, world_sum)`` applies `autotune.train.probe`'s rule on the
 last step's dp shard: the bound from those counts, and the probe only when the bound does not
 settle it (built on first use, so a run that never needs it pays nothing); without float16
 ``scaled`` is False and there is nothing to measure.
@@ -49,6 +49,7 @@ class Engine:
     sharding: object = None    # autotune.train.sharding.Sharding under the parallel optimizer
     bound: object = None       # autotune.train.probe.UnderflowBound (float16 only)
     probe_always: bool = False  # trial.underflow_probe "always": the probe runs whatever the bound
+    fused_attention: bool = False  # a fused flash-attention kernel: the bound stands (probe.measure)
     _probe: object = None
     _last: tuple = None        # the last step's (zero counts tensor, scale, overflow)
 
@@ -67,9 +68,10 @@ class Engine:
             self._last = (out[3], float(scale), bool(overflow))
         return loss, overflow, scale
 
-    def underflow(self, inputs, labels, scale: float, world_share) -> dict:
+    def underflow(self, inputs, labels, scale: float, world_sum, **rule) -> dict:
         """`autotune.train.probe.measure` on the last step, whose dp shard ``inputs``/``labels``
-        are, at the final loss scale ``scale``: the underflow metrics of metrics.json."""
+        are, at the final loss scale ``scale``: the underflow metrics of metrics.json.
+        ``rule``: `measure`'s ``out_of_memory`` and ``before_probe``."""
         bound = None
         if self._last is not None:
             counts, used, overflow = self._last
@@ -81,7 +83,8 @@ class Engine:
                 self._probe = self.make_probe()
             return self._probe(inputs, labels, scale)
 
-        return probe_mod.measure(bound, probe, world_share, always=self.probe_always)
+        return probe_mod.measure(bound, probe, world_sum, always=self.probe_always,
+                                 fused_attention=self.fused_attention, **rule)
 
 
 def _decays(param) -> bool:
@@ -136,11 +139,13 @@ def _owned(cfg: dict, placement: Placement, network) -> set:
 
 def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int, jit_level, owned):
     """What builds the rank's underflow probe: its float32 twin (the same network without float16
-    compute) counting the ``owned`` parameters."""
+    compute, with the candidate's recompute) counting the ``owned`` parameters."""
     model = cfg["model"]
 
     def make():
         twin = entry.build(cfg, placement)[0] if model.get("entry") else models.build_network(model, placement)
+        if cfg["knobs"]["recompute"] != "none":  # as the candidate trains: its memory, not more
+            twin.apply_recompute(cfg["knobs"]["recompute"])
         micro_batch = cfg["train"]["global_batch_size"] // (placement.dp * micro)
         return probe_mod.UnderflowProbe(network, twin, loss_fn, placement, micro=micro, owned=owned,
                                         boundary=_boundary(model, micro_batch), jit_level=jit_level)
@@ -152,8 +157,9 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
     ms.set_seed(cfg.get("seed", 0))  # an entry model draws its own weights: identical on every rank
     network, loss_fn, dataset = entry.build(cfg, placement)
-    if model.get("flash_attention") and not model.get("entry") and \
-            BACKENDS[cfg.get("backend", "cpu")].fused_attention:
+    fused_attention = bool(model.get("flash_attention") and not model.get("entry")
+                           and BACKENDS[cfg.get("backend", "cpu")].fused_attention)
+    if fused_attention:
         fused.use_fused_attention(network, model["seq_length"])
     dtype = model.get("dtype", "float32")
     if dtype != "float32":
@@ -189,7 +195,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     probe_rule = trial.get("underflow_probe", "auto")
     if probe_rule not in ("auto", "always"):
         raise ConfigError(f"trial.underflow_probe: {probe_rule!r} is not auto or always")
-    underflow = dict(make_probe=make_probe, bound=bound, probe_always=probe_rule == "always")
+    underflow = dict(make_probe=make_probe, bound=bound, probe_always=probe_rule == "always",
+                     fused_attention=fused_attention)
     if p.pp == 1:
         accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
                                              loss_scale=loss_scale, scale_window=scale_window,

@@ -41,6 +41,13 @@ placement's tp group), parameters named as in the whole model with the local sha
 (`autotune.train.weights`), a stage input/output of one fixed shape, and a loss for a
 vocabulary-split head. The entry interface does not pass a placement yet.
 
+Underflow bound: a float16 run's bound subtracts the rows of a token table that no input id
+selects (they are zero in float32 too) only for tables declared read by the input ids alone —
+``VocabParallelEmbedding(..., ids_only=True)``, or a cell whose ``token_table`` is ``(table,
+start)``. A table tied to the head, or looked up by positions, must not be declared: its
+unselected rows get gradients. Undeclared, nothing is subtracted (a larger bound: the probe runs
+more often, never wrongly skipped).
+
 Built-in families (``model.family`` = ``transformer`` | ``mlp`` | ``llama``, ``entry`` null) come from
 `autotune.train.models`, built for one rank of the layout, with synthetic data from
 `autotune.train.data`.

@@ -70,7 +70,8 @@ class Embedding(nn.Cell):
 
     @property
     def token_table(self):
-        """``(table, start)``: see `autotune.train.probe.token_tables`."""
+        """``(table, start)``: see `autotune.train.probe.token_tables` (read only by the input
+        ids: ``lm_head`` is a table of its own)."""
         return self.embedding_weight, self.start
 
     def construct(self, ids):

@@ -12,14 +12,15 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   grad_accum micro-steps on each of dp ranks).
 - ``step_time_ms``: median wall time of the measured steps (steps ``measure_after`` … end).
 - ``step_time_ci``: how precisely the trial knows its mean step time — the relative 95%
-  half-width of the mean of the n measured steps' times (every measured step, applied or
-  skipped: the steps ``throughput`` divides by), Student-t with n − 1 degrees of freedom:
-  ``t(0.975, n − 1) · s / √n / mean`` with ``s`` their sample standard deviation
-  (:func:`step_time_ci`); None below two measured steps. ``goodput`` is proportional to 1 / the
-  mean step time, so its own relative half-width is this to first order. ``steps.jsonl`` holds
-  rank 0's times, and so does the interval.
-- ``throughput``: measured steps × samples_per_step / measured time (samples/s), every measured
-  step counted, applied or skipped.
+  half-width of its estimate of the mean over the n measured steps' times (every measured step,
+  applied or skipped: the steps ``throughput`` divides by), Student-t with n − 1 degrees of
+  freedom: ``t(0.975, n − 1) · s / √n / mean`` with ``s`` their sample standard deviation
+  (:func:`step_time_ci`); None below two measured steps. Under the stop rule's estimate
+  (:class:`StepLog`, below) ``√n`` becomes ``1 / √(w²/m + (1 − w)²/(n − m))``. ``goodput`` is
+  proportional to 1 / the mean step time, so its own relative half-width is this to first order.
+  ``steps.jsonl`` holds rank 0's times, and so does the interval.
+- ``throughput``: samples_per_step / the mean measured step time (samples/s), every measured
+  step counted, applied or skipped; under the stop rule, / its estimate (:class:`StepLog`).
 - ``backoff_steps`` (k): the loss scaler's initial back-off, the run of overflowed steps from the
   first recorded step up to the first applied one. A start above what the gradients allow halves
   the scale once per such step; the full run pays them once.
@@ -33,7 +34,10 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   when the compute dtype is not float16 (nothing underflows that a scale could save).
 - ``underflow_bound`` (z): the last step's share of float16 gradient elements exactly zero that
   are not structurally zero (1: no bound), which decides whether the probe runs;
-  ``underflow_probed``: whether it ran. 0 and false without float16.
+  ``underflow_probed``: whether it ran. 0 and false without float16. ``underflow_note``: None,
+  or why the probe the rule called for did not measure u — flash attention (the bound stands:
+  u = z), out of memory in the probe or the trial stopped while it probed (`PROBE_UNFINISHED`
+  until the probe ends): then ``underflow_share`` is None and goodput takes z for u.
 - ``goodput``: samples per second the full run will see, the default objective:
   ``throughput × (1 − r) × (1 − k / train.total_steps) × (1 − u)``. A skipped step costs its time
   and adds no samples, but the initial back-off is charged once over the run, not once per trial;
@@ -56,6 +60,7 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   ``steps_s`` the measured steps (what ``throughput`` divides by); ``probe_s`` the underflow
   probe's wall time; ``started_at`` / ``finished_at`` the epoch seconds when the trial started
   and when its outputs were written (rank 0).
+- ``measurement``: the version of these rules (`MEASUREMENT`) that measured the numbers.
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
   "device"; on GPU/Ascend what the device held (`autotune.train.device.device_peak_mb`: the
@@ -79,9 +84,17 @@ CONFIDENCE = 0.95    # of step_time_ci
 METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
                "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
                "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
-               "underflow_bound", "underflow_probed", "init_s", "first_step_s",
+               "underflow_bound", "underflow_probed", "underflow_note", "init_s", "first_step_s",
                "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at",
-               "step_time_ci")
+               "step_time_ci", "measurement")
+# metrics.json's underflow_note while the probe runs (`autotune.train.program`)
+PROBE_UNFINISHED = "the underflow probe did not finish"
+# The rules a trial's numbers are measured by, recorded with them (``measurement``). 2 (issue 28):
+# a warm pool's trials are of one size (peak memory and the budget are the trial's own), the stop
+# rule's estimate (pilot and block), the graph key over the whole package, the timeout from the
+# candidate's start, the underflow probe's recompute and memory. Trials recorded without it were
+# measured by the rules before (1); a study resumed with them says so (`autotune.study.opening`).
+MEASUREMENT = 2
 
 
 def reset_peak_memory() -> None:
@@ -193,19 +206,33 @@ def student_t_quantile(p: float, df: int) -> float:
     return t
 
 
-def step_time_ci(times) -> float | None:
-    """The relative `CONFIDENCE` half-width of the mean of ``times`` (step times, in any one
-    unit; Student-t, n − 1 degrees of freedom): ``t · s / √n / mean``; None for fewer than two
-    values or a mean ≤ 0. The one definition of the metric ``step_time_ci``, of the trial's
-    stop rule and of the pruner's interval."""
+def mean_step_time(times, pilot: int | None = None, weight: float | None = None) -> float:
+    """The estimate of the mean step time from ``times``: their mean, or — the stop rule's
+    (:class:`StepLog`) — ``weight · mean(times[:pilot]) + (1 − weight) · mean(times[pilot:])``."""
+    if pilot is None or pilot >= len(times):
+        return statistics.fmean(times)
+    return weight * statistics.fmean(times[:pilot]) + (1.0 - weight) * statistics.fmean(times[pilot:])
+
+
+def step_time_ci(times, pilot: int | None = None, weight: float | None = None) -> float | None:
+    """The relative `CONFIDENCE` half-width of :func:`mean_step_time` of ``times`` (step times,
+    in any one unit; Student-t, n − 1 degrees of freedom): ``t · s / √n / mean``, with ``pilot``
+    and ``weight`` ``t · s · √(w²/m + (1 − w)²/(n − m)) / estimate`` (m = ``pilot``, w =
+    ``weight``: the variance of that weighted mean of two independent means); None for fewer
+    than two values or an estimate ≤ 0. The one definition of the metric ``step_time_ci``, of
+    the stop rule's plan and of the pruner's interval."""
     n = len(times)
     if n < 2:
         return None
-    mean = statistics.fmean(times)
+    mean = mean_step_time(times, pilot, weight)
     if mean <= 0:
         return None
     t = student_t_quantile(0.5 + CONFIDENCE / 2.0, n - 1)
-    return t * statistics.stdev(times) / math.sqrt(n) / mean
+    if pilot is None or pilot >= n:
+        spread = 1.0 / math.sqrt(n)
+    else:
+        spread = math.sqrt(weight ** 2 / pilot + (1.0 - weight) ** 2 / (n - pilot))
+    return t * statistics.stdev(times) * spread / mean
 
 
 def backoff_steps(overflows) -> int:
@@ -219,10 +246,31 @@ def backoff_steps(overflows) -> int:
 class StepLog:
     """Collects per-step records; appends each to ``steps.jsonl`` when ``path`` is given (a
     resumed run adds to the file, ``append``). ``total_steps``: the full run's length
-    (``train.total_steps``), over which the initial back-off is charged."""
+    (``train.total_steps``), over which the initial back-off is charged.
 
-    def __init__(self, path, measure_after, samples_per_step, total_steps, append=False):
+    The stop rule (``pilot_steps`` = ``trial.min_steps``; `autotune.train.program` runs it):
+    the *pilot* is the measured steps up to the one at which ``pilot_steps`` of them came after
+    the loss scaler's initial back-off (:meth:`pilot_ended`, the same step on every rank: a
+    count of steps and overflows). There :meth:`plan` fixes the pilot's weight in the estimate,
+    ``w = m / (m + steps left)`` (m the pilot's steps; counts only, before any later step is
+    seen), and from the pilot's spread alone the *block* of steps after it that the estimate
+    ``w · mean(pilot) + (1 − w) · mean(block)`` needs for its 95 % half-width to be within the
+    precision (Stein's two-stage rule: the pilot's t quantile and standard deviation), at least
+    half the pilot, at most the steps left. Both means are unbiased whatever the block's length
+    (it depends on the pilot only; the block's steps are fresh), and so is the estimate: a
+    trial that has not met a slow step yet no longer stops early on it. Stopping at the first
+    step whose interval was narrow enough — the rule before — read steps of N(100, 3) ms with 6 %
+    spikes at 300 ms 2.8-3.7 % fast (tests/test_precision.py; benchmarks/stop_rule.py). A trial
+    whose block runs to its end weighs each measured step alike — its plain mean — unless steps
+    that overflow after the pilot lengthen it (the weights stay as fixed).
+    """
+
+    def __init__(self, path, measure_after, samples_per_step, total_steps, append=False,
+                 pilot_steps=None):
         self.measure_after, self.samples_per_step, self.total_steps = measure_after, samples_per_step, total_steps
+        self.pilot_steps = pilot_steps
+        self.pilot_end = None  # the index of the first step after the pilot, once it ended
+        self.weight = None     # the pilot's weight in the estimate, once planned
         self.records = []
         self._file = open(path, "a" if append else "w") if path else None
 
@@ -233,6 +281,8 @@ class StepLog:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        if self.pilot_steps and self.pilot_end is None and self.settled_steps() >= self.pilot_steps:
+            self.pilot_end = len(self.records)
 
     def close(self):
         if self._file:
@@ -244,15 +294,29 @@ class StepLog:
         start = max(self.measure_after, backoff_steps([r["overflow"] for r in self.records]))
         return max(0, len(self.records) - start)
 
-    def precise(self, precision: float) -> bool:
-        """Whether :func:`step_time_ci` of the measured steps so far (this rank's times) is
-        within ``precision``. The trial's stop rule is this once :meth:`settled_steps` reached
-        ``trial.min_steps`` (`autotune.train.program`)."""
-        ci = step_time_ci([r["step_time_ms"] for r in self.records[self.measure_after:]])
-        return ci is not None and ci <= precision
+    def pilot_ended(self) -> bool:
+        """Whether the step just added ended the pilot (see the class doc)."""
+        return self.pilot_end is not None and self.pilot_end == len(self.records)
+
+    def plan(self, precision: float, steps_left: int) -> int:
+        """At the pilot's end, with at most ``steps_left`` steps to come: fix the pilot's weight
+        (every rank alike) and return how many steps the block needs by this rank's pilot times
+        (see the class doc; rank 0's decides)."""
+        pilot = [r["step_time_ms"] for r in self.records[self.measure_after:self.pilot_end]]
+        m = len(pilot)
+        self.weight = m / (m + steps_left)
+        if steps_left == 0:
+            return 0
+        mean, spread = statistics.fmean(pilot), statistics.stdev(pilot)
+        t = student_t_quantile(0.5 + CONFIDENCE / 2.0, m - 1)
+        room = (precision * mean / t) ** 2 - (self.weight * spread) ** 2 / m  # left for the block
+        if room <= 0:
+            return steps_left
+        need = math.ceil(((1.0 - self.weight) * spread) ** 2 / room)
+        return min(steps_left, max(math.ceil(self.pilot_steps / 2), need))
 
     def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0,
-                underflow_bound=0.0, underflow_probed=False) -> dict:
+                underflow_bound=0.0, underflow_probed=False, underflow_note=None) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; the underflow metrics
         are `autotune.train.probe.measure`'s, 0 and false without float16. ``timing``:
         ``started_at``, ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them
@@ -260,8 +324,11 @@ class StepLog:
         # a resumed run may record fewer steps than measure_after: time at least its last one
         first = min(self.measure_after, len(self.records) - 1)
         measured = self.records[first:]
-        seconds = sum(r["step_time_ms"] for r in measured) / 1000.0
-        throughput = len(measured) * self.samples_per_step / seconds
+        times = [r["step_time_ms"] for r in measured]
+        seconds = sum(times) / 1000.0
+        # the stop rule's estimate once it planned and the block has begun (class doc)
+        pilot = self.pilot_end - first if self.weight is not None else None
+        throughput = self.samples_per_step / (mean_step_time(times, pilot, self.weight) / 1000.0)
         overflows = [r["overflow"] for r in self.records]
         k = backoff_steps(overflows)
         settled = overflows[max(first, k):]  # the measured steps after the back-off
@@ -274,7 +341,9 @@ class StepLog:
         overflow_steps = sum(overflows)
         finite = all(math.isfinite(x) for x in losses)
         return {
-            "goodput": throughput * (1.0 - rate) * (1.0 - once) * (1.0 - underflow_share),
+            # an unmeasured share (underflow_note): the bound, which it cannot exceed
+            "goodput": throughput * (1.0 - rate) * (1.0 - once)
+            * (1.0 - (underflow_bound if underflow_share is None else underflow_share)),
             "throughput": throughput,
             "step_time_ms": statistics.median(r["step_time_ms"] for r in measured),
             "peak_memory_mb": peak_mb,
@@ -292,6 +361,7 @@ class StepLog:
             "underflow_share": underflow_share,
             "underflow_bound": underflow_bound,
             "underflow_probed": underflow_probed,
+            "underflow_note": underflow_note,
             "init_s": timing["init_s"],
             "first_step_s": timing["first_step_s"],
             "excluded_steps_s": sum(r["step_time_ms"] for r in self.records[1:first]) / 1000.0,
@@ -299,5 +369,6 @@ class StepLog:
             "probe_s": timing["probe_s"],
             "started_at": timing["started_at"],
             "finished_at": None,
-            "step_time_ci": step_time_ci([r["step_time_ms"] for r in measured]),
+            "step_time_ci": step_time_ci(times, pilot, self.weight),
+            "measurement": MEASUREMENT,
         }

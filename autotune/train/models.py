@@ -45,7 +45,8 @@ class Embedding(nn.Cell):
 
     def __init__(self, vocab, seq, hidden, p: Placement):
         super().__init__()
-        self.tok = VocabParallelEmbedding(vocab, hidden, p.tp, p.tp_index, p.tp_group)
+        # read only by the input ids (the head is untied): a token table for the underflow bound
+        self.tok = VocabParallelEmbedding(vocab, hidden, p.tp, p.tp_index, p.tp_group, ids_only=True)
         self.pos = nn.Embedding(seq, hidden)
         self.positions = ms.Tensor(np.arange(seq, dtype=np.int32)[None, :])
 

@@ -219,11 +219,17 @@ SKIP_BELOW = 1e-3  # the bound under which the probe is skipped (see the module 
 
 
 def token_tables(network) -> list:
-    """``[(parameter, start)]``: the token tables of ``network`` — every cell with a
-    ``token_table`` attribute ``(table, start)``, a table whose row i is the embedding of id
-    start + i and whose gradient is a sum over the micro-batch's ids that select it (a row no
-    id selects is exactly zero, in float16 and float32 alike)."""
-    return [cell.token_table for _, cell in network.cells_and_names() if hasattr(cell, "token_table")]
+    """``[(parameter, start)]``: the token tables of ``network`` — every cell whose
+    ``token_table`` attribute is ``(table, start)`` (not None), by which its builder declares a
+    table whose row i is the embedding of id start + i and is read *only* by looking up the
+    model's input ids: its gradient is a sum over the micro-batch's ids that select it, so a row
+    no id selects is exactly zero, in float16 and float32 alike. A table tied to the head, or
+    looked up by positions, is not one (its rows get gradients no input id explains): the
+    built-in families declare theirs (`autotune.train.tp_layers.VocabParallelEmbedding`
+    ``ids_only``), a user's network none unless it says so, and then the bound subtracts
+    nothing for it — a larger bound, the probe run where it must."""
+    return [cell.token_table for _, cell in network.cells_and_names()
+            if getattr(cell, "token_table", None) is not None]
 
 
 class UnderflowBound:
@@ -253,14 +259,51 @@ class UnderflowBound:
         return int(np.asarray(zero_counts)[self.counted].sum()) - structural, self.elements
 
 
-def measure(bound, probe, world_share, *, always: bool = False) -> dict:
+def measure(bound, probe, world_sum, *, always: bool = False, fused_attention: bool = False,
+            out_of_memory=lambda exc: isinstance(exc, MemoryError), before_probe=None) -> dict:
     """The rule of the module doc: ``bound`` is this rank's ``(zeros, elements)`` or None (no
     bound: the same on every rank, which agree on overflows and scale), ``probe`` a callable
-    returning this rank's ``(kept, elements)`` (`UnderflowProbe`), ``world_share(part, whole)``
-    the ratio of their sums over all ranks. Every rank takes the same branch (the probe's
-    collectives need them all). Returns ``underflow_share``, ``underflow_bound`` and
-    ``underflow_probed``."""
-    z = 1.0 if bound is None else world_share(*bound)
+    returning this rank's ``(kept, elements)`` (`UnderflowProbe`), ``world_sum(values)`` the
+    values summed over all ranks. Every rank takes the same branch (the probe's collectives need
+    them all). Returns ``underflow_share``, ``underflow_bound``, ``underflow_probed`` and
+    ``underflow_note`` (None, or why the share the rule asked for was not measured):
+
+    - ``fused_attention`` (the candidate runs a fused flash-attention kernel, which a float32
+      twin cannot: it would hold the s² scores the candidate never holds): the probe does not
+      run, the bound stands (u := z, conservative).
+    - The probe out of memory on any rank (``out_of_memory(exc)``: the backend's words):
+      ``underflow_share`` None and the note; goodput then takes the bound
+      (`autotune.train.metrics.StepLog.summary`). It never fails the trial.
+    - ``before_probe(z)``: called just before the probe runs (the program writes the training's
+      metrics then, so a trial stopped while it probes keeps them).
+    """
+    z = 1.0 if bound is None else _ratio(world_sum([float(bound[0]), float(bound[1])]))
     if z <= SKIP_BELOW and not always:
-        return {"underflow_share": z, "underflow_bound": z, "underflow_probed": False}
-    return {"underflow_share": world_share(*probe()), "underflow_bound": z, "underflow_probed": True}
+        return {"underflow_share": z, "underflow_bound": z, "underflow_probed": False,
+                "underflow_note": None}
+    if fused_attention:
+        return {"underflow_share": z, "underflow_bound": z, "underflow_probed": False,
+                "underflow_note": "flash attention: the float32 probe cannot run the fused "
+                                  "kernel, so the bound stands for the share"}
+    if before_probe is not None:
+        before_probe(z)
+    note = None
+    try:
+        kept, elements = probe()
+    except Exception as exc:  # noqa: BLE001  (out of memory is the probe's, not the trial's)
+        if not out_of_memory(exc):
+            raise
+        kept = elements = 0
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        note = f"out of memory in the underflow probe: {type(exc).__name__}: {first}"[:500]
+    kept, elements, failed = world_sum([float(kept), float(elements), float(note is not None)])
+    if failed:
+        return {"underflow_share": None, "underflow_bound": z, "underflow_probed": False,
+                "underflow_note": note or "out of memory in the underflow probe on another rank"}
+    return {"underflow_share": _ratio([kept, elements]), "underflow_bound": z,
+            "underflow_probed": True, "underflow_note": None}
+
+
+def _ratio(pair) -> float:
+    part, whole = pair
+    return float(part) / float(whole)

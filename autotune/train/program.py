@@ -8,12 +8,14 @@ optimizer's, which a skipped step does not advance). A scale that keeps overflow
 (``trial.schedule`` ``"full"``) and a resumed one count steps, as MindSpore's trainers do.
 
 A config whose ``trial`` has ``precision`` and ``min_steps`` (the driver gives them to studies
-without ``final_loss``, whose values a shorter trial does not change) stops earlier: after the
-first step at which ``min_steps`` measured steps came after the scaler's initial back-off and
-the mean measured step time's relative 95% half-width (``step_time_ci``,
-`autotune.train.metrics`) is within ``precision``. Rank 0's step times decide and every rank
-stops at that step: from ``min_steps`` on, one eager one-element all-reduce per step carries
-rank 0's verdict (the count of settled steps is the same on every rank, so all of them ask).
+without ``final_loss``, whose values a shorter trial does not change) may stop earlier, by the
+stop rule of `autotune.train.metrics.StepLog`: the measured steps up to the one at which
+``min_steps`` of them came after the scaler's initial back-off are a pilot, from whose spread
+the steps still to measure are planned so that the estimate of the mean step time (``step_time_ci``)
+is within ``precision``; the trial stops after them (or ends as before, when the plan needs
+every step left). Rank 0's pilot decides and every rank stops at that step: at the pilot's end
+(a count of steps and overflows, the same on every rank) one eager one-element all-reduce
+carries rank 0's plan.
 
 :func:`run_trial` is what ``python -m autotune.train CONFIG_JSON`` (one process) or ``msrun …
 autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes after
@@ -54,7 +56,11 @@ After the last step (untimed, outside every step, the training state left as it 
 run measures ``underflow_share`` by `autotune.train.probe`'s rule on the last step's batch at the
 final loss scale: a bound from the last step's own gradients, and the probe only when the bound
 is above `autotune.train.probe.SKIP_BELOW` (or the config's ``trial.underflow_probe`` is
-``"always"``); each rank counts its part and an all-reduce sums the counts.
+``"always"``); each rank counts its part and an all-reduce sums the counts. Before the probe
+runs, rank 0 writes the training's metrics (``underflow_note``
+`autotune.train.metrics.PROBE_UNFINISHED`); the probe out of memory, or the trial stopped by
+its launcher while it probes, leaves ``underflow_share`` null with the reason and the trial
+``ok`` — the probe never fails a trial that trained.
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
@@ -148,33 +154,37 @@ def _max_over_ranks(value: float, rank: int, world: int) -> float:
     return float(world_sum(mine).max())
 
 
-def _rank_zero_says(placement, verdict: bool) -> bool:
-    """Rank 0's ``verdict`` on every rank: an eager one-element all-reduce to which the other
+def _rank_zero_value(placement, value: int) -> int:
+    """Rank 0's ``value`` on every rank: an eager one-element all-reduce to which the other
     ranks add 0 (measured on 2 CPU workers: ~3 ms a call; a compiled cell costs about as much
     a call but ~300 ms to compile)."""
     if placement.world == 1:
-        return verdict
+        return value
     from autotune.train.parallel import world_sum
 
-    return bool(world_sum([float(verdict and placement.rank == 0)])[0] > 0)
+    return int(round(float(world_sum([float(value if placement.rank == 0 else 0)])[0])))
 
 
-def _underflow_share(engine, placement, step: int, scale: float) -> dict:
+def _underflow_share(engine, placement, step: int, scale: float, backend, before_probe) -> dict:
     """The world's underflow metrics (``underflow_share``, ``underflow_bound``,
-    ``underflow_probed``) on step ``step``'s global batch at loss scale ``scale`` by
-    `autotune.train.probe`'s rule; none when the compute dtype is not float16."""
+    ``underflow_probed``, ``underflow_note``) on step ``step``'s global batch at loss scale
+    ``scale`` by `autotune.train.probe`'s rule; none when the compute dtype is not float16. An
+    out-of-memory failure in the probe, in ``backend``'s words or a MemoryError, leaves the
+    share unmeasured (the rule's ``before_probe``: called first)."""
     from autotune.train.parallel import world_sum
 
     if not engine.scaled:
         return {}
     inputs, labels = engine.dataset(step, placement.dp_index, placement.dp)
 
-    def world_share(part, whole):
-        if placement.world > 1:
-            part, whole = world_sum([part, whole])
-        return float(part) / float(whole)
+    def summed(values):
+        return [float(v) for v in world_sum(values)] if placement.world > 1 else values
 
-    return engine.underflow(inputs, labels, scale, world_share)
+    def out_of_memory(exc: BaseException) -> bool:
+        return isinstance(exc, MemoryError) or backend.oom_in(f"{type(exc).__name__}: {exc}")
+
+    return engine.underflow(inputs, labels, scale, summed, out_of_memory=out_of_memory,
+                            before_probe=before_probe)
 
 
 def _checkpoints(cfg, engine, placement, ms):
@@ -264,9 +274,10 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
         metrics_mod.reset_peak_memory()
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
+    precision, min_steps = trial.get("precision"), trial.get("min_steps")
     log = metrics_mod.StepLog(os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
                               trial["measure_after"], train["global_batch_size"], train["total_steps"],
-                              append=first_step > 0)
+                              append=first_step > 0, pilot_steps=min_steps)
     shard_size = train["global_batch_size"] // dp
     built = time.time()
     first_done = None
@@ -274,13 +285,12 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     updates = trial.get("schedule", "compressed") != "full" and first_step == 0
     last_step = UPDATE_CAP * trial["steps"] if updates else trial["steps"]
     applied, i = 0, first_step
-    precision, min_steps = trial.get("precision"), trial.get("min_steps")
-    precise, asks, asked_s = False, 0, 0.0  # the stop rule held (all ranks agree); its asks
+    stop_at, planned_s = None, 0.0  # the stop rule's last step (all ranks agree), its cost
 
-    def more() -> bool:
-        return not precise and i < last_step and (applied if updates else i) < trial["steps"]
+    def steps_left() -> int:  # at most, if no step from here on overflows
+        return min(last_step - i, trial["steps"] - (applied if updates else i))
 
-    while more():
+    while steps_left() > 0 and (stop_at is None or i < stop_at):
         inputs, labels = engine.dataset(i, placement.dp_index, dp)
         if len(inputs) != shard_size or len(labels) != shard_size:
             raise ValueError(f"dataset({i}, {placement.dp_index}, {dp}) returned {len(inputs)} samples, "
@@ -295,11 +305,13 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
         log.add(i, seconds, float(loss), bool(overflow), float(scale))
         applied += not bool(overflow)
         i += 1
-        if precision is not None and more() and log.settled_steps() >= min_steps:
+        if precision is not None and log.pilot_ended() and steps_left() > 0:
             asked = time.perf_counter()
-            precise = _rank_zero_says(placement, rank == 0 and log.precise(precision))
-            asks, asked_s = asks + 1, asked_s + time.perf_counter() - asked
-        if folder and (not more() or (save_every and i % save_every == 0)):
+            block = _rank_zero_value(placement, log.plan(precision, steps_left()))
+            stop_at = i + block if block < steps_left() else None  # else: to the end, as before
+            planned_s = time.perf_counter() - asked
+        if folder and (steps_left() == 0 or (stop_at is not None and i >= stop_at)
+                       or (save_every and i % save_every == 0)):
             tensors["step"].set_data(ms.Tensor(i, ms.int32))
             checkpoint.save(folder, rank, i, tensors)
     log.close()
@@ -310,17 +322,31 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     world = placement.world
     peak = _max_over_ranks(own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
+    timing = {"started_at": started, "init_s": built - started, "first_step_s": first_done - built}
+
+    def before_probe(bound: float) -> None:
+        """The training's metrics, written before the probe runs: a trial its launcher stops
+        while it probes (over the memory budget, past its timeout) keeps them
+        (`autotune.execution.classify.stopped_in_probe`)."""
+        if rank == 0:
+            pending = log.summary({**timing, "probe_s": 0.0}, peak, final_scale,
+                                  underflow_share=None, underflow_bound=bound,
+                                  underflow_note=metrics_mod.PROBE_UNFINISHED)
+            pending["finished_at"] = time.time()
+            metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), pending)
+
     probe_started = time.perf_counter()
-    underflow = _underflow_share(engine, placement, i - 1, final_scale)
+    underflow = _underflow_share(engine, placement, i - 1, final_scale, backend, before_probe)
     probe_s = time.perf_counter() - probe_started
-    timing = {"started_at": started, "init_s": built - started,
-              "first_step_s": first_done - built, "probe_s": probe_s}
-    result = log.summary(timing, peak, final_scale, **underflow)
-    if asks and rank == 0:  # what the rule did, and what agreeing on it cost
-        verdict = "stopped after" if precise else "did not hold: ran"
-        print(f"autotune.train precision: {verdict} {i} steps of {trial['steps']}, step_time_ci "
-              f"{result['step_time_ci']:.2%} against {precision:.1%}; the stop rule was asked "
-              f"{asks} times, {asked_s * 1000:.1f} ms in all", file=sys.stderr, flush=True)
+    result = log.summary({**timing, "probe_s": probe_s}, peak, final_scale, **underflow)
+    if log.weight is not None and rank == 0:  # what the rule did, and what agreeing on it cost
+        pilot = log.pilot_end - trial["measure_after"]
+        verdict = (f"stopped after {i} steps of {trial['steps']}" if stop_at is not None
+                   else f"needed every step: ran {i} steps")
+        print(f"autotune.train precision: a pilot of {pilot} measured steps planned "
+              f"{(stop_at or i) - log.pilot_end} more; {verdict}, step_time_ci "
+              f"{result['step_time_ci']:.2%} against {precision:.1%}; the plan took one "
+              f"all-reduce, {planned_s * 1000:.1f} ms", file=sys.stderr, flush=True)
     from autotune.train.weights import digest
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,

@@ -24,7 +24,9 @@ memory is its own — the last trial's memory freed (:func:`release`), the high-
 once the network is built (`autotune.train.program.run_trial`), and on CPU what MindSpore keeps
 resident of earlier trials anyway (measured: ~15 MB a trial of the quickstart model; docs/
 mindspore-cpu.md) taken off the peak: the growth of the resident set after release since the
-pool's first trial (``leftover_mb``) — and its time is measured
+pool's first trial (``leftover_mb``). That holds for trials of one size only: MindSpore's CPU
+memory pool keeps what a trial's activations took and a smaller trial reuses it unseen, so the
+launcher runs one size of trial per pool (`autotune.execution.warm.SAME_SIZE`) — and its time is measured
 from when the rank took it (``init_s``; the pool's first trial from the process's start, so it
 carries the imports and the cluster join).
 """

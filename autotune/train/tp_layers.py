@@ -13,7 +13,8 @@ the plain layers, with no collective in the graph.
 - Both take ``bias=False`` for a layer without one (MindFormers' llama has none).
 - :class:`VocabParallelEmbedding`: rows [t·V/tp, (t+1)·V/tp) of the token table; ids outside them
   look up zeros, and the sum over the group completes every row (:func:`vocab_lookup`, which a
-  table of another name uses too).
+  table of another name uses too). It is a token table for the underflow bound only when its
+  builder declares it read by the input ids alone (``ids_only``).
 - :class:`VocabParallelCrossEntropy`: the mean cross-entropy of logits split over the vocabulary,
   without gathering them: a common shift (the global max), the sum of exponentials and the target
   logit are each summed over the group.
@@ -89,16 +90,24 @@ def vocab_lookup(table, ids, start: int, reduce):
 
 
 class VocabParallelEmbedding(nn.Cell):
-    def __init__(self, vocab: int, hidden: int, tp: int = 1, tp_index: int = 0, group: str | None = None):
+    """``ids_only``: its builder declares that the table is read only by looking up the model's
+    input ids — not tied to a head, not looked up by positions — so a row no input id selects
+    gets no gradient (`autotune.train.probe.token_tables`). The built-in families declare it;
+    a table of a user's network is none unless its builder says so."""
+
+    def __init__(self, vocab: int, hidden: int, tp: int = 1, tp_index: int = 0, group: str | None = None,
+                 ids_only: bool = False):
         super().__init__()
         self.start = tp_index * (vocab // tp)
         self.embedding_table = _zeros(vocab // tp, hidden)
         self.reduce = ReduceFromGroup(group) if tp > 1 else None
+        self.ids_only = ids_only
 
     @property
     def token_table(self):
-        """``(table, start)``: see `autotune.train.probe.token_tables`."""
-        return self.embedding_table, self.start
+        """``(table, start)`` when declared ``ids_only``, else None: see
+        `autotune.train.probe.token_tables`."""
+        return (self.embedding_table, self.start) if self.ids_only else None
 
     def construct(self, ids):
         return vocab_lookup(self.embedding_table, ids, self.start, self.reduce)
