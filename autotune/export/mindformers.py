@@ -225,6 +225,11 @@ def document(spec: Spec, c: Candidate, trial: dict,
     if rederived:
         header += (f"# Re-derived for pp = {c.pp} (each stage recomputes the base's layers of its span):"
                    f" {', '.join(rederived)}\n")
+    staged = [f"recompute_config.{key}" for key, value in recompute_lists(spec, c).items()
+              if isinstance(value, list)]
+    if staged:
+        header += (f"# Per stage of pp = {c.pp}, the layers model.recompute_layers marks (what the "
+                   f"study priced): {', '.join(staged)}\n")
     held = kept(merged, tuned)
     if held:
         header += ("# Kept from the base, not tuned (they change layout, memory or schedule):\n"
