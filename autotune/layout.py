@@ -28,9 +28,14 @@ Contract (pure Python, no MindSpore):
   docs/parallel.md): :func:`with_optimizer_shards` marks each parameter whose optimizer update is
   split further along dim 0 of its tp slice (:class:`OptimizerShard`) over every rank of the stage
   that holds the same slice — the dp group for a tp-split parameter, all dp·tp ranks of the stage
-  for a replicated one — unless its full size is at most the threshold (64 KB by default) or that
-  dim 0 does not divide evenly. A sharded rank saves only its shard of the parameter and of its
-  moments, as MindSpore's parallel optimizer does.
+  for a replicated one — unless its full size is smaller than the threshold (64 KB by default;
+  MindSpore's ``SplitParam`` skips ``size < threshold``), that dim 0 does not divide evenly, or
+  the model creates it with ``parallel_optimizer=False`` (:func:`optimizer_whole`: MindFormers'
+  llama norms, and its token table unless ``model.embedding_parallel_optimizer``). A sharded rank
+  saves only its shard of the parameter and of its moments, as MindSpore's parallel optimizer
+  does.
+- Recompute per layer (:func:`layer_recompute`): the ``recompute`` knob, refined by
+  ``model.recompute_layers`` — the layers MindFormers' per-stage lists mark (docs/mindformers.md).
 """
 
 from __future__ import annotations
@@ -91,9 +96,18 @@ LLAMA_RULES = {glob: split for glob, split in MINDFORMERS_RULES.items()
 BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES, "llama": LLAMA_RULES}
 # Bytes per element of the dtypes a model's parameters, compute or optimizer states may take.
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-# MindSpore's (and MindFormers') default parallel_optimizer_threshold, in KB: parameters no larger
+# MindSpore's (and MindFormers') default parallel_optimizer_threshold, in KB: parameters smaller
 # than this are not sharded.
 OPTIMIZER_SHARD_THRESHOLD_KB = 64
+# Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
+# SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
+# table unless model_config.parallel_optimizer (LlamaEmbedding; its default False).
+LLAMA_NORMS = ("*attention_norm.*", "*ffn_norm.*", "*norm_out.*")
+LLAMA_EMBEDDING = "*tok_embeddings.*"
+# MindFormers' per-layer recompute keys that model.recompute_layers carries (layer indices, or
+# true for every layer): full recompute, its default selective patterns, the communication
+# recompute of the norms (acts under sequence parallelism).
+RECOMPUTE_LAYER_KEYS = ("recompute", "select_recompute", "select_comm_recompute")
 # Prefixes of the optimizer's per-parameter state (MindSpore's AdamWeightDecay: first and second
 # moments, cloned from the parameters as "<prefix>.<parameter name>").
 OPTIMIZER_STATES = ("adam_m", "adam_v")
@@ -258,19 +272,53 @@ def optimizer_shard(p: ParamLayout, dp: int, tp: int, element_bytes: int,
     size, step = (dp, tp) if p.split_dim is not None else (dp * tp, 1)
     if dp == 1 or size == 1 or not p.shape:
         return None
-    if math.prod(p.shape) * element_bytes <= threshold_kb * 1024:
+    if math.prod(p.shape) * element_bytes < threshold_kb * 1024:
         return None
     if p.local_shape(tp)[0] % size:
         return None
     return OptimizerShard(size, step)
 
 
+def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
+    """Globs of the parameters ``model_cfg`` (a ``model`` section) creates with
+    ``parallel_optimizer=False``: MindFormers' llama norms, and its token table unless
+    ``embedding_parallel_optimizer`` (see :data:`LLAMA_NORMS`)."""
+    if model_cfg.get("family") != "llama":
+        return ()
+    return LLAMA_NORMS + (() if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,))
+
+
 def with_optimizer_shards(layouts: dict, dp: int, tp: int, element_bytes: int,
-                          threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB) -> dict:
+                          threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB,
+                          whole: tuple[str, ...] = ()) -> dict:
     """``layouts`` with the parallel optimizer's shards marked (``element_bytes``: the
-    parameters' dtype size, which the threshold is measured in)."""
-    return {name: replace(p, opt_shard=optimizer_shard(p, dp, tp, element_bytes, threshold_kb))
+    parameters' dtype size, which the threshold is measured in; ``whole``: globs of parameters
+    left whole, :func:`optimizer_whole`)."""
+    return {name: replace(p, opt_shard=None if any(fnmatch.fnmatchcase(name, g) for g in whole)
+                          else optimizer_shard(p, dp, tp, element_bytes, threshold_kb))
             for name, p in layouts.items()}
+
+
+def layer_recompute(knob: str, layer: int, marks: dict) -> tuple[str, bool]:
+    """``(mode, comm)`` of layer ``layer`` (global index): the recompute knob's mode
+    (``none``, ``selective``, ``full``) refined by ``marks`` — ``model.recompute_layers``,
+    {MindFormers key: layer indices or True} — and whether its norms' communication is recomputed.
+
+    MindFormers' ``LayerSetting.set``: a layer its ``recompute`` list marks is recomputed whole,
+    any other one gets the selective patterns where ``select_recompute`` marks it; the knob says
+    which of them the run has (``full``: both lists, ``selective``: the second, ``none``: neither),
+    and a list the marks leave out means every layer. ``select_comm_recompute`` is the base
+    config's, kept whatever the knob."""
+    def marked(key: str, default: bool) -> bool:
+        value = marks.get(key)
+        return default if value is None else value is True or layer in value
+
+    comm = marked("select_comm_recompute", False)
+    if knob == "full" and marked("recompute", True):
+        return "full", comm
+    if knob in ("full", "selective") and marked("select_recompute", knob == "selective"):
+        return "selective", comm
+    return "none", comm
 
 
 def rank_elements(layouts: dict, tp: int, stage: int) -> int:

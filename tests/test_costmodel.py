@@ -105,11 +105,17 @@ def test_model_states_per_device_are_the_layouts_elements(family, tp, pp):
 
 def test_gradient_accumulation_adds_a_float32_accumulator_per_parameter():
     spec = spec_of(batch=8)  # 135168 parameters (counted above)
-    one, two = (estimate(spec, cand(grad_accum=k)).breakdown["memory_gb"] for k in (1, 2))
+    one, two = (estimate(spec, cand(grad_accum=k), engine="trainer").breakdown["memory_gb"]
+                for k in (1, 2))
     assert one["accumulators"] == 0
     assert two["accumulators"] * GIB == pytest.approx(4 * 135168)
     states = ("params", "grads", "accumulators", "optimizer_states", "overhead")
     assert sum(two[k] - one[k] for k in states) * GIB == pytest.approx(4 * 135168)
+    # MindSpore adds each micro-batch's gradient into its accu_grads: no separate gradients
+    one, two = (estimate(spec, cand(grad_accum=k), engine="mindspore").breakdown["memory_gb"]
+                for k in (1, 2))
+    assert (two["accumulators"], two["grads"]) == (one["grads"], 0)
+    assert one["grads"] * GIB == pytest.approx(4 * 135168)
 
 
 def test_a_layout_the_trainer_cannot_build_is_infeasible():
@@ -242,7 +248,7 @@ def test_stages_before_the_last_run_each_forward_twice_and_the_slowest_stage_set
     spec = spec_of(model, batch=8, cluster={"devices": 2, "device": fast})
     c = cand(pp=2, micro_batches=4)  # micro-batch 2
     rate, fwd = 312e12 * 0.74, 28 * 2**30
-    trainer, megatron = estimate(spec, c), estimate(spec, c, engine="megatron")
+    trainer, megatron = estimate(spec, c, engine="trainer"), estimate(spec, c, engine="megatron")
     t = trainer.breakdown["time_s"]
     # stage 0 (2 layers × 3 forwards + 1 more = 8 forwards) outruns the last (6 forwards + head)
     assert t["compute"] == pytest.approx(4 * 2 * 2 * 3 * fwd / rate, rel=1e-6)
@@ -255,6 +261,11 @@ def test_stages_before_the_last_run_each_forward_twice_and_the_slowest_stage_set
     assert m["recompute"] == 0  # Megatron keeps the activations: the last stage sets the pace
     assert m["compute"] == pytest.approx(4 * 2 * (2 * 3 * fwd + 6 * 2**30) / rate, rel=1e-6)
     assert megatron.step_time_s < trainer.step_time_s
+    # MindSpore's own pipeline (the simulate backend's engine) runs one forward per micro-batch
+    mindspore = estimate(spec, c)
+    ms = mindspore.breakdown["time_s"]
+    assert ms["recompute"] == 0 and ms["compute"] == pytest.approx(m["compute"], rel=1e-9)
+    assert mindspore.tflops_per_device * 1e12 * mindspore.step_time_s * 2 == pytest.approx(model_flops)
 
 
 def test_full_recompute_trades_a_third_of_compute_for_activation_memory():
@@ -459,7 +470,8 @@ def test_entry_model_without_dimensions_is_not_estimated():
 def test_as_dict_is_strict_json_with_exactly_the_contract_keys():
     d = estimate(spec_of(), cand()).as_dict()
     assert set(d) == {"feasible", "reason", "memory_gb_per_device", "step_time_s",
-                      "samples_per_s", "tflops_per_device", "mfu", "breakdown"}
+                      "samples_per_s", "tflops_per_device", "mfu", "breakdown", "not_modelled"}
+    assert d["not_modelled"] == []
     assert set(d["breakdown"]["time_s"]) == TIME_KEYS
     assert set(d["breakdown"]["memory_gb"]) == MEMORY_KEYS
     assert sum(d["breakdown"]["time_s"].values()) == pytest.approx(d["step_time_s"])
@@ -536,11 +548,12 @@ def test_calibrated_memory_decides_feasibility():
 # -- the parallel optimizer, as the trainer runs it ----------------------------------------------
 
 def test_parallel_optimizer_memory_and_traffic_by_hand():
-    # h=128, ffn=512, V=256, s=32, L=2, float32 parameters: sharded (over 64 KB, dim 0 even) are
-    # qkv 384·128, fc_in 512·128, fc_out 128·512 per layer, the token table 256·128 and the head
-    # 256·128; proj 128·128 is 64 KB exactly and stays whole, as do biases, norms, positions.
-    sharded = 2 * (384 * 128 + 512 * 128 + 128 * 512) + 256 * 128 + 256 * 128
-    assert sharded == 425984
+    # h=128, ffn=512, V=256, s=32, L=2, float32 parameters: sharded (64 KB or more, dim 0 even)
+    # are qkv 384·128, proj 128·128 (64 KB exactly: MindSpore skips only smaller ones), fc_in
+    # 512·128, fc_out 128·512 per layer, the token table 256·128 and the head 256·128; biases,
+    # norms and the 32·128 position table (16 KB) stay whole.
+    sharded = 2 * (384 * 128 + 128 * 128 + 512 * 128 + 128 * 512) + 256 * 128 + 256 * 128
+    assert sharded == 458752
     spec = spec_of({"hidden_size": 128, "ffn_hidden_size": 512}, cluster={"devices": 2})
     on_candidate = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
     off, on = (estimate(spec, c, engine="trainer") for c in (cand(dp=2), on_candidate))
@@ -558,18 +571,21 @@ def test_parallel_optimizer_memory_and_traffic_by_hand():
     # Adam reads and writes the state of the rows a rank owns only
     whole = t_off["optimizer"] / (states_bytes(off) / 16)
     assert t_on["optimizer"] == pytest.approx(whole * (states_bytes(off) / 16 - sharded / 2))
-    # MindSpore's own (the simulate backend's default engine) keeps only the owned half of each
-    # sharded parameter, with no copy; it reduce-scatters those gradients (half an all-reduce's
-    # bytes, overlapped alike; one 64 MB bucket here: no overlap) and all-gathers the parameters
+    # MindSpore's own at its default level (the simulate backend's default engine) keeps the
+    # owned half of each sharded parameter, with no copy, and all-gathers it for the forward in
+    # the float16 compute dtype (the all-gather moves after the cast); the gathered copy lives
+    # until the backward. It reduce-scatters those gradients: the owned half is kept (half an
+    # all-reduce's bytes, overlapped alike; one 64 MB bucket here: no overlap).
     ms_off, ms_on = (estimate(spec, c) for c in (cand(dp=2), on_candidate))
     assert ms_off.breakdown == off.breakdown
     m_ms = ms_on.breakdown["memory_gb"]
-    assert (m_off["params"] - m_ms["params"]) * GIB == pytest.approx(4 * sharded / 2)
+    assert (m_ms["params"] - m_off["params"]) * GIB == pytest.approx(2 * sharded - 4 * sharded / 2)
+    assert (m_off["grads"] - m_ms["grads"]) * GIB == pytest.approx(4 * sharded / 2)
     assert m_ms["optimizer_states"] == m_on["optimizer_states"]
     grads = states_bytes(off) / 16 * 4
     alpha = (20e-6 + 2e-6)  # launch + one hop, 2 ranks (a100-80g profile)
     reduced = allreduce_time(grads - 4 * sharded / 2, 2, profile.intra_node_gbps, profile)
-    gathered = alpha + 0.5 * 4 * sharded / (profile.intra_node_gbps * 1e9 * profile.link_efficiency)
+    gathered = alpha + 0.5 * 2 * sharded / (profile.intra_node_gbps * 1e9 * profile.link_efficiency)
     assert ms_on.breakdown["time_s"]["dp_comm"] == pytest.approx(reduced + gathered)
 
 
@@ -580,3 +596,96 @@ def test_parallel_optimizer_changes_nothing_without_a_dp_group_or_for_megatron()
     on_dp = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
     assert estimate(spec, on_dp, engine="megatron").breakdown == \
         estimate(spec, cand(dp=2), engine="megatron").breakdown
+
+
+# -- MindSpore's own run (engine "mindspore", the simulate backend's default) -------------------
+
+def test_mindspore_pipeline_runs_one_forward_and_keeps_1f1b_activations_on_stage_0():
+    # pp 2, 4 micro-batches of 1: stage 0 holds 2 of them between forward and backward, each
+    # with its layers' activations (MindFormers' PipelineCell, 1F1B); no forward runs twice
+    spec = spec_of(PIPELINE_MODEL, batch=4, cluster={"devices": 2})
+    c = cand(pp=2, micro_batches=4, recompute="selective")
+    est = estimate(spec, c, engine="mindspore")
+    stages = memory_per_stage(workload_for(spec.model), c, 1, 4, "float16", 0.0, "mindspore")
+    sh = 1024 * 1024
+    one = 4 * 34 * sh + sh  # 4 layers × 34·s·h, plus the embedding's dropout mask
+    assert stages[0]["activations"] * GIB == pytest.approx(2 * one)
+    trainer = memory_per_stage(workload_for(spec.model), c, 1, 4, "float16", 0.0, "trainer")
+    assert trainer[0]["activations"] * GIB == pytest.approx(one)  # token ids wait, not activations
+    assert est.breakdown["time_s"]["recompute"] == pytest.approx(
+        estimate(spec, c, engine="megatron").breakdown["time_s"]["recompute"])
+    assert estimate(spec, c, engine="trainer").breakdown["time_s"]["recompute"] > \
+        est.breakdown["time_s"]["recompute"]
+
+
+LLAMA_MODEL = {"family": "llama", "num_layers": 4, "hidden_size": 1024, "num_heads": 16,
+               "num_kv_heads": 4, "ffn_hidden_size": 2048, "seq_length": 1024, "vocab_size": 4096}
+
+
+def test_mindformers_token_table_keeps_whole_optimizer_states_unless_its_config_shards_it():
+    # dp 2, float32: the 4096 × 1024 table (16 MB) is over the threshold, but MindFormers'
+    # LlamaEmbedding creates it with parallel_optimizer=False (model_config.parallel_optimizer's
+    # default), so both ranks keep its Adam moments whole; the head (also 4096 × 1024) is sharded
+    table = 4096 * 1024
+    on = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
+    default = spec_of(LLAMA_MODEL, batch=2, cluster={"devices": 2})
+    sharding = spec_of({**LLAMA_MODEL, "embedding_parallel_optimizer": True}, batch=2,
+                       cluster={"devices": 2})
+    for engine in ("mindspore", "trainer"):  # the trainer shards what MindFormers shards
+        whole, split = (estimate(s, on, engine=engine).breakdown["memory_gb"]
+                        for s in (default, sharding))
+        assert (whole["optimizer_states"] - split["optimizer_states"]) * GIB == pytest.approx(8 * table / 2)
+
+
+def test_llama_selective_recompute_is_mindformers_patterns_and_their_activations_are_saved():
+    # per layer and sample at t = 2, 16-bit: s·(8h + (4h + 4·kv + 8·ffn)/t) kept without
+    # recompute (+ 2·a·s²/t scores unfused); MindFormers' selective patterns (the SwiGLU's SiLU
+    # and product) save 4·s·ffn/t, and unfused the attention core (its scores) too
+    s, h, kv, f, a = 1024, 1024, 256, 2048, 16
+    none = s * (8 * h + (4 * h + 4 * kv + 8 * f) / 2)
+    model = spec_of(LLAMA_MODEL).model
+    fused, plain = workload_for(model, fused_attention=True), workload_for(model)
+    assert fused.layer_activations(2, "none", 2) == pytest.approx(none)
+    assert fused.layer_activations(2, "selective", 2) == pytest.approx(none - 4 * s * f / 2)
+    assert plain.layer_activations(2, "none", 2) == pytest.approx(none + 2 * a * s * s / 2)
+    assert plain.layer_activations(2, "selective", 2) == pytest.approx(none - 4 * s * f / 2)
+    # the patterns are element-wise (no FLOPs); unfused, QKᵀ and AV run again
+    assert fused.recompute_flops("selective") == 0
+    assert plain.recompute_flops("selective") == pytest.approx(4 * s * s * h)
+
+
+def test_fused_attention_is_priced_as_the_causal_half():
+    # forward FLOPs per layer and sample: s·(4h² + 4h·kv + 6h·ffn) + 4·s²·h, the last term the
+    # s × s scores; flash attention with next_tokens = 0 computes their lower half
+    s, h, kv, f = 1024, 1024, 256, 2048
+    model = spec_of(LLAMA_MODEL).model
+    gemms = s * (4 * h * h + 4 * h * kv + 6 * h * f)
+    assert workload_for(model).layer_flops() == pytest.approx(3 * (gemms + 4 * s * s * h))
+    assert workload_for(model, fused_attention=True).layer_flops() == pytest.approx(
+        3 * (gemms + 2 * s * s * h))
+
+
+def test_sequence_parallelism_and_per_stage_recompute_as_mindformers_runs_them():
+    # tp 4, pp 2 (2 layers a stage); layer 0 recomputes selectively with its norms' all-gather,
+    # the others keep everything: under sequence parallelism the norm inputs are s·h/t each and
+    # the matmuls' gathered inputs s·h each (s·h/t when their all-gather is recomputed)
+    marks = {"select_recompute": [0], "select_comm_recompute": [0]}
+    model = {**LLAMA_MODEL, "sequence_parallel": True, "recompute_layers": marks}
+    spec = spec_of(model, batch=8, cluster={"devices": 8, "device": "ascend-910b"})
+    s, h, kv, f, t = 1024, 1024, 256, 2048, 4
+    body = (4 * h + 4 * kv) / t
+    plain = s * (4 * h / t + 4 * h + body + 8 * f / t) + 2 * 16 * s * s / t  # 16-bit bytes
+    marked = s * (8 * h / t + body + 4 * f / t)   # selective: no scores, no SiLU and product
+    c = cand(tp=4, pp=2, micro_batches=4, recompute="selective")
+    work = workload_for(spec.model, sequence_parallel=True)
+    assert work.stage_modes("selective", 2, 0) == ((("none", False), 1), (("selective", True), 1))
+    assert work.stage_modes("none", 2, 0) == ((("none", False), 1), (("none", True), 1))
+    stages = memory_per_stage(work, c, 2, 4, "float16", 0.0, "mindspore")
+    assert stages[0]["activations"] * GIB == pytest.approx(2 * 2 * (plain + marked))  # 2 in flight
+    est = estimate(spec, c)  # simulate: engine mindspore, the model.yaml's sequence parallelism
+    assert est.not_modelled == ()
+    trainer = estimate(spec, c, engine="trainer")
+    assert [note.split(":")[0] for note in trainer.not_modelled] == [
+        "model.sequence_parallel", "model.recompute_layers.select_comm_recompute"]
+    assert trainer.memory_gb_per_device > est.memory_gb_per_device
+    assert "not modelled" in format_estimate(trainer)

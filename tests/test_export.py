@@ -410,14 +410,15 @@ def test_user_tp_rules_come_before_the_defaults(tmp_path):
 
 
 def test_parallel_optimizer_export_lays_out_the_shards_and_turns_it_on(tmp_path):
-    # h=128, ffn=512: qkv (384·128), fc_in (512·128) and fc_out (128·512) are over 64 KB in
-    # float32 and split by tp 2: their slices' dim 0 is sharded over the dp group of 2, whose
-    # ranks stride by tp (MindSpore's opt_weight_shard_step); everything else stays whole.
+    # h=128, ffn=512: qkv (384·128), proj (128·128: 64 KB exactly, not smaller than MindSpore's
+    # threshold), fc_in (512·128) and fc_out (128·512) in float32 are split by tp 2: their
+    # slices' dim 0 is sharded over the dp group of 2, whose ranks stride by tp (MindSpore's
+    # opt_weight_shard_step); everything else stays whole.
     spec = make_spec(tmp_path, hidden=128, ffn_hidden_size=512)
     out = tmp_path / "po"
     write_export(spec, candidate(parallel_optimizer=True), TRIAL, out)
     sharded = {f"blocks.{i}.{part}.weight" for i in range(LAYERS)
-               for part in ("attn.qkv", "mlp.fc_in", "mlp.fc_out")}
+               for part in ("attn.qkv", "attn.proj", "mlp.fc_in", "mlp.fc_out")}
     merged = build_searched_strategy(str(out / "strategy.ckpt"))
     assert len(merged) == 3 * len(expected_params())
     for key, layout in merged.items():

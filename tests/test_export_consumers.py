@@ -416,7 +416,7 @@ def test_per_stage_recompute_lists_are_rederived_for_the_tuned_stages():
               "recompute_config": {"select_comm_recompute": [[2, 0], [1, 1]]}}
     assert stage_lists(nested, 16, 1) == {key: [[2], [2]]}
     with pytest.raises(SpecError, match=r"select_comm_recompute: \[1, 2, 3\] has 3 entries for "
-                                        r"the base's pipeline_stage 2"):
+                                        r"the config's pipeline_stage 2"):
         stage_lists({"parallel_config": {"pipeline_stage": 2},
                      "recompute_config": {"select_comm_recompute": [1, 2, 3]}}, 8, 4)
 
@@ -426,7 +426,9 @@ def test_the_header_lists_what_was_rederived_and_what_the_base_keeps(tmp_path):
                  device="ascend-910b", base=FIXTURES / "pretrain_llama2_70b.yaml")
     header = (out / "mindformers.yaml").read_text().split("\nseed:")[0]
     kept = header.split("# Kept from the base, not tuned (they change layout, memory or schedule):\n")[1]
-    assert "#   parallel_config.use_seq_parallel: true\n" in kept
+    # the study priced no sequence parallelism (its model.yaml has none): the export says so
+    assert "#   parallel_config.use_seq_parallel: true -> false\n" in header
+    assert "use_seq_parallel" not in kept
     assert "#   model.model_config.fine_grain_interleave: 2\n" in kept
     assert "parallel_config.vocab_emb_dp" not in kept  # the overlay sets it
     overlay = read_yaml(export(tmp_path, "ov", LAYOUTS["dp4-pp2"], device="ascend-910b")
@@ -450,3 +452,25 @@ def test_a_cpu_export_carries_autotunes_cpu_training_step(tmp_path):
     assert not (split / "mindformers_cpu_wrapper.py").exists()
     assert "# MindFormers cannot run this on CPU: tp = 2, pp = 2 is semi-auto parallel" in \
         (split / "mindformers.yaml").read_text()
+
+
+def test_the_overlay_is_the_run_the_study_priced(tmp_path):
+    """Sequence parallelism, the token table under the parallel optimizer and the recompute
+    layers come from the model.yaml (what the simulate study's engine priced): layer 0 marked
+    for selective recompute and its norms' communication, written per stage of the tuned pp."""
+    llama = dict(family="llama", num_heads=2, sequence_parallel=True, device="ascend-910b",
+                 recompute_layers={"select_recompute": [0], "select_comm_recompute": [0]})
+    knobs = dict(LAYOUTS["dp2-tp2-pp2"], parallel_optimizer=True)
+    mf = read_yaml(export(tmp_path, "sp", knobs, **llama) / "mindformers.yaml")
+    assert mf["parallel_config"]["use_seq_parallel"] is True
+    assert mf["recompute_config"] == {"recompute": False, "select_recompute": [1, 0],
+                                      "select_comm_recompute": [1, 0]}
+    # MindFormers' LlamaEmbedding stays out of the parallel optimizer, as model.yaml says
+    assert mf["model"]["model_config"]["parallel_optimizer"] is False
+    mf = read_yaml(export(tmp_path, "full", dict(knobs, recompute="full", pp=1, dp=4,
+                                                  micro_batches=1), **llama) / "mindformers.yaml")
+    assert mf["recompute_config"] == {"recompute": True, "select_recompute": False,
+                                      "select_comm_recompute": [1]}
+    shards = dict(llama, embedding_parallel_optimizer=True)
+    mf = read_yaml(export(tmp_path, "emb", knobs, **shards) / "mindformers.yaml")
+    assert mf["model"]["model_config"]["parallel_optimizer"] is True

@@ -1,7 +1,8 @@
 """The parallel optimizer's shards as `autotune.layout` defines them (MindSpore's rules at its
 default level: docs/parallel.md), worked out by hand."""
 
-from autotune.layout import OptimizerShard, ParamLayout, optimizer_shard, with_optimizer_shards
+from autotune.layout import (OptimizerShard, ParamLayout, builtin_layout, optimizer_shard,
+                             optimizer_whole, with_optimizer_shards)
 
 
 def lay(shape, split_dim=None):
@@ -21,13 +22,36 @@ def test_a_replicated_parameter_is_sharded_over_all_dp_tp_ranks_of_its_stage():
     assert optimizer_shard(lay((512, 128)), dp=2, tp=1, element_bytes=4) == OptimizerShard(2, 1)
 
 
-def test_threshold_is_the_full_size_in_the_parameter_dtype_and_inclusive():
-    # 128 × 128 float32 = 64 KB exactly: "not larger than the threshold" stays whole
-    assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=4) is None
-    assert optimizer_shard(lay((130, 128)), dp=2, tp=1, element_bytes=4) == OptimizerShard(2, 1)
+def test_threshold_is_the_full_size_in_the_parameter_dtype_and_a_64_kb_parameter_is_sharded():
+    # MindSpore's SplitParam skips `param_size < threshold` (opt_param_mgr.cc): 128 × 128 float32
+    # is 64 KB exactly and is sharded; one row less stays whole
+    assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=4) == OptimizerShard(2, 1)
+    assert optimizer_shard(lay((126, 128)), dp=2, tp=1, element_bytes=4) is None
     # the same shape in float16 is 32 KB
-    assert optimizer_shard(lay((130, 128)), dp=2, tp=1, element_bytes=2) is None
-    assert optimizer_shard(lay((130, 128)), dp=2, tp=1, element_bytes=4, threshold_kb=0) is not None
+    assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=2) is None
+    assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=2, threshold_kb=32) is not None
+
+
+def test_mindformers_llama_leaves_its_norms_and_by_default_its_token_table_whole():
+    # LlamaRMSNorm's weight and LlamaEmbedding's table (unless model_config.parallel_optimizer)
+    # are created with parallel_optimizer=False, which SplitParam skips
+    model = {"family": "llama", "num_layers": 2, "hidden_size": 256, "num_heads": 4,
+             "ffn_hidden_size": 512, "seq_length": 32, "vocab_size": 1024}
+    layouts, _ = builtin_layout(model, 1, 1)
+
+    def sharded(cfg):
+        marked = with_optimizer_shards(layouts, 2, 1, 4, whole=optimizer_whole(cfg))
+        return {name for name, p in marked.items() if p.opt_shard}
+
+    default = sharded(model)
+    assert "model.tok_embeddings.embedding_weight" not in default
+    assert "lm_head.weight" in default and "model.layers.0.feed_forward.w1.weight" in default
+    assert "model.tok_embeddings.embedding_weight" in sharded({**model, "embedding_parallel_optimizer": True})
+    # a norm as large as the threshold still stays whole (16384 float32 = 64 KB)
+    norm = {"model.layers.0.attention_norm.weight": ParamLayout("n", (16384,), 0, None)}
+    assert with_optimizer_shards(norm, 2, 1, 4, whole=optimizer_whole(model))[
+        "model.layers.0.attention_norm.weight"].opt_shard is None
+    assert optimizer_whole({"family": "transformer"}) == ()  # autotune's own families: every weight
 
 
 def test_no_shard_without_a_dp_group_or_an_even_split_of_dim_0():

@@ -165,13 +165,16 @@ def test_the_70b_export_builds_its_stages_in_mindformers_at_pp_2_4_8(tmp_path):
     for pp, result in zip((2, 4, 8), results):
         assert "error" not in result, (pp, result)
         assert result["layer_list"] == [[80 // pp] * pp]
-        counts = result["select_comm_recompute"][r".*\.norm"][0]
-        # the base recomputes 8+4+4+1+1+1+1+1 = 21 layers' norms; each stage keeps its span's
-        assert sum(counts) == 21 and len(counts) == pp, (pp, counts)
-        header = (folders[pp] / "mindformers.yaml").read_text().split("\nseed:")[0]
-        assert "# Kept from the base, not tuned" in header and "use_seq_parallel: true" in header
-        if pp != 8:
-            assert f"# Re-derived for pp = {pp}" in header
+        # the base recomputes 8+4+4+1+1+1+1+1 = 21 layers' norms and SwiGLU patterns (init reads
+        # them into model.recompute_layers, the study prices them); each stage keeps its span's
+        for key in ("select_comm_recompute", "select_recompute"):
+            for pattern, rows in result[key].items():
+                assert sum(rows[0]) == 21 and len(rows[0]) == pp, (pp, key, pattern, rows)
+        text = (folders[pp] / "mindformers.yaml").read_text()
+        header = text.split("\nseed:")[0]
+        assert "# Kept from the base, not tuned" in header
+        assert f"# Per stage of pp = {pp}, the layers model.recompute_layers marks" in header
+        assert yaml.safe_load(text)["parallel_config"]["use_seq_parallel"] is True  # as priced
     assert results[1]["select_comm_recompute"][r".*\.norm"][0] == [12, 5, 2, 2]  # pp 4
 
 

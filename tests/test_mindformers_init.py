@@ -12,6 +12,7 @@ tier checks the same fixtures with MindFormers itself (tests/test_mindformers_co
 
 import json
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from autotune.cli import main
+from autotune.costmodel import estimate
 from autotune.spec.model_yaml import load_spec
 from autotune.spec.space import build_space
 
@@ -105,11 +107,16 @@ def test_llama2_70b_gqa_pipeline_and_warnings(tmp_path, capsys):
                                      "loss_scale": 65536, "jit_level": "O1", "warmup_steps": 30}
     assert 128 in data["search"]["space"]["micro_batches"] and 8 in data["search"]["space"]["pp"]
     err = capsys.readouterr().err
-    assert "fine_grain_interleave: 2" in err and "use_seq_parallel: True" in err
+    # sequence parallelism is the model.yaml's and a simulate study prices it: no warning there
+    assert "fine_grain_interleave: 2" in err and "use_seq_parallel" not in err
+    assert model["sequence_parallel"] is True
     text = (tmp_path / "model.yaml").read_text()
     assert "# WARNING: model.model_config.fine_grain_interleave" in text
     _, space = spec_and_space(tmp_path)
     assert space.baseline().micro_batches == 128
+    # a study that runs autotune's trial does not split activations: init says so
+    assert init(tmp_path, LLAMA70, "--backend", "ascend", "--total-steps", "1000", out="a.yaml")[0] == 0
+    assert "use_seq_parallel: True" in capsys.readouterr().err
 
 
 def test_more_devices_keep_the_global_batch_and_scale_dp(tmp_path):
@@ -134,9 +141,13 @@ def test_qwen2_5_bf16_gqa_and_per_layer_recompute(tmp_path, capsys):
     assert data["baseline"]["micro_batches"] == 16 and data["baseline"]["recompute"] == "full"
     assert "loss_scale" not in data["baseline"]  # bfloat16: scale_sense absent, nothing scaled
     err = capsys.readouterr().err
-    for key in ("qkv_has_bias", "use_seq_parallel", "recompute_config.recompute",
-                "recompute_config.select_recompute"):
-        assert key in err, key
+    for key in ("qkv_has_bias", "recompute_config.select_recompute"):
+        assert key in err, key  # the last: patterns beyond MindFormers' defaults
+    # recompute: [7, 7] over 2 stages of 14 layers: the first 7 of each whole; the selective
+    # patterns on the first 14 of each stage, i.e. every layer
+    assert model["recompute_layers"] == {"recompute": [*range(7), *range(14, 21)],
+                                         "select_recompute": True}
+    assert model["sequence_parallel"] is True
     spec_and_space(tmp_path)
     # bfloat16 does not run on the CPU backend: init says so before writing anything
     assert init(tmp_path, QWEN25, "--backend", "cpu", "--total-steps", "10", out="c.yaml")[0] == 2
@@ -264,6 +275,16 @@ def test_published_mindformers_runs_are_estimated_from_their_own_configs():
     assert layouts["finetune_llama2_70b_bf16_32p.yaml"] == (1, 4, 8)
     for r in rows:  # tokens/s/device within ±25% of the published figure (docs/costmodel.md)
         assert abs(r["error"]) < 0.25, r
+        assert r["fits"], r  # every published run fitted its max_device_memory
+    # the 70B fits its 53 GB only through sequence parallelism and per-stage recompute, which
+    # init reads from the config and the simulate study's engine prices
+    seventy = next(r for r in rows if r["config"] == "finetune_llama2_70b_bf16_32p.yaml")
+    spec, c, _ = validation.mindformers_run(seventy["config"])
+    assert spec.model.sequence_parallel and spec.model.recompute_layers == {
+        key: [*range(8), *range(10, 14), *range(20, 24), 30, 40, 50, 60, 70]
+        for key in ("select_recompute", "select_comm_recompute")}
+    plain = replace(spec.model, sequence_parallel=False, recompute_layers={})
+    assert estimate(replace(spec, model=plain), c).memory_gb_per_device > spec.cluster.max_device_memory_gb
 
 
 def test_estimate_takes_the_baseline_and_set_wins_over_it(tmp_path, capsys):

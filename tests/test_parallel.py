@@ -180,11 +180,17 @@ def llama_reference(tmp_path_factory):
                    base=LLAMA)[0]
 
 
+# tp2·pp2 on four workers, and there with MindFormers' selective recompute (the SwiGLU's SiLU and
+# product and the attention core, recomputed in the stages' backward graphs): the same losses
+LLAMA_LAYOUTS = {**LAYOUTS, "tp2pp2": dict(dp=1, tp=2, pp=2, micro_batches=2),
+                 "tp2pp2-selective": dict(dp=1, tp=2, pp=2, micro_batches=2, recompute="selective")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*LAYOUTS, "tp2pp2"])
+@pytest.mark.parametrize("name", LLAMA_LAYOUTS)
 def test_llama_layouts_train_to_the_same_losses(tmp_path, llama_reference, name):
     """The llama family (grouped-query: tp2 splits its 2 key/value heads) under every layout."""
-    knobs = LAYOUTS.get(name, dict(dp=1, tp=2, pp=2, micro_batches=2))
+    knobs = LLAMA_LAYOUTS[name]
     losses, _ = _launch(tmp_path / name, knobs, base=LLAMA)
     assert len(losses) == 4 and llama_reference[-1] < llama_reference[0]
     np.testing.assert_allclose(losses, llama_reference, rtol=1e-4)

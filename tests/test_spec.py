@@ -71,6 +71,14 @@ def run_cli(tmp_path, capsys, *argv):
     ("cluster: {backend: cpu, devices: 2, device_memory_gb: .nan}", "cluster.device_memory_gb"),
     ("model: {family: transformer, num_layers: 2, hidden_size: 30, num_heads: 4, seq_length: 16,"
      " vocab_size: 64}", "model.hidden_size: 30 is not a multiple of model.num_heads = 4"),
+    # how MindFormers runs a llama (autotune init --mindformers writes these)
+    ("model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,"
+     " vocab_size: 64, sequence_parallel: true}", "model.sequence_parallel: describes MindFormers' llama"),
+    ("model: {family: llama, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,"
+     " vocab_size: 64, recompute_layers: {select_recompute: [0, 2]}}",
+     "model.recompute_layers.select_recompute: must be true or a list of layer indices 0 … 1"),
+    ("model: {family: llama, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,"
+     " vocab_size: 64, recompute_layers: {swap: [0]}}", "model.recompute_layers.swap: unknown key"),
     # MindSpore 2.10 has no bfloat16 MatMul on CPU (test_train_program measures it)
     ("model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,"
      " vocab_size: 64, dtype: bfloat16}", "model.dtype: bfloat16 does not run on backend cpu"),

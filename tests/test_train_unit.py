@@ -1,6 +1,7 @@
 """In-process tests of the trial program's parts: shapes, schedule, data, accumulation, entry."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,6 +173,77 @@ def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, fa
     (q_shape, k_shape, heads, kwargs), = calls
     assert (q_shape, k_shape, heads) == ((2, 4, 8, 8), (2, kv, 8, 8), 4)
     assert kwargs["input_layout"] == "BNSD" and kwargs["sparse_mode"] == 0
+    # causal as MindFormers calls it: every earlier token, no later one (the kernel skips the
+    # blocks above the diagonal rather than computing and masking them)
+    assert (kwargs["pre_tokens"], kwargs["next_tokens"]) == (2147483647, 0)
     assert kwargs["scalar_value"] == pytest.approx(1 / math.sqrt(8))
     mask = kwargs["attn_mask"].asnumpy()
     assert mask.dtype == np.uint8 and (mask == np.triu(np.ones((8, 8)), 1)).all()
+
+
+# MindFormers' LayerSetting default patterns (mindformers/models/utils.py at 15218ea4)
+MINDFORMERS_SELECT_PATTERNS = (r"feed_forward\.mul", r"feed_forward\.w1\.activation\.silu")
+
+
+def _pattern_targets(layer, pattern: str) -> list:
+    """What MindFormers' LayerSetting.set_pattern_recompute reaches in ``layer`` for
+    ``pattern``: cells matched level by level by name, then the attribute (a primitive)."""
+    *cells, attr = pattern.split(r"\.")
+    nodes = [layer]
+    for part in cells:
+        nodes = [cell for node in nodes for name, cell in node.name_cells().items()
+                 if re.fullmatch(part, name)]
+    return [getattr(node, name) for node in nodes for name in dir(node) if re.fullmatch(attr, name)]
+
+
+def test_llama_selective_recompute_is_mindformers_patterns_on_the_layers_they_mark(ms):
+    from mindspore import ops
+    from autotune.train import models
+    from autotune.train.models import SINGLE
+
+    network = models.build_network(LLAMA, SINGLE)
+    for layer in network.model.layers.cells():  # the patterns name one primitive each here
+        assert [len(_pattern_targets(layer, p)) for p in MINDFORMERS_SELECT_PATTERNS] == [1, 1]
+    network.apply_recompute("selective")
+    for layer in network.model.layers.cells():
+        prims = [t for p in MINDFORMERS_SELECT_PATTERNS for t in _pattern_targets(layer, p)]
+        assert all(t.attrs.get("recompute") is True for t in prims)
+        assert isinstance(prims[0], ops.Mul)
+        # unfused, the attention core too, as MindFormers' LLamaAttention; not the layer whole
+        assert layer.attention.core._has_config_recompute and not layer._has_config_recompute
+    # model.recompute_layers: only the layers MindFormers' per-stage list marks
+    marked = models.build_network({**LLAMA, "recompute_layers": {"select_recompute": [1]}}, SINGLE)
+    marked.apply_recompute("selective")
+    flags = {int(n): _pattern_targets(layer, MINDFORMERS_SELECT_PATTERNS[0])[0].attrs.get("recompute")
+             for n, layer in marked.model.layers.name_cells().items()}
+    assert flags == {0: None, 1: True}
+
+
+def test_llama_selective_recompute_compiles_and_computes_the_same_gradients(ms):
+    """The recomputed primitives run on this CPU in a compiled graph and change no gradient."""
+    from mindspore import nn, ops
+    from autotune.train import models
+    from autotune.train.models import SINGLE
+
+    class Loss(nn.Cell):
+        def __init__(self, network):
+            super().__init__()
+            self.network = network
+
+        def construct(self, ids):
+            return ops.square(self.network(ids)).mean()
+
+    nets = [models.build_network(LLAMA, SINGLE) for _ in range(2)]
+    rng = np.random.default_rng(0)
+    for p0, p1 in zip(nets[0].trainable_params(), nets[1].trainable_params()):
+        value = ms.Tensor((0.1 * rng.standard_normal(p0.shape)).astype(np.float32))
+        p0.set_data(value.copy())
+        p1.set_data(value.copy())
+    nets[1].apply_recompute("selective")
+    ids = ms.Tensor(rng.integers(0, LLAMA["vocab_size"], (2, LLAMA["seq_length"])).astype(np.int32))
+    grads = []
+    for net in nets:
+        step = nn.ForwardValueAndGrad(Loss(net), weights=net.trainable_params(), get_by_list=True)
+        grads.append([g.asnumpy() for g in step(ids)[1]])
+    for plain, recomputed in zip(*grads):
+        np.testing.assert_allclose(recomputed, plain, rtol=1e-5, atol=1e-7)

@@ -17,16 +17,20 @@ Contract:
   (parameters, gradients and accumulators in ``model.param_dtype``, Adam's moments in
   ``model.optimizer_dtype``; pipeline stages that run each forward twice; the parallel
   optimizer as `autotune.train.sharding` runs it), the default for a backend that runs trials;
-  ``"mindspore"`` is the export run by MindSpore itself (the trainer's accounting, but the
-  parallel optimizer as MindSpore runs it: ``memory.py``), the default for the ``simulate``
-  backend, whose trials stand for that run;
+  ``"mindspore"`` is the export run by MindSpore itself — MindFormers' — (its pipeline: one
+  forward per micro-batch, 1F1B retention; gradients accumulated in place; its parallel
+  optimizer at the default level; sequence parallelism when ``model.sequence_parallel``:
+  ``memory.py``, ``timing.py``), the default for the ``simulate`` backend, whose trials stand
+  for that run;
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
   ValueError.
 - ``Estimate.as_dict()`` has exactly the keys ``feasible, reason, memory_gb_per_device,
-  step_time_s, samples_per_s, tflops_per_device, mfu, breakdown``; NaN becomes ``None`` so the
-  dict is strict JSON. ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
+  step_time_s, samples_per_s, tflops_per_device, mfu, breakdown, not_modelled``; NaN becomes
+  ``None`` so the dict is strict JSON. ``not_modelled`` lists, one sentence each, what the
+  model.yaml says of the run that this engine does not price (:func:`not_modelled`: sequence
+  parallelism and the norms' communication recompute outside ``"mindspore"``). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
   dp_comm, bubble, optimizer, host}, "memory_gb": {params, grads, accumulators,
   optimizer_states, activations, overhead}}`` for the device with the most memory (the parts
   sum to the totals).
@@ -78,6 +82,7 @@ class Estimate:
     tflops_per_device: float
     mfu: float
     breakdown: dict
+    not_modelled: tuple[str, ...] = ()
     # The correction applied (None: raw model). Not part of as_dict(); Calibration reads it.
     calibration: Calibration | None = field(default=None, compare=False, repr=False)
 
@@ -85,10 +90,12 @@ class Estimate:
         def clean(value):
             if isinstance(value, dict):
                 return {k: clean(v) for k, v in value.items()}
+            if isinstance(value, tuple):
+                return list(value)
             return None if isinstance(value, float) and math.isnan(value) else value
         return {k: clean(getattr(self, k)) for k in (
             "feasible", "reason", "memory_gb_per_device", "step_time_s", "samples_per_s",
-            "tflops_per_device", "mfu", "breakdown")}
+            "tflops_per_device", "mfu", "breakdown", "not_modelled")}
 
 
 def fused_attention(model, profile) -> bool:
@@ -100,6 +107,21 @@ def fused_attention(model, profile) -> bool:
 
 def _unknown(feasible: bool, reason: str) -> Estimate:
     return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
+
+
+def not_modelled(model, engine: str) -> tuple[str, ...]:
+    """What ``model`` (a spec's ``model`` section) says of the run that ``engine`` does not
+    price, one sentence each."""
+    notes = []
+    if model.sequence_parallel and engine != "mindspore":
+        notes.append(f"model.sequence_parallel: MindSpore's sequence parallelism is not what the "
+                     f"{engine} engine runs; priced with activations whole between layers")
+    if model.recompute_layers.get("select_comm_recompute") and not (
+            model.sequence_parallel and engine == "mindspore"):
+        notes.append("model.recompute_layers.select_comm_recompute: recomputes the all-gather "
+                     "after the norms, which only MindSpore's sequence parallelism has; no effect "
+                     "priced")
+    return tuple(notes)
 
 
 def default_engine(spec) -> str:
@@ -120,7 +142,8 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
     if candidate.jit_level == "O2" and profile.kind != "ascend":
         return _unknown(False, f"jit_level O2 sinks the graph through CANN: Ascend only "
                                f"(device profile {profile.name} is {profile.kind})")
-    work = workload_for(spec.model, fused_attention(spec.model, profile))
+    work = workload_for(spec.model, fused_attention(spec.model, profile),
+                        sequence_parallel=spec.model.sequence_parallel and engine == "mindspore")
     if work is None:
         return _unknown(True, NOT_ESTIMATED)
 
@@ -152,7 +175,8 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
         step_time_s=seconds, samples_per_s=batch / seconds,
         tflops_per_device=flops["executed"] / devices / seconds / 1e12,
         mfu=flops["model"] / devices / seconds / profile.peak(dtype),
-        breakdown={"time_s": times, "memory_gb": memory}, calibration=calibration)
+        breakdown={"time_s": times, "memory_gb": memory},
+        not_modelled=not_modelled(spec.model, engine), calibration=calibration)
 
 
 def format_estimate(est: Estimate) -> str:
@@ -181,6 +205,8 @@ def format_estimate(est: Estimate) -> str:
             b = f"    {right[i][0]:<18}{right[i][1]:>8.2f}{right[i][2]:>7.1%}" if i < len(right) \
                 else ""
             lines.append((a + b).rstrip())
+    for note in est.not_modelled:
+        lines.append(f"{'not modelled':<22}{note}")
     if est.calibration is not None:
         c = est.calibration
         lines.append(f"\ncalibrated: memory ×{c.memory_factor:.3g} ({c.n_memory} trials), "

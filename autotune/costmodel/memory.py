@@ -7,10 +7,9 @@ that stage needs; the estimate reports the largest. Parts (the breakdown keys): 
 :func:`state_bytes` the bytes per parameter by part. ``engine`` (one of :data:`ENGINES`) names
 what executes the step: ``"trainer"``, autotune's trainer (every real trial); ``"mindspore"``,
 MindSpore's own semi-auto parallel run of the export (what MindFormers runs; the ``simulate``
-backend's trials stand for it), priced as the trainer but for the parallel optimizer (its
-pipeline too: MindSpore's own 1F1B is not modelled separately); or
-``"megatron"``, Megatron-LM as the published runs that ``benchmarks/costmodel_validation.py``
-prices used it.
+backend's trials stand for it): its pipeline, its gradient accumulation and its parallel
+optimizer, below; or ``"megatron"``, Megatron-LM as the published runs that
+``benchmarks/costmodel_validation.py`` prices used it.
 
 Model (sources in the docstrings below and in ``workload.py``):
 
@@ -28,19 +27,30 @@ Model (sources in the docstrings below and in ``workload.py``):
   Megatron-LM in 16-bit mixed precision keeps what Rajbhandari et al. 2020 ("ZeRO", §3.1)
   count: 16-bit parameters and gradients (accumulated in place) and fp32 master weights,
   momentum and variance = 2 + 2 + 12.
-- The parallel optimizer (knob ``parallel_optimizer``, dp > 1), as the trainer runs it
-  (`autotune.train.sharding`; which parameters are sharded and over how many ranks is
-  :func:`autotune.layout.with_optimizer_shards`): Adam's moments only for the rows a device
-  owns, plus a copy of those rows of each sharded parameter (what the optimizer updates before
-  the rows are gathered back), in ``param_dtype``, counted under ``params``
-  (:func:`optimizer_elements`). Gradients and accumulators stay whole. MindSpore's own
-  parallel optimizer at its default level (``"mindspore"``) keeps only the owned rows of a
-  sharded parameter too, gathering it for each use: no copies. Megatron runs are priced
+  MindSpore's pipeline and gradient accumulation (``"mindspore"``: MindFormers'
+  ``MFPipelineWithLossScaleCell`` clones every weight into ``accu_grads``, and MindSpore's
+  micro-step operators add each micro-batch's gradient into them in the backward graph) keep the
+  accumulators and no separate gradients.
+- The parallel optimizer (knob ``parallel_optimizer``, dp > 1; which parameters are sharded and
+  over how many ranks is :func:`autotune.layout.with_optimizer_shards`, MindFormers' llama
+  leaving its norms and, by default, its token table whole), as the trainer runs it
+  (`autotune.train.sharding`): Adam's moments only for the rows a device owns, plus a copy of
+  those rows of each sharded parameter (what the optimizer updates before the rows are gathered
+  back), in ``param_dtype``, counted under ``params`` (:func:`optimizer_elements`). Gradients
+  and accumulators stay whole. MindSpore's own at its default level, ``level1``
+  (``"mindspore"``; docs/parallel.md): a device keeps the owned rows of each sharded parameter
+  and of its moments; the parameter is all-gathered for its forward use — in the compute dtype
+  when the run casts it (``InsertAllGatherAfterCast``) — and the gathered copy lives until the
+  backward has used it (MindFormers' ``parallel_optimizer_comm_recompute``, off by default,
+  would gather it again), so at the peak a stage holds its sharded parameters whole once more;
+  the gradients of the sharded rows are reduce-scattered (owned rows only) and accumulators
+  stay whole (``gradient_accumulation_shard`` is ``level2``). Megatron runs are priced
   without it.
-- Activations per layer and sample by recompute mode: Korthikanti et al. 2022 (``workload.py``).
-  Under full recompute the layer being back-propagated is rebuilt whole, so one layer of
-  un-recomputed activations comes on top (gradient buffers reuse the memory of freed
-  activations). Against the 8 residual MLP blocks of docs/mindspore-cpu.md ("Activation
+- Activations per layer and sample by recompute mode, layer by layer
+  (:meth:`~autotune.costmodel.workload.Workload.stage_modes`): Korthikanti et al. 2022
+  (``workload.py``). Under full recompute the layer being back-propagated is rebuilt whole, so
+  one layer of un-recomputed activations comes on top (gradient buffers reuse the memory of
+  freed activations). Against the 8 residual MLP blocks of docs/mindspore-cpu.md ("Activation
   recompute"; 64×256 rows) this predicts 1,973 → 981 MB: first measured 1,938 → 1,019 MB (−47%;
   model +2% / −4%), on 2026-11-29 2,139 → 1,104 MB (−48%; model −8% / −11%). Without pipelining
   one micro-batch is alive at a time.
@@ -51,8 +61,9 @@ Model (sources in the docstrings below and in ``workload.py``):
   the received gradient) keeps only the stage's input per waiting micro-batch — the hidden
   state; the first stage's input is token ids, counted as nothing — and one micro-batch's full
   activations during a backward; its last stage runs each micro-batch's forward and backward
-  back to back (one in flight). Megatron-LM's non-interleaved 1F1B keeps every in-flight
-  micro-batch's activations.
+  back to back (one in flight). Megatron-LM's non-interleaved 1F1B and MindSpore's pipeline
+  (``pipeline_scheduler`` 1f1b, one forward per micro-batch) keep every in-flight micro-batch's
+  activations.
 - Overhead: the device profile's runtime baseline, plus one AllReduce fusion buffer when data
   parallel (a bigger ``fusion_mb`` costs memory).
 """
@@ -63,7 +74,8 @@ import math
 from functools import lru_cache
 
 from autotune.costmodel.workload import Workload
-from autotune.layout import DTYPE_BYTES, builtin_layout, rank_elements, with_optimizer_shards
+from autotune.layout import (DTYPE_BYTES, builtin_layout, optimizer_whole, rank_elements,
+                             with_optimizer_shards)
 
 GIB = 2**30
 MIB = 2**20
@@ -79,14 +91,28 @@ FUSION_FILL = 0.25
 
 def state_bytes(engine: str, dtype: str, n_micro: int, param_dtype: str = "float32",
                 optimizer_dtype: str = "float32") -> dict:
-    """Bytes per local parameter of each model-state part (see the module doc). ``grads`` is
-    also what the data-parallel all-reduce moves per parameter."""
+    """Bytes per local parameter of each model-state part (see the module doc)."""
     if engine == "megatron":
         half = dtype != "float32"
         return dict(zip(STATE_PARTS, (2, 2, 0, 12) if half else (4, 4, 0, 8)))
     param = DTYPE_BYTES[param_dtype]
-    return dict(zip(STATE_PARTS, (param, param, param if n_micro > 1 else 0,
+    accumulates = n_micro > 1
+    # MindSpore adds each micro-batch's gradient into its accumulators: no separate gradients
+    grads = 0 if engine == "mindspore" and accumulates else param
+    return dict(zip(STATE_PARTS, (param, grads, param if accumulates else 0,
                                   2 * DTYPE_BYTES[optimizer_dtype])))
+
+
+def gradient_bytes(engine: str, dtype: str, param_dtype: str = "float32") -> int:
+    """Bytes per parameter the data-parallel reduction moves: the gradients' dtype."""
+    return state_bytes(engine, dtype, 1, param_dtype)["grads"]
+
+
+def gathered_bytes(dtype: str, param_dtype: str) -> int:
+    """Bytes per element of a parameter MindSpore's parallel optimizer all-gathers: the compute
+    dtype when a 16-bit run casts the parameter (the all-gather moves after the cast), else the
+    parameter's own."""
+    return DTYPE_BYTES[dtype] if dtype != "float32" else DTYPE_BYTES[param_dtype]
 
 
 @lru_cache(maxsize=1024)
@@ -110,8 +136,9 @@ def optimizer_elements(work: Workload, dp: int, tp: int, pp: int, param_bytes: i
     copies, and the elements of its sharded parameters (tp slices) rebuilt after each update
     over the dp group (tp-split parameters) and over the stage's dp·tp ranks (replicated ones;
     the dp group too when tp = 1)."""
-    layouts, _ = builtin_layout(work.layout_config(), tp, pp)
-    layouts = with_optimizer_shards(layouts, dp, tp, param_bytes)
+    model = work.layout_config()
+    layouts, _ = builtin_layout(model, tp, pp)
+    layouts = with_optimizer_shards(layouts, dp, tp, param_bytes, whole=optimizer_whole(model))
     per_stage = []
     for stage in range(pp):
         owned = shard_rows = gathered_dp = gathered_stage = 0
@@ -135,20 +162,21 @@ def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n
                       dtype: str, engine: str) -> float:
     """Activation bytes one device of ``stage`` holds at its peak (see the module doc);
     ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step."""
-    tp, pp, recompute = candidate.tp, candidate.pp, candidate.recompute
+    tp, pp = candidate.tp, candidate.pp
     nbytes = DTYPE_BYTES[dtype]
-    layers = work.layers // pp
+    modes = work.stage_modes(candidate.recompute, pp, stage)
     in_flight = max(1, min(pp - stage, n_micro))
     first, last = stage == 0, stage == pp - 1
-    one = micro_batch * layers * work.layer_activations(tp, recompute, nbytes)
+    one = micro_batch * sum(layers * work.layer_activations(tp, mode, nbytes, comm)
+                            for (mode, comm), layers in modes)
     if first:  # the embedding's own activations, with the layers' of the same micro-batch
         one += micro_batch * work.first_stage_activations(tp, nbytes)
     # Under full recompute the layer being back-propagated is rebuilt whole for a moment.
     working = micro_batch * work.layer_activations(tp, "none", nbytes) \
-        if recompute == "full" else 0.0
+        if any(mode == "full" for (mode, _), _ in modes) else 0.0
     if last:
         working += micro_batch * work.last_stage_activations(tp, nbytes)
-    if last or engine == "megatron":
+    if last or engine != "trainer":
         # Each in-flight micro-batch keeps its activations (the last stage has one in flight).
         kept = in_flight * one
     else:
@@ -173,15 +201,22 @@ def memory_per_stage(work: Workload, candidate, micro_batch: int, n_micro: int, 
     for stage, params in enumerate(params_per_stage):
         fusion = 0.0
         if candidate.dp > 1:
-            fusion = min(candidate.fusion_mb * MIB * FUSION_FILL, params * per_param["grads"])
+            fusion = min(candidate.fusion_mb * MIB * FUSION_FILL,
+                         params * gradient_bytes(engine, dtype, param_dtype))
         parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
         if sharded is not None:
             owned, shard_rows, on_dp, on_stage = sharded[stage]
             parts["optimizer_states"] = owned * per_param["optimizer_states"] / GIB
             if engine == "trainer":  # the shard copies the trainer's optimizer updates
                 parts["params"] += shard_rows * per_param["params"] / GIB
-            else:  # MindSpore keeps the owned rows only, not the whole parameter
-                parts["params"] -= (on_dp + on_stage - shard_rows) * per_param["params"] / GIB
+            else:  # MindSpore keeps the owned rows, and the gathered copy until the backward
+                unowned = on_dp + on_stage - shard_rows
+                parts["params"] += ((on_dp + on_stage) * gathered_bytes(dtype, param_dtype)
+                                    - unowned * per_param["params"]) / GIB
+                # reduce-scattered: the owned rows of the sharded gradients; the whole ones
+                # are all-reduced into a buffer of their own
+                whole_grads = params - (on_dp + on_stage)
+                parts["grads"] = (shard_rows + whole_grads) * DTYPE_BYTES[param_dtype] / GIB
         parts["activations"] = stage_activations(work, candidate, stage, micro_batch, n_micro,
                                                  dtype, engine) / GIB
         parts["overhead"] = framework_gb + fusion / GIB

@@ -14,12 +14,20 @@ Model:
   ``hbm × hbm_efficiency``: forward traffic ≈ reading and writing each kept activation once
   (2 × the un-recomputed activation bytes), backward twice that. The memory-bound share is what
   makes narrow models less efficient than wide ones. Both scale by the jit level's factor.
-- Recompute: full repeats each layer's forward (×4/3 of the layer compute, Narayanan et al.);
-  selective repeats only QKᵀ·V and the softmax (Korthikanti et al. 2022 §5). Under the
-  ``"trainer"`` engine every pipeline stage but the last also runs each micro-batch's forward
-  twice (a forward-only graph to send the activation, then forward+backward; see
-  ``memory.py``): one more forward of its layers, on top of the ``recompute`` knob, priced under
-  ``recompute`` too. ``"megatron"`` runs no such forward.
+- Recompute, layer by layer (``workload.py``: the knob refined by ``model.recompute_layers``):
+  full repeats each layer's forward (×4/3 of the layer compute, Narayanan et al.); selective
+  repeats QKᵀ·V and the softmax in the transformer family (Korthikanti et al. 2022 §5) and, in
+  the llama family, MindFormers' patterns (the SwiGLU's SiLU and product, memory-bound) and
+  the attention core when it is not fused. Under the ``"trainer"`` engine every pipeline stage
+  but the last also runs each micro-batch's forward twice (a forward-only graph to send the
+  activation, then forward+backward; see ``memory.py``): one more forward of its layers, on top
+  of the ``recompute`` knob, priced under ``recompute`` too. ``"megatron"`` and
+  ``"mindspore"`` (MindSpore's pipeline: one forward per micro-batch) run no such forward.
+- Sequence parallelism (``"mindspore"``, a llama with ``model.sequence_parallel`` and tp > 1):
+  each tensor-parallel all-reduce is a reduce-scatter and an all-gather (the same bytes, one
+  more launch), a layer whose norms' communication is recomputed (``select_comm_recompute``)
+  all-gathers both norm outputs again in its backward, and a pipeline message is the
+  sequence-split hidden state (1/tp).
 - Tensor parallel (Megatron, Shoeybi et al. 2019, not overlapped), each an all-reduce over the
   tp group: per layer 2 in forward and 2 in backward of the hidden state (1 and 1 for the MLP;
   repeated forwards repeat theirs); the first stage's vocab-parallel embedding 1 in forward; the
@@ -41,16 +49,17 @@ Model:
   contiguous rank blocks, a pipeline over several nodes always has such a boundary somewhere;
   the stages away from it send at the intra-node rate.)
 - Gradient accumulation (pp = 1): m = grad_accum micro-steps of compute, one DP all-reduce.
-- Data-parallel all-reduce of the gradients (``memory.state_bytes``: the trainer's are in the
-  parameters' dtype, 4 bytes per local parameter of the stage with most in float32; Megatron's
-  16-bit ones 2), in
+- Data-parallel all-reduce of the gradients (``memory.gradient_bytes``: the trainer's and
+  MindSpore's are in the parameters' dtype, 4 bytes per local parameter of the stage with most
+  in float32; Megatron's 16-bit ones 2), in
   buckets of ``fusion_mb × FUSION_FILL``; each bucket pays the α terms, all pay the bandwidth
   term once. Buckets are reduced while the last micro-batch's backward (⅔ of its compute and
   knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
   (k−1)/k of that window hides communication, the last bucket never hides. One bucket hides
   nothing; many pay latency. The trainer's pipeline stages and its accumulating steps
   (``grad_accum`` > 1) reduce in a graph of their own after the last micro-batch (``ApplyStep``),
-  so there nothing hides. The profile's
+  and MindSpore's pipeline reduces its accumulated gradients after the last micro-batch too, so
+  there nothing hides. The profile's
   ``comm_overlap`` scales the window: 0.5 on the accelerators (collectives run on their own
   streams; how much they hide is assumed, and calibrated per study), 0 on the CPU backend, which
   runs a graph's kernels in turn.
@@ -65,8 +74,8 @@ Model:
   stage's dp·tp ranks for a replicated parameter), after the step's backward: never hidden,
   added to ``dp_comm``. MindSpore's own parallel optimizer (``"mindspore"``) reduce-scatters
   those gradients instead of all-reducing them (half the volume, overlapped as the all-reduce
-  is) and all-gathers the parameters before their use ((n−1)/n · S/B, priced exposed: an
-  assumption the calibration corrects).
+  is) and all-gathers the parameters before their use, in the compute dtype when the run casts
+  them ((n−1)/n · S/B, priced exposed: an assumption the calibration corrects).
 - Host: the profile's per-step overhead. Loss scale and warmup steps have no effect on step time
   or memory (they change numerics, not work), so the model ignores them.
 """
@@ -75,8 +84,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autotune.costmodel.memory import (FUSION_FILL, MIB, optimizer_elements, shards_optimizer,
-                                       state_bytes)
+from autotune.costmodel.memory import (FUSION_FILL, MIB, gathered_bytes, gradient_bytes,
+                                       optimizer_elements, shards_optimizer)
 from autotune.costmodel.profiles import DeviceProfile
 from autotune.costmodel.workload import Workload
 from autotune.layout import DTYPE_BYTES, rank_of
@@ -123,7 +132,7 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     stages = {}  # stages that differ only in their index cost the same: price each kind once
     for stage in range(c.pp):
         crossed = any(boundaries[max(0, stage - 1):stage + 1])  # its own one or two boundaries
-        kind = (stage == 0, stage == c.pp - 1, crossed)
+        kind = (stage == 0, stage == c.pp - 1, crossed, work.stage_modes(c.recompute, c.pp, stage))
         if kind not in stages:
             # a pipeline transfer joins two devices: one link of a mesh
             stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses, c.tp), gbps(crossed, 2),
@@ -131,18 +140,20 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
     if engine != "megatron" and c.pp > 1 or engine == "trainer" and n_micro > 1:
         window = 0.0  # the update (and its all-reduce) runs after the last micro-batch, in its own graph
-    per_param = state_bytes(engine, dtype, n_micro, param_dtype)
-    grad_bytes = params_per_device * per_param["grads"]
+    per_grad = gradient_bytes(engine, dtype, param_dtype)
+    grad_bytes = params_per_device * per_grad
     updated, gather = params_per_device, 0.0
     if shards_optimizer(c, engine):
-        sharded = optimizer_elements(work, c.dp, c.tp, c.pp, per_param["params"])
+        param_bytes = DTYPE_BYTES[param_dtype]
+        sharded = optimizer_elements(work, c.dp, c.tp, c.pp, param_bytes)
         updated = max(owned for owned, *_ in sharded)  # the stage with the most owned rows
+        moved = param_bytes if engine == "trainer" else gathered_bytes(dtype, param_dtype)
         gather = max(_sharded_traffic(c, profile, gbps(dp_crosses, c.dp),
                                       gbps(dp_crosses or tp_crosses, c.dp * c.tp),
-                                      on_dp * per_param["params"], on_stage * per_param["params"],
-                                      engine) for _, _, on_dp, on_stage in sharded)
+                                      on_dp * moved, on_stage * moved, engine)
+                     for _, _, on_dp, on_stage in sharded)
         if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
-            grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_param["grads"] / 2
+            grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_grad / 2
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
         "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses, c.dp), grad_bytes, window) + gather,
@@ -153,7 +164,8 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
     }
     batch = micro_batch * n_micro * c.dp
     model = batch * (work.layers * work.layer_flops() + work.last_stage_flops())
-    executed = model + batch * work.layers * work.recompute_flops(c.recompute)
+    executed = model + batch * sum(n * work.recompute_flops(mode) for stage in range(c.pp)
+                                   for (mode, _), n in work.stage_modes(c.recompute, c.pp, stage))
     if _forwards_twice(engine, c.pp):  # each of the pp − 1 stages but the last, once more
         executed += batch * (c.pp - 1) * (work.layers // c.pp) * work.forward_layer_flops()
     return breakdown, {"model": model, "executed": executed}
@@ -178,8 +190,9 @@ def _sharded_traffic(c, profile: DeviceProfile, dp_gbps: float, stage_gbps: floa
 
 
 def _forwards_twice(engine: str, pp: int) -> bool:
-    """Whether the stages before the last run each micro-batch's forward twice."""
-    return engine != "megatron" and pp > 1
+    """Whether the stages before the last run each micro-batch's forward twice: the trainer's
+    (MindSpore's own pipeline and Megatron's run one forward per micro-batch)."""
+    return engine == "trainer" and pp > 1
 
 
 def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float,
@@ -190,38 +203,55 @@ def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float
     nbytes = DTYPE_BYTES[dtype]
     rate = profile.peak(dtype) * profile.achievable / profile.jit_factor(c.jit_level)
     hbm = profile.hbm_gbps * 1e9 * profile.hbm_efficiency / profile.jit_factor(c.jit_level)
-    layers = work.layers // c.pp
+    modes = work.stage_modes(c.recompute, c.pp, stage)
+    layers = sum(n for _, n in modes)
     first, last = stage == 0, stage == c.pp - 1
     twice = _forwards_twice(engine, c.pp) and not last
+    split = work.sequence_parallel and c.tp > 1
 
     def kernels(flops_per_sample: float, traffic_per_sample: float) -> float:
         return micro_batch * (flops_per_sample / c.tp / rate + traffic_per_sample / hbm)
 
-    act_full = work.layer_activations(c.tp, "none", nbytes)
-    forward_traffic = 2 * act_full
+    def forward_traffic(comm: bool) -> float:  # each kept activation written and read once
+        return 2 * work.layer_activations(c.tp, "none", nbytes, comm)
+
+    def redone_traffic(mode: str, comm: bool) -> float:
+        if mode == "full":
+            return forward_traffic(comm)
+        if mode == "selective":
+            return 2 * (work.layer_activations(c.tp, "none", nbytes, comm)
+                        - work.layer_activations(c.tp, "selective", nbytes, comm))
+        return 0.0
+
     compute = kernels(layers * work.layer_flops() + (work.last_stage_flops() if last else 0.0),
-                      3 * layers * forward_traffic)
-    act_selective = work.layer_activations(c.tp, "selective", nbytes)
-    redone_traffic = {"full": forward_traffic, "selective": 2 * (act_full - act_selective),
-                      "none": 0.0}[c.recompute]
-    knob_recompute = kernels(layers * work.recompute_flops(c.recompute), layers * redone_traffic)
-    second_forward = kernels(layers * work.forward_layer_flops(), layers * forward_traffic) \
+                      sum(n * 3 * forward_traffic(comm) for (_, comm), n in modes))
+    knob_recompute = kernels(sum(n * work.recompute_flops(mode) for (mode, _), n in modes),
+                             sum(n * redone_traffic(mode, comm) for (mode, comm), n in modes))
+    second_forward = kernels(layers * work.forward_layer_flops(),
+                             sum(n * forward_traffic(comm) for (_, comm), n in modes)) \
         if twice else 0.0
 
     message = micro_batch * work.hidden_state_bytes(nbytes)
     # hidden states travel in the compute dtype; a 16-bit reduction may be slower (profile)
     slower = profile.half_collective_factor if nbytes == 2 else 1.0
-    count = layers * (work.tp_allreduces(c.recompute)
-                      + (work.tp_forward_allreduces() if twice else 0))
+    count = sum(n * work.tp_allreduces(mode) for (mode, _), n in modes) \
+        + (layers * work.tp_forward_allreduces() if twice else 0)
     if first and work.vocab_parallel_embedding:
         count += 2 if twice else 1
-    tp_comm = count * slower * allreduce_time(message, c.tp, tp_gbps, profile)
+    gather = allgather_time(message, c.tp, tp_gbps, profile)
+    # sequence parallel: a reduce-scatter and an all-gather for each all-reduce, and the norms'
+    # all-gathers again in the backward of a layer whose communication is recomputed
+    slot = 2 * gather if split else allreduce_time(message, c.tp, tp_gbps, profile)
+    tp_comm = count * slower * slot
+    if split:
+        tp_comm += slower * 2 * gather * sum(n for (_, comm), n in modes if comm)
     if last:
         tokens = micro_batch * work.tokens
         tp_comm += (slower * allreduce_time(message, c.tp, tp_gbps, profile)  # head, backward
                     + allreduce_time(c.tp * tokens * FLOAT32, c.tp, tp_gbps, profile)
                     + 2 * allreduce_time(tokens * FLOAT32, c.tp, tp_gbps, profile))
-    pp_comm = 2 * slower * allreduce_time(message, 2, pp_gbps, profile) if c.pp > 1 else 0.0
+    sent = message / c.tp if split else message
+    pp_comm = 2 * slower * allreduce_time(sent, 2, pp_gbps, profile) if c.pp > 1 else 0.0
     times = {"compute": compute, "recompute": knob_recompute + second_forward,
              "tp_comm": tp_comm, "pp_comm": pp_comm}
     return times, BACKWARD_SHARE * (compute + knob_recompute)

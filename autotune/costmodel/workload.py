@@ -27,10 +27,27 @@ from ``ffn = 4h`` to any ``ffn_hidden_size``:
   SwiGLU, two RMSNorms, no dropout. Per layer and sample, 16-bit activations kept for the
   backward: the two norm inputs and outputs (8·s·h), Q, K, V after the rotary embedding and the
   output projection's input ((4h + 4·kv_dim)·s/t), the SwiGLU's gate, up, SiLU and product
-  (8·s·ffn/t), and the softmax output (2·a·s²/t).
+  (8·s·ffn/t), and the softmax output (2·a·s²/t). Its ``selective`` recompute is MindFormers'
+  ``select_recompute`` (docs/mindformers.md, "Recompute"): the default patterns
+  ``feed_forward.mul`` and ``feed_forward.w1.activation.silu`` — the SiLU output and the
+  product are not kept (−4·s·ffn/t), recomputed from the kept gate and up at memory bandwidth —
+  plus, when attention is not fused, the attention core (its 2·a·s²/t softmax output, and QKᵀ
+  and AV again: 4·s²·h FLOPs), as ``LLamaAttention`` recomputes it.
+- Sequence parallelism (``sequence_parallel``, llama, tp > 1: MindFormers' ``use_seq_parallel``;
+  Korthikanti et al. 2022 §4.2.2): the norms and residual adds run on s/t tokens, so the two
+  norm inputs are 4·s·h/t; each norm output is all-gathered into the next block's matmuls, whose
+  backward keeps the gathered 2·s·h each (4·s·h) unless ``select_comm_recompute`` marks the
+  layer — then the s/t shard is kept and the all-gather runs again in the backward (4·s·h/t).
+  A fully recomputed layer keeps its s·h/t input. Each tensor-parallel all-reduce becomes a
+  reduce-scatter and an all-gather (the timing model prices them).
 - Fused attention (``fused_attention``: MindSpore's flash_attention_score, Ascend): the score
-  tensors are never stored, so the s² term of the activations goes (its FLOPs stay: the fused
-  kernel recomputes them in the backward).
+  tensors are never stored, so the s² term of the activations goes, and the kernel is causal
+  (``next_tokens=0``, as MindFormers calls it): it computes the lower half of the s × s scores,
+  so QKᵀ and AV cost 2·s²·h instead of 4·s²·h FLOPs per forward. (Its backward recomputes the
+  scores inside the kernel; that is not priced.)
+- Recompute by layer (``recompute_marks``: ``model.recompute_layers``): each layer's mode and
+  whether its norms' all-gather is recomputed, from `autotune.layout.layer_recompute`;
+  :meth:`Workload.stage_modes` counts them per pipeline stage.
 - Tensor-parallel collectives (Megatron, Shoeybi et al. 2019, as the trainer runs them): per
   layer :meth:`Workload.tp_forward_allreduces` in forward and as many in backward; a
   vocab-parallel token embedding (transformer) all-reduces its output in forward; the
@@ -41,10 +58,12 @@ from ``ffn = 4h`` to any ``ffn_hidden_size``:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar
 
-# Bytes per element of the compute dtype (activations, TP and pipeline messages).
+from autotune.layout import layer_recompute, stage_layers
 
 
 @dataclass(frozen=True)
@@ -60,13 +79,27 @@ class Workload(ABC):
     ffn: int
     seq: int
     vocab: int
-    fused_attention: bool = False  # the s² scores never stored (see the module doc)
+    fused_attention: bool = False  # the s² scores never stored, the causal half computed
+    sequence_parallel: bool = False  # llama under MindSpore with tp > 1 (see the module doc)
+    # ((MindFormers recompute key, True or layer indices), ...): model.recompute_layers, frozen
+    recompute_marks: tuple = ()
+    embedding_parallel_optimizer: bool = False  # MindFormers' token table joins the sharding
 
     def layout_config(self) -> dict:
         """The ``model`` section :func:`autotune.layout.builtin_layout` lays out."""
         return {"family": self.family, "num_layers": self.layers, "hidden_size": self.hidden,
                 "num_heads": self.heads, "ffn_hidden_size": self.ffn,
-                "seq_length": self.seq, "vocab_size": self.vocab}
+                "seq_length": self.seq, "vocab_size": self.vocab,
+                "embedding_parallel_optimizer": self.embedding_parallel_optimizer}
+
+    def stage_modes(self, knob: str, pp: int, stage: int) -> tuple:
+        """``(((mode, comm), layers), ...)`` of a stage's layers under recompute ``knob``."""
+        return _stage_modes(self.recompute_marks, self.layers, knob, pp, stage)
+
+    def attention_flops(self) -> float:
+        """Forward FLOPs of QKᵀ and AV per layer and sample: 4·s²·h, the causal half when
+        fused (see the module doc)."""
+        return (2 if self.fused_attention else 4) * self.seq * self.seq * self.hidden
 
     @property
     @abstractmethod
@@ -90,8 +123,9 @@ class Workload(ABC):
 
     # -- activations (bytes one TP rank keeps, per sample) ------------------------------------
     @abstractmethod
-    def layer_activations(self, tp: int, mode: str, dtype_bytes: int) -> float:
-        """Bytes per layer kept from forward to backward under recompute ``mode``."""
+    def layer_activations(self, tp: int, mode: str, dtype_bytes: int, comm: bool = False) -> float:
+        """Bytes per layer kept from forward to backward under recompute ``mode`` (``comm``:
+        its norms' all-gather recomputed, which acts under sequence parallelism only)."""
 
     def last_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         """Bytes of the output head's activations: Korthikanti et al.'s output-layer term
@@ -131,9 +165,8 @@ class Transformer(Workload):
 
     def layer_flops(self) -> float:
         s, h, f = self.seq, self.hidden, self.ffn
-        # 2·(3h² + h² + 2h·ffn) per token for the four GEMMs, 4·s·h per token for QKᵀ and AV;
-        # backward = 2 × forward.
-        return 3 * (s * (8 * h * h + 4 * h * f) + 4 * s * s * h)
+        # 2·(3h² + h² + 2h·ffn) per token for the four GEMMs, QKᵀ and AV; backward = 2 × forward.
+        return 3 * (s * (8 * h * h + 4 * h * f) + self.attention_flops())
 
     def last_stage_flops(self) -> float:
         return 6 * self.seq * self.hidden * self.vocab
@@ -142,10 +175,10 @@ class Transformer(Workload):
         if mode == "full":
             return self.forward_layer_flops()
         if mode == "selective":
-            return 4 * self.seq * self.seq * self.hidden  # only QKᵀ and AV are redone
+            return self.attention_flops()  # only QKᵀ and AV are redone
         return 0.0
 
-    def layer_activations(self, tp: int, mode: str, dtype_bytes: int) -> float:
+    def layer_activations(self, tp: int, mode: str, dtype_bytes: int, comm: bool = False) -> float:
         s, h, a = self.seq, self.hidden, self.heads
         scale = dtype_bytes / 2  # Korthikanti's counts assume 16-bit activations
         if mode == "full":
@@ -191,7 +224,7 @@ class MLP(Workload):
         # memory and +22…33% time for it on the 8-block MLP.
         return self.forward_layer_flops() if mode == "full" else 0.0
 
-    def layer_activations(self, tp: int, mode: str, dtype_bytes: int) -> float:
+    def layer_activations(self, tp: int, mode: str, dtype_bytes: int, comm: bool = False) -> float:
         h, f = self.hidden, self.ffn
         if mode == "full":
             return h * dtype_bytes
@@ -219,16 +252,26 @@ class Llama(Transformer):
 
     def layer_flops(self) -> float:
         s, h, f, kv = self.seq, self.hidden, self.ffn, self.kv_dim
-        # 2·(2h² + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, 4·s·h per token for QKᵀ
-        # and AV; backward = 2 × forward.
-        return 3 * (s * (4 * h * h + 4 * h * kv + 6 * h * f) + 4 * s * s * h)
+        # 2·(2h² + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, QKᵀ and AV;
+        # backward = 2 × forward.
+        return 3 * (s * (4 * h * h + 4 * h * kv + 6 * h * f) + self.attention_flops())
 
-    def layer_activations(self, tp: int, mode: str, dtype_bytes: int) -> float:
+    def recompute_flops(self, mode: str) -> float:
+        if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused
+            return 0.0 if self.fused_attention else self.attention_flops()
+        return super().recompute_flops(mode)
+
+    def layer_activations(self, tp: int, mode: str, dtype_bytes: int, comm: bool = False) -> float:
         s, h, a = self.seq, self.hidden, self.heads
         scale = dtype_bytes / 2  # the counts below are 16-bit bytes
+        split = self.sequence_parallel and tp > 1
         if mode == "full":
-            return 2 * s * h * scale
-        stored = s * (8 * h + (4 * h + 4 * self.kv_dim + 8 * self.ffn) / tp)
+            return 2 * s * h * scale / (tp if split else 1)
+        # the two norm inputs, and the two norm outputs the matmuls' backward needs (gathered
+        # under sequence parallelism unless their all-gather is recomputed)
+        norms = 4 * h / tp + (4 * h / tp if comm else 4 * h) if split else 8 * h
+        swiglu = (8 if mode == "none" else 4) * self.ffn  # gate, up (+ SiLU, product)
+        stored = s * (norms + (4 * h + 4 * self.kv_dim + swiglu) / tp)
         if mode == "none" and not self.fused_attention:
             stored += 2 * a * s * s / tp  # the softmax output (no dropout)
         return stored * scale
@@ -237,15 +280,28 @@ class Llama(Transformer):
         return 0.0  # no embedding dropout
 
 
-def workload_for(model, fused_attention: bool = False) -> Workload | None:
+@lru_cache(maxsize=4096)
+def _stage_modes(marks: tuple, layers: int, knob: str, pp: int, stage: int) -> tuple:
+    counts = Counter(layer_recompute(knob, layer, dict(marks))
+                     for layer in stage_layers(layers, pp, stage))
+    return tuple(sorted(counts.items()))
+
+
+def workload_for(model, fused_attention: bool = False,
+                 sequence_parallel: bool = False) -> Workload | None:
     """The :class:`Workload` of a spec's ``model`` section, or ``None`` if it has no dimensions.
-    ``fused_attention``: the device runs the model's attention fused (see the module doc)."""
+    ``fused_attention``: the device runs the model's attention fused; ``sequence_parallel``: the
+    run splits the llama's norms over the sequence (see the module doc)."""
     dims = (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size,
             model.seq_length, model.vocab_size)
     if any(d is None for d in dims):
         return None
     if model.family == "llama":
-        return Llama(*dims, fused_attention, kv_heads=model.num_kv_heads or model.num_heads)
+        marks = tuple(sorted((key, value if value is True else tuple(value))
+                             for key, value in model.recompute_layers.items()))
+        return Llama(*dims, fused_attention, sequence_parallel, marks,
+                     model.embedding_parallel_optimizer,
+                     kv_heads=model.num_kv_heads or model.num_heads)
     if model.family == "mlp":
         return MLP(*dims)
     return Transformer(*dims, fused_attention)

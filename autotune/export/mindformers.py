@@ -14,6 +14,10 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
   (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too; its
   per-stage recompute lists are re-derived for the tuned pp and the keys it keeps that change
   layout, memory or schedule are listed (`autotune.export.mindformers_base`).
+- The run the study priced is the run written: sequence parallelism, the token table under the
+  parallel optimizer and the per-stage recompute lists come from the model.yaml
+  (``model.sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``:
+  :func:`recompute_lists`).
 - :func:`document` returns ``(mindformers.yaml text, changes)``: without a base, the overlay with
   a ``base_config`` the user must set (its header says so); with one, the complete config — the
   base with the overlay merged in — and a header listing every changed key (old -> new), the
@@ -30,10 +34,12 @@ import yaml
 from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
                                      loss_scaled, micro_batch_size, parallel_optimizer, run_backend)
 from autotune.export.mindformers_base import kept, stage_lists
+from autotune.layout import LLAMA_EMBEDDING, optimizer_whole
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
 from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
+from autotune.spec.mindformers_layers import chunks, per_stage
 from autotune.spec.model_yaml import Spec
 
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.
@@ -94,6 +100,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             "context_parallel": 1,
             "micro_batch_num": c.micro_batches if pp else 1,
             "vocab_emb_dp": c.tp == 1,  # tp > 1: vocab-parallel embedding, as strategy.ckpt has it
+            "use_seq_parallel": spec.model.sequence_parallel,
         },
         "runner_config": {"batch_size": micro_batch_size(spec, c),
                           "gradient_accumulation_steps": 1 if pp else c.grad_accum},
@@ -104,15 +111,36 @@ def overlay(spec: Spec, c: Candidate) -> dict:
                         "total_steps": spec.train.total_steps, "lr_end": 0.0,
                         "warmup_lr_init": 0.0, "num_cycles": 0.5,
                         "decay_steps": None, "decay_ratio": None},
-        "recompute_config": {"recompute": c.recompute == "full",
-                             "select_recompute": c.recompute == "selective"},
+        "recompute_config": recompute_lists(spec, c),
         # layers split evenly over the stages, as strategy.ckpt places them; the legacy llama
         # shards its embedding with the parallel optimizer only when its model_config says so
-        "model": {"model_config": {"offset": 0, "parallel_optimizer": c.parallel_optimizer}},
+        "model": {"model_config": {"offset": 0, "parallel_optimizer": c.parallel_optimizer and (
+            LLAMA_EMBEDDING not in optimizer_whole(spec.model.as_config()))}},
     }
     if cpu:
         _for_cpu(document, c)
     return document
+
+
+def recompute_lists(spec: Spec, c: Candidate, interleave: int = 1) -> dict:
+    """``recompute_config``'s ``recompute``, ``select_recompute`` and (when the model.yaml has
+    it) ``select_comm_recompute`` for ``c``: the layers `autotune.layout.layer_recompute` gives
+    the study, as per-stage lists of the tuned layout (``interleave`` chunks per stage, offset 0)
+    where ``model.recompute_layers`` marks some layers only, else booleans."""
+    marks = spec.model.recompute_layers
+    layout = chunks(spec.model.num_layers, c.pp, interleave, 0) if marks else None
+
+    def listed(key: str, on: bool):
+        value = marks.get(key)
+        return on and (True if value in (None, True) else per_stage(value, layout))
+
+    lists = {"recompute": listed("recompute", c.recompute == "full"),
+             # under full recompute, the layers its list leaves out may be selective
+             "select_recompute": listed("select_recompute", c.recompute == "selective" or (
+                 c.recompute == "full" and "recompute" in marks and "select_recompute" in marks))}
+    if "select_comm_recompute" in marks:
+        lists["select_comm_recompute"] = listed("select_comm_recompute", True)
+    return lists
 
 
 def _for_cpu(document: dict, c: Candidate) -> None:
@@ -181,7 +209,11 @@ def document(spec: Spec, c: Candidate, trial: dict,
     if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:
         # the base's own threshold stays (ours is only MindFormers' default)
         tuned["parallel"].pop("parallel_optimizer_config", None)
-    rederived = stage_lists(base, spec.model.num_layers, c.pp)
+    interleave = ((base.get("model") or {}).get("model_config") or {}).get("pp_interleave_num") or 1
+    if interleave > 1:  # the tuned lists per (interleave, stage) chunk, as the base's
+        tuned["recompute_config"].update(recompute_lists(spec, c, interleave))
+    rederived = {key: value for key, value in stage_lists(base, spec.model.num_layers, c.pp).items()
+                 if key.split(".", 1)[1] not in tuned["recompute_config"]}  # the model.yaml's win
     for key, value in rederived.items():
         tuned["recompute_config"][key.split(".", 1)[1]] = value
     merged, changes = merge(tuned, base, replace=True)
@@ -193,6 +225,11 @@ def document(spec: Spec, c: Candidate, trial: dict,
     if rederived:
         header += (f"# Re-derived for pp = {c.pp} (each stage recomputes the base's layers of its span):"
                    f" {', '.join(rederived)}\n")
+    staged = [f"recompute_config.{key}" for key, value in recompute_lists(spec, c).items()
+              if isinstance(value, list)]
+    if staged:
+        header += (f"# Per stage of pp = {c.pp}, the layers model.recompute_layers marks (what the "
+                   f"study priced): {', '.join(staged)}\n")
     held = kept(merged, tuned)
     if held:
         header += ("# Kept from the base, not tuned (they change layout, memory or schedule):\n"

@@ -27,7 +27,8 @@ from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
 from autotune.files import staged_folder
-from autotune.layout import DTYPE_BYTES, plan_layout, with_optimizer_shards, with_optimizer_states
+from autotune.layout import (DTYPE_BYTES, optimizer_whole, plan_layout, with_optimizer_shards,
+                             with_optimizer_states)
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
@@ -93,7 +94,8 @@ def saved_layouts(spec: Spec, c: Candidate, layouts: dict) -> dict:
     """``layouts`` as the run saves them: with the parallel optimizer's shards when it is on."""
     if not c.parallel_optimizer:
         return layouts
-    return with_optimizer_shards(layouts, c.dp, c.tp, DTYPE_BYTES[spec.model.param_dtype])
+    return with_optimizer_shards(layouts, c.dp, c.tp, DTYPE_BYTES[spec.model.param_dtype],
+                                 whole=optimizer_whole(spec.model.as_config()))
 
 
 def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | os.PathLike,

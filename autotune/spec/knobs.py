@@ -91,14 +91,17 @@ KNOBS: dict[str, Knob] = {
              estimable=False, unestimated_because="the cost model's jit-level factors on "
              "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)"),
         Knob("recompute", str, "activation recomputation",
-             "Cell.recompute() on each block (full) or on the attention core (selective)",
+             "Cell.recompute() on each block (full); selective per family: llama — MindFormers' "
+             "select_recompute patterns (the SwiGLU's SiLU and product; the attention core when "
+             "not fused), transformer — the attention core, mlp — the GeLU; on the layers "
+             "model.recompute_layers marks where it marks some",
              "recompute_config.recompute / select_recompute", default="none"),
         Knob("parallel_optimizer", bool,
              "shard the optimizer over the data-parallel group (MindSpore's parallel optimizer, "
              "level1: weights and optimizer states; acts with dp > 1)",
              "set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config="
              "{'parallel_optimizer_threshold': 64}); the trial program updates each rank's dim-0 "
-             "shard of every parameter over 64 KB and gathers the shards back with explicit "
+             "shard of every parameter of 64 KB or more and gathers the shards back with explicit "
              "collectives (docs/parallel.md)",
              "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)", default=False,
              added_later=True, graphs="update"),

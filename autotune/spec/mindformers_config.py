@@ -23,6 +23,8 @@ MindFormers' source:
   core/lr/lr_schedule.py``), else ``warmup_steps``; total steps from ``lr_schedule.total_steps``
   or ``total_steps`` (required when the config says -1, "the dataset's length").
 - ``cluster.device`` for every backend; jit level O2 (deprecated) read as O1 with a warning.
+- sequence parallelism, the token table under the parallel optimizer and recompute by layer as
+  MindFormers runs them (`autotune.spec.mindformers_run`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import JIT_LEVELS, LOSS_SCALED_DTYPES
 from autotune.spec.mindformers_file import load_config
-from autotune.spec.mindformers_model import flatten, read_model
+from autotune.spec.mindformers_model import read_model
+from autotune.spec.mindformers_run import read_run
 
 _DEVICES = {"ascend": "ascend", "gpu": "gpu", "cpu": "cpu"}  # context.device_target → backend
 # The cost model's profile of the config's device; the published configs' "Atlas 800T A2".
@@ -136,7 +139,8 @@ def read_config(path, devices: int | None = None, devices_per_node: int | None =
              if runs.source == "parallel_config" else runs.source)
     _read_cluster(cfg, reading, devices, where if devices == own else "--devices (dp scaled)",
                   devices_per_node, backend)
-    _read_baseline(cfg, reading, runs, devices // (runs.tp * runs.pp))
+    recompute = read_run(cfg, reading, runs.pp)
+    _read_baseline(cfg, reading, runs, devices // (runs.tp * runs.pp), recompute)
     reading.space = _space(dict((k, v) for k, v, _ in reading.baseline))
     return reading
 
@@ -240,7 +244,7 @@ def _read_cluster(cfg: _Config, r: Reading, devices: int, where: str, per_node: 
         r.cluster.append(("device", backend_of(backend).default_profile, f"--backend {backend}"))
 
 
-def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int) -> None:
+def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: str) -> None:
     where = {name: f"parallel_config.{name}" if runs.source == "parallel_config" else runs.source
              for name in ("data_parallel", "model_parallel", "pipeline_stage")}
     rows = [("dp", dp, where["data_parallel"] if dp == runs.dp else "scaled to --devices"),
@@ -253,7 +257,8 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int) -> None:
                        "with dp, so the global batch stays)")
         n, key = n * runs.dp // dp, f"{key} scaled with dp"
     rows.append((knob, n, key))
-    rows.append(("recompute", _recompute(cfg, r), "recompute_config"))
+    rows.append(("recompute", recompute, "recompute_config (by layer: model.recompute_layers)"
+                 if any(k == "recompute_layers" for k, _, _ in r.model) else "recompute_config"))
     if runs.source.startswith("use_parallel"):  # no parallel context is set stand-alone
         rows.append(("parallel_optimizer", False, runs.source))
     else:
@@ -289,25 +294,6 @@ def _jit_level(cfg: _Config, r: Reading) -> list:
                           "no backend autotune has; the baseline uses O1")
         return [("jit_level", "O1", f"{key} O2, deprecated: O1")]
     return [("jit_level", jit, key)]
-
-
-def _recompute(cfg: _Config, r: Reading) -> str:
-    full, select = cfg.get("recompute_config.recompute"), cfg.get("recompute_config.select_recompute")
-    for key, value in (("recompute", full), ("select_recompute", select)):
-        if isinstance(value, (list, dict)):
-            r.warnings.append(f"recompute_config.{key}: {value}: per-layer lists are not "
-                              "represented; the baseline applies it to every layer")
-    for key in ("select_comm_recompute", "select_recompute_exclude", "select_comm_recompute_exclude"):
-        value = cfg.get(f"recompute_config.{key}")
-        lists = list(value.values()) if isinstance(value, dict) else [value]
-        if any(isinstance(v, list) and not all(isinstance(x, str) for x in v) for v in lists):
-            r.warnings.append(f"recompute_config.{key}: {value}: not tuned; the export keeps it, "
-                              "re-derived for the tuned pipeline stages")
-    if full is True or isinstance(full, list) and any(flatten(full)):
-        return "full"
-    if select is True or isinstance(select, (list, dict)) and select:
-        return "selective"
-    return "none"
 
 
 def _space(base: dict) -> dict:

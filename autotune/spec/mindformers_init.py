@@ -29,12 +29,15 @@ def _flow(value) -> str:
         .removesuffix("...").strip()
 
 
+COMMENT_COLUMN = 48  # a longer value (a list of layers) puts its comment right after it
+
+
 def _section(name: str, rows: list) -> list[str]:
-    width = max(len(f"{k}: {_flow(v)}") for k, v, _ in rows) + 2
+    width = min(COMMENT_COLUMN, max(len(f"{k}: {_flow(v)}") for k, v, _ in rows)) + 2
     lines = [f"{name}:"]
     for key, value, source in rows:
         text = f"{key}: {_flow(value)}"
-        lines.append(f"  {text:<{width}}# {source}")
+        lines.append(f"  {text.ljust(width - 1)} # {source}")
     return lines
 
 

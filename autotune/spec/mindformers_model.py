@@ -187,8 +187,6 @@ def _warn(cfg, r) -> None:
          "the export keeps it from the base"),
         (f"{MC}.tie_word_embeddings", True, "the trial's head is untied (one more vocab × "
          "hidden matrix)"),
-        ("parallel_config.use_seq_parallel", True, "dropped: autotune's tensor parallelism "
-         "keeps activations whole between layers; priced so; the export keeps it from the base"),
         ("micro_batch_interleave_num", "> 1", "counted in the global batch; the trial and "
          "the export run 1"),
     )

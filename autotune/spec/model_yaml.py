@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from autotune.layout import RECOMPUTE_LAYER_KEYS
 from autotune.shapes import FAMILIES, llama_ffn
 from autotune.spec import entry as entry_loader
 from autotune.spec.attention import fused_refusal
@@ -49,6 +50,12 @@ class ModelSpec:
     param_dtype: str = "float32"     # parameters (and gradients) as the run keeps them
     optimizer_dtype: str = "float32"  # the optimizer's moments
     flash_attention: bool = False    # fused attention (no s² scores) where the backend has it
+    # MindFormers' run of a llama (docs/mindformers.md): parallel_config.use_seq_parallel, the
+    # token table under the parallel optimizer (model_config.parallel_optimizer), and the layers
+    # its per-stage recompute lists mark ({key: layer indices or true}, layout.layer_recompute)
+    sequence_parallel: bool = False
+    embedding_parallel_optimizer: bool = False
+    recompute_layers: dict = field(default_factory=dict)
     tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 
@@ -243,7 +250,8 @@ def _parse_baseline(s: _Section) -> dict:
 # Model fields added after studies were first stored: at these values a study's fingerprint
 # leaves them out, so a study made before them still resumes (`autotune.study.opening`).
 LATER_MODEL_FIELDS = {"num_kv_heads": None, "param_dtype": "float32", "optimizer_dtype": "float32",
-                      "flash_attention": False}
+                      "flash_attention": False, "sequence_parallel": False,
+                      "embedding_parallel_optimizer": False, "recompute_layers": {}}
 
 
 def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
@@ -276,6 +284,7 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
     precision = {"param_dtype": s.get("param_dtype", str, default="float32", choices=DTYPES),
                  "optimizer_dtype": s.get("optimizer_dtype", str, default="float32", choices=DTYPES),
                  "flash_attention": s.get("flash_attention", bool, default=False)}
+    mindformers = _parse_mindformers_run(s, family, dims["num_layers"])
     tp_rules = s.get("tp_rules", dict, default={})
     for glob, split in tp_rules.items():
         if not isinstance(glob, str) or split not in TP_SPLITS:
@@ -286,7 +295,29 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
     else:  # a user model may take settings of its own; they reach build(config) untouched
         extra = {k: v for k, v in s.data.items() if k not in s.used}
     return ModelSpec(family, entry, dtype=dtype, **dims, num_kv_heads=kv, **precision,
-                     tp_rules=tp_rules, extra=extra)
+                     **mindformers, tp_rules=tp_rules, extra=extra)
+
+
+def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) -> dict:
+    """``sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``: how
+    MindFormers runs a llama (its names; `autotune init --mindformers` writes them)."""
+    fields = {"sequence_parallel": s.get("sequence_parallel", bool, default=False),
+              "embedding_parallel_optimizer": s.get("embedding_parallel_optimizer", bool,
+                                                    default=False),
+              "recompute_layers": s.get("recompute_layers", dict, default={})}
+    for name, value in fields.items():
+        if value and family != "llama":
+            s.fail(name, "describes MindFormers' llama (model.family: llama)")
+    for key, value in fields["recompute_layers"].items():
+        where = f"recompute_layers.{key}"
+        if key not in RECOMPUTE_LAYER_KEYS:
+            s.fail(where, f"unknown key (known: {', '.join(RECOMPUTE_LAYER_KEYS)})")
+        if value is True:
+            continue
+        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int)
+                                              or not 0 <= i < layers for i in value):
+            s.fail(where, f"must be true or a list of layer indices 0 … {layers - 1}, got {value!r}")
+    return fields
 
 
 def _check_entry(entry: str, base: Path, s: _Section) -> str:

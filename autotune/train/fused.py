@@ -7,6 +7,11 @@ refuses a model the operator cannot take on such a backend). It takes query, key
 (batch, heads, seq, head_dim) — ``input_layout="BNSD"`` — with fewer key/value heads than query
 heads (grouped-query attention without repeating them), the causal mask as a (seq, seq) uint8
 matrix whose ones are discarded (``sparse_mode=0``), and the 1/√d scale as ``scalar_value``.
+The call is causal as MindFormers makes it (``LLamaAttention``'s ``FlashAttention``, mindspore-lab/
+mindformers at 15218ea4, without ``use_attn_mask_compression``): ``pre_tokens`` 2³¹ − 1 and
+``next_tokens`` 0 with that mask and ``sparse_mode`` 0 — the kernel skips the blocks above the
+diagonal instead of computing and masking them (the compressed 2048 × 2048 mask with
+``sparse_mode`` 2 is MindFormers' other form; not used here).
 
 Contract: :func:`use_fused_attention` replaces the ``core`` of every attention cell of a
 built-in network (both families keep their (seq × seq) work in that cell) by a
@@ -22,6 +27,9 @@ import mindspore as ms
 from mindspore import nn, ops
 
 
+CAUSAL_PRE_TOKENS = 2147483647  # every earlier token: MindFormers' pre_tokens
+
+
 class FusedCore(nn.Cell):
     """Causal attention of ``heads`` query heads by the fused operator (see the module doc)."""
 
@@ -33,6 +41,7 @@ class FusedCore(nn.Cell):
     def construct(self, q, k, v):
         mask = ops.triu(ops.ones((self.seq, self.seq), ms.uint8), 1)
         return ops.flash_attention_score(q, k, v, self.heads, attn_mask=mask, scalar_value=self.scale,
+                                         pre_tokens=CAUSAL_PRE_TOKENS, next_tokens=0,
                                          input_layout="BNSD", sparse_mode=0)
 
 

@@ -21,7 +21,14 @@ wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
 - RMSNorm ``x · rsqrt(mean(x²) + ε) · w`` with ε = 1e-5 (MindFormers' ``rms_norm_eps`` default),
   in float32 whatever the compute dtype (its ``layernorm_compute_type``).
 
-Recompute modes: ``full`` recomputes every layer, ``selective`` the attention core.
+Recompute (:meth:`Llama.apply_recompute`), layer by layer as `autotune.layout.layer_recompute`
+gives it from the knob and ``model.recompute_layers``: ``full`` recomputes the layer,
+``selective`` is MindFormers' ``select_recompute`` — its default patterns
+``feed_forward.mul`` and ``feed_forward.w1.activation.silu`` (``LayerSetting``,
+``mindformers/models/utils.py``), which name the same primitives here, and, when attention is not
+fused, the attention core, as MindFormers' ``LLamaAttention`` recomputes it without flash
+attention (``mindformers/models/llama/llama_transformer.py``, mindspore-lab/mindformers at
+15218ea4).
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ from collections import OrderedDict
 import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common.initializer import initializer
+from mindspore.ops.operations._inner_ops import SiLU  # the primitive MindFormers' LlamaSiLU holds
 
-from autotune.layout import stage_layers
+from autotune.layout import layer_recompute, stage_layers
 from autotune.shapes import kv_heads
+from autotune.train.fused import FusedCore
 from autotune.train.parallel import Placement
 from autotune.train.tp_layers import (ColumnParallelDense, ReduceFromGroup, RowParallelDense,
                                       vocab_lookup)
@@ -153,17 +162,42 @@ class Attention(nn.Cell):
         return self.wo(ctx.transpose(0, 2, 1, 3).reshape(b, s, self.heads * self.head_dim))
 
 
+class Activation(nn.Cell):
+    """SiLU as MindFormers' ``Linear(activation="silu")`` holds it: a cell whose primitive is
+    named ``silu``, so that its pattern ``w1.activation.silu`` names the same operator here."""
+
+    def __init__(self):
+        super().__init__()
+        self.silu = SiLU()
+
+    def construct(self, x):
+        return self.silu(x)
+
+
+class GateDense(ColumnParallelDense):
+    """w1: the column-parallel gate with its activation, as MindFormers' ``w1``."""
+
+    def __init__(self, hidden: int, ffn: int, p: Placement):
+        super().__init__(hidden, ffn, p.tp, p.tp_group, bias=False)
+        self.activation = Activation()
+
+    def construct(self, x):
+        return self.activation(super().construct(x))
+
+
 class FeedForward(nn.Cell):
-    """SwiGLU: w2(silu(w1·x) · w3·x); w1 (gate) and w3 (up) column-, w2 (down) row-parallel."""
+    """SwiGLU: w2(silu(w1·x) · w3·x); w1 (gate) and w3 (up) column-, w2 (down) row-parallel;
+    the product is the primitive ``mul``, as MindFormers' ``LlamaFeedForward`` names it."""
 
     def __init__(self, hidden: int, ffn: int, p: Placement):
         super().__init__()
-        self.w1 = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group, bias=False)
+        self.w1 = GateDense(hidden, ffn, p)
         self.w2 = RowParallelDense(ffn, hidden, p.tp, p.tp_group, bias=False)
         self.w3 = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group, bias=False)
+        self.mul = ops.Mul()
 
     def construct(self, x):
-        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.mul(self.w1(x), self.w3(x)))
 
 
 class DecoderLayer(nn.Cell):
@@ -179,6 +213,13 @@ class DecoderLayer(nn.Cell):
     def construct(self, x):
         h = x + ops.cast(self.attention(self.attention_norm(x)), x.dtype)
         return h + ops.cast(self.feed_forward(self.ffn_norm(h)), h.dtype)
+
+    def select_recompute(self):
+        """MindFormers' selective recompute of this layer (see the module doc)."""
+        self.feed_forward.mul.recompute()
+        self.feed_forward.w1.activation.silu.recompute()
+        if not isinstance(self.attention.core, FusedCore):
+            self.attention.core.recompute()
 
 
 class Backbone(nn.Cell):
@@ -214,6 +255,7 @@ class Llama(nn.Cell):
     def __init__(self, cfg: dict, p: Placement):
         super().__init__()
         self.last = p.last
+        self.recompute_marks = cfg.get("recompute_layers") or {}
         self.model = Backbone(cfg, p)
         if p.last:
             self.lm_head = ColumnParallelDense(cfg["hidden_size"], cfg["vocab_size"], p.tp,
@@ -226,9 +268,10 @@ class Llama(nn.Cell):
         return x
 
     def apply_recompute(self, mode):
-        """none | full (each layer) | selective (each attention core)."""
-        for layer in self.model.layers.cells():
-            if mode == "full":
+        """The recompute knob ``mode`` on this stage's layers (see the module doc)."""
+        for name, layer in self.model.layers.name_cells().items():
+            layer_mode, _ = layer_recompute(mode, int(name), self.recompute_marks)
+            if layer_mode == "full":
                 layer.recompute()
-            elif mode == "selective":
-                layer.attention.core.recompute()
+            elif layer_mode == "selective":
+                layer.select_recompute()

@@ -133,7 +133,8 @@ def plan(weights, model: dict, placement: Placement, element_bytes: int) -> Shar
         layouts, _ = layout.plan_layout(shapes, 1, 1, {})
     else:
         layouts, _ = layout.builtin_layout(model, p.tp, p.pp)
-    layouts = layout.with_optimizer_shards(layouts, p.dp, p.tp, element_bytes)
+    layouts = layout.with_optimizer_shards(layouts, p.dp, p.tp, element_bytes,
+                                           whole=layout.optimizer_whole(model))
     if not any(layouts[w.name].opt_shard for w in weights):
         return None
     return Sharding(weights, layouts, p, {"dp": p.dp_group, "stage": p.stage_group})

@@ -7,7 +7,8 @@
   applies its section templates (``ConfigTemplate.apply_template``: unexpected keys, …);
 - ``{"layers": PATH}``: MindFormers' ``build_parallel_config`` and ``LayerSetting`` (the code
   every legacy llama and mcore block runs at construction) over the config: ``layer_list``, the
-  formatted full-recompute and select_comm_recompute counts per stage, or the error;
+  formatted full-recompute, select_recompute and select_comm_recompute counts per stage, or the
+  error;
 - ``{"batch": PATH}``: the global batch and per-rank batch MindFormers' trainer computes
   (``BaseTrainer._check_grad_accumulation_steps`` and ``_check_global_batch_size_for_auto_parallel``)
   with the auto-parallel context the config's ``parallel`` section sets and ``device_num`` ranks.
@@ -47,6 +48,8 @@ def _layers(path):
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"layer_list": setting.layer_list.tolist(),
             "recompute": [list(map(int, row)) for row in setting.layer_recompute],
+            "select_recompute": {k: [list(map(int, row)) for row in v]
+                                 for k, v in setting.select_recompute.items()},
             "select_comm_recompute": {k: [list(map(int, row)) for row in v]
                                       for k, v in setting.select_comm_recompute.items()}}
 
