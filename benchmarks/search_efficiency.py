@@ -161,6 +161,14 @@ def write_table(rows, path: Path) -> float:
     return max(g for _, g, *_ in rows if g)
 
 
+def oracle(rows, clean, optimum: float) -> dict:
+    """What a sampler that knew the truth without its noise would score: its candidates run
+    best first (every mechanism known, no candidate's own deviation)."""
+    noisy = {c: g or 0.0 for c, g, *_ in rows}
+    ranked = [c for c, g, *_ in sorted((r for r in clean if r[1]), key=lambda r: -r[1])]
+    return score([noisy[c] for c in ranked[:max(CHECKPOINTS)]], optimum)
+
+
 def runs_of(study) -> list[float]:
     """Goodput of each run of ``study`` in order (0 for a run that was not ok)."""
     from autotune.storage.counting import counted
@@ -240,7 +248,7 @@ def main() -> None:
 
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     started = time.perf_counter()
-    tasks, info = [], {}
+    tasks, info, results = [], {}, {}
     fixed = {"search.space.jit_level": "O1"}
     with tempfile.TemporaryDirectory() as work:
         for name in args.spaces:
@@ -254,8 +262,11 @@ def main() -> None:
                 info[(name, family)] = (reach, admitted)
                 for seed in seeds:
                     table = Path(work) / f"{name}-{family}-{seed}.csv"
-                    optimum = write_table(truth_rows(spec, space, family, seed,
-                                                     estimates=estimates), table)
+                    rows = truth_rows(spec, space, family, seed, estimates=estimates)
+                    optimum = write_table(rows, table)
+                    results.setdefault(((name, family), "oracle"), []).append(oracle(
+                        rows, truth_rows(spec, space, family, seed, noise=False,
+                                         estimates=estimates), optimum))
                     tasks += [((name, family), SPACES[name], table, optimum, s, seed, args.runs,
                                fixed) for s in args.samplers]
         for table, model in args.real:
@@ -270,7 +281,6 @@ def main() -> None:
             tasks += [(key, Path(model).resolve(), Path(table).resolve(), optimum, s, seed,
                        args.runs, {}) for seed in seeds for s in args.samplers]
         print(f"{len(tasks)} studies on {args.jobs} processes", flush=True)
-        results: dict = {}
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             for key, sampler, scored in pool.imap_unordered(_task, tasks, chunksize=4):
                 results.setdefault((key, sampler), []).append(scored)
@@ -282,14 +292,15 @@ def report(results: dict, info: dict, args) -> None:
     """The per-family table and the summary the acceptance reads."""
     print(f"\nmedian over {args.seeds} seeds (from {args.first_seed}) of best found / optimum "
           f"after N runs; 'top5': the cost model's own top {TOP} over the noise-free optimum\n")
-    cols = "".join(f"{f'{s}@{k}':>11}" for s in args.samplers for k in CHECKPOINTS)
+    samplers = [*args.samplers, "oracle"]
+    cols = "".join(f"{f'{s}@{k}':>11}" for s in samplers for k in CHECKPOINTS)
     head = f"{'space':<12}{'family':<28}{'top5':>6}{'adm':>4}{cols}"
     print(head)
     print("-" * len(head))
     medians = {}
     for (space, family), (reach, admitted) in info.items():
         cells = ""
-        for s in args.samplers:
+        for s in samplers:
             rows = results.get(((space, family), s), [])
             for k in CHECKPOINTS:
                 value = statistics.median(r[k] for r in rows) if rows else float("nan")
