@@ -336,6 +336,9 @@ def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     assert 3 <= len(steps.read_text().splitlines()) < 200  # stopped early, not run to the end
     # its devices were held until it stopped: that time counts toward a budget (issue 18, item 7)
     assert frame.loc["pynative", "run_s"] > 0
+    # the steps the pruner judged were read by the trial program's rules; the record says which
+    from autotune.train.metrics import MEASUREMENT
+    assert frame.loc["pynative", "measurement"] == MEASUREMENT
     assert not ray_processes()
 
 

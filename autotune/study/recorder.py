@@ -19,6 +19,7 @@ from autotune.jobs import Job, Result
 from autotune.storage import schema
 from autotune.storage.recovery import requeue_trial
 from autotune.study import retry
+from autotune.train.metrics import MEASUREMENT
 
 
 class Recorder:
@@ -105,8 +106,10 @@ class Recorder:
     def pruned(self, job: Job, detail: str, run_s: float) -> None:
         """A trial stopped while running as clearly slow, after ``run_s`` seconds on its
         devices (they count toward a budget)."""
+        # its steps were read by the trial program's rules before the pruner judged them
         self._store(job.trial, "pruned", detail=detail,
-                    extra={"estimate": job.estimate.as_dict(), "run_s": round(run_s, 3)})
+                    extra={"estimate": job.estimate.as_dict(), "run_s": round(run_s, 3),
+                           "measurement": MEASUREMENT})
         self.progress.trial_done(job.number, "pruned", {}, detail)
 
     def interrupted(self, trial) -> None:
