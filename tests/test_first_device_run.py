@@ -265,3 +265,39 @@ def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, ca
     open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
                  1, _Recorder(world=1, total_gib=40.0))
     assert "the device reports 40.0 GiB, the profile says 80 GiB" in capsys.readouterr().err
+
+
+# item 7: the device check, as far as a CPU can take it (what it would install and run, in order)
+
+def _dry_run(*args) -> list[tuple[str, str]]:
+    import subprocess
+
+    script = Path(__file__).parents[1] / "benchmarks" / "device_check.sh"
+    done = subprocess.run(["bash", str(script), *args, "--dry-run"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [tuple(line[1:].split("] ", 1)) for line in done.stdout.splitlines()]
+
+
+def test_the_device_check_dry_run_says_what_it_would_do_in_order():
+    steps = _dry_run("gpu", "--devices", "8")
+    names = [name for name, _ in steps]
+    assert names == ["0 autotune", "1 install", "2 kernels", "3 first op cold", "3 first op warm",
+                     "4 memory", "5 fresh 1/2", "5 fresh 2/2", "6 warm 1/4", "6 warm 2/4",
+                     "6 warm 3/4", "6 warm 4/4", "7 hidden"]
+    said = dict(steps)
+    assert said["0 autotune"].endswith(" install") and said["0 autotune"].startswith("make -C ")
+    assert "-m pip install" in said["1 install"]
+    for package in BACKENDS["gpu"].packages:  # the CUDA 11 libraries the GPU plugin links
+        assert package in said["1 install"]
+    assert said["2 kernels"].startswith("nvidia-smi --query-gpu=name,compute_cap")
+    assert said["3 first op cold"].startswith("CUDA_CACHE_PATH=")
+    assert said["3 first op cold"].endswith("-m autotune.train --warm-up gpu")
+    assert said["4 memory"].endswith("--memory-probe gpu")
+    for name in names[6:12]:  # the quickstart's baseline layout throughout: one warm pool
+        assert "dp=8 tp=1 pp=1" in said[name]
+    assert all(said[n].endswith("(one warm pool)") for n in names[8:12])
+    assert said["7 hidden"].startswith("LD_LIBRARY_PATH=") and "dp=1 tp=1 pp=1" in said["7 hidden"]
+    ascend = dict(_dry_run("ascend"))
+    assert "2 kernels" not in ascend
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in ascend["1 install"]
