@@ -54,7 +54,7 @@ def trials(accumulations: list[int], batch: int | None, folder: Path) -> list[di
         program.run_trial(config, session, time.time())
         raw = json.loads((out / "metrics.rank0.json").read_text())["peak_memory_mb"]
         released_at = time.perf_counter()
-        release(session.ms)
+        release(session)
         release_ms = (time.perf_counter() - released_at) * 1000
         settled = resident_mb() if settled is None else settled
         rows.append({"accumulation": accumulation, "before": before, "raw_peak": raw,

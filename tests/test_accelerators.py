@@ -83,7 +83,7 @@ class _Recorder:
 
     GRAPH_MODE, PYNATIVE_MODE = 0, 1
 
-    def __init__(self, world=2, total_gib=80.0):
+    def __init__(self, world=2, total_gib=80.0, chip="ascend910b", fail=None):
         from types import SimpleNamespace
 
         self.calls = []
@@ -98,7 +98,12 @@ class _Recorder:
                 record(("first op",))
 
         self.Tensor = Tensor
-        self.set_device = lambda target, *a: record(("set_device", target, *a))
+        def set_device(target, *a):
+            record(("set_device", target, *a))
+            if fail:  # what MindSpore 2.10 says when the device's plugin cannot load
+                raise RuntimeError(fail)
+
+        self.set_device = set_device
         self.set_context = lambda **kw: record(("set_context",))
         self.runtime = SimpleNamespace(set_memory=lambda **kw: record(("set_memory", kw)))
         self.communication = SimpleNamespace(init=lambda *a: record(("init",)),
@@ -106,6 +111,8 @@ class _Recorder:
         self.get_current_device = lambda: SimpleNamespace(device_id=0)
         self.hal = SimpleNamespace(get_device_properties=lambda i: SimpleNamespace(
             total_memory=int(total_gib * 2**30)))
+        context = SimpleNamespace(get_ascend_soc_version=lambda: chip)
+        self._c_expression = SimpleNamespace(MSContext=SimpleNamespace(get_instance=lambda: context))
         self.ParallelMode = SimpleNamespace(DATA_PARALLEL="data_parallel")
         self.set_auto_parallel_context = lambda **kw: record(("set_auto_parallel_context",))
         self.reset_auto_parallel_context = lambda: record(("reset_auto_parallel_context",))
@@ -140,10 +147,11 @@ def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, 
     _setup(_setup_config(backend, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}), ms)
     assert ms.names()[:5] == ["set_device", "set_context", "set_memory", "init", "first op"]
     assert ms.calls[0] == ("set_device", target)  # no id: msrun hands each worker its own
-    assert ms.calls[2] == ("set_memory", {"max_size": "72GB"})
+    # the pool grows in 0.25 GB blocks, not MindSpore's default 2 GB (issue 30, item 3)
+    assert ms.calls[2] == ("set_memory", {"max_size": "72GB", "increase_size": "0.25GB"})
     err = capsys.readouterr().err
     order = [line.split(": ", 1)[1] for line in err.splitlines() if line.startswith("autotune.train launch:")]
-    assert order == [f"set_device({target})", "runtime.set_memory(max_size=72GB)",
+    assert order == [f"set_device({target})", "runtime.set_memory(max_size=72GB, increase_size=0.25GB)",
                      "communication.init()", "first op"]
     assert "warning" not in err  # the device reports the profile's 80 GiB
 
@@ -203,21 +211,108 @@ def test_device_memory_cap_is_the_screens_budget():
     assert device_memory_cap(replace(spec.cluster, backend="cpu")) is None
 
 
-# item 16: what a device holds at its peak
+# item 16 (issue 18), made per trial by issue 30, item 3: what a trial's memory on a device is
 
-def test_device_peak_is_the_reserved_peak_or_the_smi_reading(monkeypatch):
-    from types import SimpleNamespace
+class _Pool:
+    """The parts of ``mindspore.runtime`` a device's memory readings call, as a GPU pool behaves:
+    the reserved peak never falls back (empty_cache does nothing there), a reset restarts it at
+    the pool's size."""
 
-    from autotune.train import device, device_smi
+    def __init__(self):
+        self.allocated = self.max_allocated = 0
+        self.reserved = self.max_reserved = 0
 
-    runtime = SimpleNamespace(max_memory_reserved=lambda: 6 * 2**30,
-                              max_memory_allocated=lambda: 2 * 2**30)
-    ms = SimpleNamespace(runtime=runtime)
-    monkeypatch.setattr(device_smi, "process_memory_mb", lambda target, pid: None)
-    held = device.device_peak_mb(ms, "GPU", 42)
-    assert held == {"reserved": 6144.0, "allocated": 2048.0, "smi": None, "peak": 6144.0}
-    monkeypatch.setattr(device_smi, "process_memory_mb", lambda target, pid: 7000.0)
-    assert device.device_peak_mb(ms, "Ascend", 42)["peak"] == 7000.0
+    def memory_allocated(self):
+        return self.allocated
+
+    def max_memory_allocated(self):
+        return self.max_allocated
+
+    def memory_reserved(self):
+        return self.reserved
+
+    def max_memory_reserved(self):
+        return self.max_reserved
+
+    def reset_max_memory_allocated(self):
+        self.max_allocated = self.allocated
+
+    def reset_max_memory_reserved(self):
+        self.max_reserved = self.reserved
+
+    def run(self, gib):
+        """A trial that allocates ``gib`` at its peak, then frees it (the pool keeps the blocks)."""
+        self.max_allocated = max(self.max_allocated, self.allocated + gib * 2**30)
+        self.reserved = max(self.reserved, self.allocated + gib * 2**30)
+        self.max_reserved = max(self.max_reserved, self.reserved)
+
+
+def _device_session(monkeypatch, tool):
+    """A GPU session of one process whose runtime is a :class:`_Pool`; ``tool(pool)`` is the
+    vendor tool's reading for this process (a `device_smi.Reading`)."""
+    from autotune.train import device_smi, parallel
+
+    monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
+    ms = _Recorder(world=1)
+    pool = ms.runtime = _Pool()
+    ms.runtime.set_memory = lambda **kw: None
+    monkeypatch.setattr(device_smi, "process_memory", lambda backend, pid: tool(pool))
+    from autotune.train.session import open_session
+
+    session = open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80, "max_size_gb": 72}), 1, ms)
+    return session, pool
+
+
+def _trial(session, pool, gib):
+    memory = session.memory
+    memory.trial_starts()
+    memory.reset_peak()
+    pool.run(gib)
+    return memory.peak()
+
+
+def test_a_small_trial_after_a_big_one_in_a_warm_pool_reads_its_own_memory(monkeypatch):
+    from autotune.train.device_smi import READ, Reading
+
+    # the device holds the pool and 1 GiB outside it (the CUDA context, communicators)
+    session, pool = _device_session(
+        monkeypatch, lambda pool: Reading(pool.reserved / 2**20 + 1024, READ))
+    big = _trial(session, pool, 6)
+    small = _trial(session, pool, 1)
+    assert big["peak"] == 6 * 1024 + 1024 and big["overhead"] == 1024
+    # the reserved peak and the tool still read the big trial's 6 GiB (+1): the small trial's
+    # own figure is its 1 GiB and the session's overhead, measured at the first trial
+    assert small["reserved"] == 6 * 1024 and small["smi"] == 7 * 1024
+    assert small["peak"] == 1024 + 1024, small
+    assert small["overhead_seen"] == READ
+
+
+def test_a_process_the_vendor_tool_does_not_list_is_recorded_as_not_seen(monkeypatch):
+    from autotune.train.device_smi import NOT_LISTED, Reading
+
+    session, pool = _device_session(monkeypatch, lambda pool: Reading(None, NOT_LISTED))
+    held = _trial(session, pool, 2)
+    assert held["peak"] == 2048 and held["overhead"] == 0.0
+    assert held["smi"] is None and held["smi_seen"] == NOT_LISTED == held["overhead_seen"]
+
+
+def test_the_vendor_tool_listing_host_pids_only_is_not_listed_not_missing(tmp_path, monkeypatch):
+    """In a container nvidia-smi lists the host's PIDs: the worker's own pid is never among them.
+    The reading says so (``not listed``) instead of reading like a host without the tool."""
+    import os
+    import stat
+
+    from autotune.train import device_smi
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho '777001, 30912'\necho '777002, 1000'\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    gpu = BACKENDS["gpu"]
+    assert device_smi.process_memory(gpu, 777001) == device_smi.Reading(30912.0, device_smi.READ)
+    assert device_smi.process_memory(gpu, os.getpid()).seen == device_smi.NOT_LISTED
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert device_smi.process_memory(gpu, 777001) == device_smi.Reading(None, device_smi.NO_TOOL)
 
 
 def test_vendor_tools_per_process_readings_are_parsed():
@@ -398,14 +493,17 @@ def test_estimate_on_a_hopper_profile_says_calibrate_first(tmp_path, capsys):
     assert "note: calibrate first" in capsys.readouterr().out
 
 
-def test_the_memory_cap_is_a_size_mindspore_accepts():
+def test_the_memory_settings_are_sizes_mindspore_accepts():
     import re
 
     from mindspore.runtime import memory
 
-    from autotune.train.device import memory_cap
+    from autotune.train.device import memory_settings
 
     for size in (57.6, 72.0, 14.4, 0.5):
-        cap = memory_cap({"device_memory": {"size_gb": size / 0.9, "max_size_gb": size}}, "Ascend")
-        assert re.fullmatch(memory._MEMORY_PATTERN, cap), cap
-    assert memory_cap({"device_memory": {"size_gb": 16, "max_size_gb": 14.4}}, "CPU") is None
+        settings = memory_settings({"device_memory": {"size_gb": size / 0.9, "max_size_gb": size}},
+                                   BACKENDS["ascend"])
+        for value in settings.values():  # max_size and increase_size
+            assert re.fullmatch(memory._MEMORY_PATTERN, value), value
+    assert memory_settings({"device_memory": {"size_gb": 16, "max_size_gb": 14.4}},
+                           BACKENDS["cpu"]) is None

@@ -79,7 +79,7 @@ def test_a_launch_that_cannot_form_its_cluster_is_an_infrastructure_failure(tmp_
     assert result.outcome == "error" and result.infrastructure, result.detail
     first = result.detail.splitlines()[0]
     assert first.startswith("infrastructure: exit code 1, before the candidate ran: "
-                            "autotune.train: LaunchError: communication init failed"), first
+                            "autotune.train: LaunchError: communication.init() failed"), first
 
 
 def test_a_worker_over_the_memory_budget_is_oom(tmp_path):

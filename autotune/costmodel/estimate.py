@@ -65,7 +65,7 @@ def device_memory_cap(cluster) -> dict | None:
     ``device_memory`` section (`autotune.train.device`): ``size_gb`` the profile's memory
     (``cluster.device_memory_gb`` when given), ``max_size_gb`` that × `SAFETY_MARGIN` — the
     budget the memory screen judges a candidate against. None on the other backends."""
-    if backend_of(cluster.backend).device_target not in ("GPU", "Ascend"):
+    if not backend_of(cluster.backend).accelerator:
         return None
     size = resolve_profile(cluster).memory_gb
     return {"size_gb": size, "max_size_gb": round(size * SAFETY_MARGIN, 2)}

@@ -72,6 +72,7 @@ class _Pool:
     actor: object
     devices: int
     trial: int | None = None
+    layout: tuple | None = None  # (dp, tp, pp) of the trial it ran last
     used: float = 0.0   # when it last took a trial (the idle pool used longest ago goes first)
 
 
@@ -213,8 +214,10 @@ class Dispatcher:
         args = (config, str(trial_dir), timeout_s, memory_limit_mb, devices)
         devices_env = (self.backend.visible_devices, self.backend.ray_resource)
         if len(plan) == 1 and self.warm_root is not None:
-            pool = self._pool_for(devices)
-            pool.trial, pool.used = number, time.monotonic()
+            knobs = config["knobs"]
+            layout = (knobs["dp"], knobs["tp"], knobs["pp"])
+            pool = self._pool_for(devices, layout)
+            pool.trial, pool.used, pool.layout = number, time.monotonic(), layout
             ref = pool.actor.run.remote(config, str(trial_dir), timeout_s, memory_limit_mb,
                                         memory_mb)
             self._trials[number] = _Trial(number, time.time(), [ref], pool=pool)
@@ -240,13 +243,14 @@ class Dispatcher:
                 for launch in plan]
         self._trials[number] = _Trial(number, time.time(), refs, group, bundles)
 
-    def _pool_for(self, devices: int) -> _Pool:
-        """An idle pool of ``devices``, else a new one — after retiring idle pools of other
-        sizes whose devices it needs (the study's loop submits only what its free devices
-        hold, and idle pools hold devices no trial uses)."""
-        for pool in self._pools:
-            if pool.trial is None and pool.devices == devices:
-                return pool
+    def _pool_for(self, devices: int, layout: tuple) -> _Pool:
+        """An idle pool of ``devices`` — one that ran ``layout`` last first (on an accelerator
+        a pool runs one layout: `autotune.execution.warm`) — else a new one, after retiring
+        idle pools of other sizes whose devices it needs (the study's loop submits only what
+        its free devices hold, and idle pools hold devices no trial uses)."""
+        idle_of_size = [p for p in self._pools if p.trial is None and p.devices == devices]
+        if idle_of_size:
+            return min(idle_of_size, key=lambda p: p.layout != layout)
         wanted = self.backend.resources(devices)
         available = self._ray.available_resources()
         idle = sorted((p for p in self._pools if p.trial is None), key=lambda p: p.used)

@@ -37,10 +37,11 @@ from pathlib import Path
 from autotune.execution.classify import CandidateStart, classify, stopped_in_probe
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
+from autotune.execution.warmup import jit_environment, warm_up
 from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import BACKENDS, backend_of
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
 from autotune.train.lifetime import die_with_parent_hook
 from autotune.train.msrun import msrun_args
@@ -82,11 +83,21 @@ def trial_clock(log_dir: Path, timeout_s: float):
     return check
 
 
+# Ports a device's collectives take on the host (``Backend.host_ports``): never msrun's.
+RESERVED_PORTS = [ports for backend in BACKENDS.values() if backend.host_ports
+                  for ports in [backend.host_ports]]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later), none
+    of the ports a backend's collectives take on the host (`RESERVED_PORTS`: the OS hands out
+    ports up to 60999 unless they are reserved, docs/cluster.md)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if not any(first <= port <= last for first, last in RESERVED_PORTS):
+            return port
 
 
 @dataclass(frozen=True)
@@ -156,11 +167,13 @@ def environment(extra: dict | None = None, config: dict | None = None,
                  local_workers: int = 1) -> dict:
     """The trial program's environment: ours plus ``extra``, the project and an entry model's
     folders on PYTHONPATH, this interpreter first on PATH, the backend's own variables
-    (``Backend.environment``), and on GPU/Ascend an explicit ``OMP_NUM_THREADS`` for the
-    ``local_workers`` of this node (:func:`host_threads`)."""
+    (``Backend.environment``, and its kernel JIT cache's unless set:
+    `autotune.execution.warmup.jit_environment`), and on an accelerator an explicit
+    ``OMP_NUM_THREADS`` for the ``local_workers`` of this node (:func:`host_threads`)."""
     backend = backend_of((config or {}).get("backend", "cpu"))
     env = {**os.environ, **(extra or {}), **dict(backend.environment)}
-    if backend.device_target in ("GPU", "Ascend"):
+    env.update(jit_environment(backend, env))
+    if backend.accelerator:
         env["OMP_NUM_THREADS"] = str(host_threads(local_workers))
     # an entry model imports from model.yaml's folder (and its file's): `autotune.spec.entry`
     entry = (config or {}).get("model", {}).get("entry")
@@ -193,18 +206,18 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
                    bind_cores=backend.pins_cores and node is None, node=node)
     if node is not None:
         env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
+    full_env = environment(env, config, node.launch.local_workers if node else workers)
+    warmed = warm_up(backend, full_env, str(PROJECT_ROOT))  # before the trial's clock starts
     started, handed_over = time.monotonic(), time.time()
     with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
         # msrun does not say how it was started, nor which devices Ray gave: the log does
         given = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
-        out.write(f"launched: {' '.join(given + [shlex.join(argv)])}\n")
+        out.write(f"launched: {' '.join(given + [shlex.join(argv)])}\n{warmed}")
         out.flush()
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
-                                env=environment(env, config, node.launch.local_workers if node
-                                                 else workers),
-                                start_new_session=True,
+                                env=full_env, start_new_session=True,
                                 preexec_fn=die_with_parent_hook())
         tree = ProcessTree(proc.pid)
         try:

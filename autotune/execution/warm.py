@@ -16,7 +16,11 @@ a crash, or any rank whose trial ended with a non-zero code (it may leave a coll
 done). Its processes are stopped; the next trial starts fresh ones. A trial that ended ok or
 diverged leaves the workers up for the next — of the same size: a pool runs trials whose
 estimated memory per device (the cost model's, ``memory_mb``) is within `SAME_SIZE` of its
-first trial's, and retires before a trial of another size (or of no estimate). MindSpore's CPU
+first trial's, and retires before a trial of another size (or of no estimate); on a backend
+whose process groups hold device memory outside the pool (``Backend.pool_per_layout``: the
+accelerators' communicators, which ``destroy_group`` cannot free on GPU), it also runs one layout
+(dp, tp, pp) and retires before another, so a trial holds the communicators of its own layout
+only, as in processes of its own. MindSpore's CPU
 memory pool keeps, after every release, the memory a trial's activations took (measured: ~0.5 GB
 after a large one, reused by the next trial unseen), so a smaller trial after a larger one would
 read the larger one's peak and answer to the memory budget for it; in trials of one size it is
@@ -29,6 +33,8 @@ with it: they are started from a thread that lives as long as they do (``PR_SET_
 Where a pool's own files go: ``root`` (the handovers, msrun's logs of what the workers print
 between trials); a pool that cannot start copies its logs into the trial's ``logs/pool/``, where
 `autotune.execution.classify` reads them (no rank started the candidate: the infrastructure's).
+On a backend that warms each node's kernel JIT cache (`autotune.execution.warmup`), the workers'
+start waits for it, before the trial's clock starts.
 """
 
 from __future__ import annotations
@@ -44,9 +50,10 @@ from pathlib import Path
 
 from autotune.execution.classify import classify, stopped_in_probe
 from autotune.execution.processes import ProcessTree
-from autotune.execution.runner import (POLL_S, STOP_GRACE_S, command, environment, free_port,
-                                       fresh_trial_dir, trial_clock)
+from autotune.execution.runner import (POLL_S, PROJECT_ROOT, STOP_GRACE_S, command, environment,
+                                       free_port, fresh_trial_dir, trial_clock)
 from autotune.execution.timing import with_launch_and_teardown
+from autotune.execution.warmup import warm_up
 from autotune.jobs import Result
 from autotune.spec.backends import backend_of
 from autotune.train.lifetime import die_with_parent_hook
@@ -61,6 +68,11 @@ RETIRE_LEFTOVER = 0.1
 # another size: a pool runs one size (see the module doc). The quickstart's candidates are
 # estimated within 1.2 % of each other (`autotune estimate examples/quickstart.yaml --set …`).
 SAME_SIZE = 0.03
+
+
+def _layout(config: dict) -> tuple:
+    knobs = config["knobs"]
+    return knobs["dp"], knobs["tp"], knobs["pp"]
 
 
 def _write_whole(path: Path, payload: dict) -> None:
@@ -81,6 +93,8 @@ class WarmPool:
         self.argv: list[str] = []
         self.started_at = 0.0
         self.size_mb: float | None = None  # the estimated memory of the trials they run
+        self.layout: tuple | None = None   # (dp, tp, pp) of the trials they run
+        self.warmed = ""           # the warm-up's line for the next trial's log
         self.leftover_mb = 0.0     # what they keep beyond their state after their first trial
 
     @property
@@ -88,10 +102,13 @@ class WarmPool:
         return self.proc is not None and self.proc.poll() is None
 
     def _start(self, config: dict) -> None:
-        """Start the workers (from a thread that lives as long as they do)."""
+        """Start the workers (from a thread that lives as long as they do), the node's JIT
+        cache warmed first where the backend asks for it."""
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "logs").mkdir(parents=True)
         backend = backend_of(config.get("backend", "cpu"))
+        env = environment(self.env, config, self.workers)
+        self.warmed = warm_up(backend, env, str(PROJECT_ROOT))
         self.argv = command(["--serve", self.root], self.workers, self.root / "logs",
                             free_port(), bind_cores=backend.pins_cores)
         started = threading.Event()
@@ -100,7 +117,7 @@ class WarmPool:
             with open(self.root / "logs" / "launcher.log", "w") as out:
                 self.proc = subprocess.Popen(
                     self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.root,
-                    env=environment(self.env, config, self.workers), start_new_session=True,
+                    env=env, start_new_session=True,
                     preexec_fn=die_with_parent_hook())
                 started.set()
                 self.proc.wait()
@@ -116,6 +133,23 @@ class WarmPool:
             return False
         return abs(memory_mb - self.size_mb) <= SAME_SIZE * min(memory_mb, self.size_mb)
 
+    def retire_for(self, config: dict, memory_mb: float | None) -> str:
+        """Why the running processes cannot run the trial of ``config`` estimated at
+        ``memory_mb`` (see the module doc), as the trial log's line; "" when they can."""
+        if not self._same_size(memory_mb):
+            held = "an unknown size" if self.size_mb is None else f"~{self.size_mb:.0f} MB"
+            this = "not estimated" if memory_mb is None else f"estimated at {memory_mb:.0f} MB"
+            return (f"fresh workers: the pool's processes ran trials of {held} a device, this "
+                    f"one is {this} (a trial after one of another size would reuse, unseen, "
+                    "the memory MindSpore kept of it)\n")
+        layout = _layout(config)
+        if backend_of(config.get("backend", "cpu")).pool_per_layout and layout != self.layout:
+            return (f"fresh workers: the pool's processes ran the layout dp·tp·pp = "
+                    f"{'·'.join(map(str, self.layout or ()))}, this trial is "
+                    f"{'·'.join(map(str, layout))} (their process groups hold device memory "
+                    "outside the pool, which another layout's trial would carry)\n")
+        return ""
+
     def run(self, config: dict, trial_dir: Path, timeout_s: float,
             memory_limit_mb: float | None, memory_mb: float | None = None) -> Result:
         """Run the trial of ``config`` in ``trial_dir`` (see the module doc); ``memory_mb``: the
@@ -128,23 +162,19 @@ class WarmPool:
         _write_whole(config_path, config)
         log_dir = trial_dir / "logs"
         fresh_trial_dir(trial_dir, log_dir)
-        retired = ""
-        if self.up and not self._same_size(memory_mb):
-            held = "an unknown size" if self.size_mb is None else f"~{self.size_mb:.0f} MB"
-            this = "not estimated" if memory_mb is None else f"estimated at {memory_mb:.0f} MB"
-            retired = (f"fresh workers: the pool's processes ran trials of {held} a device, this "
-                       f"one is {this} (a trial after one of another size would reuse, unseen, "
-                       "the memory MindSpore kept of it)\n")
+        retired = self.retire_for(config, memory_mb) if self.up else ""
+        if retired:
             self.close()
         if not self.up:
             self._start(config)
-            self.size_mb = memory_mb
+            self.size_mb, self.layout = memory_mb, _layout(config)
         started, handed_over = time.monotonic(), time.time()
         given = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
         # the trial's launch log, as a fresh launch writes it: msrun's, or the one worker's
         with open(log_dir / ("worker_0.log" if self.workers == 1 else "msrun.log"), "w") as out:
             out.write(f"launched: {' '.join(given + [shlex.join(self.argv)])}\n")
-            out.write(retired)
+            out.write(retired + self.warmed)
+            self.warmed = ""
             out.write(f"warm workers: trial {self.trials} of the processes started "
                       f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
         number = self.trials

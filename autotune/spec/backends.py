@@ -7,7 +7,12 @@ themselves are defined in `autotune.spec.knobs`), and, for the real ones, the Ra
 is, the ``ray start`` flag that provides it, the variable through which Ray hands a task its
 devices, MindSpore's device target, how a trial's peak memory is read (host RSS of a worker on
 CPU, MindSpore's memory-pool statistics on a device: host RSS says nothing about device memory)
-and which log lines of a failed worker mean out-of-memory. Adding a backend is one entry here.
+and which log lines of a failed worker mean out-of-memory; for the accelerators also what their
+first real run needs (docs/accelerators.md): the vendor tool that reads a process's device memory,
+how MindSpore's memory pool grows and whether it can be emptied, whether a warm pool runs one
+layout (communicators outside the pool), the driver's kernel JIT cache and a warm-up per node,
+the chips whose overflow check isfinite can see, and the host ports the device's collectives take.
+Adding a backend is one entry here.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
                          "cublas_status_alloc_failed")
 ASCEND_OOM = DEVICE_OOM + ("el0004", "malloc device memory failed",
                            "mallocalign32 device memory failed")
+# The vendor tools' per-process readings of device memory (`autotune.train.device_smi`).
+NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+NPU_SMI = ("npu-smi", "info")
+# set_memory's increase_size on an accelerator: the pool grows in blocks this large, so what it
+# reserves stays within this of what a trial allocates (MindSpore's default is 2GB).
+POOL_INCREASE = "0.25GB"
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,43 @@ class Backend:
     environment: tuple = ()
     # Why MindFormers cannot run this backend's export ("" when it can).
     no_mindformers: str = ""
+    # A device other than the host's cores: its workers get their share of the host's threads
+    # (`autotune.execution.runner.host_threads`), its memory pool a cap (`set_memory`).
+    accelerator: bool = False
+    # The vendor tool that lists each process's device memory, and how its output reads
+    # (`autotune.train.device_smi`: "csv" nvidia-smi's query, "table" npu-smi's process table).
+    memory_tool: tuple = ()
+    memory_tool_format: str = ""
+    # set_memory's increase_size: how much the pool grows by when it runs short (MindSpore's
+    # default, 2 GB blocks, rounds every trial's reserved memory up to the next 2 GB).
+    pool_increase: str | None = None
+    # Whether runtime.empty_cache gives the pool's cached blocks back (its doc lists Ascend only;
+    # on GPU the pool keeps every block it took until the process ends).
+    empties_pool: bool = False
+    # Whether a warm pool runs one layout: each layout's process groups are communicators whose
+    # buffers live outside the memory pool and its cap (HCCL: HCCL_BUFFSIZE, 200 MB each by
+    # default), and communication.destroy_group does not run on GPU (its doc): a pool that ran
+    # several layouts would hold them all (`autotune.execution.warm`).
+    pool_per_layout: bool = False
+    # The driver's kernel JIT cache: the variable naming its folder (kept per node, under the
+    # user's cache folder, `jit_cache_folder`) and settings for it; with ``warm_up_per_node`` one
+    # process per node makes the first op before the node's first trial, outside every trial's
+    # clock (`autotune.execution.warmup`).
+    jit_cache: str | None = None
+    jit_settings: tuple = ()
+    warm_up_per_node: bool = False
+    # The chips this backend runs (MindSpore's ascend_soc_version; empty: any) and why others are
+    # refused at the launch (`autotune.train.session`).
+    chips: tuple = ()
+    chip_refusal: str = ""
+    # What a host needs beside autotune's own install (benchmarks/device_check.sh installs or
+    # checks it): Python packages that carry the libraries the device plugin links against, and
+    # what a user must have done that no package can (a vendor toolkit's environment).
+    packages: tuple = ()
+    host_setup: str = ""
+    # Host ports the device's collectives take (first, last): never handed to msrun
+    # (`autotune.execution.runner.free_port`; docs/cluster.md says how to reserve them).
+    host_ports: tuple = ()
 
     @property
     def runs_program(self) -> bool:
@@ -97,6 +145,14 @@ class Backend:
             options["resources"] = wanted
         return options
 
+    def jit_environment(self, cache_home: str) -> dict:
+        """The driver's JIT cache variables of this backend: its folder under ``cache_home``
+        (the user's cache folder: ``$XDG_CACHE_HOME``, else ``~/.cache``) and its settings; none
+        for a backend without one."""
+        if not self.jit_cache:
+            return {}
+        return {self.jit_cache: f"{cache_home}/autotune/{self.name}-jit", **dict(self.jit_settings)}
+
     def oom_in(self, text: str) -> bool:
         """Whether ``text`` (a failed run's log lines) says it ran out of memory."""
         lowered = text.lower()
@@ -125,7 +181,22 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             no_mindformers="MindFormers supports Atlas 800T A2 (Ascend) only (its README); on GPU "
                            "run autotune's trainer (launch.sh without --mindformers)",
             ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
-            device_memory=True, oom_markers=DEVICE_OOM),
+            device_memory=True, oom_markers=DEVICE_OOM, accelerator=True,
+            memory_tool=NVIDIA_SMI, memory_tool_format="csv", pool_increase=POOL_INCREASE,
+            pool_per_layout=True,
+            # The GPU plugin's kernels (plugin/gpu/libcuda_ops.so.11) carry SASS for sm_60-80 and
+            # PTX for compute_60/86 only, under a static pre-11.7 CUDA runtime: on Hopper every
+            # fresh process JIT-compiles all 407 kernel modules at context creation unless the
+            # driver's cache holds them (docs/accelerators.md, "Kernel JIT on Hopper").
+            jit_cache="CUDA_CACHE_PATH", jit_settings=(("CUDA_CACHE_MAXSIZE", "4294967296"),),
+            warm_up_per_node=True,
+            # the libraries plugin/libmindspore_gpu.so.11.6 needs (readelf -d: NEEDED) but the
+            # wheel does not carry: CUDA 11's runtime, cuBLAS, cuRAND, cuFFT, cuSOLVER, cuSPARSE,
+            # NVRTC and cuDNN 8 (MindSpore's run_check: CUDA 11.6 with cuDNN 8.5); libcuda.so.1
+            # is the driver's
+            packages=("nvidia-cuda-runtime-cu11", "nvidia-cublas-cu11", "nvidia-curand-cu11",
+                      "nvidia-cufft-cu11", "nvidia-cusolver-cu11", "nvidia-cusparse-cu11",
+                      "nvidia-cuda-nvrtc-cu11", "nvidia-cudnn-cu11>=8.5,<9")),
     # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
     Backend("ascend", "program", limits={"jit_level": _O2}, device_target="Ascend", ray_resource="NPU",
             ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
@@ -134,7 +205,22 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             # visible (saturation mode clamps to the largest finite value; MindSpore then reads
             # the chip's float-status registers instead): docs/accelerators.md.
             environment=(("MS_ASCEND_CHECK_OVERFLOW_MODE", "INFNAN_MODE"),),
-            fused_attention=True),
+            fused_attention=True, accelerator=True, memory_tool=NPU_SMI,
+            memory_tool_format="table", pool_increase=POOL_INCREASE, empties_pool=True,
+            pool_per_layout=True,
+            # Only 910B and 910_93 take INFNAN mode; other chips stay in saturation mode, where
+            # isfinite never sees an overflow (MindSpore's amp._all_finite reads their
+            # float-status registers instead): docs/accelerators.md.
+            chips=("ascend910b", "ascend910_93"),
+            chip_refusal="only Ascend 910B and 910_93 run the INFNAN overflow mode this trial "
+                         "program's loss scaler needs (isfinite); this chip stays in saturation "
+                         "mode, where an overflow is clamped and never seen",
+            # HCCL's host ports (CANN 8.0, HCCL_IF_BASE_PORT: 16 from 60000 by default, which
+            # the OS must reserve); a margin to 60031 costs nothing (docs/cluster.md).
+            host_ports=(60000, 60031),
+            # CANN (driver, firmware, toolkit) is installed by the host's administrator; its
+            # set_env.sh puts its libraries and Python packages where MindSpore finds them
+            host_setup="source /usr/local/Ascend/ascend-toolkit/set_env.sh"),
     # simulate and replay run no graph: every value is theirs (the device profile decides, and
     # the cost model rejects O2 off Ascend).
     Backend("simulate", "estimate"),

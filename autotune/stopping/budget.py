@@ -23,6 +23,11 @@ Contract:
   - ``--stop-when-flat``: stop once at least :data:`FLAT_MIN_RUNS` runs finished and the last
     ``max(FLAT_MIN_WINDOW, runs // 3)`` of them did not improve the best first objective by
     more than :data:`FLAT_GAIN` (relative): a plateau that long rarely ends in these spaces.
+- A cluster that cannot run trials: stop once every run of this session failed by the
+  infrastructure before its candidate ran (`autotune.study.retry`) and one of them was the retry
+  of such a failure — the same candidate failed twice, and nothing ran since the session began (a
+  device plugin that cannot load, a chip the backend refuses, a cluster that never forms): one
+  line with the last reason, instead of a study of identical failures.
 - :meth:`Stopper.used` is the budget's progress text (``1.2 of 40 dh (3%)``).
 """
 
@@ -85,6 +90,9 @@ class Stopper:
         self.session_runs_s = 0.0
         self.costs: list[float] = []   # per finished run: run_s (wall) or run_s × devices
         self.values: list = []         # first objective per run (None: not ok), in order
+        self.launch_failures: list[str] = []  # this session's infrastructure failures (reasons)
+        self.retry_failed = False      # ... a retry among them
+        self.ran = False               # whether a run of this session got to its candidate
         self.maximize = maximizes(study)
         for t in study.get_trials(deepcopy=False):  # what earlier sessions ran
             if counted(t) and outcome_of(t) != "infeasible":
@@ -95,10 +103,18 @@ class Stopper:
         self.costs.append(run_s * devices if self.budget and self.budget.kind == "device" else run_s)
         self.values.append(value)
 
-    def finished(self, run_s: float, devices: int, value, counted: bool) -> None:
+    def finished(self, run_s: float, devices: int, value, counted: bool,
+                 infrastructure: str | None = None, retry: bool = False) -> None:
         """A run ended (``counted``: it counts toward N; a retried failure or a re-run does
-        not enter the flat rule but costs its time)."""
+        not enter the flat rule but costs its time; ``infrastructure``: the reason it failed by
+        the infrastructure before its candidate ran, None when it got to run it; ``retry``: it
+        was the retry of such a failure)."""
         self.session_runs_s += run_s
+        if infrastructure is None:
+            self.ran = True
+        else:
+            self.launch_failures.append(infrastructure)
+            self.retry_failed |= retry
         if counted:
             self._add(run_s, devices, value)
         if self.budget or not self.virtual:  # so a later --budget counts this session too
@@ -133,6 +149,11 @@ class Stopper:
     def reason(self, running: int, flat: bool = True) -> str | None:
         """Why no further run should be dispatched now (``running``: trials in flight;
         ``flat``: the flat rule applies too — not to confirm-phase re-runs)."""
+        if self.retry_failed and not self.ran:
+            return (f"infrastructure: all {len(self.launch_failures)} runs of this session failed "
+                    f"before their candidate ran, a retry among them (the last: "
+                    f"{self.launch_failures[-1]}): stopping; the cluster cannot run trials as "
+                    "it is (docs/accelerators.md)")
         if self.budget and self.costs:
             median = statistics.median(self.costs)
             used, ahead = self.wall_used(), median

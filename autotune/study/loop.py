@@ -6,7 +6,8 @@ result to the recorder (`autotune.study.recorder`), stops clearly slow trials
 (`autotune.stopping.pruning`), and stops dispatching when the stopper says so
 (`autotune.stopping.budget`). On Ctrl-C or a crash it records the running trials
 ``interrupted`` (a resume runs them again). A candidate's own failure is remembered, an
-infrastructure failure retried once (`autotune.study.retry`).
+infrastructure failure retried once (`autotune.study.retry`); when every run failed that way,
+a retry among them, the stopper ends the run with one line (`autotune.stopping.budget`).
 
 - :meth:`Loop.run` runs until the study has N trials that count (finished, or running in
   another driver, which is then waited for). A candidate running now — in this driver, or with
@@ -279,9 +280,13 @@ class Loop:
         again = self.recorder.finished(job, result)
         values = objective_values(self.recorder.objectives, result.metrics)
         if result.outcome != "infeasible":  # a replay table without the candidate: no run
+            lost = (((result.detail.strip().splitlines() or [""])[0][:200] or "no reason given")
+                    if retry.attrs(result) else None)
             self.stopper.finished(result.run_s or 0.0, job.candidate.devices,
                                   values[0] if values and result.outcome == "ok" else None,
-                                  counted=not again and "confirm_of" not in job.trial.user_attrs)
+                                  counted=not again and "confirm_of" not in job.trial.user_attrs,
+                                  infrastructure=lost,
+                                  retry=retry.RETRY_OF in job.trial.user_attrs)
         if again:
             self.retries.append(number)
         elif retry.remembered(job.trial, result):

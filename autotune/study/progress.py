@@ -124,9 +124,14 @@ class Progress:
 
     def finish(self, study: optuna.Study) -> None:
         counts: dict[str, int] = {}
+        queued = 0  # retries a stop left waiting (a resume runs them)
         for t in study.get_trials(deepcopy=False):
+            if t.state == optuna.trial.TrialState.WAITING:
+                queued += 1
+                continue
             counts[outcome_of(t)] = counts.get(outcome_of(t), 0) + 1
-        self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+                           + (f", queued to run again {queued}" if queued else ""))
         if self.driver_trials:
             self.console.print(f"driver overhead (ask, feasibility, submit, tell, sync): "
                                f"{self.driver_ms_per_trial():.0f} ms per trial "

@@ -1,10 +1,12 @@
 """``python -m autotune.train CONFIG_JSON``, or this file's path as msrun's program; with
 ``--serve POOL_DIR`` instead of a config, workers that run trial after trial
-(`autotune.train.serve`), each trial's exit code and verdict as below.
+(`autotune.train.serve`), each trial's exit code and verdict as below; with ``--warm-up
+BACKEND``, a node's warm-up: the device brought up and a first op made (`autotune.train.session.
+warm_up`, `autotune.execution.warmup`), 0 or 3 as a launch.
 
 Exit codes: 0 done (metrics written); 2 the config cannot be run (bad field, bad model entry);
-1 the run failed; 3 the launch failed before the candidate ran (``LaunchError``: communication
-init, the cluster join). On failure the last stderr line is one line,
+1 the run failed; 3 the launch failed before the candidate ran (``LaunchError``: the device's
+bring-up, communication init, the cluster join, the process groups). On failure the last stderr line is one line,
 ``autotune.train: <ExceptionType>: <message>`` (after the traceback), so a driver reading the
 log tail sees e.g. ``MemoryError`` for an out-of-memory trial, and ``autotune.train: LaunchError:``
 (`autotune.train.LAUNCH_FAILED`) for a failure that is not the candidate's. Exit codes 1 and 2
@@ -62,11 +64,20 @@ def main(argv=None) -> int:
             print(f"{LAUNCH_FAILED} scheduler: {_fail(exc).removeprefix('autotune.train: ')}",
                   file=sys.stderr, flush=True)
             return 3
+    if len(args) == 2 and args[0] == "--warm-up":
+        from autotune.train.session import LaunchError, warm_up
+        try:
+            print(f"autotune.train warm-up: {warm_up(args[1])}", flush=True)
+            return 0
+        except LaunchError as exc:
+            print(_fail(exc), file=sys.stderr, flush=True)
+            return 3
     if len(args) == 2 and args[0] == "--serve":
         from autotune.train.serve import serve
         return serve(args[1], started, _run_one)
     if len(args) != 1:
-        print("usage: python -m autotune.train CONFIG_JSON | --serve POOL_DIR", file=sys.stderr)
+        print("usage: python -m autotune.train CONFIG_JSON | --serve POOL_DIR | --warm-up BACKEND",
+              file=sys.stderr)
         return 2
     return _run_one(args[0], None, started)[0]
 

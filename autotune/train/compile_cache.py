@@ -2,7 +2,9 @@
 that compiles the same graph.
 
 MindSpore 2.10 caches a compiled graph as ``<MS_COMPILER_CACHE_PATH>/rank_<r>/graph_cache/
-<role>compile_cache_<i>.mindir``: ``i`` counts the graphs the *process* has compiled so far, the
+<role>compile_cache_<i>.mindir`` (on Ascend with its backend's half beside it,
+``<role>backend_compile_cache_<i>.mindir``, ``.json`` and ``_backinfo.json``; every file of graph
+``i`` is stored and placed together): ``i`` counts the graphs the *process* has compiled so far, the
 folder is read once per process, and what it checks before loading is a hash of the entry
 script's source (``compile_dependency.hash``), not the graph — measured, a cached recompute=full
 graph ran in place of recompute=none, and graphs compiled in another order loaded each other's
@@ -76,7 +78,12 @@ NEUTRAL = {"study", "trial_number", "out_dir", "seed", "compile_cache", "model_d
            ("trial", "min_steps"), ("train", "learning_rate"), ("train", "total_steps"),
            ("train", "save_every")} | {("knobs", name) for name, knob in KNOBS.items() if knob.graphs == "none"}
 SAY = "autotune.train compile cache:"
-_SLOT = re.compile(r"^(?P<head>.*?)_(?P<index>\d+)(?P<tail>(\..*)?)$")
+# A file MindSpore writes for graph <index> of the process: the front end's
+# ``<role>compile_cache_<i>.mindir`` and, where a backend caches its kernel graph too (Ascend),
+# ``<role>backend_compile_cache_<i>`` + ``.mindir``, ``.json`` and ``_backinfo.json``
+# (compile_cache_manager.cc, GetBackendCompileCachePathWithoutExtension; kernel_graph_mgr.cc,
+# CacheKernelGraph): the index, then a suffix that starts with "." or "_".
+_SLOT = re.compile(r"^(?P<head>.*?)_(?P<index>\d+)(?P<tail>([._].*)?)$")
 
 
 # The knobs a graph without the optimizer update does not hold (`Knob.graphs` "update").

@@ -1,5 +1,5 @@
 """The device side of a trial's launch: the order of MindSpore's first calls, the device memory
-cap, and what a device holds at its peak.
+pool's settings, the chip, and what a trial's memory on a device is.
 
 Contract:
 
@@ -8,13 +8,19 @@ Contract:
 - :func:`serve_cluster` is all that msrun's scheduler role (``MS_ROLE=MS_SCHED``) runs: device
   target CPU, then ``communication.init()``, which serves the cluster; it never opens the trial's
   device (on GPU a context and a memory pool on the first device, the one rank 0 gets).
-- :func:`memory_cap` is the ``max_size`` a GPU/Ascend trial passes to
-  ``mindspore.runtime.set_memory`` before ``communication.init()`` (None on CPU, or when the
-  config names no device memory); :func:`reported_memory_warning` compares the size the device
-  reports with the profile's.
-- :func:`device_peak_mb` is the memory a device held at its peak: the pool's reserved peak
-  (``max_memory_reserved``: every block the pool took from the device, used or not) and, where the
-  vendor tool exists, its per-process reading (`autotune.train.device_smi`), the larger of the two.
+- :func:`memory_settings` are the arguments an accelerator's trial passes to
+  ``mindspore.runtime.set_memory`` before ``communication.init()``: ``max_size`` from the config's
+  ``device_memory`` section and the backend's ``increase_size`` (None on CPU, or when the config
+  names no device memory); :func:`reported_memory_warning` compares the size the device reports
+  with the profile's; :func:`chip_refusal` says why a backend does not run on this chip.
+- :class:`DeviceMemory` is what a trial's memory on a device is: the tensor bytes it allocated at
+  its peak beyond what was allocated before it built anything, plus the session's *overhead* —
+  what the device held outside MindSpore's pool (the vendor tool's reading less the pool's
+  reserved size), measured once, at the session's first trial. Not the pool's reserved peak: on GPU
+  ``runtime.empty_cache`` does nothing and a reset reserved peak restarts from the pool's size, so a
+  small trial after a big one in a warm pool would read the big one's; on Ascend without virtual
+  memory the pool takes its whole cap at start. The readings (reserved peak, the tool's with
+  whether the process was visible to it, the overhead) are kept beside it.
 
 docs/accelerators.md says where MindSpore 2.10's source states each of these.
 """
@@ -56,12 +62,27 @@ def serve_cluster() -> int:
     return 0
 
 
-def memory_cap(cfg: dict, device_target: str) -> str | None:
-    """``set_memory``'s ``max_size`` for this trial ("57.6GB"), None on CPU or without a size."""
+def memory_settings(cfg: dict, backend) -> dict | None:
+    """``set_memory``'s arguments for this trial (``max_size`` "57.6GB", the backend's
+    ``increase_size``), None off the accelerators or without a size."""
     section = cfg.get(DEVICE_MEMORY) or {}
-    if device_target == "CPU" or not section.get("max_size_gb"):
+    if not backend.accelerator or not section.get("max_size_gb"):
         return None
-    return f"{float(section['max_size_gb']):.2f}GB".replace(".00GB", "GB")
+    settings = {"max_size": f"{float(section['max_size_gb']):.2f}GB".replace(".00GB", "GB")}
+    if backend.pool_increase:
+        settings["increase_size"] = backend.pool_increase
+    return settings
+
+
+def chip_refusal(ms, backend) -> str | None:
+    """Why ``backend`` does not run on this process's chip (MindSpore's ``ascend_soc_version``,
+    read once the device is up), or None when it does."""
+    if not backend.chips:
+        return None
+    chip = ms._c_expression.MSContext.get_instance().get_ascend_soc_version()
+    if chip in backend.chips:
+        return None
+    return f"chip {chip or 'unknown'!r}: {backend.chip_refusal}"
 
 
 def reported_memory_warning(cfg: dict, total_bytes: int | None) -> str | None:
@@ -87,18 +108,38 @@ def device_total_bytes(ms) -> int | None:
         return None
 
 
-def reset_device_peak(ms) -> None:
-    """Restart the pool's peak statistics (allocated and reserved)."""
-    ms.runtime.reset_max_memory_allocated()
-    ms.runtime.reset_max_memory_reserved()
+MIB = 2**20
 
 
-def device_peak_mb(ms, device_target: str, pid: int) -> dict:
-    """This rank's device memory at its peak, MiB: ``reserved`` (the pool's peak),
-    ``allocated`` (tensor bytes, for the record), ``smi`` (the vendor tool's reading for ``pid``
-    now, None without the tool) and ``peak`` = the larger of reserved and smi."""
-    reserved = ms.runtime.max_memory_reserved() / 2**20
-    allocated = ms.runtime.max_memory_allocated() / 2**20
-    smi = device_smi.process_memory_mb(device_target, pid)
-    return {"reserved": reserved, "allocated": allocated, "smi": smi,
-            "peak": max(reserved, smi or 0.0)}
+class DeviceMemory:
+    """One process's device memory across the trials of its session (see the module doc)."""
+
+    def __init__(self, ms, backend, pid: int):
+        self.ms, self.backend, self.pid = ms, backend, pid
+        self.overhead_mb: float | None = None  # measured at the session's first trial
+        self.overhead_seen = ""                # ... and whether the tool saw the process then
+        self.base = 0                          # bytes allocated before the trial built anything
+
+    def trial_starts(self) -> None:
+        """Before the trial builds its model: what earlier trials left allocated is not its."""
+        self.base = self.ms.runtime.memory_allocated()
+
+    def reset_peak(self) -> None:
+        """Restart the pool's peak statistics (allocated and reserved)."""
+        self.ms.runtime.reset_max_memory_allocated()
+        self.ms.runtime.reset_max_memory_reserved()
+
+    def peak(self) -> dict:
+        """This rank's trial at its peak, MiB: ``peak`` = ``allocated`` (the trial's tensors at
+        their peak) + ``overhead``; ``reserved`` (the pool's peak), ``smi`` and ``smi_seen`` (the
+        vendor tool's reading now, `autotune.train.device_smi`) for the record."""
+        runtime = self.ms.runtime
+        allocated = max(0.0, (runtime.max_memory_allocated() - self.base) / MIB)
+        reserved = runtime.max_memory_reserved() / MIB
+        reading = device_smi.process_memory(self.backend, self.pid)
+        if self.overhead_mb is None:
+            outside = reading.mb - runtime.memory_reserved() / MIB if reading.mb is not None else 0.0
+            self.overhead_mb, self.overhead_seen = max(0.0, outside), reading.seen
+        return {"peak": allocated + self.overhead_mb, "allocated": allocated, "reserved": reserved,
+                "smi": reading.mb, "smi_seen": reading.seen, "overhead": self.overhead_mb,
+                "overhead_seen": self.overhead_seen}

@@ -1,21 +1,32 @@
-"""A process's device memory as the vendor tool reports it: ``nvidia-smi`` (GPU), ``npu-smi``
-(Ascend).
+"""A process's device memory as the vendor tool reports it (``nvidia-smi`` on GPU, ``npu-smi`` on
+Ascend: the backend's ``memory_tool``, `autotune.spec.backends`).
 
-Contract: :func:`process_memory_mb` returns the MiB the tool lists for ``pid`` (summed over its
-devices), or None when the tool is missing, fails, times out or does not list the process. The
-parsers are separate (:func:`parse_nvidia_smi`, :func:`parse_npu_smi`) so their formats are tested
-without the tools (docs/accelerators.md, "Peak memory"). It includes what MindSpore's pool does not
-count: the CUDA/CANN context and the communicator buffers.
+Contract: :func:`process_memory` returns a :class:`Reading`: the MiB the tool lists for ``pid``
+(summed over its devices) and whether the process was visible to the tool — ``read`` (listed),
+``not listed`` (the tool ran and listed other processes or none: the tools list *host* PIDs, so
+inside a container's PID namespace a worker's own pid is never among them), or ``no tool``
+(missing, failed, timed out). The parsers are separate (:func:`parse_nvidia_smi`,
+:func:`parse_npu_smi`) so their formats are tested without the tools (docs/accelerators.md,
+"Peak memory"). A reading includes what MindSpore's pool does not count: the CUDA/CANN context
+and the communicator buffers.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import dataclass
 
-NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
-NPU_SMI = ("npu-smi", "info")
 TIMEOUT_S = 10
+READ, NOT_LISTED, NO_TOOL = "read", "not listed", "no tool"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The tool's reading for one process: ``mb`` (None unless ``seen`` is ``read``)."""
+
+    mb: float | None
+    seen: str
 
 
 def parse_nvidia_smi(text: str, pid: int) -> float | None:
@@ -39,14 +50,19 @@ def parse_npu_smi(text: str, pid: int) -> float | None:
     return total if seen else None
 
 
-def process_memory_mb(device_target: str, pid: int) -> float | None:
-    """The vendor tool's reading for ``pid`` on ``device_target`` (see the module doc)."""
-    command, parse = {"GPU": (NVIDIA_SMI, parse_nvidia_smi),
-                      "Ascend": (NPU_SMI, parse_npu_smi)}.get(device_target, (None, None))
-    if command is None or shutil.which(command[0]) is None:
-        return None
+PARSERS = {"csv": parse_nvidia_smi, "table": parse_npu_smi}
+
+
+def process_memory(backend, pid: int) -> Reading:
+    """The vendor tool's reading for ``pid`` on ``backend`` (see the module doc)."""
+    command = backend.memory_tool
+    if not command or shutil.which(command[0]) is None:
+        return Reading(None, NO_TOOL)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(list(command), capture_output=True, text=True, timeout=TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
-        return None
-    return parse(done.stdout, pid) if done.returncode == 0 else None
+        return Reading(None, NO_TOOL)
+    if done.returncode != 0:
+        return Reading(None, NO_TOOL)
+    mb = PARSERS[backend.memory_tool_format](done.stdout, pid)
+    return Reading(mb, NOT_LISTED if mb is None else READ)

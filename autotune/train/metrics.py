@@ -63,10 +63,10 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 - ``measurement``: the version of these rules (`MEASUREMENT`) that measured the numbers.
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
-  "device"; on GPU/Ascend what the device held (`autotune.train.device.device_peak_mb`: the
-  pool's reserved peak, or the vendor tool's per-process reading if larger), never host RSS,
-  which says nothing about device memory; ``final_loss_scale``: the scaler's value after the last
-  step.
+  "device"; on GPU/Ascend the trial's own (`autotune.train.device.DeviceMemory`: its tensors at
+  their peak beyond what was allocated before it, plus what the device holds outside MindSpore's
+  pool, measured once per process), never host RSS, which says nothing about device memory;
+  ``final_loss_scale``: the scaler's value after the last step.
 """
 
 import functools

@@ -64,8 +64,10 @@ its launcher while it probes, leaves ``underflow_share`` null with the reason an
 
 Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 `autotune.train.metrics`), and on every rank ``metrics.rank<r>.json`` with that rank's peak
-memory (read before the probe; on GPU/Ascend also ``device_reserved_mb``, ``device_allocated_mb``
-and ``device_smi_mb``, `autotune.train.device.device_peak_mb`; ``leftover_mb``, what earlier
+memory (read before the probe; on GPU/Ascend the trial's allocated peak plus the session's
+overhead, with ``device_allocated_mb``, ``device_overhead_mb`` (``device_overhead_seen``: whether
+the vendor tool saw the process when it was measured), ``device_reserved_mb``, ``device_smi_mb``
+and ``device_smi_seen``, `autotune.train.device.DeviceMemory`; ``leftover_mb``, what earlier
 trials of a warm worker left resident, taken off the CPU peak), a sha256 of its final weights
 (the ranks of a dp group must agree) and ``probe_s``, the wall time of the underflow
 measurement (bound, and probe where it ran).
@@ -84,7 +86,6 @@ from autotune.train import CANDIDATE_STARTED
 from autotune.train import compile_cache
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError, micro_steps
-from autotune.train.device import device_peak_mb, reset_device_peak
 from autotune.train.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
 
 
@@ -254,6 +255,8 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     from autotune.train import checkpoint
     from autotune.train.engine import build_engine
 
+    if session.memory is not None:
+        session.memory.trial_starts()
     placement = session.place(cfg["knobs"])
     print(f"{CANDIDATE_STARTED}: rank {placement.rank} of {placement.world}", file=sys.stderr,
           flush=True)
@@ -268,8 +271,8 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     # the peak counts what training adds to the built model, not the full tensors drawn to slice
     # it (on a device the pool keeps what it reserved: its reserved peak includes the model)
     backend = session.backend
-    if backend.device_memory:
-        reset_device_peak(ms)
+    if session.memory is not None:
+        session.memory.reset_peak()
     else:
         metrics_mod.reset_peak_memory()
     out_dir = cfg["out_dir"]
@@ -317,7 +320,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     log.close()
 
     # training's peak: before the probe builds anything
-    held = device_peak_mb(ms, backend.device_target, os.getpid()) if backend.device_memory else {}
+    held = session.memory.peak() if session.memory is not None else {}
     own_peak = held["peak"] if held else metrics_mod.peak_memory_mb() - leftover_mb
     world = placement.world
     peak = _max_over_ranks(own_peak, rank, world) if world > 1 else own_peak
@@ -351,7 +354,8 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
         "peak_memory_mb": own_peak, "leftover_mb": leftover_mb, "weights_sha256": digest(engine.network),
-        **{f"device_{k}_mb": v for k, v in held.items() if k != "peak"},
+        **{f"device_{k}" + ("" if k.endswith("_seen") else "_mb"): v
+           for k, v in held.items() if k != "peak"},
         "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"], "probe_s": probe_s})
     cache = session.cache
     if cache is not None and cache.key is not None:

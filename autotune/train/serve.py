@@ -88,17 +88,19 @@ class _Logs:
             os.close(saved)
 
 
-def release(ms) -> None:
+def release(session) -> None:
     """Free what the last trial held before the next one is measured: its cells and graphs
     (MindSpore's ``ms_memory_recycle``), the host allocator's free pages (``malloc_trim``) and,
-    on a device, the memory pool's cached blocks (``runtime.empty_cache``). What outlives that
+    on a backend whose pool can give them back (``Backend.empties_pool``: Ascend), the memory
+    pool's cached blocks (``runtime.empty_cache``). What outlives that
     (MindSpore's modules and caches, the session) is frozen out of the garbage collector's
     walks (``gc.freeze``): a collection then walks only what the next trial makes — measured,
     ~30 ms a full collection over MindSpore's 164,000 objects, none once frozen
     (docs/mindspore-cpu.md, "Warm workers")."""
+    ms = session.ms
     gc.collect()
     ms.ms_memory_recycle()
-    if ms.get_context("device_target") != "CPU":
+    if session.backend.empties_pool:
         ms.runtime.empty_cache()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -131,7 +133,7 @@ def serve(pool_dir: str, process_started: float, run_one) -> int:
         if code:
             _write_whole(os.path.join(pool_dir, f"done.{number}.{rank}"), {"code": code})
             return code
-        release(session.ms)
+        release(session)
         resident = resident_mb()
         settled = resident if settled is None else settled
         _write_whole(os.path.join(pool_dir, f"done.{number}.{rank}"),
