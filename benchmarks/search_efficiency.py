@@ -28,7 +28,11 @@ gets no noise. A structurally wrong family is **admitted** when the cost model's
 trusting the prior would lose; the others are reported but not judged.
 
 ``--real TABLE.csv MODEL.yaml`` adds a table measured on this machine (no noise added: it is a
-measurement) as one more family of the space MODEL.yaml describes.
+measurement) as one more family of the space MODEL.yaml describes, replayed with the CPU's device
+profile (``cluster.device: cpu``: the prior a study of MODEL.yaml on this machine has). Its
+candidates have several rows (runs), each run of a candidate takes the next, and a run is scored
+by its candidate's mean over its rows against the best candidate's mean: a lucky row is not the
+optimum, and finding the best candidate on an unlucky row still counts as finding it.
 
 Each study is a real `autotune.study.run.run_study` on backend replay (in-memory Optuna
 storage): the baseline first, then the sampler; infeasible proposals are recorded without a
@@ -169,18 +173,32 @@ def oracle(rows, clean, optimum: float) -> dict:
     return score([noisy[c] for c in ranked[:max(CHECKPOINTS)]], optimum)
 
 
-def runs_of(study) -> list[float]:
-    """Goodput of each run of ``study`` in order (0 for a run that was not ok)."""
+def runs_of(study, means: dict | None = None) -> list[float]:
+    """Goodput of each run of ``study`` in order (0 for a run that was not ok); with ``means``
+    (a real table's: :func:`candidate_means`), its candidate's mean instead."""
     from autotune.storage.counting import counted
-    from autotune.storage.schema import outcome_of
+    from autotune.storage.schema import knobs_of, outcome_of
 
-    ran = [t for t in study.get_trials(deepcopy=False)
-           if counted(t) and outcome_of(t) != "infeasible"]
-    return [t.values[0] if t.values else 0.0 for t in sorted(ran, key=lambda t: t.number)]
+    ran = sorted((t for t in study.get_trials(deepcopy=False)
+                  if counted(t) and outcome_of(t) != "infeasible"), key=lambda t: t.number)
+    if means is None:
+        return [t.values[0] if t.values else 0.0 for t in ran]
+    columns, mean_of = means
+    return [mean_of.get(tuple(knobs_of(t)[name] for name in columns), 0.0) if t.values else 0.0
+            for t in ran]
+
+
+def candidate_means(table) -> tuple:
+    """``(knob columns, {their values: mean goodput over the candidate's rows})`` of a loaded
+    replay table (`autotune.execution.replay.ReplayTable`), for its candidates whose every row
+    is ok."""
+    return table.knobs, {key: statistics.mean(r.metrics["goodput"] for r in found)
+                         for key, found in table.rows.items()
+                         if all(r.outcome == "ok" for r in found)}
 
 
 def one_study(model: Path, table: Path, sampler: str, seed: int, runs: int,
-              overrides: dict) -> list[float]:
+              overrides: dict, means: dict | None = None) -> list[float]:
     """The goodput of the first ``runs`` runs of a replay study of ``model`` on ``table``."""
     import optuna
     from rich.console import Console
@@ -201,7 +219,7 @@ def one_study(model: Path, table: Path, sampler: str, seed: int, runs: int,
         study = run_study(spec, space, storage=storage, study_name="bench", n_trials=trials,
                           resume=trials > runs, artifacts=Path(tempfile.gettempdir()),
                           progress=quiet, confirm_top=0)
-        ran = runs_of(study)
+        ran = runs_of(study, means)
         trials += runs - len(ran)
     return ran[:runs]
 
@@ -213,8 +231,9 @@ def score(ran: list[float], optimum: float) -> dict:
 
 
 def _task(args) -> tuple:
-    key, model, table, optimum, sampler, seed, runs, overrides = args
-    return key, sampler, score(one_study(model, table, sampler, seed, runs, overrides), optimum)
+    key, model, table, optimum, sampler, seed, runs, overrides, *means = args
+    return key, sampler, score(one_study(model, table, sampler, seed, runs, overrides, *means),
+                               optimum)
 
 
 def _select(wanted: list[str]) -> list[str]:
@@ -270,16 +289,16 @@ def main() -> None:
                     tasks += [((name, family), SPACES[name], table, optimum, s, seed, args.runs,
                                fixed) for s in args.samplers]
         for table, model in args.real:
-            spec = load_spec(Path(model), {"cluster.backend": "replay",
+            on_cpu = {"cluster.device": "cpu"}
+            spec = load_spec(Path(model), {"cluster.backend": "replay", **on_cpu,
                                            "cluster.replay": str(Path(table).resolve())})
             from autotune.execution.replay import load_table
-            rows = load_table(spec, build_space(spec))
-            optimum = max(r.metrics.get("goodput") or 0 for found in rows.rows.values()
-                          for r in found)
+            means = candidate_means(load_table(spec, build_space(spec)))
+            optimum = max(means[1].values())
             key = (Path(model).stem, f"real:{Path(table).name}")
             info[key] = (float("nan"), True)
             tasks += [(key, Path(model).resolve(), Path(table).resolve(), optimum, s, seed,
-                       args.runs, {}) for seed in seeds for s in args.samplers]
+                       args.runs, on_cpu, means) for seed in seeds for s in args.samplers]
         print(f"{len(tasks)} studies on {args.jobs} processes", flush=True)
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             for key, sampler, scored in pool.imap_unordered(_task, tasks, chunksize=4):
