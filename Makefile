@@ -26,7 +26,7 @@ $(MF_STAMP): tests/mindformers/requirements.txt
 	$(MF_VENV)/bin/pip install --quiet -r tests/mindformers/requirements.txt
 	touch $(MF_STAMP)
 
-# The quickstart: ~8 real MindSpore trials on this machine's CPU, a new study each run.
+# The quickstart: 6 real MindSpore trials and the confirm phase on this machine's CPU (examples/quickstart.yaml), a new study each run.
 search: $(STAMP)
 	$(BIN)/autotune search examples/quickstart.yaml --study quickstart-$$(date +%Y%m%d-%H%M%S)
 

@@ -2,7 +2,7 @@
 all-reduces `benchmarks/collectives_cpu.py` fits the cost model to.
 
 Launches two pinned msrun workers on this file in worker mode. Each builds, in GRAPH_MODE, a
-Cell of 13 dependent (rows × 128) @ (128 × 128) matmuls — the quickstart model's shapes — once
+Cell of 13 dependent (rows × 128) @ (128 × 128) matmuls — the tiny GPT model's shapes — once
 plain and once with an all-reduce over a 2-rank group after every matmul (as a tensor-parallel
 layer has), and times both (median of 40 calls after warm-up); the difference over 13 is one
 all-reduce in a graph, per dtype.
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MATMULS = 13  # the quickstart transformer's tensor-parallel all-reduces per micro-batch
+MATMULS = 13  # the tiny GPT transformer's tensor-parallel all-reduces per micro-batch
 
 
 def worker(out: Path, rows: int) -> None:

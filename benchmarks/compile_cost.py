@@ -1,4 +1,4 @@
-"""What a new step graph costs to compile: the quickstart's training step, built and compiled
+"""What a new step graph costs to compile: the tiny GPT's training step, built and compiled
 over and over in one process (as a warm worker compiles trial after trial), each way of writing
 it side by side.
 
@@ -15,8 +15,8 @@ optimizer and step cells, so every one is a miss:
 
 Prints, per way, the median seconds of its first call (compile of every graph plus one step) and
 of a second call (one step), over ``--rounds`` rounds. ``--layers N`` builds the model with N
-layers instead of the quickstart's; ``--jit-level`` compiles at another level than the
-quickstart's O1; ``--compile-config NAME=VALUE`` sets MindSpore's
+layers instead of the tiny GPT's; ``--jit-level`` compiles at another level than the
+tiny GPT's O1; ``--compile-config NAME=VALUE`` sets MindSpore's
 ``mindspore.graph._parse.compile_config`` before the first compile (``COMPILE_PROFILE=1``: MindSpore
 prints each compile phase's seconds on stdout); ``--lazy-inline`` decorates the transformer block
 with MindSpore's ``@lazy_inline`` (compile a repeated layer once).
@@ -64,7 +64,7 @@ def main() -> None:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     session.numpy2_workaround(ms)
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml")
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml")
     model = spec.model.as_config()
     if args.layers:
         model["num_layers"] = args.layers
@@ -121,7 +121,7 @@ def main() -> None:
             second[way].append(time.perf_counter() - compiled)
             print(f"    round {round_} {way}: first call {first[way][-1]:.2f} s", file=sys.stderr, flush=True)
     step.zero_counts = hyper_map_counts
-    print(f"\nthe quickstart's step graphs ({model['num_layers']} layers, one dp2 shard, float16, "
+    print(f"\nthe tiny GPT's step graphs ({model['num_layers']} layers, one dp2 shard, float16, "
           f"{args.jit_level}), compiled in one process; median of {args.rounds} rounds\n")
     print(f"{'way':>36} | first call s (compile + step) | second call s (a step)")
     print("-" * 92)

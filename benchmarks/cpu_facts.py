@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# SMALL is quickstart-sized (host overhead dominates); MEDIUM is compute-bound.
+# SMALL is tiny-GPT-sized (host overhead dominates); MEDIUM is compute-bound.
 SMALL = {"rows": 256, "layers": 2, "hidden": 64, "ffn": 256, "classes": 256}
 MEDIUM = {"rows": 1024, "layers": 8, "hidden": 256, "ffn": 1024, "classes": 256}
 SMALL_SIZE, SMALL_STEPS = 256 * 64, 100  # a model this small is timed over at least 100 steps

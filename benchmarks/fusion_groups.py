@@ -50,7 +50,7 @@ def count_reducer_allreduces(ir_dir: Path) -> tuple[int, set]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "quickstart.yaml"))
+    parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "tiny_gpt.yaml"))
     parser.add_argument("--thresholds", type=int, nargs="+", default=[1, 4, 64])
     args = parser.parse_args()
     table = Table(title="gradient all-reduces per step after MindSpore's comm_fusion (rank 0)")

@@ -37,7 +37,7 @@ from autotune.train.config import trial_config  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "quickstart.yaml"))
+    parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "tiny_gpt.yaml"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()

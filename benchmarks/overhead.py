@@ -1,6 +1,6 @@
 """What autotune adds to a trial's time: bare MindSpore run vs runner vs full search dispatch.
 
-Runs the same candidates (the quickstart model, fusion_mb 1/16/256, other knobs at their
+Runs the same candidates (the tiny GPT model, fusion_mb 1/16/256, other knobs at their
 baseline) three ways, side by side in one process so machine noise hits all alike:
 
 - bare:       the trial program launched by hand (``msrun`` with 2 workers), as a user would;
@@ -13,7 +13,7 @@ baseline) three ways, side by side in one process so machine noise hits all alik
 
 ``--driver`` measures the driver instead — its own time per trial, split into its parts (ask,
 prior, feasibility, submit, tell/record, sync), and the SQL it issues — on two studies without
-MindSpore: the quickstart replayed (backend ``replay``, a table of every feasible quickstart
+MindSpore: the tiny GPT replayed (backend ``replay``, a table of every feasible tiny GPT
 candidate, :func:`replay_table`: the same proposer, prior, recorder and storage as the real
 study) and the 64-device LLaMA-7B ``simulate`` example. ``--before REV`` runs the same studies
 with the ``autotune`` package of git revision REV too, each study in a fresh process, the two
@@ -78,7 +78,7 @@ def trial_main(rounds: int, steps: int) -> None:
 
     fixed = {"fusion_mb": FUSION, "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 100,
              "jit_level": "O1", "recompute": "none"}
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml",
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"trial.steps": steps, "search.sampler": "grid", "search.objectives": ["goodput"]})
     space = build_space(spec, fixed)
     candidates = list(space.candidates())
@@ -141,7 +141,7 @@ WIDE = {"cluster.backend": "replay", "search.space.fusion_mb": {"low": 1, "high"
         "search.space.micro_batches": [4, 8, 16, 32, 64], "search.space.grad_accum": [1, 2, 4, 8, 16],
         "search.space.pp": [1, 2, 4, 8], "search.space.jit_level": "O1"}
 DRIVER_STUDIES = {  # name → (model.yaml, overrides); replayed ones read a table
-    "quickstart": ("quickstart.yaml", {"cluster.backend": "replay", "cluster.device": "cpu"}),
+    "tiny-gpt": ("tiny_gpt.yaml", {"cluster.backend": "replay", "cluster.device": "cpu"}),
     "llama7b-64": ("llama7b_64dev_simulate.yaml", {}),
     "llama7b-64-wide": ("llama7b_64dev_simulate.yaml", WIDE),
 }
@@ -161,7 +161,7 @@ ROWS = (*PARTS, "other", "total", "cpu")
 
 
 def replay_table(path: Path) -> Path:
-    """The quickstart's candidates as a replay table: every feasible one, two runs each (so the
+    """The tiny GPT's candidates as a replay table: every feasible one, two runs each (so the
     study ends with its confirm phase, as the real one does), goodput the cost model's CPU
     estimate × a seeded ±30 %, a final loss that prefers a mid loss scale and warmup."""
     import csv
@@ -173,7 +173,7 @@ def replay_table(path: Path) -> Path:
     from autotune.spec.model_yaml import load_spec
     from autotune.spec.space import build_space
 
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml", {"cluster.device": "cpu"})
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml", {"cluster.device": "cpu"})
     rng = random.Random(0)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -340,7 +340,7 @@ def _tree_of(rev: str, work: Path) -> Path:
 def driver_main(args) -> None:
     """Both studies under each tree, interleaved round by round; prints the table."""
     work = Path(tempfile.mkdtemp(prefix="autotune-driver-"))
-    tables = {"quickstart": replay_table(work / "quickstart.csv"),
+    tables = {"tiny-gpt": replay_table(work / "tiny-gpt.csv"),
               "llama7b-64-wide": wide_table(work / "llama7b-wide.csv")}
     trees = {"after": ROOT}
     if args.before:

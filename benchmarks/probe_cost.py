@@ -1,6 +1,6 @@
 """What measuring ``underflow_share`` costs a trial: the probe on every trial vs the bound's rule.
 
-Runs the quickstart's trials — the baseline (dp2) and one per other layout (tp2, pp2), as a study
+Runs the tiny GPT's trials — the baseline (dp2) and one per other layout (tp2, pp2), as a study
 opens, at the baseline's loss scale — and the baseline at the low ``--low-scales`` (where float16
 really flushes gradients), each under every variant, interleaved over ``--rounds`` so machine
 noise hits them alike:
@@ -109,7 +109,7 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
                               make_optimizer(list(params), 0.0), state, scaling=True,
                               parallel=step.Parallelism(), weights=params)
         cell.set_train()
-        cell.set_jit_config(ms.JitConfig(jit_level="O1"))  # as the quickstart's trials run
+        cell.set_jit_config(ms.JitConfig(jit_level="O1"))  # as the tiny GPT's trials run
         cells[f"training step, zero counts {'on' if counted else 'off'}"] = cell
 
     class ZeroCounts(nn.Cell):
@@ -198,7 +198,7 @@ def main() -> int:
         allreduce_worker(Path(sys.argv[2]), int(sys.argv[3]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "quickstart.yaml"))
+    parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "tiny_gpt.yaml"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--old-tree", type=Path, help="a checkout of the program before the bound")
     parser.add_argument("--low-scales", type=float, nargs="*", default=[1.0, 2.0 ** -4, 2.0 ** -8])

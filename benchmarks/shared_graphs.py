@@ -2,7 +2,7 @@
 threshold or the parallel optimizer are the same graphs (docs/mindspore-cpu.md, "Compile cache"),
 what lets such trials share them (`autotune.train.compile_cache`, `Knob.graphs`).
 
-The quickstart's dp2 trial with gradient accumulation 2 compiles two graphs: the accumulate
+The tiny GPT's dp2 trial with gradient accumulation 2 compiles two graphs: the accumulate
 graph (forward + backward, `autotune.train.step.AccumulateStep`) and the update
 (`ApplyStep`: the DP all-reduce, the optimizer). Each candidate below runs as a fresh trial with a
 compile cache of its own (so nothing loads), and each graph MindSpore stored is read back as
@@ -88,7 +88,7 @@ def allreduces(ir_dir: Path) -> int:
 
 
 def main() -> None:
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml")
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml")
     reference = replace(build_space(spec).baseline(), grad_accum=2)  # dp2, fusion 64
     runs = {"reference (fusion 64)": (reference, 0), "reference again": (reference, 1),
             "fusion 1": (replace(reference, fusion_mb=1), 2),
@@ -116,7 +116,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     first = rows[next(iter(runs))][0]
-    print("\nthe quickstart's dp2 trial with accumulation 2 (8 steps), each graph against the "
+    print("\nthe tiny GPT's dp2 trial with accumulation 2 (8 steps), each graph against the "
           "reference's (canonical MindIR: node counters out)\n")
     print(f"{'run':>28} | accumulate graph | update graph | AllReduce nodes | graphs loaded | last loss")
     print("-" * 104)

@@ -1,4 +1,4 @@
-"""What a trial costs beside what it measures: the quickstart's dp2, tp2 and pp2 trials (and dp2
+"""What a trial costs beside what it measures: the tiny GPT's dp2, tp2 and pp2 trials (and dp2
 at another fusion threshold) with each lever off and on, side by side.
 
 Levers (each a column group of the table, the rounds interleaved so machine noise hits all):
@@ -11,11 +11,11 @@ Levers (each a column group of the table, the rounds interleaved so machine nois
                 dp2 trial at fusion 1 loads the dp2 trial's graphs in every round (no graph
                 holds the fusion threshold: what a search candidate that differs in it sees).
 
-Every trial is the quickstart's (examples/quickstart.yaml: 30 steps, 5 excluded from timing),
+Every trial is the tiny GPT's (examples/tiny_gpt.yaml: 30 steps, 5 excluded from timing),
 its time split as the study stores it (autotune.jobs.TIME_PARTS). Prints one row per trial run
 and, per lever, the median trial's fixed time (run − measured steps) ÷ its measured steps and
 the total seconds. ``--stop-rule`` gives every trial the stop rule of a study without
-final_loss (the quickstart has it, so its trials run every step): ``trial.precision`` and
+final_loss (the tiny GPT has it, so its trials run every step): ``trial.precision`` and
 ``min_steps`` at their defaults.
 
     python benchmarks/trial_cost.py [--rounds 2] [--levers fresh warm warm+cache] [--stop-rule]
@@ -48,7 +48,7 @@ SHORT = {"launch_s": "launch", "init_s": "init", "first_step_s": "first", "exclu
 
 
 def candidates(spec):
-    baseline = build_space(spec).baseline()  # dp2, as the quickstart study starts
+    baseline = build_space(spec).baseline()  # dp2, as the tiny GPT study starts
     return {"dp2": baseline, "dp2 f1": replace(baseline, fusion_mb=1),
             "tp2": replace(baseline, dp=1, tp=2), "pp2": replace(baseline, dp=1, pp=2, micro_batches=2)}
 
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--stop-rule", action="store_true",
                         help="trials of a study without final_loss (the stop rule)")
     args = parser.parse_args()
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml",
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"search.objectives": ["goodput"]} if args.stop_rule else None)
     work = Path(tempfile.mkdtemp(prefix="autotune-trial-cost-"))
     pools = {lever: WarmPool(work / f"pool-{lever}", 2) for lever in args.levers if lever != "fresh"}
@@ -92,7 +92,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     rule = f", stop rule {spec.stop_rule()}" if spec.stop_rule() else ""
-    print(f"\nquickstart trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded"
+    print(f"\ntiny GPT trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded"
           f"{rule}), seconds; fixed = run − measured steps\n")
     header = " | ".join(f"{SHORT[p]:>6}" for p in TIME_PARTS)
     print(f"{'lever':>10} | {'rd':>2} | {'trial':>6} | {header} | {'run':>6} | {'fixed':>6} | fixed/steps")

@@ -1,7 +1,7 @@
 """What a process that trains one model after another keeps between them (docs/mindspore-cpu.md,
 "Warm workers").
 
-The quickstart's model (one process, dp1) trained N times in one process through the trial
+The tiny GPT's model (one process, dp1) trained N times in one process through the trial
 program's own calls (`autotune.train.program.run_trial` in one session), freed between trials as
 a warm worker frees them (`autotune.train.serve.release`), against one trial in a fresh
 process. Prints per trial: the resident set before it, its raw peak (VmHWM after the reset the
@@ -39,7 +39,7 @@ def trials(accumulations: list[int], batch: int | None, folder: Path) -> list[di
     from autotune.train.metrics import resident_mb
     from autotune.train.serve import release
 
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml",
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"train.global_batch_size": batch} if batch else None)
     candidate = replace(build_space(spec).baseline(), dp=1)
     session, settled, rows = None, None, []
@@ -66,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--accumulations", help="e.g. 1,8: trials of these accumulations in turn")
-    parser.add_argument("--batch", type=int, help="the global batch (default: the quickstart's)")
+    parser.add_argument("--batch", type=int, help="the global batch (default: the tiny GPT's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     batch = ["--batch", str(args.batch)] if args.batch else []
@@ -85,7 +85,7 @@ def main() -> None:
                     else [1] * args.trials)
         fresh = {a: child([a])[0]["raw_peak"] for a in sorted(set(sequence))}
         warm = child(sequence)
-    print(f"\nquickstart model, one process (MB); a fresh process's trial peaks at "
+    print(f"\ntiny GPT model, one process (MB); a fresh process's trial peaks at "
           + ", ".join(f"{peak:.0f} (accumulation {a})" for a, peak in fresh.items()) + "\n")
     print(f"{'trial':>5} | {'accum':>5} | {'before':>6} | {'raw peak':>8} | {'released':>8} | "
           f"{'peak less leftover':>18} | vs fresh | release ms")

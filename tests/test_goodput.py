@@ -90,7 +90,7 @@ QUICKSTART = {"num_layers": 2, "hidden_size": 128, "num_heads": 4, "ffn_hidden_s
 
 @pytest.mark.slow
 def test_the_probe_runs_where_float16_flushes_gradients_and_the_bound_stands_in_elsewhere(tmp_path):
-    """The quickstart model on a dp2 shard (16 samples), under the bound's rule ("auto") and the
+    """The tiny GPT model on a dp2 shard (16 samples), under the bound's rule ("auto") and the
     old one (the probe after every trial, "always"). At a loss scale of 2^-8 float16 flushes ~2 %
     of the gradients: the bound is above SKIP_BELOW, the probe runs and underflow_share is the old
     rule's. At 1 the share is ~1e-4: the probe is skipped and the bound stands in, within

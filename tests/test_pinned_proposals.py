@@ -1,8 +1,8 @@
 """The same seed proposes the same candidates in the same order: every trial of four studies —
-the quickstart replayed from a table (it runs on this CPU otherwise) and the 64-device LLaMA-7B
+the tiny GPT replayed from a table (it runs on this CPU otherwise) and the 64-device LLaMA-7B
 simulate example, each with sampler ``auto`` and ``tpe`` — against what they stored when this
 was pinned (tests/fixtures/pinned_proposals.json): params, knobs, outcome, values and role, in
-trial order, the quickstart's confirm phase included. A change to how the driver stores or
+trial order, the tiny GPT's confirm phase included. A change to how the driver stores or
 reads trials (issue 19: the driver stays light) must leave all of it as it was.
 
 A change meant to propose otherwise (the cost model, the prior, a sampler) regenerates the file
@@ -22,13 +22,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = ROOT / "tests" / "fixtures" / "pinned_proposals.json"
-STUDIES = [("quickstart", "auto"), ("quickstart", "tpe"), ("llama7b-64", "auto"),
+STUDIES = [("tiny-gpt", "auto"), ("tiny-gpt", "tpe"), ("llama7b-64", "auto"),
            ("llama7b-64", "tpe")]
 ROLES = ("baseline", "repeat_of", "confirm_of", "retry_of", "proposed_by")
 
 
 def _table(spec, path: Path) -> None:
-    """A replay table of the quickstart's space that owes nothing to the cost model: goodput
+    """A replay table of the tiny GPT's space that owes nothing to the cost model: goodput
     and loss from the knobs alone, two runs per candidate (so a confirm phase runs), and some
     candidates missing (so some proposals are infeasible) or out of memory."""
     from autotune.spec.knobs import KNOB_NAMES
@@ -56,12 +56,12 @@ def run(which: str, sampler: str, folder: Path) -> list[dict]:
     """Run one of :data:`STUDIES` in ``folder``; every trial as the pin compares it."""
     from autotune.cli import main
 
-    source = {"quickstart": "quickstart.yaml", "llama7b-64": "llama7b_64dev_simulate.yaml"}[which]
+    source = {"tiny-gpt": "tiny_gpt.yaml", "llama7b-64": "llama7b_64dev_simulate.yaml"}[which]
     data = yaml.safe_load((ROOT / "examples" / source).read_text())
-    if which == "quickstart":
+    if which == "tiny-gpt":
         data["cluster"].update(backend="replay", replay="table.csv", device="cpu")
     (folder / "model.yaml").write_text(yaml.safe_dump(data))
-    if which == "quickstart":
+    if which == "tiny-gpt":
         from autotune.spec.model_yaml import load_spec
 
         _table(load_spec(folder / "model.yaml"), folder / "table.csv")

@@ -31,7 +31,7 @@ PEAK_NOISE = 0.08  # warm against fresh; docs/mindspore-cpu.md ("Warm workers") 
 
 
 def _spec():
-    return load_spec(ROOT / "examples" / "quickstart.yaml", {"trial.steps": 8, "trial.measure_after": 2})
+    return load_spec(ROOT / "examples" / "tiny_gpt.yaml", {"trial.steps": 8, "trial.measure_after": 2})
 
 
 def _config(folder: Path, candidate: Candidate, cache: Path | None = None, steps: int = 8,
@@ -46,7 +46,7 @@ def _config(folder: Path, candidate: Candidate, cache: Path | None = None, steps
 
 def _mb(candidate: Candidate) -> float:
     """The cost model's estimate of ``candidate``'s memory per device, as the driver gives a pool
-    (the quickstart's candidates are all within `autotune.execution.warm.SAME_SIZE`)."""
+    (the tiny GPT's candidates are all within `autotune.execution.warm.SAME_SIZE`)."""
     from autotune import costmodel
 
     return costmodel.estimate(_spec(), candidate).memory_gb_per_device * 1024
@@ -235,7 +235,7 @@ def test_a_trials_peak_is_its_own_whatever_ran_before_it_in_the_pool(tmp_path):
     its own fresh peak."""
     from autotune import costmodel
 
-    spec = load_spec(ROOT / "examples" / "quickstart.yaml",
+    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"train.global_batch_size": 256, "model.dtype": "float32", "cluster.devices": 1,
                       "cluster.devices_per_node": 1})
     large = replace(DP2, dp=1, grad_accum=1)

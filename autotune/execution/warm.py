@@ -65,8 +65,8 @@ CLOSE_WAIT_S = 5.0          # a pool told to stop gets this long before it is st
 # retires after the trial.
 RETIRE_LEFTOVER = 0.1
 # Trials whose estimated memory per device differs by more than this share (of the smaller) are of
-# another size: a pool runs one size (see the module doc). The quickstart's candidates are
-# estimated within 1.2 % of each other (`autotune estimate examples/quickstart.yaml --set …`).
+# another size: a pool runs one size (see the module doc). The tiny GPT's candidates are
+# estimated within 1.2 % of each other (`autotune estimate examples/tiny_gpt.yaml --set …`).
 SAME_SIZE = 0.03
 
 

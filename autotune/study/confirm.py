@@ -10,7 +10,10 @@ Contract: :func:`plan` names the trials to confirm — the top ``top`` by the ra
 ``top`` of the Pareto front) and the baseline — each as many times as it still needs re-runs to
 have ``runs`` (a re-run lost to the infrastructure and retried is not one, nor one interrupted,
 nor a trial that repeated a measurement instead of making one), in the order to run
-them: round by round, so machine noise hits all alike. It reads storage only.
+them: round by round, every other round in reverse (A B C, C B A), so a machine that speeds up or
+slows down through the phase moves every configuration's mean alike, and a trial's last re-run of
+one round and its first of the next run side by side (a warm pool of one size may take both). It
+reads storage only.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from autotune.storage.schema import outcome_of
 
 
 def plan(study: optuna.Study, top: int, runs: int) -> list:
-    """The trials to re-run, one entry per re-run still missing, round by round."""
+    """The trials to re-run, one entry per re-run still missing, round by round (every other
+    round reversed)."""
     chosen = (ranked_ok(study) if len(study.directions) == 1 else best_trials(study))[:top]
     baseline = baseline_of(study)
     if baseline is not None and baseline.values is not None and baseline not in chosen:
@@ -33,4 +37,5 @@ def plan(study: optuna.Study, top: int, runs: int) -> list:
         if ("confirm_of" in t.user_attrs and "repeat_of" not in t.user_attrs
                 and t.state.is_finished() and outcome_of(t) != "interrupted" and not retried(t)):
             done[t.user_attrs["confirm_of"]] = done.get(t.user_attrs["confirm_of"], 0) + 1
-    return [t for round_ in range(runs) for t in chosen if done.get(t.number, 0) <= round_]
+    return [t for round_ in range(runs) for t in (chosen[::-1] if round_ % 2 else chosen)
+            if done.get(t.number, 0) <= round_]

@@ -17,7 +17,7 @@ The rule (:func:`measure`, the metrics it returns are metrics.json's):
   structural, so on the same weights u ≤ z exactly (tests/test_underflow_bound.py: on dp2, tp2
   and pp2 at scales 2^-12…2^10, and z = u there: no other gradient element of the built-in
   transformer is exactly zero in float32). The probe runs after the last update, on weights one
-  update later: on the quickstart's trials its u exceeded the last step's z by at most 1.1e-6
+  update later: on the tiny GPT's trials its u exceeded the last step's z by at most 1.1e-6
   (one element of 933,376) and fell below it by up to 2.3 % of z (docs/mindspore-cpu.md). z = 1
   (no bound) when the last step overflowed or ran at another scale than the final one.
 - ``z ≤ SKIP_BELOW``: the probe does not run and ``underflow_share`` is z, the bound: goodput's
@@ -60,10 +60,10 @@ How, on every layout the engine runs:
 
 Cost: two forward + backward passes of each micro-batch of one shard, two or (non-last pipeline
 stages) four more compiled graphs, and one float16 gradient set plus a byte per parameter
-element for the masks while it runs — on the quickstart's trials 1.4–1.9× their 25 measured
+element for the masks while it runs — on the tiny GPT's trials 1.4–1.9× their 25 measured
 steps (docs/mindspore-cpu.md, "The underflow probe and its bound"), which is why the bound
 decides first. The bound costs a zero count per gradient in every float16 step (one HyperMap: under
-1 ms of a ~90 ms quickstart step, ~0.1 s of its graph's compile) and, after the last one, host
+1 ms of a ~90 ms tiny GPT step, ~0.1 s of its graph's compile) and, after the last one, host
 arithmetic and one eager all-reduce: 0.01–0.04 s, under 0.5 % of the measured steps.
 """
 

@@ -22,7 +22,7 @@ initialised — and each trial then builds its own network and graphs in them. T
 What a fresh process guarantees still holds per trial: its folder and logs are its own, its peak
 memory is its own — the last trial's memory freed (:func:`release`), the high-water mark reset
 once the network is built (`autotune.train.program.run_trial`), and on CPU what MindSpore keeps
-resident of earlier trials anyway (measured: ~15 MB a trial of the quickstart model; docs/
+resident of earlier trials anyway (measured: ~15 MB a trial of the tiny GPT model; docs/
 mindspore-cpu.md) taken off the peak: the growth of the resident set after release since the
 pool's first trial (``leftover_mb``). That holds for trials of one size only: MindSpore's CPU
 memory pool keeps what a trial's activations took and a smaller trial reuses it unseen, so the

@@ -76,7 +76,7 @@ def zero_counts(grads):
     """int64 vector: how many elements of each gradient are exactly zero (``-0.0`` too). The
     numerator of the underflow bound (`autotune.train.probe`); read-only, so the step's numerics
     are untouched. One HyperMap of equal + cast + sum: at run time 0.2–0.8 ms a step on the
-    quickstart's 1.8 MB of gradients, and at compile time ~0.1 s where a list of
+    tiny GPT's 1.8 MB of gradients, and at compile time ~0.1 s where a list of
     ``ops.count_nonzero`` calls took ~1 s of every step graph's compile (docs/mindspore-cpu.md,
     "The underflow probe and its bound", "What a new graph costs")."""
     return ops.stack(_hyper_map(_zeros, grads))
