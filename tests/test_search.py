@@ -557,9 +557,11 @@ def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resu
     assert retry.user_attrs["outcome"] == "error" and retry.user_attrs["infrastructure"] is True
     assert counting.counted(retry)
     assert [t.number for t in ran(study) if t.params == first.params] == [0, 1]
-    assert sum(counting.counted(t) for t in study.trials) == 2  # exactly N
-    other = [t for t in ran(study) if t.params != first.params]
-    assert [t.user_attrs["outcome"] for t in other] == ["ok"]
+    # and with every run of the session lost before its candidate, a retry among them, the
+    # study stops there in one line (the cluster cannot run trials as it is: issue 30, item 1)
+    assert "failed before their candidate ran, a retry among them" in out
+    assert sum(counting.counted(t) for t in study.trials) == 1
+    assert [t.number for t in ran(study)] == [0, 1]
 
     # after a restart an infrastructure failure is not remembered: the candidate runs again
     assert main(args + ["--trials", "3", "--resume"]) == 0

@@ -8,6 +8,7 @@ import _thread
 import json
 import os
 import re
+import signal
 import threading
 import time
 from dataclasses import replace
@@ -120,14 +121,22 @@ def test_a_trial_past_its_time_is_stopped_with_its_workers(tmp_path):
 
 
 def test_a_cancelled_trial_leaves_no_process(tmp_path):
-    pool = WarmPool(tmp_path / "pool", 2)
-    pool.run(_config(tmp_path / "a", DP2), tmp_path / "a", 300, None, _mb(DP2))
-    known = dict(pool.tree.known)
-    timer = threading.Timer(3.0, _thread.interrupt_main)  # what Ctrl-C does
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        pool.run(_config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 300, None, _mb(DP2))
-    assert not _alive(known)
+    # Ctrl-C as the CLI's process gets it, whatever SIGINT handler an earlier test's library
+    # left in this process (in the whole slow tier the interrupt once raised nothing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    try:
+        pool = WarmPool(tmp_path / "pool", 2)
+        pool.run(_config(tmp_path / "a", DP2), tmp_path / "a", 300, None, _mb(DP2))
+        known = dict(pool.tree.known)
+        timer = threading.Timer(3.0, _thread.interrupt_main)  # what Ctrl-C does
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(_config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 300, None,
+                     _mb(DP2))
+        assert not _alive(known)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _hits(folder: Path) -> list[str]:

@@ -101,7 +101,8 @@ class Dispatcher:
         self._made = 0                                  # pools made so far (their folder names)
         self._pool_prefix = f"{socket.gethostname()}-{os.getpid()}-"
         self._trials: dict[int, _Trial] = {}
-        self._stopping: list[tuple[list, object]] = []  # cancelled: (tasks still running, group)
+        # cancelled: (tasks still running, group, when they were asked to stop)
+        self._stopping: list[tuple[list, object, float]] = []
         self._temp_dir: str | None = None
         self._guard: Guard | None = None
 
@@ -343,19 +344,26 @@ class Dispatcher:
             return
         for ref in running:
             self._ray.cancel(ref, force=False)
-        self._stopping.append((running, trial.group))
+        self._stopping.append((running, trial.group, time.monotonic()))
         self._reap(block)
 
     def _reap(self, block: bool = False) -> None:
         """Free the placement of each cancelled trial whose tasks have stopped (``block``: wait
-        up to ``CANCEL_WAIT_S`` for them)."""
+        up to ``CANCEL_WAIT_S`` for them). A task still running ``CANCEL_WAIT_S`` after it was
+        asked to stop (Ray's interrupt is best effort: it can miss a task) is ended with its
+        worker process, and the trial's processes with it (they die with their parent:
+        `autotune.train.lifetime`)."""
         still = []
-        for running, group in self._stopping:
+        for running, group, since in self._stopping:
             if running:
                 _, running = self._ray.wait(running, num_returns=len(running),
                                                timeout=CANCEL_WAIT_S if block else 0)
-            if running and not block:
-                still.append((running, group))
+            if running and (block or time.monotonic() - since > CANCEL_WAIT_S):
+                for ref in running:
+                    self._ray.cancel(ref, force=True)
+                running, since = [], time.monotonic()
+            if running:
+                still.append((running, group, since))
             elif group is not None:
                 self._ray.util.remove_placement_group(group)
         self._stopping = still
