@@ -350,9 +350,8 @@ class Dispatcher:
     def _reap(self, block: bool = False) -> None:
         """Free the placement of each cancelled trial whose tasks have stopped (``block``: wait
         up to ``CANCEL_WAIT_S`` for them). A task still running ``CANCEL_WAIT_S`` after it was
-        asked to stop (Ray's interrupt is best effort: it can miss a task) is ended with its
-        worker process, and the trial's processes with it (they die with their parent:
-        `autotune.train.lifetime`)."""
+        asked to stop (Ray's interrupt can miss one) ends with its worker, and the trial's
+        processes with their parent (`autotune.train.lifetime`)."""
         still = []
         for running, group, since in self._stopping:
             if running:
@@ -361,7 +360,7 @@ class Dispatcher:
             if running and (block or time.monotonic() - since > CANCEL_WAIT_S):
                 for ref in running:
                     self._ray.cancel(ref, force=True)
-                running, since = [], time.monotonic()
+                running = []
             if running:
                 still.append((running, group, since))
             elif group is not None:

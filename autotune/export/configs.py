@@ -28,7 +28,7 @@ from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
 from autotune.spec.backends import Backend, backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.knobs import KNOBS, LOSS_SCALED_DTYPES, SCALE_WINDOW
-from autotune.spec.model_yaml import Spec
+from autotune.spec.specs import Spec
 from autotune.train.config import trial_config
 
 # The dynamic loss scaler's fixed arguments (the searched knob is the initial value only; the

@@ -38,7 +38,7 @@ import json
 from autotune.export.configs import run_backend
 from autotune.export.mindformers import UNSET_BASE, cpu_refusals, on_cpu
 from autotune.spec.candidate import Candidate
-from autotune.spec.model_yaml import Spec
+from autotune.spec.specs import Spec
 from autotune.train.msrun import MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args, node_count
 
 _HEADER = """\

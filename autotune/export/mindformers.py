@@ -40,7 +40,7 @@ from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
 from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
-from autotune.spec.model_yaml import Spec
+from autotune.spec.specs import Spec
 
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.
 UNSET_BASE = "SET-ME-your-model-mindformers-config.yaml"

@@ -21,7 +21,7 @@ from autotune.layout import BUILTIN_RULES, MINDFORMERS_RULES
 from autotune.shapes import parameter_shapes
 from autotune.spec import entry as entry_loader
 from autotune.spec.errors import SpecError
-from autotune.spec.model_yaml import Spec
+from autotune.spec.specs import Spec
 
 
 def model_parameters(spec: Spec, run_config: dict) -> dict:

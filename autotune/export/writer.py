@@ -32,7 +32,7 @@ from autotune.layout import (DTYPE_BYTES, optimizer_whole, plan_layout, with_opt
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
-from autotune.spec.model_yaml import Spec
+from autotune.spec.specs import Spec
 
 CHECKPOINT_DIR = "checkpoint"
 _SHOWN_REASONS = 6

@@ -2,8 +2,9 @@
 
 Contract: a :class:`Belief` is built from the cost model's step-time parts of a set of candidates
 (:data:`PARTS`, raw: before any calibration), whether each is pipelined, its layout id and its
-estimated peak memory. :meth:`Belief.fit` takes the study's measurements — ``[(candidate index,
-measured step seconds)]`` and ``[(candidate index, measured peak GiB)]`` — and
+estimated peak memory (one more: :meth:`Belief.add`). :meth:`Belief.fit` takes the study's
+measurements — ``[(candidate index, measured step seconds)]`` and ``[(candidate index,
+measured peak GiB)]`` — and
 :meth:`Belief.predict` returns, for every candidate, the mean and standard deviation of its log
 step time, and :meth:`Belief.fit_probability` the probability that it fits the memory limit.
 It reads no storage and chooses nothing: the prior (`autotune.search.prior`) does.
@@ -86,6 +87,14 @@ class Belief:
         self.layout_cov = np.zeros((0, 0))
         self.memory_mean, self.memory_sd = 0.0, SIGMA_MEMORY
         self.oom_from = math.inf               # estimated GiB from which nothing fits
+
+    def add(self, parts: np.ndarray, pipelined: bool, layout: int, memory_gb: float) -> None:
+        """One more candidate, the last row (as the constructor's rows). What was fitted
+        stays: the next :meth:`fit` takes it in."""
+        self.parts = np.vstack([self.parts, parts])
+        self.pipelined = np.append(self.pipelined, pipelined)
+        self.layout = np.append(self.layout, layout)
+        self.memory_gb = np.append(self.memory_gb, memory_gb)
 
     # -- the step time ---------------------------------------------------------------------
 

@@ -94,8 +94,8 @@ class Prior:
                 rows.append(row)
                 self._add(c)
         rows = [(parts, piped, self.layout_ids[key], memory) for parts, piped, key, memory in rows]
-        self.parts = np.array([r[0] for r in rows]).reshape(len(rows), len(PARTS))
-        self.belief = Belief(self.parts, np.array([r[1] for r in rows], dtype=bool),
+        self.belief = Belief(np.array([r[0] for r in rows]).reshape(len(rows), len(PARTS)),
+                             np.array([r[1] for r in rows], dtype=bool),
                              np.array([r[2] for r in rows], dtype=int),
                              np.array([r[3] for r in rows]), self.limit_gb)
         self.tried = np.zeros(len(self.candidates), dtype=bool)
@@ -125,11 +125,8 @@ class Prior:
         row = self._row(c)
         if row is None:
             return None
-        b, i = self.belief, self._add(c)
-        self.parts = np.vstack([self.parts, row[0]])
-        b.parts, b.pipelined = self.parts, np.append(b.pipelined, row[1])
-        b.layout = np.append(b.layout, self.layout_ids[row[2]])
-        b.memory_gb = np.append(b.memory_gb, row[3])
+        i = self._add(c)
+        self.belief.add(row[0], row[1], self.layout_ids[row[2]], row[3])  # its row i too
         self.tried = np.append(self.tried, False)
         return i
 

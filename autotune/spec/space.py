@@ -30,7 +30,8 @@ from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import (JIT_LEVELS, KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES,
                                  RECOMPUTE_MODES, is_active, trial_warmup)
-from autotune.spec.model_yaml import DEFAULT_SPACE, Spec
+from autotune.spec.model_yaml import DEFAULT_SPACE
+from autotune.spec.specs import Spec
 from autotune.spec.yaml_file import load_yaml
 
 

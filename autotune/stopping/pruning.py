@@ -22,7 +22,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.spec.model_yaml import DEFAULT_MIN_STEPS
+from autotune.spec.specs import DEFAULT_MIN_STEPS
 from autotune.train.metrics import step_time_ci
 
 

@@ -41,8 +41,9 @@ import optuna
 from autotune.spec.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
-from autotune.spec.model_yaml import LATER_MODEL_FIELDS, Spec
+from autotune.spec.model_yaml import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
+from autotune.spec.specs import Spec
 from autotune.storage.drivers import locked
 from autotune.storage.opening import open_storage
 

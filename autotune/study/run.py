@@ -41,8 +41,8 @@ from autotune.search.samplers import make_sampler
 from autotune.spec.backends import backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
-from autotune.spec.model_yaml import Spec
 from autotune.spec.space import SearchSpace
+from autotune.spec.specs import Spec
 from autotune.stopping.budget import Budget, Stopper, check_budget_backend
 from autotune.stopping.pruning import SlowTrialPruner
 from autotune.storage.counting import counted, ran, wanted
