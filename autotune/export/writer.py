@@ -1,4 +1,4 @@
-"""write_export: one trial → an export folder (the files the README's "Export" lists).
+"""write_export: one trial → an export folder (the files docs/export.md, "The files", lists).
 
 Contract: :func:`write_export` validates everything first — the trial record, the candidate's
 hard constraints, that every split dimension divides by tp and every stage gets layers, that

@@ -11,7 +11,7 @@ from autotune.layout import builtin_layout_reasons
 
 
 def violations(spec: Spec, c: Candidate) -> list[str]:
-    """The hard constraints (the README's "Search spaces") that ``c`` breaks, as readable reasons:
+    """The hard constraints (docs/model-yaml.md, "Search spaces") that ``c`` breaks, as readable reasons:
     dp·tp·pp = cluster.devices; tp divides num_heads, num_kv_heads (llama) and hidden_size; pp
     divides num_layers; the global batch divides by dp·grad_accum (pp = 1) or by
     dp·micro_batches with micro_batches ≥ pp (pp > 1); and for a built-in family split by tp or

@@ -1,0 +1,78 @@
+"""docs/architecture.md stays true: it names every module, and the places its checklists name
+for a model family and a sampler agree with each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def test_every_module_is_on_the_map():
+    text = ARCHITECTURE.read_text()
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "autotune").rglob("*.py"))
+    missing = [m for m in modules if f"`{m}`" not in text]
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def test_the_map_names_no_module_that_is_gone():
+    import re
+
+    named = set(re.findall(r"`(autotune/[\w/]+\.py)`", ARCHITECTURE.read_text()))
+    gone = sorted(n for n in named if not (ROOT / n).exists())
+    assert not gone, f"docs/architecture.md names modules that do not exist: {gone}"
+
+
+FAMILY_DIMS = {"num_layers": 2, "hidden_size": 32, "num_heads": 4, "seq_length": 8,
+               "vocab_size": 64}
+
+
+def _spec_of(tmp_path, family):
+    from autotune.spec.model_yaml import load_spec
+
+    text = {"model": {"family": family, **FAMILY_DIMS},
+            "train": {"global_batch_size": 4, "learning_rate": 1e-3, "total_steps": 10},
+            "cluster": {"backend": "cpu", "devices": 1, "devices_per_node": 1}}
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(text))
+    return load_spec(path)
+
+
+@pytest.mark.parametrize("family", __import__("autotune.shapes", fromlist=["FAMILIES"]).FAMILIES)
+def test_a_family_has_shapes_tp_rules_a_workload_and_a_network(tmp_path, family):
+    """The model-family checklist: every name in shapes.FAMILIES has each part it lists."""
+    from autotune.costmodel.workload import workload_for
+    from autotune.layout import BUILTIN_RULES
+    from autotune.shapes import parameter_shapes
+
+    spec = _spec_of(tmp_path, family)
+    config = {"family": family, **FAMILY_DIMS, "ffn_hidden_size": spec.model.ffn_hidden_size}
+    shapes = parameter_shapes(config)
+    assert shapes, f"{family}: no parameters in shapes.py"
+    assert family in BUILTIN_RULES, f"{family}: no tensor-parallel rules in layout.py"
+    assert workload_for(spec.model).family == family, f"{family}: no Workload in costmodel"
+    from autotune.train.models import build_network
+
+    network = build_network(config)
+    names = {p.name for p in network.get_parameters()}
+    assert names == set(shapes), f"{family}: the network's parameters are not shapes.py's"
+
+
+def test_every_sampler_name_is_one_the_factory_builds():
+    """The sampler checklist: every name model.yaml and --sampler accept builds a sampler, or is
+    refused by name for a missing optional package."""
+    from autotune.search.samplers import make_sampler
+    from autotune.spec.errors import SpecError
+    from autotune.spec.model_yaml import SAMPLERS
+
+    for name in SAMPLERS:
+        try:
+            sampler = make_sampler(name, seed=0, n_trials=10)
+        except SpecError as refused:
+            assert "pip install" in str(refused) and name in str(refused)
+        else:
+            assert sampler is not None
