@@ -10,11 +10,12 @@ Contract (pure Python, no MindSpore):
   crosses dots) to ``column`` (split dim 0: column-parallel dense, vocab-parallel embedding and
   head), ``row`` (split dim 1 of a weight; a 1-D bias stays whole) or ``replicated``. The first
   matching glob wins; unmatched parameters are replicated. Built-in families have fixed rules
-  (Megatron-style); an ``entry`` model uses the user's rules followed by :data:`MINDFORMERS_RULES`.
+  (their `autotune.families` entry); an ``entry`` model uses the user's rules followed by
+  MindFormers' (`autotune.families.llama.MINDFORMERS_RULES`).
   A split is always contiguous (all a strategy file can express): tp rank ``t`` holds block ``t``
   of ``tp`` equal blocks of the split dimension (:meth:`ParamLayout.local_slice`).
 - Pipeline stages: a parameter whose name carries a layer index (``layers.N.``, ``blocks.N.``,
-  ``layer.N.``, ``h.N.``) goes to stage ``N // (layers / pp)`` (:func:`stage_layers`); any other
+  ``layer.N.``, ``h.N.``) goes to stage ``N // (layers / pp)`` (`autotune.families.layers.stage_layers`); any other
   parameter goes to stage 0 if it comes before the first layer in parameter order (embeddings),
   else to the last stage (final norm, head).
 - Ranks, as MindSpore's strategy files and ``transform_checkpoints`` define them: each stage's
@@ -34,8 +35,6 @@ Contract (pure Python, no MindSpore):
   llama norms, and its token table unless ``model.embedding_parallel_optimizer``). A sharded rank
   saves only its shard of the parameter and of its moments, as MindSpore's parallel optimizer
   does.
-- Recompute per layer (:func:`layer_recompute`): the ``recompute`` knob, refined by
-  ``model.recompute_layers`` — the layers MindFormers' per-stage lists mark (docs/mindformers.md).
 """
 
 from __future__ import annotations
@@ -46,68 +45,13 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from autotune.shapes import parameter_shapes
+from autotune.families import family, parameter_shapes
 
-# The fused QKV weight is stored head-major — rows (heads, [q, k, v], head_dim) — so that the
-# contiguous dim-0 split gives each tp rank whole heads with their own Q, K and V.
-TRANSFORMER_RULES = {
-    "embed.tok.*": "column",          # vocab-parallel token table; the position table stays whole
-    "blocks.*.attn.qkv.*": "column",
-    "blocks.*.attn.proj.*": "row",
-    "blocks.*.mlp.fc_in.*": "column",
-    "blocks.*.mlp.fc_out.*": "row",
-    "head.*": "column",               # vocab-parallel logits
-}
-MLP_RULES = {
-    "blocks.*.fc_in.*": "column",
-    "blocks.*.fc_out.*": "row",
-    "head.*": "column",
-}
-# MindFormers' parameter names and how its layers split them under tensor parallelism: the legacy
-# llama family and the mcore layers (use_legacy: False), each read from MindFormers' source in
-# docs/mindformers.md ("Parameter names"). A user's model.tp_rules come first and can override these.
-MINDFORMERS_RULES = {
-    # legacy llama (mindformers/models/llama)
-    "*attention.wq.*": "column",
-    "*attention.wk.*": "column",
-    "*attention.wv.*": "column",
-    "*attention.w_qkv.*": "column",
-    "*attention.wo.*": "row",
-    "*feed_forward.w1.*": "column",
-    "*feed_forward.w3.*": "column",
-    "*feed_forward.w_gate_hidden.*": "column",  # w1 and w3 fused, rows interleaved per tp rank
-    "*feed_forward.w2.*": "row",
-    "*tok_embeddings.*": "column",
-    "*lm_head.*": "column",
-    # mcore (mindformers/parallel_core/training_graph): ColumnParallelLinear, RowParallelLinear,
-    # VocabParallelEmbedding
-    "*self_attention.linear_qkv.*": "column",
-    "*self_attention.linear_proj.*": "row",
-    "*mlp.linear_fc1.*": "column",
-    "*mlp.linear_fc2.*": "row",
-    "*embedding.word_embeddings.*": "column",
-    "*output_layer.*": "column",
-}
-# The built-in llama family is named as MindFormers' legacy llama (unfused: no qkv_concat) and
-# split as MindFormers splits it.
-LLAMA_RULES = {glob: split for glob, split in MINDFORMERS_RULES.items()
-               if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
-               and "w_qkv" not in glob and "w_gate_hidden" not in glob}
-BUILTIN_RULES = {"transformer": TRANSFORMER_RULES, "mlp": MLP_RULES, "llama": LLAMA_RULES}
 # Bytes per element of the dtypes a model's parameters, compute or optimizer states may take.
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 # MindSpore's (and MindFormers') default parallel_optimizer_threshold, in KB: parameters smaller
 # than this are not sharded.
 OPTIMIZER_SHARD_THRESHOLD_KB = 64
-# Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
-# SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
-# table unless model_config.parallel_optimizer (LlamaEmbedding; its default False).
-LLAMA_NORMS = ("*attention_norm.*", "*ffn_norm.*", "*norm_out.*")
-LLAMA_EMBEDDING = "*tok_embeddings.*"
-# MindFormers' per-layer recompute keys that model.recompute_layers carries (layer indices, or
-# true for every layer): full recompute, its default selective patterns, the communication
-# recompute of the norms (acts under sequence parallelism).
-RECOMPUTE_LAYER_KEYS = ("recompute", "select_recompute", "select_comm_recompute")
 # Prefixes of the optimizer's per-parameter state (MindSpore's AdamWeightDecay: first and second
 # moments, cloned from the parameters as "<prefix>.<parameter name>").
 OPTIMIZER_STATES = ("adam_m", "adam_v")
@@ -198,12 +142,6 @@ def _split_dim(kind: str, ndim: int) -> int | None:
     return None
 
 
-def stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    """The layer indices pipeline stage ``stage`` runs (pp must divide num_layers)."""
-    per_stage = num_layers // pp
-    return range(stage * per_stage, (stage + 1) * per_stage)
-
-
 def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
     """Stage of every name, and the reasons stages cannot be assigned."""
     index = {n: int(m.group(1)) for n in names if (m := _LAYER_INDEX.search(n))}
@@ -245,7 +183,7 @@ def plan_layout(shapes: dict, tp: int, pp: int, rules: dict) -> tuple[dict, list
 def builtin_layout(model_cfg: dict, tp: int, pp: int) -> tuple[dict, list[str]]:
     """:func:`plan_layout` of a built-in family (``model_cfg["family"]``), shapes and rules
     included. The trainer builds exactly these local shapes; a test checks it on real networks."""
-    return plan_layout(parameter_shapes(model_cfg), tp, pp, BUILTIN_RULES[model_cfg["family"]])
+    return plan_layout(parameter_shapes(model_cfg), tp, pp, family(model_cfg["family"]).tp_rules)
 
 
 @lru_cache(maxsize=256)
@@ -281,11 +219,11 @@ def optimizer_shard(p: ParamLayout, dp: int, tp: int, element_bytes: int,
 
 def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
     """Globs of the parameters ``model_cfg`` (a ``model`` section) creates with
-    ``parallel_optimizer=False``: MindFormers' llama norms, and its token table unless
-    ``embedding_parallel_optimizer`` (see :data:`LLAMA_NORMS`)."""
-    if model_cfg.get("family") != "llama":
-        return ()
-    return LLAMA_NORMS + (() if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,))
+    ``parallel_optimizer=False`` (its family's `autotune.families.base.Family.optimizer_whole`:
+    MindFormers' llama norms, and its token table unless ``embedding_parallel_optimizer``); none
+    for a user ``entry`` model."""
+    name = model_cfg.get("family")
+    return family(name).optimizer_whole(model_cfg) if name else ()
 
 
 def with_optimizer_shards(layouts: dict, dp: int, tp: int, element_bytes: int,
@@ -297,28 +235,6 @@ def with_optimizer_shards(layouts: dict, dp: int, tp: int, element_bytes: int,
     return {name: replace(p, opt_shard=None if any(fnmatch.fnmatchcase(name, g) for g in whole)
                           else optimizer_shard(p, dp, tp, element_bytes, threshold_kb))
             for name, p in layouts.items()}
-
-
-def layer_recompute(knob: str, layer: int, marks: dict) -> tuple[str, bool]:
-    """``(mode, comm)`` of layer ``layer`` (global index): the recompute knob's mode
-    (``none``, ``selective``, ``full``) refined by ``marks`` — ``model.recompute_layers``,
-    {MindFormers key: layer indices or True} — and whether its norms' communication is recomputed.
-
-    MindFormers' ``LayerSetting.set``: a layer its ``recompute`` list marks is recomputed whole,
-    any other one gets the selective patterns where ``select_recompute`` marks it; the knob says
-    which of them the run has (``full``: both lists, ``selective``: the second, ``none``: neither),
-    and a list the marks leave out means every layer. ``select_comm_recompute`` is the base
-    config's, kept whatever the knob."""
-    def marked(key: str, default: bool) -> bool:
-        value = marks.get(key)
-        return default if value is None else value is True or layer in value
-
-    comm = marked("select_comm_recompute", False)
-    if knob == "full" and marked("recompute", True):
-        return "full", comm
-    if knob in ("full", "selective") and marked("select_recompute", knob == "selective"):
-        return "selective", comm
-    return "none", comm
 
 
 def rank_elements(layouts: dict, tp: int, stage: int) -> int:

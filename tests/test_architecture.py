@@ -42,24 +42,28 @@ def _spec_of(tmp_path, family):
     return load_spec(path)
 
 
-@pytest.mark.parametrize("family", __import__("autotune.shapes", fromlist=["FAMILIES"]).FAMILIES)
+@pytest.mark.parametrize("family", list(__import__("autotune.families", fromlist=["FAMILIES"]).FAMILIES))
 def test_a_family_has_shapes_tp_rules_a_workload_and_a_network(tmp_path, family):
-    """The model-family checklist: every name in shapes.FAMILIES has each part it lists."""
+    """The model-family checklist: every family in autotune.families has each part it lists."""
     from autotune.costmodel.workload import workload_for
-    from autotune.layout import BUILTIN_RULES
-    from autotune.shapes import parameter_shapes
+    from autotune.families import FAMILIES
+    from autotune.layout import builtin_layout
 
     spec = _spec_of(tmp_path, family)
-    config = {"family": family, **FAMILY_DIMS, "ffn_hidden_size": spec.model.ffn_hidden_size}
-    shapes = parameter_shapes(config)
-    assert shapes, f"{family}: no parameters in shapes.py"
-    assert family in BUILTIN_RULES, f"{family}: no tensor-parallel rules in layout.py"
-    assert workload_for(spec.model).family == family, f"{family}: no Workload in costmodel"
-    from autotune.train.models import build_network
+    config = spec.model.as_config()
+    entry = FAMILIES[family]
+    shapes = entry.shapes(config)
+    assert shapes, f"{family}: no parameters"
+    split = builtin_layout(config, 2, 1)[0]
+    assert any(p.split_dim is not None for p in split.values()), \
+        f"{family}: tensor parallelism splits none of its parameters (tp_rules)"
+    assert type(workload_for(spec.model)) is entry.workload, f"{family}: not its own workload"
+    from autotune.train.models import NETWORKS, build_network
 
+    assert family in NETWORKS, f"{family}: no network registered in autotune.train.models"
     network = build_network(config)
-    names = {p.name for p in network.get_parameters()}
-    assert names == set(shapes), f"{family}: the network's parameters are not shapes.py's"
+    names = [p.name for p in network.get_parameters()]
+    assert names == list(shapes), f"{family}: the network's parameters are not its shapes'"
 
 
 def test_every_sampler_name_is_one_the_factory_builds():

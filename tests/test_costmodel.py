@@ -48,7 +48,7 @@ def states_bytes(est):
 # -- model states: the trainer's float32 parameters, gradients and Adam moments ---------------
 
 def test_sixteen_bytes_per_parameter_for_a_known_parameter_count():
-    # shapes.py layout, L=2, h=64, ffn=256, s=32, V=256:
+    # the transformer family's layout, L=2, h=64, ffn=256, s=32, V=256:
     # per layer: qkv 3·64·64+3·64 = 12480, proj 64·64+64 = 4160, fc_in 64·256+256 = 16640,
     #            fc_out 256·64+64 = 16448, two layer norms 2·2·64 = 256  → 49984
     # embeddings 256·64 = 16384, positions 32·64 = 2048, final norm 128, head 256·64+256 = 16640
@@ -69,7 +69,7 @@ def test_sixteen_bytes_per_parameter_for_a_known_parameter_count():
 
 
 def test_parameter_count_matches_the_trial_programs_shapes():
-    from autotune.shapes import parameter_shapes
+    from autotune.families import parameter_shapes
     cfg = {"family": "transformer", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256,
            "seq_length": 32, "vocab_size": 256}
     total = sum(math.prod(shape) for shape in parameter_shapes(cfg).values())

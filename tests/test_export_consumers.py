@@ -28,7 +28,8 @@ from mindspore.parallel import build_searched_strategy  # noqa: E402
 
 from autotune.export import write_export  # noqa: E402
 from autotune.export.strategy import write_strategies  # noqa: E402
-from autotune.layout import MINDFORMERS_RULES, plan_layout, with_optimizer_states  # noqa: E402
+from autotune.families.llama import MINDFORMERS_RULES  # noqa: E402
+from autotune.layout import plan_layout, with_optimizer_states  # noqa: E402
 from autotune.spec.errors import SpecError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune import shapes
+from autotune import families as shapes
 from autotune.train import data, schedule
 
 ROOT = Path(__file__).resolve().parents[1]

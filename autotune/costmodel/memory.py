@@ -73,7 +73,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from autotune.costmodel.workload import Workload
+from autotune.families.workload import Workload
 from autotune.layout import (DTYPE_BYTES, builtin_layout, optimizer_whole, rank_elements,
                              with_optimizer_shards)
 

@@ -87,7 +87,7 @@ from functools import lru_cache
 from autotune.costmodel.memory import (FUSION_FILL, MIB, gathered_bytes, gradient_bytes,
                                        optimizer_elements, shards_optimizer)
 from autotune.costmodel.profiles import DeviceProfile
-from autotune.costmodel.workload import Workload
+from autotune.families.workload import Workload
 from autotune.layout import DTYPE_BYTES, rank_of
 
 OPTIMIZER_BYTES_PER_PARAM = 32  # read + write of the 16 bytes/param of Adam state

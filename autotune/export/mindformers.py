@@ -34,7 +34,8 @@ import yaml
 from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
                                      loss_scaled, micro_batch_size, parallel_optimizer, run_backend)
 from autotune.export.mindformers_base import kept, stage_lists
-from autotune.layout import LLAMA_EMBEDDING, optimizer_whole
+from autotune.families.llama import LLAMA_EMBEDDING
+from autotune.layout import optimizer_whole
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS

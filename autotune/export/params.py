@@ -2,7 +2,7 @@
 
 Contract:
 - :func:`model_parameters` returns ``{name: shape}`` in the network's parameter order. Built-in
-  families come from ``autotune.shapes.parameter_shapes`` (pure Python, the same names the
+  families come from ``autotune.families.parameter_shapes`` (pure Python, the same names the
   trial program's network has). An ``entry`` model is loaded by `autotune.spec.entry`'s rule
   and built once by calling it with the run's config inside
   ``mindspore.nn.utils.no_init_parameters`` (shapes without allocating weights);
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from autotune.layout import BUILTIN_RULES, MINDFORMERS_RULES
-from autotune.shapes import parameter_shapes
+from autotune.families import family, parameter_shapes
+from autotune.families.llama import MINDFORMERS_RULES
 from autotune.spec import entry as entry_loader
 from autotune.spec.errors import SpecError
 from autotune.spec.specs import Spec
@@ -32,7 +32,7 @@ def model_parameters(spec: Spec, run_config: dict) -> dict:
 
 def tp_rules(spec: Spec) -> dict:
     if spec.model.family is not None:
-        return BUILTIN_RULES[spec.model.family]
+        return family(spec.model.family).tp_rules
     # the user's rules first: the first matching glob wins
     return {**spec.model.tp_rules, **MINDFORMERS_RULES}
 

@@ -21,7 +21,8 @@ The legacy llama ignores ``kv_channels`` and ``head_dim`` (its heads are hidden 
 
 from __future__ import annotations
 
-from autotune.shapes import llama_ffn
+from autotune.families.llama import FAMILY as LLAMA
+from autotune.families.llama import llama_ffn
 
 MC = "model.model_config"
 # model_config keys: MindFormers' legacy LlamaConfig name first, then the mcore name.
@@ -31,11 +32,12 @@ NAMES = {"num_layers": ("num_layers", "num_hidden_layers"),
          "num_kv_heads": ("n_kv_heads", "num_key_value_heads"),
          "vocab_size": ("vocab_size",),
          "seq_length": ("seq_length",)}
-# What autotune's llama family (RMSNorm, SwiGLU, rotary, untied head, GQA) represents.
-LEGACY_ARCHITECTURES = ("LlamaForCausalLM",)  # Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use it
-MCORE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-_OWN_FAMILY = ("a model family of its own in autotune (autotune/train/models.py, autotune/shapes.py) "
-               "and in its cost model")
+# What autotune's llama family (RMSNorm, SwiGLU, rotary, untied head, GQA) represents: its entry
+# in autotune.families says.
+LEGACY_ARCHITECTURES = LLAMA.mindformers_architectures
+MCORE_MODEL_TYPES = LLAMA.mindformers_model_types
+_OWN_FAMILY = ("a model family of its own in autotune (a module of autotune/families/ with its cost "
+               "model's workload, and its network in autotune/train/models.py)")
 _NEEDS = {  # what autotune would need for architectures MindFormers' configs name
     "GPT2LMHeadModel": "LayerNorm, GELU, learned positions and a tied head",
     "BloomLMHeadModel": "LayerNorm, GELU, ALiBi positions and a tied head",
@@ -133,7 +135,7 @@ def read_model(cfg, r) -> None:
     refuse(cfg)
     legacy = cfg.get("use_legacy", True) is not False
     _head_width(cfg, r, legacy)
-    r.model.append(("family", "llama", f"{arch_key} {arch}: RMSNorm, SwiGLU, rotary embeddings"))
+    r.model.append(("family", LLAMA.name, f"{arch_key} {arch}: RMSNorm, SwiGLU, rotary embeddings"))
     dims = {name: cfg.first(names) for name, names in NAMES.items() if name != "num_kv_heads"}
     for name in ("num_layers", "hidden_size", "num_heads"):
         r.model.append((name, dims[name][1], dims[name][0]))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from autotune.layout import RECOMPUTE_LAYER_KEYS
-from autotune.shapes import FAMILIES, llama_ffn
+from autotune.families import FAMILIES, owners
+from autotune.families.layers import RECOMPUTE_LAYER_KEYS
 from autotune.spec import entry as entry_loader
 from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS
@@ -152,7 +152,7 @@ LATER_MODEL_FIELDS = {"num_kv_heads": None, "param_dtype": "float32", "optimizer
 
 
 def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
-    family = s.get("family", str, default=None, choices=FAMILIES)
+    family = s.get("family", str, default=None, choices=tuple(FAMILIES))
     entry = s.get("entry", str, default=None)
     if (family is None) == (entry is None):
         s.fail("family", f"give exactly one of model.family ({' | '.join(FAMILIES)}) or "
@@ -168,12 +168,13 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
                               f"{dims['num_heads']} (each head gets hidden_size / num_heads)")
     dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
     if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
-        # llama: MindFormers' SwiGLU width; the others: 4·hidden
-        dims["ffn_hidden_size"] = (llama_ffn(dims["hidden_size"]) if family == "llama"
+        # the family's own width (llama: MindFormers' SwiGLU width); an entry model's 4·hidden
+        dims["ffn_hidden_size"] = (FAMILIES[family].default_ffn(dims["hidden_size"]) if family
                                    else 4 * dims["hidden_size"])
     kv = s.get("num_kv_heads", int, minimum=1, default=None)
-    if kv is not None and family != "llama":
-        s.fail("num_kv_heads", "grouped-query attention is the llama family's (model.family: llama)")
+    if kv is not None and family not in owners("num_kv_heads"):
+        names, choice = _taking("num_kv_heads")
+        s.fail("num_kv_heads", f"grouped-query attention is the {names} family's ({choice})")
     if kv is not None and dims["num_heads"] % kv:
         s.fail("num_kv_heads", f"{kv} does not divide model.num_heads = {dims['num_heads']} "
                                "(each key/value head serves a whole group of query heads)")
@@ -195,6 +196,13 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
                      **mindformers, tp_rules=tp_rules, extra=extra)
 
 
+def _taking(field: str) -> tuple[str, str]:
+    """("llama", "model.family: llama"): the families whose model.yaml takes ``field``, for an
+    error about a model that is not one of them."""
+    names = owners(field)
+    return " or ".join(names), f"model.family: {' | '.join(names)}"
+
+
 def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) -> dict:
     """``sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``: how
     MindFormers runs a llama (its names; `autotune init --mindformers` writes them)."""
@@ -203,8 +211,9 @@ def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) 
                                                     default=False),
               "recompute_layers": s.get("recompute_layers", dict, default={})}
     for name, value in fields.items():
-        if value and family != "llama":
-            s.fail(name, "describes MindFormers' llama (model.family: llama)")
+        if value and family not in owners(name):
+            names, choice = _taking(name)
+            s.fail(name, f"describes MindFormers' {names} ({choice})")
     for key, value in fields["recompute_layers"].items():
         where = f"recompute_layers.{key}"
         if key not in RECOMPUTE_LAYER_KEYS:

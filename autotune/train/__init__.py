@@ -22,7 +22,7 @@ launch itself failed (the candidate's own code never ran).
 
 Importing this package does not import MindSpore. The package is what runs on the training
 cluster — trials and exported runs — plus the msrun command line they are launched with
-(`autotune.train.msrun`); it imports of autotune only `autotune.layout`, `autotune.shapes`,
+(`autotune.train.msrun`); it imports of autotune only `autotune.layout`, `autotune.families`,
 `autotune.procfs`, `autotune.files` and the spec's `knobs`, `backends` and `entry` (never Optuna
 or Ray).
 """

@@ -24,7 +24,7 @@ from mindspore.common.initializer import initializer
 from mindspore.common.parameter import ParameterTuple
 
 from autotune import layout
-from autotune.shapes import TOKEN_FAMILIES
+from autotune.families import family
 from autotune.spec.backends import BACKENDS
 from autotune.train import entry, fused, models, pipeline, schedule, step
 from autotune.train import probe as probe_mod
@@ -122,7 +122,7 @@ def make_optimizer(params, learning_rate, state_dtype=ms.float32):
 
 def _boundary(model: dict, micro_batch: int) -> tuple:
     """Shape of the hidden state one micro-batch sends between pipeline stages."""
-    if model["family"] in TOKEN_FAMILIES:
+    if family(model["family"]).token_input:
         return (micro_batch, model["seq_length"], model["hidden_size"])
     return (micro_batch, model["hidden_size"])
 

@@ -55,7 +55,7 @@ Built-in families (``model.family`` = ``transformer`` | ``mlp`` | ``llama``, ``e
 
 from mindspore import nn
 
-from autotune.shapes import TOKEN_FAMILIES
+from autotune.families import family
 from autotune.spec import entry as entry_loader
 from autotune.spec.entry import EntryError
 from autotune.train import data, models, tp_layers, weights
@@ -72,7 +72,7 @@ def build_builtin(config: dict, placement: Placement = SINGLE):
     network = models.build_network(model, placement)
     weights.initialize(network, model, placement, seed)
     loss_fn = tp_layers.cross_entropy(model["vocab_size"], placement.tp, placement.tp_index, placement.tp_group)
-    if model["family"] in TOKEN_FAMILIES:
+    if family(model["family"]).token_input:
         dataset = data.TokenChains(batch, model["seq_length"], model["vocab_size"], seed=seed)
     else:
         dataset = data.TeacherClasses(batch, model["hidden_size"], model["vocab_size"], seed=seed)
@@ -84,9 +84,9 @@ def build(config: dict, placement: Placement = SINGLE):
     stage, no tensor parallelism) or a built-in family."""
     spec = config["model"].get("entry")
     if not spec:
-        family = config["model"].get("family")
-        if family not in models.FAMILIES:
-            raise EntryError(f"model.family: {family!r} is not a built-in family ({', '.join(models.FAMILIES)}) "
+        name = config["model"].get("family")
+        if name not in models.NETWORKS:
+            raise EntryError(f"model.family: {name!r} is not a built-in family ({', '.join(models.NETWORKS)}) "
                              "and model.entry is not set")
         return build_builtin(config, placement)
     result = entry_loader.load(spec, config.get("model_dir"))(config)

@@ -6,7 +6,7 @@ decoder layers — RMSNorm, grouped-query self-attention with rotary position em
 RMSNorm, a SwiGLU feed-forward ``w2(silu(w1·x) · w3·x)`` — a final RMSNorm and an untied LM head
 (last stage); no biases, no dropout. Parameters are named as MindFormers names them
 (``model.layers.3.attention.wq.weight``, ``model.layers.3.feed_forward.w1.weight``,
-``model.tok_embeddings.embedding_weight``, ``lm_head.weight``; `autotune.shapes`) and split as it
+``model.tok_embeddings.embedding_weight``, ``lm_head.weight``; `autotune.families.llama`) and split as it
 splits them under tensor parallelism (`autotune.layout`): Q, K, V, w1 and w3 column-parallel,
 wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
 
@@ -21,7 +21,7 @@ wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
 - RMSNorm ``x · rsqrt(mean(x²) + ε) · w`` with ε = 1e-5 (MindFormers' ``rms_norm_eps`` default),
   in float32 whatever the compute dtype (its ``layernorm_compute_type``).
 
-Recompute (:meth:`Llama.apply_recompute`), layer by layer as `autotune.layout.layer_recompute`
+Recompute (:meth:`Llama.apply_recompute`), layer by layer as `autotune.families.layers.layer_recompute`
 gives it from the knob and ``model.recompute_layers``: ``full`` recomputes the layer,
 ``selective`` is MindFormers' ``select_recompute`` — its default patterns
 ``feed_forward.mul`` and ``feed_forward.w1.activation.silu`` (``LayerSetting``,
@@ -41,8 +41,8 @@ from mindspore import nn, ops
 from mindspore.common.initializer import initializer
 from mindspore.ops.operations._inner_ops import SiLU  # the primitive MindFormers' LlamaSiLU holds
 
-from autotune.layout import layer_recompute, stage_layers
-from autotune.shapes import kv_heads
+from autotune.families.layers import layer_recompute, stage_layers
+from autotune.families.llama import kv_heads
 from autotune.train.fused import FusedCore
 from autotune.train.parallel import Placement
 from autotune.train.tp_layers import (ColumnParallelDense, ReduceFromGroup, RowParallelDense,

@@ -1,10 +1,10 @@
-"""Built-in model families a trial trains: ``transformer`` (GPT-style decoder), ``mlp``, and
+"""The networks of the built-in model families, registered by family name (:data:`NETWORKS`): ``transformer`` (GPT-style decoder), ``mlp``, and
 ``llama`` (MindFormers' legacy LLaMA, `autotune.train.llama`).
 
 A network is built for one rank of a layout (`autotune.train.parallel.Placement`; by default the
 whole model on one rank): the layers of its pipeline stage, each holding its tensor-parallel
 block. Parameter names are the whole model's (``blocks.2.attn.qkv.weight`` on the stage that runs
-layer 2), with the full shapes of `autotune.shapes`, split as `autotune.layout` says (a test
+layer 2), with the full shapes of their `autotune.families` entry, split as `autotune.layout` says (a test
 checks every rank of every layout against it). Both families implement
 ``apply_recompute(mode)`` for the ``recompute`` knob.
 
@@ -29,8 +29,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from autotune.layout import stage_layers
-from autotune.shapes import FAMILIES
+from autotune.families.layers import stage_layers
 from autotune.train.llama import Llama
 from autotune.train.parallel import Placement
 from autotune.train.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
@@ -205,18 +204,42 @@ class ResidualMLP(nn.Cell):
                 block.gelu.recompute()
 
 
+# family name → the builder of one rank's network: (model section, placement) → nn.Cell. Each
+# family's MindSpore-free side is its `autotune.families` entry; a test checks that every family
+# there has a network here, with the parameters its shapes name.
+NETWORKS: dict = {}
+
+
+def network(family: str):
+    """Register the decorated builder as the network of ``family``."""
+    def add(builder):
+        NETWORKS[family] = builder
+        return builder
+    return add
+
+
+@network("transformer")
+def _gpt(model_cfg: dict, placement: Placement) -> nn.Cell:
+    if model_cfg["hidden_size"] % model_cfg["num_heads"]:
+        raise ValueError("model.hidden_size: must be a multiple of model.num_heads")
+    return GPT(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["num_heads"],
+               model_cfg["ffn_hidden_size"], model_cfg["seq_length"], model_cfg["vocab_size"], placement)
+
+
+@network("mlp")
+def _residual_mlp(model_cfg: dict, placement: Placement) -> nn.Cell:
+    return ResidualMLP(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["ffn_hidden_size"],
+                       model_cfg["vocab_size"], placement)
+
+
+network("llama")(Llama)
+
+
 def build_network(model_cfg: dict, placement: Placement = SINGLE) -> nn.Cell:
     """The network one rank of a built-in family runs (float32 parameters, zeros until
     `autotune.train.weights.initialize` fills them)."""
     family = model_cfg["family"]
-    if family == "transformer":
-        if model_cfg["hidden_size"] % model_cfg["num_heads"]:
-            raise ValueError("model.hidden_size: must be a multiple of model.num_heads")
-        return GPT(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["num_heads"],
-                   model_cfg["ffn_hidden_size"], model_cfg["seq_length"], model_cfg["vocab_size"], placement)
-    if family == "mlp":
-        return ResidualMLP(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["ffn_hidden_size"],
-                           model_cfg["vocab_size"], placement)
-    if family == "llama":
-        return Llama(model_cfg, placement)
-    raise ValueError(f"model.family: unknown built-in family {family!r} (expected one of {', '.join(FAMILIES)})")
+    if family not in NETWORKS:
+        raise ValueError(f"model.family: unknown built-in family {family!r} (expected one of "
+                         f"{', '.join(NETWORKS)})")
+    return NETWORKS[family](model_cfg, placement)

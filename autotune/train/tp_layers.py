@@ -1,7 +1,7 @@
 """Megatron-style tensor-parallel layers (Shoeybi et al. 2019), on explicit collectives.
 
 Each layer holds this tp rank's block of its weights, with the parameter names and full-tensor
-meaning of `autotune.shapes` (Dense weights are (out, in), as MindSpore stores them), so the
+meaning of `autotune.families` (Dense weights are (out, in), as MindSpore stores them), so the
 contiguous split `autotune.layout` describes is exactly what a rank holds. With ``tp = 1`` they are
 the plain layers, with no collective in the graph.
 

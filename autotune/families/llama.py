@@ -1,0 +1,162 @@
+"""The ``llama`` family: MindFormers' legacy LLaMA decoder (RMSNorm, grouped-query attention with
+rotary embeddings, a SwiGLU feed-forward, an untied head), named and split as MindFormers names
+and splits it.
+
+Its names and shapes are those of MindFormers' legacy ``LlamaForCausalLM``
+(``mindformers/models/llama``, docs/mindformers.md "Parameter names"): no biases, grouped-query
+``wk``/``wv`` of ``num_kv_heads`` heads, a three-matrix SwiGLU feed-forward, RMSNorm weights, an
+untied ``lm_head``. Its network is `autotune.train.llama.Llama`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from autotune.families.base import Family
+from autotune.families.transformer import Transformer
+from autotune.families.workload import dimensions
+
+# MindFormers' parameter names and how its layers split them under tensor parallelism: the legacy
+# llama family and the mcore layers (use_legacy: False), each read from MindFormers' source in
+# docs/mindformers.md ("Parameter names"). A user's model.tp_rules come first and can override these.
+MINDFORMERS_RULES = {
+    # legacy llama (mindformers/models/llama)
+    "*attention.wq.*": "column",
+    "*attention.wk.*": "column",
+    "*attention.wv.*": "column",
+    "*attention.w_qkv.*": "column",
+    "*attention.wo.*": "row",
+    "*feed_forward.w1.*": "column",
+    "*feed_forward.w3.*": "column",
+    "*feed_forward.w_gate_hidden.*": "column",  # w1 and w3 fused, rows interleaved per tp rank
+    "*feed_forward.w2.*": "row",
+    "*tok_embeddings.*": "column",
+    "*lm_head.*": "column",
+    # mcore (mindformers/parallel_core/training_graph): ColumnParallelLinear, RowParallelLinear,
+    # VocabParallelEmbedding
+    "*self_attention.linear_qkv.*": "column",
+    "*self_attention.linear_proj.*": "row",
+    "*mlp.linear_fc1.*": "column",
+    "*mlp.linear_fc2.*": "row",
+    "*embedding.word_embeddings.*": "column",
+    "*output_layer.*": "column",
+}
+# The built-in llama family is named as MindFormers' legacy llama (unfused: no qkv_concat) and
+# split as MindFormers splits it.
+LLAMA_RULES = {glob: split for glob, split in MINDFORMERS_RULES.items()
+               if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
+               and "w_qkv" not in glob and "w_gate_hidden" not in glob}
+# Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
+# SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
+# table unless model_config.parallel_optimizer (LlamaEmbedding; its default False).
+LLAMA_NORMS = ("*attention_norm.*", "*ffn_norm.*", "*norm_out.*")
+LLAMA_EMBEDDING = "*tok_embeddings.*"
+
+
+def llama_ffn(hidden: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
+    """The feed-forward width MindFormers' llama derives when ``intermediate_size`` is not given
+    (``LlamaFeedForward``, docs/mindformers.md): 4·hidden, times ``ffn_dim_multiplier`` + 0.01
+    when given, two thirds of it, rounded up to ``multiple_of``. 4096 → 11008, 5120 → 13824,
+    8192 with 1.3 → 28672."""
+    width = 4 * hidden
+    if ffn_dim_multiplier is not None:
+        width = int((ffn_dim_multiplier + 0.01) * width)
+    width = int(2 * width / 3)
+    return multiple_of * ((width + multiple_of - 1) // multiple_of)
+
+
+def kv_heads(model_cfg: dict) -> int:
+    """Key/value heads of a llama model (grouped-query attention; all heads when not given)."""
+    return model_cfg.get("num_kv_heads") or model_cfg["num_heads"]
+
+
+def shapes(cfg: dict) -> dict:
+    """The decoder's parameters (see `autotune.families.base.Family.shapes`)."""
+    h, ffn, vocab = cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["vocab_size"]
+    kv_dim = kv_heads(cfg) * (h // cfg["num_heads"])
+    out = {"model.tok_embeddings.embedding_weight": (vocab, h)}
+    for i in range(cfg["num_layers"]):
+        b = f"model.layers.{i}"
+        out[f"{b}.attention_norm.weight"] = (h,)
+        out[f"{b}.attention.wq.weight"] = (h, h)
+        out[f"{b}.attention.wk.weight"] = (kv_dim, h)
+        out[f"{b}.attention.wv.weight"] = (kv_dim, h)
+        out[f"{b}.attention.wo.weight"] = (h, h)
+        out[f"{b}.ffn_norm.weight"] = (h,)
+        out[f"{b}.feed_forward.w1.weight"] = (ffn, h)   # gate
+        out[f"{b}.feed_forward.w2.weight"] = (h, ffn)   # down
+        out[f"{b}.feed_forward.w3.weight"] = (ffn, h)   # up
+    out["model.norm_out.weight"] = (h,)
+    out["lm_head.weight"] = (vocab, h)
+    return out
+
+
+def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
+    """The norms always, and the token table unless ``embedding_parallel_optimizer``
+    (see :data:`LLAMA_NORMS`)."""
+    return LLAMA_NORMS + (() if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,))
+
+
+@dataclass(frozen=True)
+class Llama(Transformer):
+    """MindFormers' legacy llama layer: RMSNorm → grouped-query attention with rotary
+    embeddings → RMSNorm → SwiGLU (w2(silu(w1·x) · w3·x)); no dropout, untied head."""
+
+    family: ClassVar[str] = "llama"
+    kv_heads: int = 0  # key/value heads (grouped-query attention)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @classmethod
+    def of(cls, model, fused_attention: bool = False, sequence_parallel: bool = False):
+        marks = tuple(sorted((key, value if value is True else tuple(value))
+                             for key, value in model.recompute_layers.items()))
+        return cls(*dimensions(model), fused_attention, sequence_parallel, marks,
+                   model.embedding_parallel_optimizer,
+                   kv_heads=model.num_kv_heads or model.num_heads)
+
+    def layout_config(self) -> dict:
+        return {**super().layout_config(), "num_kv_heads": self.kv_heads}
+
+    def layer_flops(self) -> float:
+        s, h, f, kv = self.seq, self.hidden, self.ffn, self.kv_dim
+        # 2·(2h² + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, QKᵀ and AV;
+        # backward = 2 × forward.
+        return 3 * (s * (4 * h * h + 4 * h * kv + 6 * h * f) + self.attention_flops())
+
+    def recompute_flops(self, mode: str) -> float:
+        if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused
+            return 0.0 if self.fused_attention else self.attention_flops()
+        return super().recompute_flops(mode)
+
+    def layer_activations(self, tp: int, mode: str, dtype_bytes: int, comm: bool = False) -> float:
+        s, h, a = self.seq, self.hidden, self.heads
+        scale = dtype_bytes / 2  # the counts below are 16-bit bytes
+        split = self.sequence_parallel and tp > 1
+        if mode == "full":
+            return 2 * s * h * scale / (tp if split else 1)
+        # the two norm inputs, and the two norm outputs the matmuls' backward needs (gathered
+        # under sequence parallelism unless their all-gather is recomputed)
+        norms = 4 * h / tp + (4 * h / tp if comm else 4 * h) if split else 8 * h
+        swiglu = (8 if mode == "none" else 4) * self.ffn  # gate, up (+ SiLU, product)
+        stored = s * (norms + (4 * h + 4 * self.kv_dim + swiglu) / tp)
+        if mode == "none" and not self.fused_attention:
+            stored += 2 * a * s * s / tp  # the softmax output (no dropout)
+        return stored * scale
+
+    def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
+        return 0.0  # no embedding dropout
+
+
+FAMILY = Family(
+    "llama", "MindFormers' legacy LLaMA decoder", shapes, LLAMA_RULES, Llama,
+    default_ffn=llama_ffn,
+    fields=("num_kv_heads", "sequence_parallel", "embedding_parallel_optimizer",
+            "recompute_layers"),
+    optimizer_whole=optimizer_whole,
+    # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM
+    mindformers_architectures=("LlamaForCausalLM",),
+    mindformers_model_types=("llama", "qwen2", "qwen3"))
