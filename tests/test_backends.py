@@ -279,3 +279,27 @@ def test_a_toy_backend_registered_from_a_test_runs_a_simulated_study_and_its_exp
     assert yaml.safe_load((out / "launch.yaml").read_text())["device"] == {
         "device_target": toydev.device_target}
     assert not (out / "mindformers.yaml").exists()  # its MindFormers refusal
+
+
+def test_a_toy_devices_facts_reach_the_cost_model(registry, tmp_path):
+    """A device profile of a registered toy backend's kind is priced by that backend's facts:
+    the fused attention it runs and the graph engine jit_level O2 selects (a GPU-like copy
+    that states both is priced as Ascend is; the GPU itself as before)."""
+    from autotune.costmodel import estimate, resolve_profile
+    from autotune.costmodel.estimate import fused_attention
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.model_yaml import parse_spec
+
+    backends.register(replace(BACKENDS["gpu"], name="toyge", fused_attention=True,
+                              graph_engine=True))
+    o2 = Candidate(1, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none")
+    for kind, has in (("toyge", True), ("gpu", False)):
+        spec = parse_spec({
+            "model": {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+                      "seq_length": 32, "vocab_size": 256, "dtype": "float16",
+                      "flash_attention": True},
+            "train": {"global_batch_size": 8},
+            "cluster": {"backend": "simulate", "devices": 1,
+                        "device": {"base": "a100-80g", "kind": kind}}}, tmp_path / "m.yaml")
+        assert fused_attention(spec.model, resolve_profile(spec.cluster)) is has
+        assert estimate(spec, o2).feasible is has
