@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import BACKENDS, backend_of
 from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import SAMPLERS
 
@@ -235,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--devices", type=_positive, help="devices to tune for (default: the "
                       "config's dp × mp × pp; another count keeps the global batch, scales dp)")
     init.add_argument("--devices-per-node", type=_positive)
-    init.add_argument("--backend", choices=("ascend", "gpu", "cpu", "simulate"),
+    # every backend but a replay's, whose table of measured candidates init cannot write
+    init.add_argument("--backend", choices=[name for name, backend in BACKENDS.items()
+                                            if backend.kind != "table"],
                       help="default: the config's context.device_target")
     init.add_argument("--total-steps", type=_positive,
                       help="length of the real run (required when the config says -1)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.spec.backends import BACKENDS
+from autotune.spec.backends import BACKENDS, reserved_ports
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_accelerators import _Recorder, _setup_config  # noqa: E402
@@ -256,7 +256,7 @@ def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
 
     monkeypatch.setattr(runner.socket, "socket", Socket)
     assert runner.free_port() == 45123
-    assert (60000, 60031) in runner.RESERVED_PORTS
+    assert (60000, 60031) in reserved_ports()
 
 
 def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, capsys):

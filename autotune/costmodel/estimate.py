@@ -100,9 +100,10 @@ class Estimate:
 
 def fused_attention(model, profile) -> bool:
     """Whether the run computes ``model``'s attention fused: asked for (``flash_attention``), on
-    a device that has the fused operator (Ascend) and a model it accepts
-    (`autotune.spec.attention`). Elsewhere the scores are stored, and priced so."""
-    return model.flash_attention and profile.kind == "ascend" and not fused_refusal(model)
+    a device that has the fused operator (its backend's ``fused_attention``: Ascend) and a model
+    it accepts (`autotune.spec.attention`). Elsewhere the scores are stored, and priced so."""
+    return (model.flash_attention and backend_of(profile.kind).fused_attention
+            and not fused_refusal(model))
 
 
 def _unknown(feasible: bool, reason: str) -> Estimate:
@@ -139,7 +140,7 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
     broken = violations(spec, candidate)
     if broken:
         return _unknown(False, "; ".join(broken))
-    if candidate.jit_level == "O2" and profile.kind != "ascend":
+    if candidate.jit_level == "O2" and not backend_of(profile.kind).graph_engine:
         return _unknown(False, f"jit_level O2 sinks the graph through CANN: Ascend only "
                                f"(device profile {profile.name} is {profile.kind})")
     work = workload_for(spec.model, fused_attention(spec.model, profile),

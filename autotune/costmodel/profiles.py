@@ -25,10 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import backend_of, device_backends
 from autotune.spec.errors import SpecError
-
-KINDS = ("gpu", "ascend", "cpu")
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class DeviceProfile:
     """Hardware of one device and its links. Every number is documented where it is set."""
 
     name: str
-    kind: str                    # gpu | ascend | cpu: which jit levels exist (O2 is Ascend's)
+    kind: str                    # its device backend's name (`autotune.spec.backends`)
     memory_gb: float             # device memory (GiB)
     peak_tflops: float           # dense FP16/BF16 matrix peak
     peak_tflops_fp32: float      # dense FP32 peak (compute dtype float32)
@@ -207,7 +205,7 @@ def resolve_profile(cluster) -> DeviceProfile:
     """The :class:`DeviceProfile` for a spec's ``cluster`` section (rules in the module doc)."""
     device = cluster.device
     name = device if isinstance(device, str) else backend_of(cluster.backend).default_profile
-    if name == "cpu":
+    if name == CPU_BASE.name:
         base = replace(CPU_BASE, memory_gb=cluster.device_memory_gb or CPU_BASE.memory_gb)
         per_node = max(1, cluster.devices_per_node)  # workers of a node share its cores
         base = replace(base, peak_tflops=base.peak_tflops / per_node,
@@ -239,8 +237,9 @@ def _override(base: DeviceProfile | None, numbers: dict, allow_base: bool) -> De
             raise SpecError("cluster.device.base: the cpu backend always uses the CPU profile")
         base = _named(numbers.pop("base"))
     kind = numbers.pop("kind", base.kind if base else "gpu")
-    if kind not in KINDS:
-        raise SpecError(f"cluster.device.kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    kinds = [backend.name for backend in device_backends()]
+    if kind not in kinds:
+        raise SpecError(f"cluster.device.kind: must be one of {', '.join(kinds)}, got {kind!r}")
     for key, value in numbers.items():
         if key not in _NUMERIC:
             raise SpecError(f"cluster.device.{key}: unknown field (known: base, kind, "

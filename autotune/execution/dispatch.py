@@ -125,7 +125,7 @@ class Dispatcher:
             self._guard = Guard(remove=[self._temp_dir]).__enter__()
             # On CPU the embedded pool is the study's devices, so trials never share the cores
             # they measure; accelerators are whatever Ray detects.
-            pool = {"num_cpus": self.pool_devices} if self.backend.ray_resource == "CPU" else {}
+            pool = {"num_cpus": self.pool_devices} if self.backend.host_devices else {}
             try:
                 ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
             except BaseException:

@@ -41,7 +41,7 @@ from autotune.execution.warmup import jit_environment, warm_up
 from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
-from autotune.spec.backends import BACKENDS, backend_of
+from autotune.spec.backends import backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
 from autotune.train.lifetime import die_with_parent_hook
 from autotune.train.msrun import msrun_args
@@ -83,20 +83,15 @@ def trial_clock(log_dir: Path, timeout_s: float):
     return check
 
 
-# Ports a device's collectives take on the host (``Backend.host_ports``): never msrun's.
-RESERVED_PORTS = [ports for backend in BACKENDS.values() if backend.host_ports
-                  for ports in [backend.host_ports]]
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later), none
-    of the ports a backend's collectives take on the host (`RESERVED_PORTS`: the OS hands out
-    ports up to 60999 unless they are reserved, docs/cluster.md)."""
+    of the ports a backend's collectives take on the host (``Backend.host_ports``: the OS hands
+    out ports up to 60999 unless they are reserved, docs/cluster.md)."""
     while True:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if not any(first <= port <= last for first, last in RESERVED_PORTS):
+        if not any(first <= port <= last for first, last in reserved_ports()):
             return port
 
 

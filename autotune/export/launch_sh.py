@@ -171,7 +171,7 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
                          bind_core=backend.pins_cores, tail_worker=0)
     msrun = _shell_words(options)
     refusal = backend.no_mindformers
-    if backend.name == "cpu" and cpu_refusals(c):
+    if backend.mindformers_cpu_form and cpu_refusals(c):
         refusal = "MindFormers cannot run this export on CPU: " + "; ".join(cpu_refusals(c))
     script = _HEADER.format(
         study=json.dumps(str(trial["study"])), number=trial["number"], dp=c.dp, tp=c.tp, pp=c.pp,

@@ -5,11 +5,12 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
 - :func:`overlay` is every key autotune sets, each for a reason docs/mindformers.md states with
   its MindFormers source ("What the overlay sets"). MindFormers' global batch under it is
   ``train.global_batch_size`` in every layout, pure data parallel included.
-- A ``cpu`` run backend gets the config MindFormers runs on CPU when it can (:func:`cpu_refusals`
-  is empty): data parallel (``parallel_mode: 0``, gradients averaged), accumulation folded into
-  the per-rank batch, no sink mode, the legacy llama's CPU kernels, and autotune's CPU training
-  step (:data:`CPU_WRAPPER_FILE`, passed by ``launch.sh`` through ``--register_path``). When it
-  cannot, the file is the device form and its header says why MindFormers refuses it on CPU.
+- A run backend of ``mindformers_cpu_form`` (``cpu``) gets the config MindFormers runs on CPU
+  when it can (:func:`cpu_refusals` is empty): data parallel (``parallel_mode: 0``, gradients
+  averaged), accumulation folded into the per-rank batch, no sink mode, the legacy llama's CPU
+  kernels, and autotune's CPU training step (:data:`CPU_WRAPPER_FILE`, passed by ``launch.sh``
+  through ``--register_path``). When it cannot, the file is the device form and its header
+  says why MindFormers refuses it on CPU.
 - The base is read and merged by MindFormers' own rule, `autotune.spec.mindformers_file`
   (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too; its
   per-stage recompute lists are re-derived for the tuned pp and the keys it keeps that change
@@ -53,7 +54,7 @@ CPU_WRAPPER = "CpuTrainOneStepCell"
 
 def on_cpu(spec: Spec, c: Candidate) -> bool:
     """Whether mindformers.yaml is the CPU form (MindFormers runs ``c`` on this CPU)."""
-    return run_backend(spec).name == "cpu" and not cpu_refusals(c)
+    return run_backend(spec).mindformers_cpu_form and not cpu_refusals(c)
 
 
 def cpu_refusals(c: Candidate) -> list[str]:
@@ -182,7 +183,7 @@ def _notes(spec: Spec, c: Candidate) -> str:
         return ("# On CPU: data parallel, accumulation folded into the per-rank batch, and autotune's\n"
                 f"# {CPU_WRAPPER} ({CPU_WRAPPER_FILE} beside this file), which launch.sh\n"
                 "# --mindformers registers through run_mindformer.py --register_path.\n")
-    if run_backend(spec).name == "cpu":
+    if run_backend(spec).mindformers_cpu_form:
         return ("# MindFormers cannot run this on CPU: " + "; ".join(cpu_refusals(c))
                 + ".\n# It is the config for Ascend; launch.sh --mindformers refuses it here.\n")
     return ""

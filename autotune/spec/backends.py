@@ -12,7 +12,10 @@ first real run needs (docs/accelerators.md): the vendor tool that reads a proces
 how MindSpore's memory pool grows and whether it can be emptied, whether a warm pool runs one
 layout (communicators outside the pool), the driver's kernel JIT cache and a warm-up per node,
 the chips whose overflow check isfinite can see, and the host ports the device's collectives take.
-Adding a backend is one entry here.
+Every per-backend rule elsewhere reads one of these facts; no module outside this one names a
+backend (tests/test_backends.py checks it). Adding a backend is one entry here, or
+:func:`register` from outside the package (a test's toy backend): the trial program is another
+process, which knows only the entries here, so a ``program`` backend that runs trials must be one.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ NPU_SMI = ("npu-smi", "info")
 # set_memory's increase_size on an accelerator: the pool grows in blocks this large, so what it
 # reserves stays within this of what a trial allocates (MindSpore's default is 2GB).
 POOL_INCREASE = "0.25GB"
+# How a backend's trials are answered (``Backend.kind``): a real MindSpore program, the cost
+# model's estimate, a replayed table of measured candidates.
+KINDS = ("program", "estimate", "table")
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,17 @@ class Backend:
     # Host ports the device's collectives take (first, last): never handed to msrun
     # (`autotune.execution.runner.free_port`; docs/cluster.md says how to reserve them).
     host_ports: tuple = ()
+    # Whether the device has MindSpore's graph engine (GE), which jit_level O2 selects: the
+    # cost model prices O2 only on a device profile of such a backend's kind.
+    graph_engine: bool = False
+    # Whether MindFormers runs this backend's export in its CPU form (data parallel, autotune's
+    # CPU training step: `autotune.export.mindformers.cpu_refusals` says when it cannot).
+    mindformers_cpu_form: bool = False
+
+    @property
+    def host_devices(self) -> bool:
+        """Whether a device is one of the host's cores (a worker process), as on CPU."""
+        return self.ray_resource == "CPU"
 
     @property
     def runs_program(self) -> bool:
@@ -131,7 +148,7 @@ class Backend:
         """Ray resources of ``devices`` devices of this backend on one node, as a placement
         bundle: on CPU a device is a core (a worker process); an accelerator's trial also
         holds one CPU for its launcher."""
-        if self.ray_resource == "CPU":
+        if self.host_devices:
             return {"CPU": devices}
         return {self.ray_resource: devices, "CPU": 1}
 
@@ -172,7 +189,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
     Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
             ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu",
-            first_op_before_init=True),
+            first_op_before_init=True, mindformers_cpu_form=True),
     # bfloat16 on GPU: MindSpore 2.10's GPU plugin (CUDA 11) carries no bfloat16 kernel — its
     # kernel library plugin/gpu/libcuda_ops.so.11 names `__half` (float16) instantiations 115,727
     # times and `__nv_bfloat16` none, nor does plugin/libmindspore_gpu.so.11.* (docs/accelerators.md).
@@ -205,7 +222,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             # visible (saturation mode clamps to the largest finite value; MindSpore then reads
             # the chip's float-status registers instead): docs/accelerators.md.
             environment=(("MS_ASCEND_CHECK_OVERFLOW_MODE", "INFNAN_MODE"),),
-            fused_attention=True, accelerator=True, memory_tool=NPU_SMI,
+            fused_attention=True, graph_engine=True, accelerator=True, memory_tool=NPU_SMI,
             memory_tool_format="table", pool_increase=POOL_INCREASE, empties_pool=True,
             pool_per_layout=True,
             # Only 910B and 910_93 take INFNAN mode; other chips stay in saturation mode, where
@@ -231,3 +248,40 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 def backend_of(name: str) -> Backend:
     """The backend called ``name`` (a name spec validation accepted)."""
     return BACKENDS[name]
+
+
+def register(backend: Backend) -> Backend:
+    """Add ``backend`` to :data:`BACKENDS` under its name, from then on a ``cluster.backend``
+    like the built-in ones; returns it. A name already taken, a kind other than :data:`KINDS`
+    or a ``program`` backend without its device target or Ray resource is a ``ValueError``
+    naming the backend."""
+    if not isinstance(backend, Backend):
+        raise ValueError(f"register takes a Backend, got {type(backend).__name__}")
+    if backend.name in BACKENDS:
+        raise ValueError(f"backend {backend.name!r} is already registered; choose another name")
+    if backend.kind not in KINDS:
+        raise ValueError(f"backend {backend.name!r}: kind must be one of {', '.join(KINDS)}, "
+                         f"got {backend.kind!r}")
+    if backend.runs_program and not (backend.device_target and backend.ray_resource):
+        raise ValueError(f"backend {backend.name!r}: a program backend needs device_target "
+                         "(MindSpore's set_device) and ray_resource (what a device is to Ray)")
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def device_backends() -> tuple[Backend, ...]:
+    """The backends that run on a device of their own (``program``): a device profile's
+    ``kind`` is one of their names, and a simulated study's export runs on it."""
+    return tuple(b for b in BACKENDS.values() if b.runs_program)
+
+
+def for_device_target(target: str) -> Backend | None:
+    """The first device backend whose MindSpore device target is ``target`` (any case), None
+    when there is none."""
+    return next((b for b in device_backends() if b.device_target.lower() == target.lower()),
+                None)
+
+
+def reserved_ports() -> list[tuple[int, int]]:
+    """The host ports (first, last) some backend's collectives take."""
+    return [b.host_ports for b in BACKENDS.values() if b.host_ports]

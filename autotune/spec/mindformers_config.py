@@ -34,16 +34,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import backend_of, for_device_target
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import JIT_LEVELS, LOSS_SCALED_DTYPES
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.mindformers_model import read_model
 from autotune.spec.mindformers_run import read_run
 
-_DEVICES = {"ascend": "ascend", "gpu": "gpu", "cpu": "cpu"}  # context.device_target → backend
-# The cost model's profile of the config's device; the published configs' "Atlas 800T A2".
-_PROFILE = {"ascend": "ascend-910b", "gpu": backend_of("gpu").default_profile, "cpu": "cpu"}
 _SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
 
 
@@ -224,24 +221,27 @@ def _memory_gb(cfg: _Config, key: str) -> float | None:
 def _read_cluster(cfg: _Config, r: Reading, devices: int, where: str, per_node: int | None,
                   backend: str | None) -> None:
     target = str(cfg.get("context.device_target", "Ascend")).lower()
-    if target not in _DEVICES:
+    device = for_device_target(target)  # the backend whose MindSpore device target it is
+    if device is None:
         cfg.fail("context.device_target", f"unknown device {target!r}")
-    backend = backend or _DEVICES[target]
-    r.cluster += [("backend", backend, "--backend" if backend != _DEVICES[target]
+    chosen = backend_of(backend or device.name)
+    r.cluster += [("backend", chosen.name, "--backend" if chosen is not device
                    else "context.device_target"),
                   ("devices", devices, where),
                   ("devices_per_node", per_node or min(devices, 8),
                    "--devices-per-node" if per_node else "8 per node (Atlas 800T A2)")]
-    # The profile: the config's device where the study stands for it (its own backend or
-    # simulate), else the backend's own: a CPU study is priced as the CPU it runs on.
-    if backend in (_DEVICES[target], "simulate"):
-        r.cluster.append(("device", _PROFILE[target], f"context.device_target {target}"))
-        cap = _memory_gb(cfg, "context.max_device_memory") if target != "cpu" else None
+    # The profile: the config's device where the study stands for it (its own backend or a
+    # simulation), else the backend's own: a CPU study is priced as the CPU it runs on. The
+    # device's own profile is its backend's default (the published configs' "Atlas 800T A2":
+    # ascend-910b).
+    if chosen is device or chosen.kind == "estimate":
+        r.cluster.append(("device", device.default_profile, f"context.device_target {target}"))
+        cap = _memory_gb(cfg, "context.max_device_memory") if device.accelerator else None
         if cap is not None:
             r.cluster.append(("max_device_memory_gb", cap,
                               "context.max_device_memory: the cap the estimate screens against"))
     else:
-        r.cluster.append(("device", backend_of(backend).default_profile, f"--backend {backend}"))
+        r.cluster.append(("device", chosen.default_profile, f"--backend {chosen.name}"))
 
 
 def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: str) -> None:
