@@ -6,6 +6,7 @@ so no contract is one that cannot fail.
 """
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -167,6 +168,36 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
         (staged / "new.txt").write_text("new")
     assert [p.name for p in out.iterdir()] == ["new.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def _renames() -> list[str]:
+    """The modules that rename a file into place (``os.replace``, ``Path.replace(target)``)."""
+    found = []
+    for path, text in _sources():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("replace", "rename") and (
+                        (isinstance(node.func.value, ast.Name) and node.func.value.id == "os")
+                        or (len(node.args) == 1 and not node.keywords)):
+                found.append(path.relative_to(PACKAGE).as_posix())
+    return sorted(set(found))
+
+
+def test_json_files_are_written_whole_in_one_place(tmp_path):
+    # write then rename: files.write_json (the trial's metrics, the warm pool's handovers, a
+    # trial's config.json) and files.staged_folder; a checkpoint is MindSpore's own file
+    assert _renames() == ["files.py", "train/checkpoint.py"]
+
+    from autotune.files import write_json
+    path = tmp_path / "metrics.json"
+    value = {"goodput": 1.5, "loss": float("nan"), "note": "µ", "steps": [1, 2]}
+    for indent in (None, 1, 2):  # the writers' formats, each byte for byte json.dumps's
+        write_json(path, value, indent=indent)
+        assert path.read_bytes() == json.dumps(value, indent=indent).encode()
+    with pytest.raises(TypeError):
+        write_json(path, {"half": object()})
+    assert path.read_bytes() == json.dumps(value, indent=2).encode()  # left as it was
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
 
 
 def test_values_json_cannot_hold_become_null_in_one_place():

@@ -72,7 +72,6 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 import functools
 import json
 import math
-import os
 import statistics
 
 LAST_WINDOW = 5
@@ -128,13 +127,6 @@ def resident_mb() -> float:
     except OSError:
         pass
     return 0.0
-
-
-def write_json_atomic(path, payload) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.replace(tmp, path)
 
 
 def rising(losses) -> bool:

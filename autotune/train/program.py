@@ -80,6 +80,7 @@ import time
 import numpy as np
 
 from autotune import layout
+from autotune.files import write_json
 from autotune.spec.backends import BACKENDS
 from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW
 from autotune.train import CANDIDATE_STARTED
@@ -336,7 +337,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
                                   underflow_share=None, underflow_bound=bound,
                                   underflow_note=metrics_mod.PROBE_UNFINISHED)
             pending["finished_at"] = time.time()
-            metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), pending)
+            write_json(os.path.join(out_dir, "metrics.json"), pending, indent=1)
 
     probe_started = time.perf_counter()
     underflow = _underflow_share(engine, placement, i - 1, final_scale, backend, before_probe)
@@ -351,7 +352,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
               f"{result['step_time_ci']:.2%} against {precision:.1%}; the plan took one "
               f"all-reduce, {planned_s * 1000:.1f} ms", file=sys.stderr, flush=True)
     from autotune.train.weights import digest
-    metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
+    write_json(os.path.join(out_dir, f"metrics.rank{rank}.json"), indent=1, value={
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
         "peak_memory_mb": own_peak, "leftover_mb": leftover_mb, "weights_sha256": digest(engine.network),
         **{f"device_{k}" + ("" if k.endswith("_seen") else "_mb"): v
@@ -365,5 +366,5 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
               flush=True)
     if rank == 0:
         result["finished_at"] = time.time()
-        metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), result)
+        write_json(os.path.join(out_dir, "metrics.json"), result, indent=1)
     return result
