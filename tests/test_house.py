@@ -170,6 +170,53 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+BATCH_SPEC = """
+study: t
+model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,
+        vocab_size: 64}
+train: {global_batch_size: 12}
+cluster: {backend: cpu, devices: 2}
+"""
+
+
+@pytest.mark.parametrize("knobs, broken", [
+    ({"dp": 2, "pp": 1, "grad_accum": 2}, False),
+    ({"dp": 2, "pp": 1, "grad_accum": 4}, True),        # 12 over dp·grad_accum = 8
+    ({"dp": 1, "pp": 2, "micro_batches": 2}, False),
+    ({"dp": 1, "pp": 2, "micro_batches": 8}, True),     # 12 over dp·micro_batches = 8
+    ({"dp": 1, "pp": 2, "micro_batches": 1}, True),     # fewer micro-batches than stages
+])
+def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_path, knobs, broken):
+    # spec.constraints screens a candidate, train.program.check_config refuses its config: the
+    # same rule (spec.knobs.batch_split_problems) with the same words, the program's naming the
+    # field
+    from dataclasses import replace
+
+    from autotune.spec.constraints import violations
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+    from autotune.train.config import ConfigError, trial_config
+    from autotune.train.program import check_config
+
+    (tmp_path / "model.yaml").write_text(BATCH_SPEC)
+    spec = load_spec(tmp_path / "model.yaml")
+    candidate = replace(build_space(spec).baseline(), **knobs)
+    config = trial_config(spec, candidate, study="t", number=0, out_dir=tmp_path, steps=5,
+                          measure_after=1)
+    reasons = violations(spec, candidate)
+    assert bool(reasons) == broken
+    if not broken:
+        check_config(config)
+        return
+    with pytest.raises(ConfigError) as refused:
+        check_config(config)
+    field, _, said = str(refused.value).partition(": ")
+    assert said == reasons[0] and field in ("train.global_batch_size", "knobs.micro_batches")
+    definers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources()
+                if "micro_batches < " in text or "micro_batches >= " in text]
+    assert definers == ["spec/knobs.py"]
+
+
 def _renames() -> list[str]:
     """The modules that rename a file into place (``os.replace``, ``Path.replace(target)``)."""
     found = []

@@ -82,11 +82,11 @@ import numpy as np
 from autotune import layout
 from autotune.files import write_json
 from autotune.spec.backends import BACKENDS
-from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW
+from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import compile_cache
 from autotune.train import metrics as metrics_mod
-from autotune.train.config import ConfigError, micro_steps
+from autotune.train.config import ConfigError
 from autotune.train.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
 
 
@@ -131,11 +131,11 @@ def check_config(cfg: dict) -> None:
         reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"])
         if reasons:
             raise ConfigError(f"knobs: {reasons[0]}")
-    split = knobs["dp"] * micro_steps(knobs)
-    if train["global_batch_size"] % split:
-        raise ConfigError(f"train.global_batch_size: must be a multiple of dp × micro-batches = {split}")
-    if knobs["pp"] > 1 and knobs["micro_batches"] < knobs["pp"]:
-        raise ConfigError("knobs.micro_batches: must be ≥ pp")
+    split = batch_split_problems(global_batch_size=train["global_batch_size"], **{
+        k: knobs[k] for k in ("dp", "pp", "micro_batches", "grad_accum")})
+    if split:
+        field, reason = split[0]
+        raise ConfigError(f"{field}: {reason}")
     if not 0 <= trial["measure_after"] < trial["steps"]:
         raise ConfigError("trial.measure_after: must be >= 0 and < trial.steps")
     if ("precision" in trial) != ("min_steps" in trial):
