@@ -8,6 +8,7 @@ so no contract is one that cannot fail.
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -385,3 +386,17 @@ def optuna_study(storage):
     study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
     study.set_user_attr("objectives", ["goodput"])
     return study
+
+
+def test_no_test_imports_a_benchmark_and_every_record_says_what_it_measured():
+    # benchmarks/ holds the tools kept in step with the code; benchmarks/records/ the MindSpore
+    # fact checks and decision records, each headed by the commit it measured
+    benchmarks = {p.stem for p in (ROOT / "benchmarks").rglob("*.py")}
+    for test in sorted((ROOT / "tests").rglob("*.py")):
+        imported = {m.split(".")[0] for m in _imports(test)}
+        assert not imported & (benchmarks | {"benchmarks"}), (test.name, imported & benchmarks)
+    records = sorted((ROOT / "benchmarks" / "records").glob("*.py"))
+    assert records
+    for record in records:
+        head = record.read_text().splitlines()[0]
+        assert re.fullmatch(r"# measured at [0-9a-f]{7,40}", head), (record.name, head)
