@@ -4,7 +4,10 @@ A :class:`Knob` states the knob's name (as stored in the study), its value type,
 how MindSpore and MindFormers apply it, and whether the cost model can tell its values apart.
 Everything else (search-space parsing, sampling, constraints, the trial program, export) reads
 these definitions instead of repeating them. Which values a backend executes is the backend's
-to say (`autotune.spec.backends`).
+to say (`autotune.spec.backends`). So do the rules between knobs: which knobs act on a layout
+(:func:`is_active`) and how the global batch splits over replicas and micro-batches
+(:func:`micro_steps`, :func:`batch_split_problems`: the spec's constraints and the trial
+program's config check apply the same one).
 """
 
 from __future__ import annotations
