@@ -1,9 +1,14 @@
-"""Writing what a user keeps: strict JSON values, and folders that appear whole or not at all.
+"""Writing what a user keeps: strict JSON values, and files and folders that appear whole or not
+at all.
 
 Contract:
 - :func:`json_safe` returns a value JSON can hold as it is: non-finite floats (NaN, ±inf, which
   strict JSON and Optuna's storage of user attrs do not have) become None, in dicts, lists and
   tuples too (tuples become lists).
+- :func:`write_json` writes a JSON file whole or not at all: the text goes to a temporary file
+  beside it (named for this process, so processes that write the same file never share one),
+  which then replaces ``path`` in one rename; a reader never sees half a file, and a value JSON
+  cannot hold leaves ``path`` as it was.
 - :func:`staged_folder` is a context manager giving a new private folder beside ``out``; when
   the block ends normally the folder replaces ``out`` (an existing ``out`` — a folder, or
   anything else — is kept until the new one is in place, then removed), and when it raises the staged folder is removed and
@@ -12,6 +17,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -29,6 +35,19 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def write_json(path, value, indent: int | None = None) -> None:
+    """Write ``value`` as JSON (``json.dumps(value, indent=indent)``) to ``path``, atomically
+    (see the module doc)."""
+    temporary = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=indent)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

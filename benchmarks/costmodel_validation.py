@@ -192,14 +192,9 @@ def ranking_table(gpus: int, batch: int) -> None:
 
 
 MINDFORMERS_CONFIGS = Path(__file__).resolve().parent / "mindformers_configs"
-# (config in MINDFORMERS_CONFIGS, tokens/s/p that docs/model_cards/llama2.md reports, its
-#  "DataType" column)
-MINDFORMERS_RUNS = [
-    ("pretrain_llama2_7b_bf16.yaml", 4160, "bfloat16"),
-    ("finetune_llama2_7b.yaml", 3484, "float16"),
-    ("finetune_llama2_13b_bf16.yaml", 1691, "bfloat16"),
-    ("finetune_llama2_70b_bf16_32p.yaml", 337, "bfloat16"),
-]
+# each published run: its config in MINDFORMERS_CONFIGS, the tokens/s/p and "DataType" that
+# docs/model_cards/llama2.md reports (tests/test_mindformers_init.py reads the same file)
+MINDFORMERS_RUNS = Path(__file__).resolve().parent / "mindformers_runs.yaml"
 # Keys an export keeps from the base that the estimate prices (model.sequence_parallel,
 # model.recompute_layers), or whose value is what it prices anyway (MindSpore's defaults).
 PRICED = ("parallel_config.use_seq_parallel", "recompute_config.select_comm_recompute")
@@ -237,7 +232,8 @@ def mindformers_rows() -> list[dict]:
     """Table 3's rows: config, layout, precision, reported and estimated tokens/s/device, error,
     memory against the cap and its verdict, what the estimate does not price."""
     rows = []
-    for config, reported, card in MINDFORMERS_RUNS:
+    for run in yaml.safe_load(MINDFORMERS_RUNS.read_text(encoding="utf-8"))["runs"]:
+        config, reported, card = run["config"], run["tokens_per_s_per_device"], run["datatype"]
         spec, c, warnings = mindformers_run(config)
         est = estimate(spec, c)
         tokens = est.samples_per_s * spec.model.seq_length / c.devices

@@ -7,7 +7,8 @@ In order, one line each (``[n name] …``), then a verdict line:
 1 install   the backend's packages (``Backend.packages``: the CUDA 11 libraries the GPU plugin
             links against) into this venv, or its host setup checked (Ascend's CANN environment);
 2 kernels   GPU: the compute capability against the plugin's kernels (their fat binaries, read
-            here: :func:`kernel_targets`) — whether every fresh process JIT-compiles them;
+            by `autotune.execution.warmup.kernel_targets`) — whether every fresh process
+            JIT-compiles them;
 3 first op  the device brought up and a first op made in a fresh process, cold (an empty JIT
             cache) then warm (the cache the cold one filled), each timed;
 4 memory    one process's readings after a 1 GiB tensor: MindSpore's allocated, reserved and
@@ -28,7 +29,6 @@ import argparse
 import json
 import os
 import shlex
-import struct
 import subprocess
 import sys
 import tempfile
@@ -39,39 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.execution.warmup import kernel_targets  # noqa: E402
 from autotune.spec.backends import BACKENDS  # noqa: E402
 
-FATBIN_MAGIC = 0xBA55ED50
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 TRIAL_TIMEOUT_S = 300
-
-
-def kernel_targets(library: Path) -> tuple[int, dict]:
-    """The CUDA kernel modules an ELF shared library carries (its ``.nv_fatbin`` section: one
-    fat binary per module) and the targets they hold: ``{"sass": [sm…], "ptx": [compute…]}``."""
-    data = library.read_bytes()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    entsize, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * entsize) for i in range(count)]
-    names = headers[names_index][4]
-    sections = {data[names + h[0]:data.index(b"\0", names + h[0])].decode(): (h[4], h[5])
-                for h in headers}
-    offset, size = sections.get(".nv_fatbin", (0, 0))
-    end, modules, targets = offset + size, 0, {"sass": set(), "ptx": set()}
-    while offset + 16 <= end:
-        magic, _, header, body = struct.unpack_from("<IHHQ", data, offset)
-        if magic != FATBIN_MAGIC:
-            offset += 8  # modules are 8-byte aligned
-            continue
-        modules += 1
-        entry, stop = offset + header, offset + header + body
-        while entry < stop:
-            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
-            arch, = struct.unpack_from("<I", data, entry + 28)
-            targets["ptx" if kind == 1 else "sass"].add(arch)
-            entry += entry_header + payload
-        offset = stop
-    return modules, {kind: sorted(archs) for kind, archs in targets.items()}
 
 
 def _plugin(backend) -> Path:

@@ -366,7 +366,8 @@ def test_the_trainers_accumulating_step_reduces_after_its_last_micro_batch():
 
 
 def test_cpu_prices_16_bit_hidden_state_messages_slower():
-    """benchmarks/allreduce_in_graph.py: a float16 all-reduce costs ≈3.5× its α–β price on CPU."""
+    """benchmarks/records/allreduce_in_graph.py: a float16 all-reduce costs ≈3.5× its α–β price
+    on CPU."""
     def pp_comm(factor=None):
         device = {"half_collective_factor": factor} if factor else None
         spec = spec_of(batch=8, cluster={"backend": "cpu", "devices": 2, "devices_per_node": 2,

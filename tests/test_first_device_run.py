@@ -211,8 +211,7 @@ def test_the_gpu_plugin_carries_no_hopper_code():
     PTX for compute_60/86 only, so an H100 (sm_90) JIT-compiles every module."""
     import mindspore
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    from device_check import kernel_targets
+    from autotune.execution.warmup import kernel_targets
 
     libraries = sorted((Path(mindspore.__file__).parent / "lib" / "plugin").glob("gpu/libcuda_ops.so*"))
     if not libraries:

@@ -6,7 +6,9 @@ so no contract is one that cannot fail.
 """
 
 import ast
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -169,6 +171,83 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+BATCH_SPEC = """
+study: t
+model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,
+        vocab_size: 64}
+train: {global_batch_size: 12}
+cluster: {backend: cpu, devices: 2}
+"""
+
+
+@pytest.mark.parametrize("knobs, broken", [
+    ({"dp": 2, "pp": 1, "grad_accum": 2}, False),
+    ({"dp": 2, "pp": 1, "grad_accum": 4}, True),        # 12 over dp·grad_accum = 8
+    ({"dp": 1, "pp": 2, "micro_batches": 2}, False),
+    ({"dp": 1, "pp": 2, "micro_batches": 8}, True),     # 12 over dp·micro_batches = 8
+    ({"dp": 1, "pp": 2, "micro_batches": 1}, True),     # fewer micro-batches than stages
+])
+def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_path, knobs, broken):
+    # spec.constraints screens a candidate, train.program.check_config refuses its config: the
+    # same rule (spec.knobs.batch_split_problems) with the same words, the program's naming the
+    # field
+    from dataclasses import replace
+
+    from autotune.spec.constraints import violations
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+    from autotune.train.config import ConfigError, trial_config
+    from autotune.train.program import check_config
+
+    (tmp_path / "model.yaml").write_text(BATCH_SPEC)
+    spec = load_spec(tmp_path / "model.yaml")
+    candidate = replace(build_space(spec).baseline(), **knobs)
+    config = trial_config(spec, candidate, study="t", number=0, out_dir=tmp_path, steps=5,
+                          measure_after=1)
+    reasons = violations(spec, candidate)
+    assert bool(reasons) == broken
+    if not broken:
+        check_config(config)
+        return
+    with pytest.raises(ConfigError) as refused:
+        check_config(config)
+    field, _, said = str(refused.value).partition(": ")
+    assert said == reasons[0] and field in ("train.global_batch_size", "knobs.micro_batches")
+    definers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources()
+                if "micro_batches < " in text or "micro_batches >= " in text]
+    assert definers == ["spec/knobs.py"]
+
+
+def _renames() -> list[str]:
+    """The modules that rename a file into place (``os.replace``, ``Path.replace(target)``)."""
+    found = []
+    for path, text in _sources():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("replace", "rename") and (
+                        (isinstance(node.func.value, ast.Name) and node.func.value.id == "os")
+                        or (len(node.args) == 1 and not node.keywords)):
+                found.append(path.relative_to(PACKAGE).as_posix())
+    return sorted(set(found))
+
+
+def test_json_files_are_written_whole_in_one_place(tmp_path):
+    # write then rename: files.write_json (the trial's metrics, the warm pool's handovers, a
+    # trial's config.json) and files.staged_folder; a checkpoint is MindSpore's own file
+    assert _renames() == ["files.py", "train/checkpoint.py"]
+
+    from autotune.files import write_json
+    path = tmp_path / "metrics.json"
+    value = {"goodput": 1.5, "loss": float("nan"), "note": "µ", "steps": [1, 2]}
+    for indent in (None, 1, 2):  # the writers' formats, each byte for byte json.dumps's
+        write_json(path, value, indent=indent)
+        assert path.read_bytes() == json.dumps(value, indent=indent).encode()
+    with pytest.raises(TypeError):
+        write_json(path, {"half": object()})
+    assert path.read_bytes() == json.dumps(value, indent=2).encode()  # left as it was
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
 def test_values_json_cannot_hold_become_null_in_one_place():
     nan, inf = float("nan"), float("inf")
     definers = [p for p, text in _sources() for node in ast.walk(ast.parse(text))
@@ -307,3 +386,17 @@ def optuna_study(storage):
     study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
     study.set_user_attr("objectives", ["goodput"])
     return study
+
+
+def test_no_test_imports_a_benchmark_and_every_record_says_what_it_measured():
+    # benchmarks/ holds the tools kept in step with the code; benchmarks/records/ the MindSpore
+    # fact checks and decision records, each headed by the commit it measured
+    benchmarks = {p.stem for p in (ROOT / "benchmarks").rglob("*.py")}
+    for test in sorted((ROOT / "tests").rglob("*.py")):
+        imported = {m.split(".")[0] for m in _imports(test)}
+        assert not imported & (benchmarks | {"benchmarks"}), (test.name, imported & benchmarks)
+    records = sorted((ROOT / "benchmarks" / "records").glob("*.py"))
+    assert records
+    for record in records:
+        head = record.read_text().splitlines()[0]
+        assert re.fullmatch(r"# measured at [0-9a-f]{7,40}", head), (record.name, head)

@@ -278,3 +278,22 @@ def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prio
                  "--warm-start", "first"]) == 2
     assert "--warm-start first: it measured another model" in capsys.readouterr().err
     assert "third" not in optuna.get_all_study_names(storage)
+
+
+def test_every_sampler_name_has_a_sampler_and_no_other_name_does():
+    # the names search.sampler and --sampler accept (one tuple, in the spec) against the factory
+    import importlib.util
+
+    from autotune.search.samplers import SAMPLERS, make_sampler
+    from autotune.spec.errors import SpecError
+
+    extras = {"cmaes": ("cmaes",), "gp": ("torch", "scipy")}  # pyproject's optional extras
+    for name in SAMPLERS:
+        missing = [p for p in extras.get(name, ()) if importlib.util.find_spec(p) is None]
+        if missing:  # an input error naming the extra to install, never a crash
+            with pytest.raises(SpecError, match=rf"autotune\[{name}\]"):
+                make_sampler(name, seed=0, n_trials=8)
+        else:
+            assert isinstance(make_sampler(name, seed=0, n_trials=8), optuna.samplers.BaseSampler)
+    with pytest.raises(SpecError, match="search.sampler: must be one of auto, tpe"):
+        make_sampler("bayes", seed=0, n_trials=8)

@@ -11,6 +11,7 @@ from autotune.execution.timing import with_launch_and_teardown
 from autotune.jobs import METRICS, TIME_PARTS
 from autotune.spec.knobs import KNOBS
 from autotune.train.compile_cache import graph_key
+from autotune.train.metrics import METRIC_KEYS, StepLog
 
 
 def test_the_launcher_turns_the_programs_clock_into_launch_and_teardown():
@@ -20,6 +21,28 @@ def test_the_launcher_turns_the_programs_clock_into_launch_and_teardown():
     assert "started_at" in metrics  # the caller's dict is left as it was
     assert with_launch_and_teardown({"goodput": 1.0}, 0.0, 1.0) == {"goodput": 1.0}  # no run
     assert set(TIME_PARTS) <= set(METRICS)  # each part is stored under its own name
+
+
+# What a trial's metrics.json holds that the study does not store under its own name, and why:
+# the program's book-keeping (its step count, batch, applied steps and final scale, which the
+# stored numbers already summarise) and the probe's note, which becomes the result's detail
+# (`autotune.execution.classify`).
+NOT_STORED = {"steps", "samples_per_step", "applied_steps", "final_loss_scale", "underflow_note"}
+
+
+def test_the_study_stores_every_metric_a_trial_reports_but_its_book_keeping():
+    # the trial program's own summary (pure Python), as the launcher hands it to the study: a
+    # metric added to the program but not to jobs.METRICS (or the other way round) fails here
+    log = StepLog(None, measure_after=2, samples_per_step=8, total_steps=1000)
+    for step in range(6):
+        log.add(step, 0.1, 4.0 - 0.1 * step, overflow=False, loss_scale=1024.0)
+    reported = log.summary({"started_at": 100.0, "init_s": 1.0, "first_step_s": 1.0,
+                            "probe_s": 0.0}, 1.0, 1024.0)
+    assert tuple(reported) == METRIC_KEYS  # what metrics.json holds, in its order
+    reported["finished_at"] = 110.0  # the program sets it once its outputs are written
+    handed = with_launch_and_teardown(reported, handed_over=99.0, ended=111.0)
+    assert NOT_STORED <= set(handed)
+    assert sorted(set(handed) - NOT_STORED) == sorted(METRICS)
 
 
 def trial(**attrs):

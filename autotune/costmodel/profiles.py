@@ -148,8 +148,8 @@ CPU_BASE = DeviceProfile(
     peak_tflops_fp32=CPU_MACHINE_PEAK_TFLOPS_FP32,
     hbm_gbps=20.0,               # assumption: a 2-vCPU share of a server's DRAM bandwidth
     # All-reduce between the two pinned msrun workers of this machine, measured with
-    # `.venv/bin/python benchmarks/collectives_cpu.py` (a 2-rank create_group group, AllReduce
-    # inside a compiled Cell, 4 B – 64 MB) and fitted to allreduce_time's n = 2 form
+    # `.venv/bin/python benchmarks/records/collectives_cpu.py` (a 2-rank create_group group,
+    # AllReduce inside a compiled Cell, 4 B – 64 MB) and fitted to allreduce_time's n = 2 form
     # α + S / (intra_node_gbps × link_efficiency) over 16 KB – 4 MB, the trainer's messages.
     # Four runs on a quieter machine: α = 301 / 173 / 222 / 207 µs, B_eff = 0.35 / 0.33 / 0.39 /
     # 0.37 GB/s; medians taken: α = 215 µs, B_eff = 0.36 GB/s → intra_node_gbps = 0.36 / 0.8 =
@@ -187,8 +187,8 @@ CPU_BASE = DeviceProfile(
     comm_overlap=0.0,
     # A float16 all-reduce inside a compute graph costs 3.3–3.8 ms per 256 KB where the α–β fit
     # above prices 0.94 ms (float32: 2.0–2.7 ms per 512 KB, priced 1.67): the CPU collective sums
-    # half precision slowly. `.venv/bin/python benchmarks/allreduce_in_graph.py` (2026-11-29,
-    # three runs). Tensor- and pipeline-parallel messages travel in the compute dtype.
+    # half precision slowly. `.venv/bin/python benchmarks/records/allreduce_in_graph.py`
+    # (2026-11-29, three runs). Tensor- and pipeline-parallel messages travel in the compute dtype.
     half_collective_factor=3.5,
     # docs/mindspore-cpu.md "Jit levels": O0/O1/O2 give the same CPU kernel graph. PyNative: set
     # from "6–8× slower"; the doc's "PyNative vs GRAPH_MODE" measured 3.4–3.6× on a small MLP and

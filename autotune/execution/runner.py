@@ -23,7 +23,6 @@ candidate" marker, a ``steps.jsonl`` — is read as this trial's.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -39,6 +38,7 @@ from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
 from autotune.execution.warmup import jit_environment, warm_up
 from autotune.execution.timing import with_launch_and_teardown
+from autotune.files import write_json
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
 from autotune.spec.backends import backend_of, reserved_ports
@@ -190,9 +190,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     trial_dir = trial_dir.resolve()  # the program runs with the trial folder as its cwd
     trial_dir.mkdir(parents=True, exist_ok=True)
     config_path = trial_dir / "config.json"
-    temporary = trial_dir / f"config.json.{os.getpid()}"  # nodes on one host share the folder
-    temporary.write_text(json.dumps(config, indent=2))
-    temporary.replace(config_path)
+    write_json(config_path, config, indent=2)  # whole: nodes on one host share the folder
     log_dir = trial_dir / "logs" / (f"node{node.launch.index}" if node else "")
     fresh_trial_dir(trial_dir, log_dir, outputs=node is None or node.launch.index == 0)
     # Pinning starts from core 0 on every msrun: nodes of one trial may share a host (as Ray

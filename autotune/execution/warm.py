@@ -40,7 +40,6 @@ start waits for it, before the trial's clock starts.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -54,6 +53,7 @@ from autotune.execution.runner import (POLL_S, PROJECT_ROOT, STOP_GRACE_S, comma
                                        free_port, fresh_trial_dir, trial_clock)
 from autotune.execution.timing import with_launch_and_teardown
 from autotune.execution.warmup import warm_up
+from autotune.files import write_json
 from autotune.jobs import Result
 from autotune.spec.backends import backend_of
 from autotune.train.lifetime import die_with_parent_hook
@@ -73,12 +73,6 @@ SAME_SIZE = 0.03
 def _layout(config: dict) -> tuple:
     knobs = config["knobs"]
     return knobs["dp"], knobs["tp"], knobs["pp"]
-
-
-def _write_whole(path: Path, payload: dict) -> None:
-    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    temporary.write_text(json.dumps(payload))
-    temporary.replace(path)
 
 
 class WarmPool:
@@ -159,7 +153,7 @@ class WarmPool:
         trial_dir = trial_dir.resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         config_path = trial_dir / "config.json"
-        _write_whole(config_path, config)
+        write_json(config_path, config)
         log_dir = trial_dir / "logs"
         fresh_trial_dir(trial_dir, log_dir)
         retired = self.retire_for(config, memory_mb) if self.up else ""
@@ -178,7 +172,7 @@ class WarmPool:
             out.write(f"warm workers: trial {self.trials} of the processes started "
                       f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
         number = self.trials
-        _write_whole(self.root / f"trial.{number}.json",
+        write_json(self.root / f"trial.{number}.json",
                      {"config": str(config_path), "log_dir": str(log_dir)})
         self.trials += 1
         try:

@@ -7,6 +7,10 @@ Hopper"). So, for a backend with ``jit_cache`` (`autotune.spec.backends`):
 
 Contract:
 
+- :func:`kernel_targets` reads what a plugin library's CUDA kernels are compiled for (the fact
+  above; the device check prints it, and tests/test_first_device_run.py checks the installed
+  wheel against it).
+
 - :func:`jit_environment` is what every trial process (and the warm-up) gets: the cache's folder,
   one per backend under the user's cache folder (``$XDG_CACHE_HOME``, else ``~/.cache``, made
   here), and its settings (a size that holds every module) — each unless the environment already
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -34,6 +39,7 @@ from pathlib import Path
 
 WARM_UP_LIMIT_S = 1800.0  # 407 modules JIT-compiled by one process: minutes, not hours
 MARKER = "autotune-warm-mindspore-"
+FATBIN_MAGIC = 0xBA55ED50  # the header of one CUDA fat binary (one kernel module)
 
 
 def _cache_home(env: dict) -> str:
@@ -83,3 +89,31 @@ def warm_up(backend, env: dict, project_root: str) -> str:
         marker.write_text(f"{time.time():.0f} {took:.1f}\n")
         said = (done.stdout.strip().splitlines() or [""])[-1]
         return f"warm-up: {said} ({took:.1f} s in all; {folder} holds its kernels now)\n"
+
+
+def kernel_targets(library: Path) -> tuple[int, dict]:
+    """The CUDA kernel modules an ELF shared library carries (its ``.nv_fatbin`` section: one
+    fat binary per module) and the targets they hold: ``{"sass": [sm…], "ptx": [compute…]}``."""
+    data = library.read_bytes()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    entsize, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * entsize) for i in range(count)]
+    names = headers[names_index][4]
+    sections = {data[names + h[0]:data.index(b"\0", names + h[0])].decode(): (h[4], h[5])
+                for h in headers}
+    offset, size = sections.get(".nv_fatbin", (0, 0))
+    end, modules, targets = offset + size, 0, {"sass": set(), "ptx": set()}
+    while offset + 16 <= end:
+        magic, _, header, body = struct.unpack_from("<IHHQ", data, offset)
+        if magic != FATBIN_MAGIC:
+            offset += 8  # modules are 8-byte aligned
+            continue
+        modules += 1
+        entry, stop = offset + header, offset + header + body
+        while entry < stop:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
+            arch, = struct.unpack_from("<I", data, entry + 28)
+            targets["ptx" if kind == 1 else "sass"].add(arch)
+            entry += entry_header + payload
+        offset = stop
+    return modules, {kind: sorted(archs) for kind, archs in targets.items()}

@@ -1,7 +1,8 @@
 """The Optuna sampler behind each ``search.sampler`` name.
 
-Contract: :func:`make_sampler` returns a fresh sampler for a study of ``n_trials`` trials, or
-raises `autotune.spec.errors.SpecError` (exit 2) when the sampler's optional package is missing. It
+Contract: :func:`make_sampler` returns a fresh sampler for a study of ``n_trials`` trials for
+each name of :data:`SAMPLERS`, or raises `autotune.spec.errors.SpecError` (exit 2) for another
+name or when the sampler's optional package is missing. It
 never sees storage or the search loop; ``grid`` is a random sampler because the loop enqueues
 every candidate itself.
 """
@@ -13,10 +14,15 @@ import importlib.util
 import optuna
 
 from autotune.spec.errors import SpecError
+# The names, defined where the model.yaml's search.sampler and the CLI's --sampler are checked
+# (the spec, which never imports search); tests/test_search.py builds one sampler per name.
+from autotune.spec.model_yaml import SAMPLERS
 
 
 def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
     """The Optuna sampler for ``name``; SpecError when its optional package is missing."""
+    if name not in SAMPLERS:
+        raise SpecError(f"search.sampler: must be one of {', '.join(SAMPLERS)}, got {name!r}")
     if name in ("tpe", "auto"):  # auto: the cost model's prior proposes, TPE fills in
         # benchmarks/search_efficiency.py: few random startup trials (≈ n/6, 2 to 10) reach the
         # optimum in far fewer trials than Optuna's default 10; `group` made it worse. The

@@ -8,6 +8,7 @@ cluster's devices from the spec, and the candidate's knobs; nothing is run or es
 from __future__ import annotations
 
 from autotune.layout import builtin_layout_reasons
+from autotune.spec.knobs import batch_split_problems
 
 
 def violations(spec: Spec, c: Candidate) -> list[str]:
@@ -29,14 +30,9 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
         reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
     if c.pp > 1 and m.num_layers is not None and m.num_layers % c.pp:
         reasons.append(f"pp = {c.pp} does not divide num_layers = {m.num_layers}")
-    if c.pp == 1 and batch % (c.dp * c.grad_accum):
-        reasons.append(f"global_batch_size = {batch} is not divisible by dp·grad_accum = "
-                       f"{c.dp * c.grad_accum}")
-    if c.pp > 1 and batch % (c.dp * c.micro_batches):
-        reasons.append(f"global_batch_size = {batch} is not divisible by dp·micro_batches = "
-                       f"{c.dp * c.micro_batches}")
-    if c.pp > 1 and c.micro_batches < c.pp:
-        reasons.append(f"micro_batches = {c.micro_batches} < pp = {c.pp}")
+    reasons += [reason for _, reason in batch_split_problems(
+        global_batch_size=batch, dp=c.dp, pp=c.pp, micro_batches=c.micro_batches,
+        grad_accum=c.grad_accum)]
     if not reasons and m.family is not None and (c.tp > 1 or c.pp > 1):
         # the rest of what the layout needs: the vocabulary and the FFN width split too
         reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp)

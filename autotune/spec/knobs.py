@@ -4,7 +4,10 @@ A :class:`Knob` states the knob's name (as stored in the study), its value type,
 how MindSpore and MindFormers apply it, and whether the cost model can tell its values apart.
 Everything else (search-space parsing, sampling, constraints, the trial program, export) reads
 these definitions instead of repeating them. Which values a backend executes is the backend's
-to say (`autotune.spec.backends`).
+to say (`autotune.spec.backends`). So do the rules between knobs: which knobs act on a layout
+(:func:`is_active`) and how the global batch splits over replicas and micro-batches
+(:func:`micro_steps`, :func:`batch_split_problems`: the spec's constraints and the trial
+program's config check apply the same one).
 """
 
 from __future__ import annotations
@@ -132,3 +135,28 @@ def is_active(name: str, dp: int, pp: int) -> bool:
     if name in ("fusion_mb", "parallel_optimizer"):
         return dp > 1
     return True
+
+
+def micro_steps(*, pp: int, micro_batches: int, grad_accum: int) -> int:
+    """Micro-batches per optimizer step: ``micro_batches`` with pipeline stages, else
+    ``grad_accum`` (whichever of the two acts: :func:`is_active`)."""
+    return micro_batches if pp > 1 else grad_accum
+
+
+def batch_split_problems(*, global_batch_size: int, dp: int, pp: int, micro_batches: int,
+                         grad_accum: int) -> list[tuple[str, str]]:
+    """Why a global batch of ``global_batch_size`` cannot be split into equal micro-batches over
+    ``dp`` replicas and the :func:`micro_steps` of one optimizer step, as (field, reason) pairs
+    (empty: it can): the batch divides by dp·grad_accum (pp = 1) or dp·micro_batches (pp > 1),
+    and with pipeline stages micro_batches ≥ pp. The one rule the spec's constraints and the
+    trial program's config check both apply."""
+    problems = []
+    if pp == 1 and global_batch_size % (dp * grad_accum):
+        problems.append(("train.global_batch_size", f"global_batch_size = {global_batch_size} "
+                         f"is not divisible by dp·grad_accum = {dp * grad_accum}"))
+    if pp > 1 and global_batch_size % (dp * micro_batches):
+        problems.append(("train.global_batch_size", f"global_batch_size = {global_batch_size} "
+                         f"is not divisible by dp·micro_batches = {dp * micro_batches}"))
+    if pp > 1 and micro_batches < pp:
+        problems.append(("knobs.micro_batches", f"micro_batches = {micro_batches} < pp = {pp}"))
+    return problems

@@ -29,6 +29,8 @@ from autotune.spec.specs import (DEFAULT_MIN_STEPS, DEFAULT_PRECISION, ClusterSp
                                  SearchSpec, Spec, TrainSpec, TrialSpec)
 from autotune.spec.yaml_file import load_yaml
 
+# search.sampler's names, the CLI's --sampler choices: `autotune.search.samplers.make_sampler`
+# builds each (it imports this tuple; spec never imports search)
 SAMPLERS = ("auto", "tpe", "random", "grid", "cmaes", "nsga2", "gp")
 TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from autotune.spec.knobs import micro_steps as knobs_micro_steps
+
 
 class ConfigError(ValueError):
     """The config cannot be run by the trial program (exit code 2)."""
@@ -18,7 +20,8 @@ class ConfigError(ValueError):
 
 def micro_steps(knobs: dict) -> int:
     """Micro-batches per optimizer step: ``micro_batches`` with pipeline stages, else ``grad_accum``."""
-    return knobs["micro_batches"] if knobs["pp"] > 1 else knobs["grad_accum"]
+    return knobs_micro_steps(pp=knobs["pp"], micro_batches=knobs["micro_batches"],
+                             grad_accum=knobs["grad_accum"])
 
 
 def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,

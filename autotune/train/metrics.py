@@ -72,7 +72,6 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 import functools
 import json
 import math
-import os
 import statistics
 
 LAST_WINDOW = 5
@@ -128,13 +127,6 @@ def resident_mb() -> float:
     except OSError:
         pass
     return 0.0
-
-
-def write_json_atomic(path, payload) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.replace(tmp, path)
 
 
 def rising(losses) -> bool:
@@ -260,9 +252,9 @@ class StepLog:
     (it depends on the pilot only; the block's steps are fresh), and so is the estimate: a
     trial that has not met a slow step yet no longer stops early on it. Stopping at the first
     step whose interval was narrow enough — the rule before — read steps of N(100, 3) ms with 6 %
-    spikes at 300 ms 2.8-3.7 % fast (tests/test_precision.py; benchmarks/stop_rule.py). A trial
-    whose block runs to its end weighs each measured step alike — its plain mean — unless steps
-    that overflow after the pilot lengthen it (the weights stay as fixed).
+    spikes at 300 ms 2.8-3.7 % fast (tests/test_precision.py; benchmarks/records/stop_rule.py). A
+    trial whose block runs to its end weighs each measured step alike — its plain mean — unless
+    steps that overflow after the pilot lengthen it (the weights stay as fixed).
     """
 
     def __init__(self, path, measure_after, samples_per_step, total_steps, append=False,

@@ -80,12 +80,13 @@ import time
 import numpy as np
 
 from autotune import layout
+from autotune.files import write_json
 from autotune.spec.backends import BACKENDS
-from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW
+from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import compile_cache
 from autotune.train import metrics as metrics_mod
-from autotune.train.config import ConfigError, micro_steps
+from autotune.train.config import ConfigError
 from autotune.train.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
 
 
@@ -130,11 +131,11 @@ def check_config(cfg: dict) -> None:
         reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"])
         if reasons:
             raise ConfigError(f"knobs: {reasons[0]}")
-    split = knobs["dp"] * micro_steps(knobs)
-    if train["global_batch_size"] % split:
-        raise ConfigError(f"train.global_batch_size: must be a multiple of dp × micro-batches = {split}")
-    if knobs["pp"] > 1 and knobs["micro_batches"] < knobs["pp"]:
-        raise ConfigError("knobs.micro_batches: must be ≥ pp")
+    split = batch_split_problems(global_batch_size=train["global_batch_size"], **{
+        k: knobs[k] for k in ("dp", "pp", "micro_batches", "grad_accum")})
+    if split:
+        field, reason = split[0]
+        raise ConfigError(f"{field}: {reason}")
     if not 0 <= trial["measure_after"] < trial["steps"]:
         raise ConfigError("trial.measure_after: must be >= 0 and < trial.steps")
     if ("precision" in trial) != ("min_steps" in trial):
@@ -336,7 +337,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
                                   underflow_share=None, underflow_bound=bound,
                                   underflow_note=metrics_mod.PROBE_UNFINISHED)
             pending["finished_at"] = time.time()
-            metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), pending)
+            write_json(os.path.join(out_dir, "metrics.json"), pending, indent=1)
 
     probe_started = time.perf_counter()
     underflow = _underflow_share(engine, placement, i - 1, final_scale, backend, before_probe)
@@ -351,7 +352,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
               f"{result['step_time_ci']:.2%} against {precision:.1%}; the plan took one "
               f"all-reduce, {planned_s * 1000:.1f} ms", file=sys.stderr, flush=True)
     from autotune.train.weights import digest
-    metrics_mod.write_json_atomic(os.path.join(out_dir, f"metrics.rank{rank}.json"), {
+    write_json(os.path.join(out_dir, f"metrics.rank{rank}.json"), indent=1, value={
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
         "peak_memory_mb": own_peak, "leftover_mb": leftover_mb, "weights_sha256": digest(engine.network),
         **{f"device_{k}" + ("" if k.endswith("_seen") else "_mb"): v
@@ -365,5 +366,5 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
               flush=True)
     if rank == 0:
         result["finished_at"] = time.time()
-        metrics_mod.write_json_atomic(os.path.join(out_dir, "metrics.json"), result)
+        write_json(os.path.join(out_dir, "metrics.json"), result, indent=1)
     return result

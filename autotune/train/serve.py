@@ -41,14 +41,9 @@ import sys
 import time
 import traceback
 
+from autotune.files import write_json
+
 POLL_S = 0.01
-
-
-def _write_whole(path: str, payload: dict) -> None:
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump(payload, f)
-    os.replace(temporary, path)
 
 
 def _next(pool_dir: str, number: int) -> dict | None:
@@ -131,11 +126,11 @@ def serve(pool_dir: str, process_started: float, run_one) -> int:
                 traceback.print_exc()
                 code = 1
         if code:
-            _write_whole(os.path.join(pool_dir, f"done.{number}.{rank}"), {"code": code})
+            write_json(os.path.join(pool_dir, f"done.{number}.{rank}"), {"code": code})
             return code
         release(session)
         resident = resident_mb()
         settled = resident if settled is None else settled
-        _write_whole(os.path.join(pool_dir, f"done.{number}.{rank}"),
+        write_json(os.path.join(pool_dir, f"done.{number}.{rank}"),
                      {"code": 0, "leftover_mb": resident - settled})
         number += 1

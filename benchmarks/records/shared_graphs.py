@@ -1,3 +1,6 @@
+# measured at b33cffb
+# A MindSpore fact check (docs/mindspore-cpu.md, "Compile cache"): re-run it after a MindSpore
+# upgrade.
 """Which knobs a cached graph holds: whether the graphs of trials that differ in the fusion
 threshold or the parallel optimizer are the same graphs (docs/mindspore-cpu.md, "Compile cache"),
 what lets such trials share them (`autotune.train.compile_cache`, `Knob.graphs`).
@@ -19,7 +22,7 @@ there are the buckets the fusion threshold made.
 
 Prints, per run, whether each graph is the reference's, the AllReduce nodes and the graphs loaded.
 
-    python benchmarks/shared_graphs.py     # ~3 min
+    python benchmarks/records/shared_graphs.py     # ~3 min
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from autotune.execution.runner import run_trial  # noqa: E402

@@ -1,7 +1,10 @@
+# measured at 36197c2
+# A decision record (docs/parallel.md, "A backward recomputes its forward"): what chose the code as
+# it is; not kept in step with later code.
 """Can a pipeline stage keep its residuals between its forward and its backward call on this CPU?
 (Run by hand; prints a table. docs/parallel.md, "A backward recomputes its forward".)
 
-    .venv/bin/python benchmarks/stage_residuals.py [--rounds 3]
+    .venv/bin/python benchmarks/records/stage_residuals.py [--rounds 3]
 
 autotune's trainer (autotune/train/pipeline.py) runs a non-last stage's forward twice: MindSpore
 compiles a backward together with its forward, so the stage runs a forward-only graph to send its

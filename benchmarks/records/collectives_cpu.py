@@ -1,7 +1,10 @@
+# measured at 11f1e9d
+# A MindSpore fact check (docs/costmodel.md, "CPU communication terms"): re-run it after a
+# MindSpore upgrade.
 """All-reduce latency and bandwidth between two MindSpore CPU workers, fitted to the cost model's
 α–β model (run by hand; prints a table).
 
-    .venv/bin/python benchmarks/collectives_cpu.py [--repeat 8] [--budget-s 3]
+    .venv/bin/python benchmarks/records/collectives_cpu.py [--repeat 8] [--budget-s 3]
 
 Launches ``msrun --worker_num=2 --local_worker_num=2 --bind_core=True`` (workers pinned to cores,
 as the CPU backend runs trials) on this file in worker mode. Each worker, in GRAPH_MODE on CPU
@@ -36,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SIZES = [4 * 4**k for k in range(13)]   # 4 B … 64 MiB, ×4 apart

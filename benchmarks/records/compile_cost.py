@@ -1,3 +1,6 @@
+# measured at 55110d5
+# A decision record (docs/mindspore-cpu.md): what chose the code as it is; not kept in step with
+# later code.
 """What a new step graph costs to compile: the tiny GPT's training step, built and compiled
 over and over in one process (as a warm worker compiles trial after trial), each way of writing
 it side by side.
@@ -21,7 +24,7 @@ tiny GPT's O1; ``--compile-config NAME=VALUE`` sets MindSpore's
 prints each compile phase's seconds on stdout); ``--lazy-inline`` decorates the transformer block
 with MindSpore's ``@lazy_inline`` (compile a repeated layer once).
 
-    python benchmarks/compile_cost.py [--rounds 3] [--layers N] [--jit-level O0] [--compile-config NAME=VALUE ...] [--lazy-inline]
+    python benchmarks/records/compile_cost.py [--rounds 3] [--layers N] [--jit-level O0] [--compile-config NAME=VALUE ...] [--lazy-inline]
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from autotune.spec.model_yaml import load_spec  # noqa: E402

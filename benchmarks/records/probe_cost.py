@@ -1,3 +1,6 @@
+# measured at 937995c
+# A decision record (docs/mindspore-cpu.md, "The underflow probe and its bound"): what chose the
+# code as it is; not kept in step with later code.
 """What measuring ``underflow_share`` costs a trial: the probe on every trial vs the bound's rule.
 
 Runs the tiny GPT's trials — the baseline (dp2) and one per other layout (tp2, pp2), as a study
@@ -30,7 +33,7 @@ as the trial program sums its peak memory (a one-op compiled cell per call,
 a one-op compiled cell made per call, as the trial program once summed) and as the bound sums its counts (an eager AllReduce,
 `autotune.train.parallel.world_sum`), ``--calls``/10 calls each in turn.
 
-    python benchmarks/probe_cost.py [MODEL_YAML] [--rounds 2] [--old-tree DIR] [--low-scales 1 0.0625 0.00390625]
+    python benchmarks/records/probe_cost.py [MODEL_YAML] [--rounds 2] [--old-tree DIR] [--low-scales 1 0.0625 0.00390625]
                                     [--calls 200] [--no-trials]
 """
 
@@ -49,7 +52,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402

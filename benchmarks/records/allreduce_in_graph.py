@@ -1,5 +1,7 @@
+# measured at 0696062
+# A MindSpore fact check (docs/costmodel.md, docs/parallel.md): re-run it after a MindSpore upgrade.
 """What a tensor-parallel all-reduce costs inside a compute graph on this CPU, against the chained
-all-reduces `benchmarks/collectives_cpu.py` fits the cost model to.
+all-reduces `benchmarks/records/collectives_cpu.py` fits the cost model to.
 
 Launches two pinned msrun workers on this file in worker mode. Each builds, in GRAPH_MODE, a
 Cell of 13 dependent (rows × 128) @ (128 × 128) matmuls — the tiny GPT model's shapes — once
@@ -7,7 +9,7 @@ plain and once with an all-reduce over a 2-rank group after every matmul (as a t
 layer has), and times both (median of 40 calls after warm-up); the difference over 13 is one
 all-reduce in a graph, per dtype.
 
-    .venv/bin/python benchmarks/allreduce_in_graph.py [--rows 1024]
+    .venv/bin/python benchmarks/records/allreduce_in_graph.py [--rows 1024]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MATMULS = 13  # the tiny GPT transformer's tensor-parallel all-reduces per micro-batch

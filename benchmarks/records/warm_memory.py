@@ -1,3 +1,6 @@
+# measured at 200f801
+# A MindSpore fact check (docs/mindspore-cpu.md, "Warm workers"): re-run it after a MindSpore
+# upgrade.
 """What a process that trains one model after another keeps between them (docs/mindspore-cpu.md,
 "Warm workers").
 
@@ -12,7 +15,7 @@ accumulation 1 then 8; ``--batch`` sets the global batch), each against the same
 fresh process: what a warm pool that mixed sizes would read (it no longer does:
 `autotune.execution.warm.SAME_SIZE`).
 
-    python benchmarks/warm_memory.py [--trials 5] [--accumulations 1,8 --batch 512]
+    python benchmarks/records/warm_memory.py [--trials 5] [--accumulations 1,8 --batch 512]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,8 +1,10 @@
+# measured at 63340ab
+# A MindSpore fact check (docs/mindspore-cpu.md): re-run it after a MindSpore upgrade.
 """MindSpore on this CPU: the facts docs/mindspore-cpu.md records, measured (prints a table).
 
 Run by hand; about 4 minutes on 2 cores:
 
-    .venv/bin/python benchmarks/cpu_facts.py [--only NAME ...] [--steps 4] [--rounds 2]
+    .venv/bin/python benchmarks/records/cpu_facts.py [--only NAME ...] [--steps 4] [--rounds 2]
                                              [--recompute-rows 4096]
 
 Every single-process fact runs in fresh processes (``cpu_facts.py probe KIND JSON``, argument
@@ -42,7 +44,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # SMALL is tiny-GPT-sized (host overhead dominates); MEDIUM is compute-bound.

@@ -1,3 +1,6 @@
+# measured at ad2275d
+# A decision record (docs/search.md, "How long a trial measures"): what chose the code as it is;
+# not kept in step with later code.
 """What the stop rule of `trial.precision` measures and how long it takes, beside the rule before
 it (docs/search.md, "How long a trial measures").
 
@@ -14,7 +17,7 @@ first step whose interval was narrow enough and averaged the same steps (kept he
 2. Recorded trials (``steps.jsonl`` of trials that ran all their steps): each series replayed in
    its order through both rules, against the mean of all its measured steps.
 
-    python benchmarks/stop_rule.py [--precision 0.02] [--min-steps 10] [--measured 25]
+    python benchmarks/records/stop_rule.py [--precision 0.02] [--min-steps 10] [--measured 25]
                                    [--trials 4000] [STUDY_TRIAL_FOLDER ...]   # e.g. trials/<study>
 """
 
@@ -27,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from autotune.train.metrics import StepLog, backoff_steps, step_time_ci  # noqa: E402

@@ -1,3 +1,6 @@
+# measured at eb342d4
+# A MindSpore fact check (docs/parallel.md, docs/mindspore-cpu.md): re-run it after a MindSpore
+# upgrade.
 """How many gradient all-reduces a step issues, per fusion threshold, over the world group (pure
 data parallelism) and over dp sub-groups (dp with tensor or pipeline parallelism).
 
@@ -8,7 +11,7 @@ MindSpore's graph dumps on and counts, in rank 0's compiled graphs, the all-redu
 left after fusion (the ones with a fusion id; tensor-parallel all-reduces have none), beside the
 rank's gradient bytes: the same threshold gives buckets of the same size on either kind of group.
 
-    python benchmarks/fusion_groups.py [MODEL_YAML] [--thresholds 1 4 64]
+    python benchmarks/records/fusion_groups.py [MODEL_YAML] [--thresholds 1 4 64]
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402

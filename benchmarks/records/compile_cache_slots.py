@@ -1,3 +1,6 @@
+# measured at caa3d05
+# A MindSpore fact check (docs/mindspore-cpu.md, "Compile cache"): re-run it after a MindSpore
+# upgrade.
 """How MindSpore 2.10's compile cache finds a graph: by the order a process compiles, not by
 the graph (docs/mindspore-cpu.md, "Compile cache").
 
@@ -13,7 +16,7 @@ each step in a fresh process with MS_COMPILER_CACHE_ENABLE=1:
 Prints one row per run: which graphs MindSpore loaded, and each graph's sum against its
 uncached sum.
 
-    python benchmarks/compile_cache_slots.py
+    python benchmarks/records/compile_cache_slots.py
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOADED = "Use the compilation cache"
 GRAPHS = {"A": (64, "gelu"), "B": (32, "relu"), "C": (48, "gelu")}
 
