@@ -154,6 +154,50 @@ def register_knob(knob: Knob) -> Knob:
     return knob
 
 
+class KnobHooks:
+    """One side's code per knob, registered by knob name: the trial program's, the cost model's
+    or one export document's (the module doc names them). ``register(name)`` decorates the
+    function that does it for knob ``name``, and the side calls :meth:`call` where every knob's
+    turn comes, in :data:`KNOBS` order; ``in_place(name, where, why)`` states instead that the
+    side handles ``name`` inside the function ``where`` (``"module:qualname"``), for the reason
+    ``why`` — a layout knob, or one woven through a computation with others.
+    tests/test_knob_contracts.py checks that every knob has one or the other, or that its
+    :class:`Knob` entry says why the side needs neither."""
+
+    def __init__(self, side: str):
+        self.side = side
+        self.hooks: dict = {}
+        self.places: dict = {}
+
+    def register(self, name: str):
+        def decorate(function):
+            if name in self.hooks or name in self.places:
+                raise ValueError(f"{self.side}: knob {name!r} is registered already")
+            self.hooks[name] = function
+            return function
+        return decorate
+
+    def in_place(self, name: str, where: str, why: str) -> None:
+        if name in self.hooks or name in self.places:
+            raise ValueError(f"{self.side}: knob {name!r} is registered already")
+        self.places[name] = (where, why)
+
+    def unregister(self, name: str) -> None:
+        """Forget knob ``name``'s hook or statement (a test restoring the registry)."""
+        self.hooks.pop(name, None)
+        self.places.pop(name, None)
+
+    def handles(self, name: str) -> bool:
+        return name in self.hooks or name in self.places
+
+    def call(self, knobs: dict, *args) -> None:
+        """Run the hook of each knob of ``knobs`` (name → value) that has one, in :data:`KNOBS`
+        order, as ``hook(value, *args)``."""
+        for name in KNOBS:
+            if name in self.hooks and name in knobs:
+                self.hooks[name](knobs[name], *args)
+
+
 def trial_warmup(warmup_steps: int, total_steps: int, trial_steps: int) -> int:
     """The warmup of a ``train.total_steps`` run's schedule compressed onto a ``trial_steps``
     trial, in trial steps (`autotune.train.schedule`): warmups that give the same number here
