@@ -18,7 +18,7 @@ from autotune.spec import knobs
 from autotune.spec.knobs import KNOBS, Knob, register_knob
 from autotune.storage import schema
 from autotune.train.knob_hooks import APPLIES
-from tests.test_knob_contracts import gaps
+from test_knob_contracts import gaps  # tests/ is on sys.path under pytest
 
 TOY = "data_workers"
 MODEL = """
@@ -111,4 +111,6 @@ def test_register_knob_refuses_a_taken_or_unusable_name():
         register_knob(Knob("devices", int, "", "", "", default_space=[1]))
     with pytest.raises(ValueError, match="default_space"):
         register_knob(Knob("workers", int, "", "", ""))
+    with pytest.raises(ValueError, match="choices"):
+        register_knob(Knob("mode", str, "", "", "", default_space=["a"]))
     assert TOY not in KNOBS

@@ -150,6 +150,8 @@ def register_knob(knob: Knob) -> Knob:
         raise ValueError(f"knob {knob.name!r}: default_space must be given")
     if knob.kind not in (int, str, bool):
         raise ValueError(f"knob {knob.name!r}: kind must be int, str or bool")
+    if knob.kind is str and not knob.choices:
+        raise ValueError(f"knob {knob.name!r}: a str knob states its choices")
     KNOBS[knob.name] = knob
     return knob
 
