@@ -14,8 +14,6 @@ from autotune.spec.knobs import KNOBS, is_active
 class Candidate:
     """One point of the search space: a value for every knob."""
 
-    __slots__ = ("_values",)
-
     def __init__(self, *positional, **values):
         if len(positional) > len(KNOBS):
             raise TypeError(f"Candidate: {len(positional)} values for {len(KNOBS)} knobs")
@@ -30,14 +28,9 @@ class Candidate:
                    if name not in values and not knob.added_later]
         if missing:
             raise TypeError(f"Candidate: missing knob(s) {', '.join(missing)}")
-        object.__setattr__(self, "_values", {
-            name: values[name] if name in values else knob.default for name, knob in KNOBS.items()})
-
-    def __getattr__(self, name: str):
-        try:
-            return object.__getattribute__(self, "_values")[name]
-        except KeyError:
-            raise AttributeError(f"Candidate has no knob {name!r}") from None
+        # the values as instance attributes, in KNOBS order: read as fast as a dataclass's
+        self.__dict__.update((name, values[name] if name in values else knob.default)
+                             for name, knob in KNOBS.items())
 
     def __setattr__(self, name, value):
         raise AttributeError("Candidate is immutable")
@@ -59,7 +52,7 @@ class Candidate:
         return self.dp * self.tp * self.pp
 
     def as_dict(self) -> dict:
-        return dict(self._values)
+        return dict(self.__dict__)
 
     def replace(self, **changes) -> Candidate:
         """The same candidate with ``changes`` (knob → value)."""
