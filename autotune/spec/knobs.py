@@ -138,8 +138,9 @@ KNOB_NAMES = KNOBS.keys()
 def register_knob(knob: Knob) -> Knob:
     """Add ``knob`` to :data:`KNOBS` (after the built-in knobs: a study's params and columns keep
     their order). Its name is its Candidate field, so it must be an identifier no knob nor
-    Candidate attribute has; a knob with its own value type must state ``default_space``. The
-    code that applies, prices and exports it registers on its own side (see the module doc)."""
+    Candidate attribute has; it states its ``default_space`` (the default space file does not
+    know it) and, a str knob, its ``choices``. The code that applies, prices and exports it
+    registers on its own side (see the module doc). ValueError for an entry that breaks this."""
     from autotune.spec.candidate import Candidate
 
     if not knob.name.isidentifier() or knob.name.startswith("_"):
