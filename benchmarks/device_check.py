@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +76,7 @@ def _environment(backend, hidden: bool = False) -> dict:
 
 
 def _knobs(candidate) -> str:
-    return " ".join(f"{k}={v}" for k, v in candidate.__dict__.items())
+    return " ".join(f"{k}={v}" for k, v in candidate.as_dict().items())
 
 
 def trials(spec) -> list:
@@ -86,8 +85,8 @@ def trials(spec) -> list:
     from autotune.spec.space import build_space
 
     baseline = build_space(spec).baseline()
-    fresh = [baseline, replace(baseline, fusion_mb=1)]
-    warm = [baseline, replace(baseline, fusion_mb=1), replace(baseline, loss_scale=2 ** 12), baseline]
+    fresh = [baseline, baseline.replace(fusion_mb=1)]
+    warm = [baseline, baseline.replace(fusion_mb=1), baseline.replace(loss_scale=2 ** 12), baseline]
     return ([(f"5 fresh {n}/2", c) for n, c in enumerate(fresh, 1)]
             + [(f"6 warm {n}/4", c) for n, c in enumerate(warm, 1)])
 

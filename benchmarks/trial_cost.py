@@ -28,7 +28,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +48,8 @@ SHORT = {"launch_s": "launch", "init_s": "init", "first_step_s": "first", "exclu
 
 def candidates(spec):
     baseline = build_space(spec).baseline()  # dp2, as the tiny GPT study starts
-    return {"dp2": baseline, "dp2 f1": replace(baseline, fusion_mb=1),
-            "tp2": replace(baseline, dp=1, tp=2), "pp2": replace(baseline, dp=1, pp=2, micro_batches=2)}
+    return {"dp2": baseline, "dp2 f1": baseline.replace(fusion_mb=1),
+            "tp2": baseline.replace(dp=1, tp=2), "pp2": baseline.replace(dp=1, pp=2, micro_batches=2)}
 
 
 def main() -> None:

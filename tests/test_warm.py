@@ -11,7 +11,6 @@ import re
 import signal
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 DP2 = Candidate(2, 1, 1, 1, 64, 1, 1024, 0, "O1", "none")
-TP2 = replace(DP2, dp=1, tp=2)
+TP2 = DP2.replace(dp=1, tp=2)
 PEAK_NOISE = 0.08  # warm against fresh; docs/mindspore-cpu.md ("Warm workers") has the figures
 
 
@@ -153,10 +152,10 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     update; MindSpore's own line says it loaded."""
     monkeypatch.setenv("GLOG_v", "2")  # MindSpore's WARNING line for a cache load
     cache = tmp_path / "cache"
-    full = replace(DP2, recompute="full")
-    warmup = replace(DP2, warmup_steps=1000)  # 4 of the trial's 8 steps
-    accum = replace(DP2, grad_accum=2)
-    accum_other = replace(accum, fusion_mb=1, parallel_optimizer=True)
+    full = DP2.replace(recompute="full")
+    warmup = DP2.replace(warmup_steps=1000)  # 4 of the trial's 8 steps
+    accum = DP2.replace(grad_accum=2)
+    accum_other = accum.replace(fusion_mb=1, parallel_optimizer=True)
     uncached = {}
     for name, candidate in (("none", DP2), ("full", full), ("warmup", warmup), ("accum-other", accum_other)):
         folder = tmp_path / f"uncached-{name}"
@@ -219,7 +218,7 @@ def test_a_graph_loaded_under_another_fusion_threshold_buckets_by_its_own(tmp_pa
     fusion-64 trial stored runs fusion 1's buckets, and its losses."""
     monkeypatch.setenv("MS_DEV_SAVE_GRAPHS", "1")
     monkeypatch.setenv("MS_DEV_DUMP_IR_PASSES", "graph_build")
-    cache, fusion_1 = tmp_path / "cache", replace(DP2, fusion_mb=1)
+    cache, fusion_1 = tmp_path / "cache", DP2.replace(fusion_mb=1)
     runs, buckets = {}, {}
     for name, candidate, cached in (("uncached-1", fusion_1, None), ("store-64", DP2, cache),
                                     ("load-as-1", fusion_1, cache)):
@@ -247,8 +246,8 @@ def test_a_trials_peak_is_its_own_whatever_ran_before_it_in_the_pool(tmp_path):
     spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"train.global_batch_size": 256, "model.dtype": "float32", "cluster.devices": 1,
                       "cluster.devices_per_node": 1})
-    large = replace(DP2, dp=1, grad_accum=1)
-    small = replace(large, grad_accum=8)
+    large = DP2.replace(dp=1, grad_accum=1)
+    small = large.replace(grad_accum=8)
 
     def config(name, candidate):
         return trial_config(spec, candidate, study="warm", number=0, out_dir=(tmp_path / name).resolve(),

@@ -38,6 +38,8 @@ Contract:
   Megatron-LM reports); ``mfu`` counts model FLOPs only, over the device's peak for the compute
   dtype.
 - ``loss_scale`` and ``warmup_steps`` change numerics, not work: they never change an estimate.
+- A knob priced by a hook (`autotune.costmodel.knob_pricing`) adds its effect to the breakdown's
+  parts before the calibration applies.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import math
 from dataclasses import dataclass, field
 
 from autotune.costmodel.calibration import Calibration
+from autotune.costmodel.knob_pricing import PRICES
 from autotune.costmodel.memory import ENGINES, memory_per_stage, rank_params
 from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.timing import step_time
@@ -158,6 +161,8 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
     times, flops = step_time(work, candidate, profile, spec.cluster, micro_batch, n_micro,
                              dtype, max(rank_params(work, candidate.tp, candidate.pp)), engine,
                              model.param_dtype)
+    times, memory = dict(times), dict(memory)
+    PRICES.call(candidate.as_dict(), spec, candidate, times, memory)  # knobs priced by a hook
     if calibration is not None:
         memory = {k: v * calibration.memory_factor for k, v in memory.items()}
         times = {k: v * calibration.time_factor for k, v in times.items()}

@@ -217,7 +217,7 @@ def _notes(path: Path, header, knobs: tuple, rows: dict, skipped: int, space) ->
     notes = [f"replay: {len(rows)} measured candidates in {path.name}"
              + (f" ({runs} rows: a candidate's runs take its rows in turn)" if runs > len(rows)
                 else "")]
-    ignored = [c for c in header if c not in KNOB_NAMES + METRICS + KEPT + SKIP_MARKERS]
+    ignored = [c for c in header if c not in (*KNOB_NAMES, *METRICS, *KEPT, *SKIP_MARKERS)]
     if ignored:
         notes.append(f"replay: columns ignored: {', '.join(ignored)}")
     if skipped:

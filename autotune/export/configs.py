@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.costmodel import device_memory_cap, resolve_profile
+from autotune.export.knob_writers import LAUNCH_YAML
 from autotune.files import json_safe
 from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
 from autotune.spec.backends import Backend, backend_of
@@ -118,31 +119,79 @@ def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
                 "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}}}
     if mode == "semi_auto_parallel":
         parallel.update(pipeline_stages=c.pp, full_batch=True)
+    # None: a section a knob's writer fills or removes (`autotune.export.knob_writers`)
     doc = {
         "study": trial["study"],
         "trial": trial["number"],
         "knobs": {name: {"value": value, "mindspore": KNOBS[name].mindspore}
                   for name, value in c.as_dict().items()},
         "device": {"device_target": run_backend(spec).device_target},
-        "context": {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE},
-    }
-    if c.jit_level != "pynative":
-        doc["jit_config"] = {"jit_level": c.jit_level}
-    doc.update({
+        "context": None,
+        "jit_config": None,
         "auto_parallel_context": parallel,
         "batch": {"global_batch_size": spec.train.global_batch_size,
                   "micro_batch_size": micro_batch_size(spec, c)},
-        "gradient_accumulation": {"steps": c.grad_accum},
-        # null: float32 and bfloat16 runs are not loss-scaled
-        "loss_scale": {"DynamicLossScaleUpdateCell": loss_scale_cell(c)} if loss_scaled(spec) else None,
-        "lr_schedule": {"schedule": "linear warmup, then cosine decay to 0",
-                        "learning_rate": spec.train.learning_rate,
-                        "warmup_steps": c.warmup_steps, "total_steps": spec.train.total_steps},
-        "recompute": {"mode": c.recompute},
-    })
-    if c.pp > 1:
-        doc["pipeline"] = {"PipelineCell": {"micro_size": c.micro_batches}}
+        "gradient_accumulation": None,
+        "loss_scale": None,
+        "lr_schedule": None,
+        "recompute": None,
+        "pipeline": None,
+    }
+    LAUNCH_YAML.call(c.as_dict(), spec, c, doc)
     return doc
+
+
+LAUNCH_YAML.in_place("dp", "autotune.export.configs:micro_batch_size",
+                     "the layout: auto_parallel_context.device_num (dp·tp·pp), the per-device "
+                     "batch.micro_batch_size, and strategy.ckpt")
+LAUNCH_YAML.in_place("tp", "autotune.export.configs:parallel_mode",
+                     "the layout: auto_parallel_context.parallel_mode, and strategy.ckpt")
+for _name, _section in (("pp", "pipeline_stages"),
+                        ("fusion_mb", "comm_fusion"),
+                        ("parallel_optimizer", "enable_parallel_optimizer")):
+    LAUNCH_YAML.in_place(_name, "autotune.export.configs:launch_yaml",
+                         f"auto_parallel_context.{_section}: an argument of the one "
+                         "set_auto_parallel_context call the layout decides")
+
+
+@LAUNCH_YAML.register("jit_level")
+def _launch_jit_level(value, spec: Spec, c: Candidate, doc: dict) -> None:
+    doc["context"] = {"mode": PYNATIVE_MODE if value == "pynative" else GRAPH_MODE}
+    if value == "pynative":
+        del doc["jit_config"]
+    else:
+        doc["jit_config"] = {"jit_level": value}
+
+
+@LAUNCH_YAML.register("micro_batches")
+def _launch_micro_batches(value, spec: Spec, c: Candidate, doc: dict) -> None:
+    if c.pp > 1:
+        doc["pipeline"] = {"PipelineCell": {"micro_size": value}}
+    else:
+        del doc["pipeline"]
+
+
+@LAUNCH_YAML.register("grad_accum")
+def _launch_grad_accum(value, spec: Spec, c: Candidate, doc: dict) -> None:
+    doc["gradient_accumulation"] = {"steps": value}
+
+
+@LAUNCH_YAML.register("loss_scale")
+def _launch_loss_scale(value, spec: Spec, c: Candidate, doc: dict) -> None:
+    # null: float32 and bfloat16 runs are not loss-scaled
+    doc["loss_scale"] = {"DynamicLossScaleUpdateCell": loss_scale_cell(c)} if loss_scaled(spec) else None
+
+
+@LAUNCH_YAML.register("warmup_steps")
+def _launch_warmup_steps(value, spec: Spec, c: Candidate, doc: dict) -> None:
+    doc["lr_schedule"] = {"schedule": "linear warmup, then cosine decay to 0",
+                          "learning_rate": spec.train.learning_rate,
+                          "warmup_steps": value, "total_steps": spec.train.total_steps}
+
+
+@LAUNCH_YAML.register("recompute")
+def _launch_recompute(value, spec: Spec, c: Candidate, doc: dict) -> None:
+    doc["recompute"] = {"mode": value}
 
 
 def summary(spec: Spec, c: Candidate, trial: dict, layouts: dict, extra: dict) -> dict:

@@ -34,6 +34,7 @@ import yaml
 
 from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
                                      loss_scaled, micro_batch_size, parallel_optimizer, run_backend)
+from autotune.export.knob_writers import MINDFORMERS_YAML
 from autotune.export.mindformers_base import kept, stage_lists
 from autotune.families.llama import LLAMA_EMBEDDING
 from autotune.layout import optimizer_whole
@@ -77,7 +78,6 @@ def overlay(spec: Spec, c: Candidate) -> dict:
     cpu = on_cpu(spec, c)
     semi = c.jit_level != "pynative" and not cpu
     pp = c.pp > 1
-    scaler = {"type": "DynamicLossScaleUpdateCell", **loss_scale_cell(c)}
     context = {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE,
                "device_target": run_backend(spec).device_target}
     if c.jit_level != "pynative":
@@ -106,22 +106,46 @@ def overlay(spec: Spec, c: Candidate) -> dict:
         },
         "runner_config": {"batch_size": micro_batch_size(spec, c),
                           "gradient_accumulation_steps": 1 if pp else c.grad_accum},
-        "runner_wrapper": {"type": "MFTrainOneStepCell",
-                           "scale_sense": scaler if loss_scaled(spec) else 1.0},
-        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": spec.train.learning_rate,
-                        "warmup_steps": c.warmup_steps, "warmup_ratio": None,
-                        "total_steps": spec.train.total_steps, "lr_end": 0.0,
-                        "warmup_lr_init": 0.0, "num_cycles": 0.5,
-                        "decay_steps": None, "decay_ratio": None},
-        "recompute_config": recompute_lists(spec, c),
+        # None: filled by the knob's writer (`autotune.export.knob_writers`)
+        "runner_wrapper": {"type": "MFTrainOneStepCell", "scale_sense": None},
+        "lr_schedule": None,
+        "recompute_config": None,
         # layers split evenly over the stages, as strategy.ckpt places them; the legacy llama
         # shards its embedding with the parallel optimizer only when its model_config says so
         "model": {"model_config": {"offset": 0, "parallel_optimizer": c.parallel_optimizer and (
             LLAMA_EMBEDDING not in optimizer_whole(spec.model.as_config()))}},
     }
+    MINDFORMERS_YAML.call(c.as_dict(), spec, c, document)
     if cpu:
         _for_cpu(document, c)
     return document
+
+
+for _name in ("dp", "tp", "pp", "micro_batches", "grad_accum", "fusion_mb", "parallel_optimizer",
+              "jit_level"):
+    MINDFORMERS_YAML.in_place(_name, "autotune.export.mindformers:overlay",
+                              "parallel_mode, parallel_config, runner_config and context follow "
+                              "from the layout, the jit level and the device together")
+
+
+@MINDFORMERS_YAML.register("loss_scale")
+def _mindformers_loss_scale(value, spec: Spec, c: Candidate, document: dict) -> None:
+    scaler = {"type": "DynamicLossScaleUpdateCell", **loss_scale_cell(c)}
+    document["runner_wrapper"]["scale_sense"] = scaler if loss_scaled(spec) else 1.0
+
+
+@MINDFORMERS_YAML.register("warmup_steps")
+def _mindformers_warmup_steps(value, spec: Spec, c: Candidate, document: dict) -> None:
+    document["lr_schedule"] = {"type": "CosineWithWarmUpLR", "learning_rate": spec.train.learning_rate,
+                               "warmup_steps": value, "warmup_ratio": None,
+                               "total_steps": spec.train.total_steps, "lr_end": 0.0,
+                               "warmup_lr_init": 0.0, "num_cycles": 0.5,
+                               "decay_steps": None, "decay_ratio": None}
+
+
+@MINDFORMERS_YAML.register("recompute")
+def _mindformers_recompute(value, spec: Spec, c: Candidate, document: dict) -> None:
+    document["recompute_config"] = recompute_lists(spec, c)
 
 
 def recompute_lists(spec: Spec, c: Candidate, interleave: int = 1) -> dict:

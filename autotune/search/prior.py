@@ -132,7 +132,7 @@ class Prior:
 
     def project(self, candidate):
         """``candidate`` with the knobs left to the sampler at the baseline's value."""
-        return replace(candidate, **{n: self.projected.domains[n][0] for n in self.left_to_sampler})
+        return candidate.replace(**{n: self.projected.domains[n][0] for n in self.left_to_sampler})
 
     def mark(self, candidate, outcome: str | None = None) -> None:
         """``candidate`` was proposed (or ran before): never propose its projection again.

@@ -1,13 +1,20 @@
 """The one place that defines each tuning knob.
 
-A :class:`Knob` states the knob's name (as stored in the study), its value type, what it means,
-how MindSpore and MindFormers apply it, and whether the cost model can tell its values apart.
-Everything else (search-space parsing, sampling, constraints, the trial program, export) reads
-these definitions instead of repeating them. Which values a backend executes is the backend's
-to say (`autotune.spec.backends`). So do the rules between knobs: which knobs act on a layout
-(:func:`is_active`) and how the global batch splits over replicas and micro-batches
-(:func:`micro_steps`, :func:`batch_split_problems`: the spec's constraints and the trial
-program's config check apply the same one).
+A :class:`Knob` states the knob's name (as stored in the study, and its field of
+`autotune.spec.candidate.Candidate`), its value type and domain, its range in the default search
+space, what it means, how MindSpore and MindFormers apply it, which compiled graphs hold it, and
+whether the cost model can tell its values apart. Everything else (search-space parsing,
+sampling, constraints, storage, analysis) reads these definitions instead of repeating them.
+Which values a backend executes is the backend's to say (`autotune.spec.backends`). So do the rules
+between knobs: which knobs act on a layout (:func:`is_active`) and how the global batch splits
+over replicas and micro-batches (:func:`micro_steps`, :func:`batch_split_problems`: the spec's
+constraints and the trial program's config check apply the same one).
+
+The code that acts on a knob lives on its own side of the import contracts and registers itself
+there by knob name: the trial program's `autotune.train.knob_hooks`, the cost model's
+`autotune.costmodel.knob_pricing`, the export's `autotune.export.knob_writers`
+(tests/test_knob_contracts.py checks that every knob of :data:`KNOBS` has each, or a stated reason
+not to). :func:`register_knob` adds a knob from outside the package (a test's, or a plugin's).
 """
 
 from __future__ import annotations
@@ -44,6 +51,15 @@ class Knob:
     # and neither its fingerprint nor its trials name it (`autotune.study.opening`,
     # `autotune.storage.schema.knobs_of`).
     added_later: bool = False
+    # The knob's values: for a str knob the choices (`choices`), for an int knob the least value
+    # (`minimum`) and whether only powers of two are allowed (`pow2`).
+    choices: tuple = ()
+    minimum: int = 1
+    pow2: bool = False
+    # The knob's domain in the default search space (search_spaces/default.yaml holds the same
+    # for the built-in knobs; a search space that leaves the knob out takes this), in the YAML
+    # form of `autotune.spec.space.parse_domain`: a list, a range mapping or a scalar.
+    default_space: object = None
     # Which compiled graphs of a trial hold the knob's value (`autotune.train.compile_cache`
     # reuses a graph across the values of a knob it does not hold): "all"; "update", the
     # optimizer update's only (a forward and backward that accumulates, a pipeline stage's
@@ -60,37 +76,43 @@ KNOBS: dict[str, Knob] = {
     for k in (
         Knob("dp", int, "data-parallel replicas (devices / (tp·pp) when 'auto')",
              "set_auto_parallel_context(parallel_mode=DATA_PARALLEL|SEMI_AUTO_PARALLEL, device_num)",
-             "parallel_config.data_parallel", default=1),
+             "parallel_config.data_parallel", default=1, default_space="auto"),
         Knob("tp", int, "tensor parallel ways (Megatron-style: column/row-parallel layers, "
              "vocab-parallel embedding and head)",
              "explicit collectives in the tp group (trial program); operator shard strategies "
              "under SEMI_AUTO_PARALLEL",
-             "parallel_config.model_parallel", default=1),
+             "parallel_config.model_parallel", default=1, default_space=[1, 2, 4, 8]),
         Knob("pp", int, "pipeline stages",
              "layers split into stages, 1F1B over micro-batches (trial program); "
              "set_auto_parallel_context(pipeline_stages=pp)",
-             "parallel_config.pipeline_stage", default=1),
+             "parallel_config.pipeline_stage", default=1, default_space=[1, 2, 4]),
         Knob("micro_batches", int, "pipeline micro-batches (used when pp > 1)",
              "1F1B micro-batches per step (trial program); nn.PipelineCell(net, micro_size=micro_batches)",
-             "parallel_config.micro_batch_num", default=1),
+             "parallel_config.micro_batch_num", default=1,
+             default_space=[1, 2, 4, 8]),
         Knob("fusion_mb", int, "AllReduce fusion bucket threshold in MB",
              'set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})',
-             "parallel.comm_fusion", default=64, graphs="none"),
+             "parallel.comm_fusion", default=64, graphs="none",
+             default_space={"low": 1, "high": 512, "log": True}),
         Knob("grad_accum", int, "gradient accumulation steps (used when pp == 1)",
              "accumulate grads/K over K micro-steps, one AllReduce and one update per step",
-             "runner_config.gradient_accumulation_steps", default=1),
+             "runner_config.gradient_accumulation_steps", default=1,
+             default_space=[1, 2, 4, 8]),
         Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
              "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
              "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False,
-             unestimated_because=_NUMERICS, graphs="none"),
+             unestimated_because=_NUMERICS, graphs="none", pow2=True,
+             default_space={"pow2": [8, 24]}),
         Knob("warmup_steps", int, "linear warmup steps before cosine decay",
              "LearningRateSchedule: linear warmup then cosine over train.total_steps",
              "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False,
-             unestimated_because=_NUMERICS, graphs="none"),
+             unestimated_because=_NUMERICS, graphs="none", minimum=0,
+             default_space={"low": 0, "high": 2000, "step": 100}),
         Knob("jit_level", str, "graph compile level, or PyNative execution",
              "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
              "or set_context(mode=PYNATIVE_MODE)",
-             "context.jit_config.jit_level", default="O1",
+             "context.jit_config.jit_level", default="O1", choices=JIT_LEVELS,
+             default_space=["O0", "O1", "pynative"],
              estimable=False, unestimated_because="the cost model's jit-level factors on "
              "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)"),
         Knob("recompute", str, "activation recomputation",
@@ -98,7 +120,8 @@ KNOBS: dict[str, Knob] = {
              "select_recompute patterns (the SwiGLU's SiLU and product; the attention core when "
              "not fused), transformer — the attention core, mlp — the GeLU; on the layers "
              "model.recompute_layers marks where it marks some",
-             "recompute_config.recompute / select_recompute", default="none"),
+             "recompute_config.recompute / select_recompute", default="none",
+             choices=RECOMPUTE_MODES, default_space=list(RECOMPUTE_MODES)),
         Knob("parallel_optimizer", bool,
              "shard the optimizer over the data-parallel group (MindSpore's parallel optimizer, "
              "level1: weights and optimizer states; acts with dp > 1)",
@@ -107,11 +130,78 @@ KNOBS: dict[str, Knob] = {
              "shard of every parameter of 64 KB or more and gathers the shards back with explicit "
              "collectives (docs/parallel.md)",
              "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)", default=False,
-             added_later=True, graphs="update"),
+             added_later=True, graphs="update", default_space=[False, True]),
     )
 }
 
-KNOB_NAMES = tuple(KNOBS)
+# A live view: a knob registered later (:func:`register_knob`) is in it.
+KNOB_NAMES = KNOBS.keys()
+
+
+def register_knob(knob: Knob) -> Knob:
+    """Add ``knob`` to :data:`KNOBS` (after the built-in knobs: a study's params and columns keep
+    their order). Its name is its Candidate field, so it must be an identifier no knob nor
+    Candidate attribute has; it states its ``default_space`` (the default space file does not
+    know it) and, a str knob, its ``choices``. The code that applies, prices and exports it
+    registers on its own side (see the module doc). ValueError for an entry that breaks this."""
+    from autotune.spec.candidate import Candidate
+
+    if not knob.name.isidentifier() or knob.name.startswith("_"):
+        raise ValueError(f"knob name {knob.name!r}: must be a public Python identifier")
+    if knob.name in KNOBS or hasattr(Candidate, knob.name):
+        raise ValueError(f"knob name {knob.name!r}: already taken")
+    if knob.default_space is None:
+        raise ValueError(f"knob {knob.name!r}: default_space must be given")
+    if knob.kind not in (int, str, bool):
+        raise ValueError(f"knob {knob.name!r}: kind must be int, str or bool")
+    if knob.kind is str and not knob.choices:
+        raise ValueError(f"knob {knob.name!r}: a str knob states its choices")
+    KNOBS[knob.name] = knob
+    return knob
+
+
+class KnobHooks:
+    """One side's code per knob, registered by knob name: the trial program's, the cost model's
+    or one export document's (the module doc names them). ``register(name)`` decorates the
+    function that does it for knob ``name``, and the side calls :meth:`call` where every knob's
+    turn comes, in :data:`KNOBS` order; ``in_place(name, where, why)`` states instead that the
+    side handles ``name`` inside the function ``where`` (``"module:qualname"``), for the reason
+    ``why`` — a layout knob, or one woven through a computation with others.
+    tests/test_knob_contracts.py checks that every knob has one or the other, or that its
+    :class:`Knob` entry says why the side needs neither."""
+
+    def __init__(self, side: str):
+        self.side = side
+        self.hooks: dict = {}
+        self.places: dict = {}
+
+    def register(self, name: str):
+        def decorate(function):
+            if name in self.hooks or name in self.places:
+                raise ValueError(f"{self.side}: knob {name!r} is registered already")
+            self.hooks[name] = function
+            return function
+        return decorate
+
+    def in_place(self, name: str, where: str, why: str) -> None:
+        if name in self.hooks or name in self.places:
+            raise ValueError(f"{self.side}: knob {name!r} is registered already")
+        self.places[name] = (where, why)
+
+    def unregister(self, name: str) -> None:
+        """Forget knob ``name``'s hook or statement (a test restoring the registry)."""
+        self.hooks.pop(name, None)
+        self.places.pop(name, None)
+
+    def handles(self, name: str) -> bool:
+        return name in self.hooks or name in self.places
+
+    def call(self, knobs: dict, *args) -> None:
+        """Run the hook of each knob of ``knobs`` (name → value) that has one, in :data:`KNOBS`
+        order, as ``hook(value, *args)``."""
+        for name in KNOBS:
+            if name in self.hooks and name in knobs:
+                self.hooks[name](knobs[name], *args)
 
 
 def trial_warmup(warmup_steps: int, total_steps: int, trial_steps: int) -> int:

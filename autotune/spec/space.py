@@ -28,8 +28,8 @@ from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import (JIT_LEVELS, KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES,
-                                 RECOMPUTE_MODES, is_active, trial_warmup)
+from autotune.spec.knobs import (KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active,
+                                 trial_warmup)
 from autotune.spec.model_yaml import DEFAULT_SPACE
 from autotune.spec.specs import Spec
 from autotune.spec.yaml_file import load_yaml
@@ -49,7 +49,7 @@ def parse_domain(name: str, raw, source: str) -> tuple:
         values = (raw,)
     if not values:
         raise SpecError(f"{where}: empty domain")
-    allowed = {"jit_level": JIT_LEVELS, "recompute": RECOMPUTE_MODES}.get(name)
+    allowed = knob.choices
     for value in values:
         if knob.kind is bool:
             if not isinstance(value, bool):
@@ -59,10 +59,10 @@ def parse_domain(name: str, raw, source: str) -> tuple:
             raise SpecError(f"{where}: values must be integers, got {value!r}")
         if knob.kind is str and (not isinstance(value, str) or value not in allowed):
             raise SpecError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
-        if knob.kind is int and value < (0 if name == "warmup_steps" else 1):
+        if knob.kind is int and value < knob.minimum:
             raise SpecError(f"{where}: {value} is out of range")
-    if name == "loss_scale" and any(v & (v - 1) for v in values):
-        raise SpecError(f"{where}: loss scales must be powers of two")
+    if knob.pow2 and any(v & (v - 1) for v in values):
+        raise SpecError(f"{where}: values must be powers of two")
     if len(set(values)) != len(values):
         raise SpecError(f"{where}: repeated values")
     return values
@@ -228,7 +228,8 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
     for name in overrides or {}:
         if name not in KNOBS:
             raise SpecError(f"--set {name}: unknown knob (known: {', '.join(KNOB_NAMES)})")
-    defaults = load_yaml(DEFAULT_SPACE)
+    # the default space file, and a knob it does not list (registered since) from its entry
+    defaults = {name: knob.default_space for name, knob in KNOBS.items()} | load_yaml(DEFAULT_SPACE)
     raw = {**defaults, **raw, **(overrides or {})}
     backend, notes, domains = backend_of(spec.cluster.backend), [], {}
     for name in KNOB_NAMES:

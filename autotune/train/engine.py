@@ -30,6 +30,7 @@ from autotune.train import entry, fused, models, pipeline, schedule, step
 from autotune.train import probe as probe_mod
 from autotune.train import sharding as sharding_mod
 from autotune.train.config import ConfigError, micro_steps
+from autotune.train.knob_hooks import APPLIES
 from autotune.train.parallel import Placement
 
 COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32}
@@ -144,13 +145,21 @@ def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int
 
     def make():
         twin = entry.build(cfg, placement)[0] if model.get("entry") else models.build_network(model, placement)
-        if cfg["knobs"]["recompute"] != "none":  # as the candidate trains: its memory, not more
-            twin.apply_recompute(cfg["knobs"]["recompute"])
+        APPLIES.call(cfg["knobs"], twin, cfg)  # as the candidate trains: its memory, not more
         micro_batch = cfg["train"]["global_batch_size"] // (placement.dp * micro)
         return probe_mod.UnderflowProbe(network, twin, loss_fn, placement, micro=micro, owned=owned,
                                         boundary=_boundary(model, micro_batch), jit_level=jit_level)
 
     return make
+
+
+@APPLIES.register("recompute")
+def _apply_recompute(mode: str, network, cfg: dict) -> None:
+    if mode == "none":
+        return
+    if not hasattr(network, "apply_recompute"):
+        raise ConfigError("knobs.recompute: the network has no apply_recompute(mode) method")
+    network.apply_recompute(mode)
 
 
 def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
@@ -166,10 +175,7 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
         step.set_compute_dtype(network, COMPUTE[dtype])
     if model.get("param_dtype", "float32") != "float32":
         step.set_param_dtype(network, COMPUTE[model["param_dtype"]])
-    if knobs["recompute"] != "none":
-        if not hasattr(network, "apply_recompute"):
-            raise ConfigError("knobs.recompute: the network has no apply_recompute(mode) method")
-        network.apply_recompute(knobs["recompute"])
+    APPLIES.call(knobs, network, cfg)
     if trial.get("schedule", "compressed") == "full":
         warmup, total = knobs["warmup_steps"], train["total_steps"]
     else:

@@ -32,7 +32,6 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,12 +91,12 @@ def allreduces(ir_dir: Path) -> int:
 
 def main() -> None:
     spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml")
-    reference = replace(build_space(spec).baseline(), grad_accum=2)  # dp2, fusion 64
+    reference = build_space(spec).baseline().replace(grad_accum=2)  # dp2, fusion 64
     runs = {"reference (fusion 64)": (reference, 0), "reference again": (reference, 1),
-            "fusion 1": (replace(reference, fusion_mb=1), 2),
-            "parallel optimizer": (replace(reference, parallel_optimizer=True), 3),
-            "recompute full": (replace(reference, recompute="full"), 4),
-            "fusion 1, reference's cache": (replace(reference, fusion_mb=1), 0)}
+            "fusion 1": (reference.replace(fusion_mb=1), 2),
+            "parallel optimizer": (reference.replace(parallel_optimizer=True), 3),
+            "recompute full": (reference.replace(recompute="full"), 4),
+            "fusion 1, reference's cache": (reference.replace(fusion_mb=1), 0)}
     work = Path(tempfile.mkdtemp(prefix="autotune-shared-graphs-"))
     rows = {}
     os.environ.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_DUMP_IR_PASSES="graph_build")

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,11 +43,11 @@ def trials(accumulations: list[int], batch: int | None, folder: Path) -> list[di
 
     spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"train.global_batch_size": batch} if batch else None)
-    candidate = replace(build_space(spec).baseline(), dp=1)
+    candidate = build_space(spec).baseline().replace(dp=1)
     session, settled, rows = None, None, []
     for k, accumulation in enumerate(accumulations):
         out = folder / str(k)
-        config = trial_config(spec, replace(candidate, grad_accum=accumulation), study="m",
+        config = trial_config(spec, candidate.replace(grad_accum=accumulation), study="m",
                               number=k, out_dir=out, steps=spec.trial.steps,
                               measure_after=spec.trial.measure_after)
         session = session or program.open_trial_session(config)
