@@ -191,7 +191,6 @@ def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_pa
     # spec.constraints screens a candidate, train.program.check_config refuses its config: the
     # same rule (spec.knobs.batch_split_problems) with the same words, the program's naming the
     # field
-    from dataclasses import replace
 
     from autotune.spec.constraints import violations
     from autotune.spec.model_yaml import load_spec
@@ -201,7 +200,7 @@ def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_pa
 
     (tmp_path / "model.yaml").write_text(BATCH_SPEC)
     spec = load_spec(tmp_path / "model.yaml")
-    candidate = replace(build_space(spec).baseline(), **knobs)
+    candidate = build_space(spec).baseline().replace(**knobs)
     config = trial_config(spec, candidate, study="t", number=0, out_dir=tmp_path, steps=5,
                           measure_after=1)
     reasons = violations(spec, candidate)

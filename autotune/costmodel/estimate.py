@@ -56,6 +56,7 @@ from autotune.costmodel.workload import workload_for
 from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import backend_of
 from autotune.spec.constraints import violations
+from autotune.spec.knobs import micro_steps
 
 # Headroom left on every device for allocator fragmentation and transient buffers the model
 # does not price (an assumption; the calibration corrects the memory estimate, not this margin).
@@ -152,7 +153,8 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
         return _unknown(True, NOT_ESTIMATED)
 
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
-    n_micro = candidate.micro_batches if candidate.pp > 1 else candidate.grad_accum
+    n_micro = micro_steps(pp=candidate.pp, micro_batches=candidate.micro_batches,
+                          grad_accum=candidate.grad_accum)
     micro_batch = max(1, batch // (candidate.dp * n_micro))
     model = spec.model
     stages = memory_per_stage(work, candidate, micro_batch, n_micro, dtype, profile.framework_gb,

@@ -28,7 +28,7 @@ from autotune.files import json_safe
 from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
 from autotune.spec.backends import Backend, backend_of
 from autotune.spec.candidate import Candidate
-from autotune.spec.knobs import KNOBS, LOSS_SCALED_DTYPES, SCALE_WINDOW
+from autotune.spec.knobs import KNOBS, LOSS_SCALED_DTYPES, SCALE_WINDOW, micro_steps
 from autotune.spec.specs import Spec
 from autotune.train.config import trial_config
 
@@ -50,7 +50,7 @@ def run_backend(spec: Spec) -> Backend:
 
 def micro_batch_size(spec: Spec, c: Candidate) -> int:
     """Samples per device per forward pass (per micro-batch with pipeline stages)."""
-    splits = c.micro_batches if c.pp > 1 else c.grad_accum
+    splits = micro_steps(pp=c.pp, micro_batches=c.micro_batches, grad_accum=c.grad_accum)
     return spec.train.global_batch_size // (c.dp * splits)
 
 

@@ -43,7 +43,7 @@ from autotune import costmodel
 from autotune.costmodel.workload import workload_for
 from autotune.search.belief import PARTS, Belief, normal_cdf
 from autotune.spec.backends import backend_of
-from autotune.spec.knobs import KNOB_NAMES, KNOBS
+from autotune.spec.knobs import KNOB_NAMES, KNOBS, micro_steps
 
 PRIOR_LIMIT = 20_000  # candidates estimated at most (≈0.2 ms each)
 ESTIMATED = ("goodput", "peak_memory")
@@ -68,7 +68,8 @@ def raw_parts(estimate) -> np.ndarray:
 
 def layout_of(candidate) -> tuple:
     """(dp, tp, pp, micro-batches per step) of ``candidate``."""
-    split = candidate.micro_batches if candidate.pp > 1 else candidate.grad_accum
+    split = micro_steps(pp=candidate.pp, micro_batches=candidate.micro_batches,
+                        grad_accum=candidate.grad_accum)
     return candidate.dp, candidate.tp, candidate.pp, split
 
 

@@ -82,7 +82,7 @@ import numpy as np
 from autotune import layout
 from autotune.files import write_json
 from autotune.spec.backends import BACKENDS
-from autotune.spec.knobs import JIT_LEVELS, RECOMPUTE_MODES, SCALE_WINDOW, batch_split_problems
+from autotune.spec.knobs import KNOBS, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import compile_cache
 from autotune.train import metrics as metrics_mod
@@ -97,16 +97,19 @@ REQUIRED = {
     "model": ("family",),
     "train": ("global_batch_size", "learning_rate", "total_steps"),
     "trial": ("steps", "measure_after"),
-    "knobs": ("dp", "tp", "pp", "micro_batches", "fusion_mb", "grad_accum", "loss_scale", "warmup_steps",
-              "jit_level", "recompute"),
 }
+
+
+def _required_knobs() -> tuple:
+    """Every knob but those added later (a config written before one omits it: its default)."""
+    return tuple(name for name, knob in KNOBS.items() if not knob.added_later)
 
 
 def check_config(cfg: dict) -> None:
     """Raise ConfigError for what the driver should have prevented; messages name the field."""
     if "out_dir" not in cfg:
         raise ConfigError("out_dir: missing")
-    for section, keys in REQUIRED.items():
+    for section, keys in {**REQUIRED, "knobs": _required_knobs()}.items():
         if not isinstance(cfg.get(section), dict):
             raise ConfigError(f"{section}: missing")
         for key in keys:
@@ -116,11 +119,10 @@ def check_config(cfg: dict) -> None:
     backend = cfg.get("backend", "cpu")
     if backend not in BACKENDS or not BACKENDS[backend].runs_program:
         raise ConfigError(f"backend: {backend!r} cannot run a training program")
-    if knobs["jit_level"] not in JIT_LEVELS:
-        raise ConfigError(f"knobs.jit_level: {knobs['jit_level']!r} is not one of {', '.join(JIT_LEVELS)}")
-    if knobs["recompute"] not in RECOMPUTE_MODES:
-        raise ConfigError(f"knobs.recompute: {knobs['recompute']!r} is not one of "
-                          f"{', '.join(RECOMPUTE_MODES)}")
+    for name, knob in KNOBS.items():
+        if knob.choices and name in knobs and knobs[name] not in knob.choices:
+            raise ConfigError(f"knobs.{name}: {knobs[name]!r} is not one of "
+                              f"{', '.join(knob.choices)}")
     dtype = model.get("dtype", "float32")
     if dtype not in BACKENDS[backend].compute_dtypes:
         raise ConfigError(f"model.dtype: {dtype!r} does not run on backend {backend!r} "

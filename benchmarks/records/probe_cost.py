@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +211,7 @@ def main() -> int:
     space = build_space(spec)
     base = space.baseline()
     trials = {f"dp{c.dp} tp{c.tp} pp{c.pp} @{c.loss_scale:g}": c for c in [base, *space.layout_openers(spec)]}
-    trials.update({f"dp{base.dp} tp{base.tp} pp{base.pp} @{s:g}": replace(base, loss_scale=s)
+    trials.update({f"dp{base.dp} tp{base.tp} pp{base.pp} @{s:g}": base.replace(loss_scale=s)
                    for s in args.low_scales})
     variants = {"always": (ROOT, "always"), "auto": (ROOT, "auto")}
     if args.old_tree:
