@@ -41,7 +41,7 @@ from autotune.execution.timing import with_launch_and_teardown
 from autotune.files import write_json
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
-from autotune.spec.backends import backend_of, reserved_ports
+from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
 from autotune.train.lifetime import die_with_parent_hook
 from autotune.train.msrun import msrun_args
@@ -165,7 +165,7 @@ def environment(extra: dict | None = None, config: dict | None = None,
     (``Backend.environment``, and its kernel JIT cache's unless set:
     `autotune.execution.warmup.jit_environment`), and on an accelerator an explicit
     ``OMP_NUM_THREADS`` for the ``local_workers`` of this node (:func:`host_threads`)."""
-    backend = backend_of((config or {}).get("backend", "cpu"))
+    backend = backend_of((config or {}).get("backend", DEFAULT_BACKEND))
     env = {**os.environ, **(extra or {}), **dict(backend.environment)}
     env.update(jit_environment(backend, env))
     if backend.accelerator:
@@ -186,7 +186,7 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     """Run the trial program for ``config`` in ``trial_dir`` with ``workers`` ranks — only this
     node's share of them with ``node`` (its logs under ``logs/node<i>``; rank 0's node returns
     the metrics, the others ``ok`` without). ``env``: variables to add (the devices Ray gave)."""
-    backend = backend_of(config.get("backend", "cpu"))
+    backend = backend_of(config.get("backend", DEFAULT_BACKEND))
     trial_dir = trial_dir.resolve()  # the program runs with the trial folder as its cwd
     trial_dir.mkdir(parents=True, exist_ok=True)
     config_path = trial_dir / "config.json"

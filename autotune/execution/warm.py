@@ -55,7 +55,7 @@ from autotune.execution.timing import with_launch_and_teardown
 from autotune.execution.warmup import warm_up
 from autotune.files import write_json
 from autotune.jobs import Result
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import DEFAULT_BACKEND, backend_of
 from autotune.train.lifetime import die_with_parent_hook
 
 FAILED_RANKS_GRACE_S = 1.0  # after a rank's failure, for the others to say how they ended
@@ -100,7 +100,7 @@ class WarmPool:
         cache warmed first where the backend asks for it."""
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "logs").mkdir(parents=True)
-        backend = backend_of(config.get("backend", "cpu"))
+        backend = backend_of(config.get("backend", DEFAULT_BACKEND))
         env = environment(self.env, config, self.workers)
         self.warmed = warm_up(backend, env, str(PROJECT_ROOT))
         self.argv = command(["--serve", self.root], self.workers, self.root / "logs",
@@ -137,7 +137,7 @@ class WarmPool:
                     f"one is {this} (a trial after one of another size would reuse, unseen, "
                     "the memory MindSpore kept of it)\n")
         layout = _layout(config)
-        if backend_of(config.get("backend", "cpu")).pool_per_layout and layout != self.layout:
+        if backend_of(config.get("backend", DEFAULT_BACKEND)).pool_per_layout and layout != self.layout:
             return (f"fresh workers: the pool's processes ran the layout dp·tp·pp = "
                     f"{'·'.join(map(str, self.layout or ()))}, this trial is "
                     f"{'·'.join(map(str, layout))} (their process groups hold device memory "
@@ -149,7 +149,7 @@ class WarmPool:
         """Run the trial of ``config`` in ``trial_dir`` (see the module doc); ``memory_mb``: the
         cost model's estimate of its memory per device (None: not known, so of no size the
         running processes run)."""
-        backend = backend_of(config.get("backend", "cpu"))
+        backend = backend_of(config.get("backend", DEFAULT_BACKEND))
         trial_dir = trial_dir.resolve()
         trial_dir.mkdir(parents=True, exist_ok=True)
         config_path = trial_dir / "config.json"

@@ -53,6 +53,10 @@ POOL_INCREASE = "0.25GB"
 KINDS = ("program", "estimate", "table")
 
 
+# cluster.backend when model.yaml leaves it out, and a trial config's when it does not say.
+DEFAULT_BACKEND = "cpu"
+
+
 @dataclass(frozen=True)
 class Backend:
     """One backend (see the module doc). ``limits`` maps a knob to the values this backend

@@ -21,7 +21,7 @@ from autotune.families import FAMILIES, owners
 from autotune.families.layers import RECOMPUTE_LAYER_KEYS
 from autotune.spec import entry as entry_loader
 from autotune.spec.attention import fused_refusal
-from autotune.spec.backends import BACKENDS
+from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
 from autotune.spec.objectives import OBJECTIVES
@@ -250,7 +250,7 @@ def _parse_train(s: _Section) -> TrainSpec:
 
 
 def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
-    backend = s.get("backend", str, default="cpu", choices=tuple(BACKENDS))
+    backend = s.get("backend", str, default=DEFAULT_BACKEND, choices=tuple(BACKENDS))
     devices = s.get("devices", int, minimum=1)
     per_node = s.get("devices_per_node", int, default=min(devices, 8), minimum=1)
     memory = s.get("device_memory_gb", float, default=None)

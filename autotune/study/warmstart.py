@@ -35,7 +35,7 @@ from __future__ import annotations
 import optuna
 
 from autotune import costmodel
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import DEFAULT_BACKEND, backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.objectives import objective_values
@@ -54,7 +54,7 @@ def comparability(mine: dict, theirs: dict) -> tuple[str, str]:
     when it is not comparable at all ("" when it is)."""
     ours, their = mine["cluster"], theirs.get("cluster", {})
     mine_kind, their_kind = (backend_of(ours["backend"]).kind,
-                             backend_of(their.get("backend", "cpu")).kind)
+                             backend_of(their.get("backend", DEFAULT_BACKEND)).kind)
     if their_kind == "estimate" and mine_kind != "estimate":
         return NOTHING, (f"it is a {their.get('backend')} study: its values are the cost "
                          "model's estimates, which the prior already ranks by, not "

@@ -25,7 +25,7 @@ from mindspore.common.parameter import ParameterTuple
 
 from autotune import layout
 from autotune.families import family
-from autotune.spec.backends import BACKENDS
+from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.train import entry, fused, models, pipeline, schedule, step
 from autotune.train import probe as probe_mod
 from autotune.train import sharding as sharding_mod
@@ -167,7 +167,7 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     ms.set_seed(cfg.get("seed", 0))  # an entry model draws its own weights: identical on every rank
     network, loss_fn, dataset = entry.build(cfg, placement)
     fused_attention = bool(model.get("flash_attention") and not model.get("entry")
-                           and BACKENDS[cfg.get("backend", "cpu")].fused_attention)
+                           and BACKENDS[cfg.get("backend", DEFAULT_BACKEND)].fused_attention)
     if fused_attention:
         fused.use_fused_attention(network, model["seq_length"])
     dtype = model.get("dtype", "float32")

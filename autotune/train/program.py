@@ -81,7 +81,7 @@ import numpy as np
 
 from autotune import layout
 from autotune.files import write_json
-from autotune.spec.backends import BACKENDS
+from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.spec.knobs import KNOBS, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import compile_cache
@@ -116,7 +116,7 @@ def check_config(cfg: dict) -> None:
             if key not in cfg[section]:
                 raise ConfigError(f"{section}.{key}: missing")
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
-    backend = cfg.get("backend", "cpu")
+    backend = cfg.get("backend", DEFAULT_BACKEND)
     if backend not in BACKENDS or not BACKENDS[backend].runs_program:
         raise ConfigError(f"backend: {backend!r} cannot run a training program")
     for name, knob in KNOBS.items():

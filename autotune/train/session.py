@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autotune.spec.backends import BACKENDS, Backend
+from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, Backend
 from autotune.train.config import ConfigError
 from autotune.train.device import (DeviceMemory, chip_refusal, device_total_bytes, launch_step,
                                    memory_settings, reported_memory_warning)
@@ -127,7 +127,7 @@ class Session:
 def open_session(cfg: dict, world: int, ms=None) -> Session:
     """The process's launch for ``world`` ranks, configured by ``cfg``'s backend and device
     memory (see the module doc). ``ms``: the mindspore module (default: imported here)."""
-    backend = BACKENDS[cfg.get("backend", "cpu")]
+    backend = BACKENDS[cfg.get("backend", DEFAULT_BACKEND)]
     if ms is None:
         ms = _launch("import mindspore", lambda: __import__("mindspore"), announce=False)
     _launch(f"set_device({backend.device_target})", lambda: ms.set_device(backend.device_target))
