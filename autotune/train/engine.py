@@ -123,7 +123,8 @@ def make_optimizer(params, learning_rate, state_dtype=ms.float32):
 
 def _boundary(model: dict, micro_batch: int) -> tuple:
     """Shape of the hidden state one micro-batch sends between pipeline stages."""
-    if family(model["family"]).token_input:
+    # a built-in family of token ids sends (batch, seq, hidden); an entry model a row per sample
+    if model.get("family") and family(model["family"]).token_input:
         return (micro_batch, model["seq_length"], model["hidden_size"])
     return (micro_batch, model["hidden_size"])
 
