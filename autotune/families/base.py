@@ -76,6 +76,12 @@ def parameter_shapes(model_cfg: dict) -> dict:
     return family(model_cfg.get("family")).shapes(model_cfg)
 
 
+def takes_tokens(name: str | None) -> bool:
+    """Whether a model of family ``name`` takes sequences of token ids; an ``entry`` model
+    (``name`` None) is taken as one of feature rows."""
+    return name is not None and family(name).token_input
+
+
 def owners(field: str) -> tuple[str, ...]:
     """The families whose model.yaml takes ``field``."""
     return tuple(name for name, f in FAMILIES.items() if field in f.fields)

@@ -13,7 +13,7 @@ Ascend) refuses such a model at validation rather than fall back silently.
 
 from __future__ import annotations
 
-from autotune.families import FAMILIES
+from autotune.families import takes_tokens
 
 FUSED_DTYPES = ("float16", "bfloat16")
 HEAD_DIM_MULTIPLE = 16
@@ -21,7 +21,7 @@ HEAD_DIM_MULTIPLE = 16
 
 def fused_refusal(model) -> str:
     """Why fused attention cannot run ``model`` ("" when it can)."""
-    if not model.family or not FAMILIES[model.family].token_input:
+    if not takes_tokens(model.family):
         return f"the {model.family or 'entry'} model has no attention the fused operator replaces"
     if model.dtype not in FUSED_DTYPES:
         return f"the fused operator computes in {' or '.join(FUSED_DTYPES)}, not {model.dtype}"

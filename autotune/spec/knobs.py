@@ -177,16 +177,18 @@ class KnobHooks:
 
     def register(self, name: str):
         def decorate(function):
-            if name in self.hooks or name in self.places:
-                raise ValueError(f"{self.side}: knob {name!r} is registered already")
+            self._unclaimed(name)
             self.hooks[name] = function
             return function
         return decorate
 
     def in_place(self, name: str, where: str, why: str) -> None:
-        if name in self.hooks or name in self.places:
-            raise ValueError(f"{self.side}: knob {name!r} is registered already")
+        self._unclaimed(name)
         self.places[name] = (where, why)
+
+    def _unclaimed(self, name: str) -> None:
+        if self.handles(name):
+            raise ValueError(f"{self.side}: knob {name!r} is registered already")
 
     def unregister(self, name: str) -> None:
         """Forget knob ``name``'s hook or statement (a test restoring the registry)."""

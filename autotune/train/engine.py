@@ -24,7 +24,7 @@ from mindspore.common.initializer import initializer
 from mindspore.common.parameter import ParameterTuple
 
 from autotune import layout
-from autotune.families import family
+from autotune.families import takes_tokens
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.train import entry, fused, models, pipeline, schedule, step
 from autotune.train import probe as probe_mod
@@ -123,8 +123,7 @@ def make_optimizer(params, learning_rate, state_dtype=ms.float32):
 
 def _boundary(model: dict, micro_batch: int) -> tuple:
     """Shape of the hidden state one micro-batch sends between pipeline stages."""
-    # a built-in family of token ids sends (batch, seq, hidden); an entry model a row per sample
-    if model.get("family") and family(model["family"]).token_input:
+    if takes_tokens(model.get("family")):
         return (micro_batch, model["seq_length"], model["hidden_size"])
     return (micro_batch, model["hidden_size"])
 

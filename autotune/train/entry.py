@@ -55,7 +55,7 @@ Built-in families (``model.family`` = ``transformer`` | ``mlp`` | ``llama``, ``e
 
 from mindspore import nn
 
-from autotune.families import family
+from autotune.families import takes_tokens
 from autotune.spec import entry as entry_loader
 from autotune.spec.entry import EntryError
 from autotune.train import data, models, tp_layers, weights
@@ -72,7 +72,7 @@ def build_builtin(config: dict, placement: Placement = SINGLE):
     network = models.build_network(model, placement)
     weights.initialize(network, model, placement, seed)
     loss_fn = tp_layers.cross_entropy(model["vocab_size"], placement.tp, placement.tp_index, placement.tp_group)
-    if family(model["family"]).token_input:
+    if takes_tokens(model["family"]):
         dataset = data.TokenChains(batch, model["seq_length"], model["vocab_size"], seed=seed)
     else:
         dataset = data.TeacherClasses(batch, model["hidden_size"], model["vocab_size"], seed=seed)
