@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+from autotune import moved as _moved
+
+_moved.install()  # modules that moved stay importable by their old names
+
 
 def trials_frame(study, storage=None):
     """One row per trial of a study, knobs and metrics as columns (see autotune.analysis.frames)."""

@@ -82,7 +82,7 @@ def cmd_search(args) -> int:
     budget = parse_budget(args.budget) if args.budget is not None else None
     spec, space = _load(args)
     from autotune.execution.dispatch import ClusterLost
-    from autotune.storage.opening import resolve_storage
+    from autotune.storage.connection import resolve_storage
     from autotune.study.progress import Progress
     from autotune.study.run import run_study
 
@@ -153,7 +153,7 @@ def cmd_validate(args) -> int:
 def cmd_studies(args) -> int:
     import optuna
 
-    from autotune.storage.opening import open_storage, resolve_storage
+    from autotune.storage.connection import open_storage, resolve_storage
 
     for summary in optuna.get_all_study_summaries(open_storage(resolve_storage(args.storage))):
         print(f"{summary.study_name}\t{summary.n_trials} trials")

@@ -26,7 +26,7 @@ METRICS = ("goodput", "throughput", "step_time_ms", "step_time_ci", "peak_memory
            "underflow_bound", "underflow_probed", "loss_first",
            "loss_last", "diverged", "compile_s", "launch_s", "init_s", "first_step_s",
            "excluded_steps_s", "steps_s", "probe_s", "teardown_s", "measurement")
-# Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.timing`);
+# Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.launch_time`);
 # its fixed time is the run time less ``steps_s``, the time it measures.
 TIME_PARTS = ("launch_s", "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s",
               "teardown_s")

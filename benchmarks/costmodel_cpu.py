@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.storage.opening import load_study  # noqa: E402
+from autotune.storage.connection import load_study  # noqa: E402
 from autotune.storage.schema import knobs_of, outcome_of  # noqa: E402
 from autotune.spec.errors import SpecError  # noqa: E402
 

@@ -158,9 +158,9 @@ def memory_probe(name: str) -> int:
     import numpy as np
 
     import mindspore as ms
-    from autotune.train.device import memory_settings
-    from autotune.train.device_smi import process_memory
-    from autotune.train.session import numpy2_workaround
+    from autotune.train.runtime.device import memory_settings
+    from autotune.train.runtime.device_smi import process_memory
+    from autotune.train.runtime.session import numpy2_workaround
 
     backend = BACKENDS[name]
     ms.set_device(backend.device_target)

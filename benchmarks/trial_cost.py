@@ -6,7 +6,7 @@ Levers (each a column group of the table, the rounds interleaved so machine nois
 - fresh:        every trial in processes of its own (msrun, cluster join, compile, teardown);
 - warm:         the trials one after another in workers that stay up (autotune.execution.warm;
                 one pool for the whole run, as a study keeps it: its first trial pays the start);
-- warm+cache:   the same with the graph-keyed compile cache (autotune.train.compile_cache); the
+- warm+cache:   the same with the graph-keyed compile cache (autotune.train.runtime.compile_cache); the
                 first round fills it, later rounds load it (what a confirm re-run sees); the
                 dp2 trial at fusion 1 loads the dp2 trial's graphs in every round (no graph
                 holds the fusion threshold: what a search candidate that differs in it sees).

@@ -1,4 +1,4 @@
-"""A user model for ``model.entry: examples/user_model.py:build`` (the contract: autotune.train.entry).
+"""A user model for ``model.entry: examples/user_model.py:build`` (the contract: autotune.train.models.entry).
 
 A small residual classifier of points drawn around ``num_classes`` random centres: the loss
 falls within a few dozen steps. Sizes come from the ``model`` section of the config

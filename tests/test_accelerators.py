@@ -79,7 +79,7 @@ def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_on
 
 class _Recorder:
     """The parts of the ``mindspore`` module a trial's launch calls
-    (`autotune.train.session`), recording each call in order."""
+    (`autotune.train.runtime.session`), recording each call in order."""
 
     GRAPH_MODE, PYNATIVE_MODE = 0, 1
 
@@ -124,7 +124,7 @@ class _Recorder:
 
 def _setup(cfg, ms):
     """A trial's launch as a fresh process makes it: the session, then the trial's place."""
-    from autotune.train.session import open_session
+    from autotune.train.runtime.session import open_session
 
     knobs = cfg["knobs"]
     open_session(cfg, knobs["dp"] * knobs["tp"] * knobs["pp"], ms).place(knobs)
@@ -140,7 +140,7 @@ def _setup_config(backend, dp=2, device_memory=None):
 
 @pytest.mark.parametrize("backend,target", [("gpu", "GPU"), ("ascend", "Ascend")])
 def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, monkeypatch, capsys):
-    from autotune.train import parallel
+    from autotune.train.parallel import groups as parallel
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     ms = _Recorder()
@@ -157,7 +157,7 @@ def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, 
 
 
 def test_a_device_reporting_another_size_than_the_profile_is_warned(monkeypatch, capsys):
-    from autotune.train import parallel
+    from autotune.train.parallel import groups as parallel
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     _setup(_setup_config("gpu", device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
@@ -170,7 +170,7 @@ def test_cpu_workers_keep_the_first_op_before_init_and_set_no_device_memory(monk
     """The one exception, measured (docs/accelerators.md): on CPU an eager op after init()
     makes msrun's scheduler judge the worker timed out."""
     from autotune.spec.backends import BACKENDS
-    from autotune.train import parallel
+    from autotune.train.parallel import groups as parallel
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     ms = _Recorder()
@@ -250,14 +250,15 @@ class _Pool:
 def _device_session(monkeypatch, tool):
     """A GPU session of one process whose runtime is a :class:`_Pool`; ``tool(pool)`` is the
     vendor tool's reading for this process (a `device_smi.Reading`)."""
-    from autotune.train import device_smi, parallel
+    from autotune.train.parallel import groups as parallel
+    from autotune.train.runtime import device_smi
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     ms = _Recorder(world=1)
     pool = ms.runtime = _Pool()
     ms.runtime.set_memory = lambda **kw: None
     monkeypatch.setattr(device_smi, "process_memory", lambda backend, pid: tool(pool))
-    from autotune.train.session import open_session
+    from autotune.train.runtime.session import open_session
 
     session = open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80, "max_size_gb": 72}), 1, ms)
     return session, pool
@@ -272,7 +273,7 @@ def _trial(session, pool, gib):
 
 
 def test_a_small_trial_after_a_big_one_in_a_warm_pool_reads_its_own_memory(monkeypatch):
-    from autotune.train.device_smi import READ, Reading
+    from autotune.train.runtime.device_smi import READ, Reading
 
     # the device holds the pool and 1 GiB outside it (the CUDA context, communicators)
     session, pool = _device_session(
@@ -288,7 +289,7 @@ def test_a_small_trial_after_a_big_one_in_a_warm_pool_reads_its_own_memory(monke
 
 
 def test_a_process_the_vendor_tool_does_not_list_is_recorded_as_not_seen(monkeypatch):
-    from autotune.train.device_smi import NOT_LISTED, Reading
+    from autotune.train.runtime.device_smi import NOT_LISTED, Reading
 
     session, pool = _device_session(monkeypatch, lambda pool: Reading(None, NOT_LISTED))
     held = _trial(session, pool, 2)
@@ -302,7 +303,7 @@ def test_the_vendor_tool_listing_host_pids_only_is_not_listed_not_missing(tmp_pa
     import os
     import stat
 
-    from autotune.train import device_smi
+    from autotune.train.runtime import device_smi
 
     tool = tmp_path / "nvidia-smi"
     tool.write_text("#!/bin/sh\necho '777001, 30912'\necho '777002, 1000'\n")
@@ -316,7 +317,7 @@ def test_the_vendor_tool_listing_host_pids_only_is_not_listed_not_missing(tmp_pa
 
 
 def test_vendor_tools_per_process_readings_are_parsed():
-    from autotune.train.device_smi import parse_npu_smi, parse_nvidia_smi
+    from autotune.train.runtime.device_smi import parse_npu_smi, parse_nvidia_smi
 
     assert parse_nvidia_smi("4242, 10240\n77, 5\n4242, 100\n", 4242) == 10340.0
     assert parse_nvidia_smi("No running processes found\n", 4242) is None
@@ -498,7 +499,7 @@ def test_the_memory_settings_are_sizes_mindspore_accepts():
 
     from mindspore.runtime import memory
 
-    from autotune.train.device import memory_settings
+    from autotune.train.runtime.device import memory_settings
 
     for size in (57.6, 72.0, 14.4, 0.5):
         settings = memory_settings({"device_memory": {"size_gb": size / 0.9, "max_size_gb": size}},

@@ -176,7 +176,7 @@ def test_the_check_sees_each_way_of_naming_a_backend():
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_every_backend_states_the_facts_its_kind_needs(name):
     from autotune.costmodel.profiles import CPU_BASE, PROFILES
-    from autotune.train.device_smi import PARSERS
+    from autotune.train.runtime.device_smi import PARSERS
 
     backend = BACKENDS[name]
     assert backend.name == name and backend.kind in backends.KINDS

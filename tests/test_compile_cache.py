@@ -1,5 +1,5 @@
 """The compile cache's graph key and its failures (issue 28, items 2 and 4), on real one-process
-trials (`autotune.train.compile_cache`; what it loads and stores across trials:
+trials (`autotune.train.runtime.compile_cache`; what it loads and stores across trials:
 tests/test_warm.py, slow).
 
 - The key covers the source of every ``autotune`` module a trial process imported: a value one
@@ -18,7 +18,7 @@ import pytest
 
 import autotune
 import autotune.train
-from autotune.train import compile_cache
+from autotune.train.runtime import compile_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train_program import make_config, run  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 from autotune.costmodel import (NOT_ESTIMATED, PROFILES, Calibration, estimate, format_estimate,
                                 resolve_profile)
 from autotune.costmodel.memory import memory_per_stage
-from autotune.costmodel.timing import allreduce_time
+from autotune.costmodel.step_time import allreduce_time
 from autotune.costmodel.workload import workload_for
 from autotune.layout import builtin_layout, rank_elements
 from autotune.spec.candidate import Candidate

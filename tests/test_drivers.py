@@ -208,13 +208,13 @@ def test_recovery_fails_a_dead_or_silent_drivers_trials_and_never_a_live_ones(tm
 
 
 def server_storage(tmp_path, monkeypatch):
-    """The storage a server database gets (`autotune.storage.opening`), heartbeats and all,
+    """The storage a server database gets (`autotune.storage.connection`), heartbeats and all,
     on SQLite so it runs anywhere, with a grace period of one second."""
-    from autotune.storage import opening
+    from autotune.storage import connection
 
-    monkeypatch.setattr(opening, "GRACE_S", 1)
-    monkeypatch.setattr(opening, "HEARTBEAT_S", 1)
-    storage = opening._server_storage(f"sqlite:///{tmp_path}/s.db")
+    monkeypatch.setattr(connection, "GRACE_S", 1)
+    monkeypatch.setattr(connection, "HEARTBEAT_S", 1)
+    storage = connection._server_storage(f"sqlite:///{tmp_path}/s.db")
     return storage, optuna.create_study(storage=storage, study_name="s")
 
 

@@ -62,7 +62,10 @@ def launch(out: Path, *args) -> list[dict]:
 
 def whole_model_loss(merged: dict, step: int, model=MODEL) -> float:
     """The tp1·pp1 model with the merged weights, on the global batch of ``step``."""
-    from autotune.train import data, models, session, tp_layers
+    from autotune.train import models
+    from autotune.train.models import data
+    from autotune.train.parallel import tp_layers
+    from autotune.train.runtime import session
     ms.set_context(mode=ms.GRAPH_MODE)
     session.numpy2_workaround(ms)
     network = models.build_network(model)

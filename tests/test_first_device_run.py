@@ -27,7 +27,7 @@ UNSUPPORTED = ("Unsupported device target GPU. This process only supports one of
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_device_that_does_not_come_up_is_the_launchs_failure(world):
-    from autotune.train.session import LaunchError, open_session
+    from autotune.train.runtime.session import LaunchError, open_session
 
     cfg = _setup_config("gpu", dp=world, device_memory={"size_gb": 80, "max_size_gb": 72})
     with pytest.raises(LaunchError, match=r"set_device\(GPU\) failed: RuntimeError: Unsupported"):
@@ -35,8 +35,8 @@ def test_a_device_that_does_not_come_up_is_the_launchs_failure(world):
 
 
 def test_a_process_group_that_cannot_be_made_is_the_launchs_failure(monkeypatch):
-    from autotune.train import parallel
-    from autotune.train.session import LaunchError, open_session
+    from autotune.train.parallel import groups as parallel
+    from autotune.train.runtime.session import LaunchError, open_session
 
     def refuse(placement, made):
         raise RuntimeError("HCCL create communicator failed")
@@ -137,7 +137,7 @@ def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, 
     ``_backinfo.json`` every hit logs an ERROR and compiles the backend again."""
     import os
 
-    from autotune.train.compile_cache import GraphCache
+    from autotune.train.runtime.compile_cache import GraphCache
 
     monkeypatch.setenv("MS_ROLE", "MS_WORKER")
     cfg = json.loads(json.dumps(_gpu_config(tmp_path)))
@@ -224,8 +224,8 @@ def test_the_gpu_plugin_carries_no_hopper_code():
 # item 6: Ascend chips, HCCL's host ports, a world of one warned about its device size
 
 def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason(monkeypatch):
-    from autotune.train import parallel
-    from autotune.train.session import LaunchError, open_session
+    from autotune.train.parallel import groups as parallel
+    from autotune.train.runtime.session import LaunchError, open_session
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
     with pytest.raises(LaunchError, match="chip 'ascend910'.*saturation mode"):
@@ -259,7 +259,7 @@ def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
 
 
 def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, capsys):
-    from autotune.train.session import open_session
+    from autotune.train.runtime.session import open_session
 
     open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
                  1, _Recorder(world=1, total_gib=40.0))

@@ -95,7 +95,7 @@ def test_the_probe_runs_where_float16_flushes_gradients_and_the_bound_stands_in_
     of the gradients: the bound is above SKIP_BELOW, the probe runs and underflow_share is the old
     rule's. At 1 the share is ~1e-4: the probe is skipped and the bound stands in, within
     SKIP_BELOW of the old share — goodput moves by no more than that."""
-    from autotune.train.probe import SKIP_BELOW
+    from autotune.train.step.probe import SKIP_BELOW
 
     runs = {(scale, mode): train(tmp_path, f"{scale}-{mode}", model=QUICKSTART, knobs={"loss_scale": scale},
                                  steps=6, lr=5e-3, trial={"underflow_probe": mode})[0]

@@ -154,7 +154,7 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
     users = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text]
     assert users == ["analysis/report/__init__.py", "export/writer.py", "files.py",
-                     "train/compile_cache.py"]
+                     "train/runtime/compile_cache.py"]
 
     from autotune.files import staged_folder
     out = tmp_path / "out"
@@ -327,7 +327,7 @@ def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_tr
     finally:
         os.chdir(ROOT)
     # the trial program's process: the runner's environment, the trial folder as its cwd
-    code = ("import json, sys; from autotune.train.entry import build; "
+    code = ("import json, sys; from autotune.train.models.entry import build; "
             "net, loss, data = build(json.load(open(sys.argv[1]))); "
             "print(sorted(p.name for p in net.get_parameters()))")
     (elsewhere / "config.json").write_text(__import__("json").dumps(config))
@@ -399,3 +399,29 @@ def test_no_test_imports_a_benchmark_and_every_record_says_what_it_measured():
     for record in records:
         head = record.read_text().splitlines()[0]
         assert re.fullmatch(r"# measured at [0-9a-f]{7,40}", head), (record.name, head)
+
+
+def test_a_moved_module_is_importable_by_its_old_name_and_says_where_it_went():
+    """Every old name of `autotune.moved.MOVED` gives the new module itself, with a
+    DeprecationWarning naming the new place; a module that became a package serves its old
+    attributes (one fresh process: the old names must not be imported yet)."""
+    probe = textwrap.dedent("""
+        import importlib, sys, warnings
+        from autotune.moved import BECAME_PACKAGES, MOVED
+        for old, new in MOVED.items():
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                if old in BECAME_PACKAGES:
+                    module = importlib.import_module(new)
+                    name = next(n for n in vars(module) if not n.startswith("_") and
+                                getattr(getattr(module, n), "__module__", None) == new)
+                    assert getattr(importlib.import_module(old), name) is getattr(module, name), old
+                else:
+                    assert importlib.import_module(old) is importlib.import_module(new), old
+            said = [str(w.message) for w in seen if w.category is DeprecationWarning]
+            assert any(new in s and old in s for s in said), (old, said)
+        print("ok", len(MOVED))
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", "22"]

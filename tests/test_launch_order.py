@@ -1,12 +1,12 @@
 """Item 15 of issue 18 on CPU, for real: a dp2 trial under msrun, each role's log showing the
-order of its first MindSpore calls (`autotune.train.device.launch_step`)."""
+order of its first MindSpore calls (`autotune.train.runtime.device.launch_step`)."""
 
 from pathlib import Path
 
 import pytest
 
 from autotune.execution.runner import run_trial
-from autotune.train.device import LAUNCH_STEP
+from autotune.train.runtime.device import LAUNCH_STEP
 
 pytestmark = pytest.mark.slow
 

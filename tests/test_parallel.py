@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from autotune import layout
-from autotune.train.pipeline import schedule
+from autotune.train.parallel.pipeline import schedule
+from autotune.train.models.transformer import MASK_VALUE
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train_program import BIN, PROGRAM_PATH, _free_port, make_config, run  # noqa: E402
@@ -44,7 +45,7 @@ def test_schedule_pairs_every_transfer_and_bounds_what_is_in_flight(stages):
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
-    from autotune.train import session
+    from autotune.train.runtime import session
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     session.numpy2_workaround(mindspore)
     return mindspore
@@ -55,8 +56,9 @@ def ms():
                                           (LLAMA, [(1, 2, 2), (2, 2, 1), (1, 2, 4)])],
                          ids=["transformer", "mlp", "llama"])
 def test_every_rank_holds_its_slices_of_the_same_initial_weights(ms, cfg, layouts):
-    from autotune.train import models, weights
-    from autotune.train.parallel import Placement
+    from autotune.train import models
+    from autotune.train.models import weights
+    from autotune.train.parallel.groups import Placement
 
     whole = models.build_network(cfg)
     weights.initialize(whole, cfg, models.SINGLE, seed=3)
@@ -81,7 +83,8 @@ def test_every_rank_holds_its_slices_of_the_same_initial_weights(ms, cfg, layout
 def test_fused_qkv_is_head_major(ms):
     """The attention reads feature (head, [q, k, v], d) of the fused QKV output, so tp rank t's
     contiguous block of rows is whole heads with their own Q, K and V (checked against numpy)."""
-    from autotune.train import models, weights
+    from autotune.train import models
+    from autotune.train.models import weights
     cfg = dict(TRANSFORMER, num_layers=1)
     network = models.build_network(cfg)
     weights.initialize(network, cfg, models.SINGLE, seed=5)
@@ -91,7 +94,7 @@ def test_fused_qkv_is_head_major(ms):
     w, bias = attn.qkv.weight.asnumpy(), attn.qkv.bias.asnumpy()
     qkv = (x @ w.T + bias).reshape(b, s, heads, 3, h // heads).transpose(3, 0, 2, 1, 4)
     scores = qkv[0] @ qkv[1].transpose(0, 1, 3, 2) / np.sqrt(h // heads)
-    scores = scores + np.triu(np.full((s, s), models.MASK_VALUE), k=1)
+    scores = scores + np.triu(np.full((s, s), MASK_VALUE), k=1)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     ctx = (probs / probs.sum(-1, keepdims=True)) @ qkv[2]
     expected = ctx.transpose(0, 2, 1, 3).reshape(b, s, h) @ attn.proj.weight.asnumpy().T + attn.proj.bias.asnumpy()
@@ -101,7 +104,8 @@ def test_fused_qkv_is_head_major(ms):
 def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
     """One llama attention against numpy: Hugging Face's LLaMA — rotate-half rotary embeddings
     (θ 10000) on q and k, query head j reading key/value head j // (heads / kv_heads)."""
-    from autotune.train import models, weights
+    from autotune.train import models
+    from autotune.train.models import weights
     cfg = dict(LLAMA, num_layers=1)
     network = models.build_network(cfg)
     weights.initialize(network, cfg, models.SINGLE, seed=5)

@@ -195,7 +195,7 @@ def test_the_program_refuses_a_bad_stop_rule_naming_it(trial, says):
 
 
 def test_the_stop_rule_changes_no_compiled_graph():
-    from autotune.train.compile_cache import graph_key
+    from autotune.train.runtime.compile_cache import graph_key
 
     config = {"study": "s", "trial_number": 0, "out_dir": "x", "seed": 0,
               "model": {"family": "mlp"}, "trial": {"steps": 30, "measure_after": 2},

@@ -496,7 +496,7 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
         return False
 
     def handed(pool: Path) -> str:
-        """The handovers the pool's workers were given (`autotune.train.serve`), as text."""
+        """The handovers the pool's workers were given (`autotune.train.runtime.serve`), as text."""
         texts = []
         for path in pool.glob("trial.*.json"):
             try:

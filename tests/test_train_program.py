@@ -171,7 +171,9 @@ def test_data_parallel_under_msrun(tmp_path):
 BF16_STEP = """
 import sys
 import mindspore as ms
-from autotune.train import engine, entry, session, step
+from autotune.train.models import entry
+from autotune.train.runtime import session
+from autotune.train.step import engine, train_step as step
 
 ms.set_device(sys.argv[1])
 ms.set_context(mode=ms.GRAPH_MODE)

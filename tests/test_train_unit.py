@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from autotune import families as shapes
-from autotune.train import data, schedule
+from autotune.train.models import data
+from autotune.train.step import schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
@@ -23,7 +24,7 @@ LLAMA = {"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4, 
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
-    from autotune.train import session
+    from autotune.train.runtime import session
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     session.numpy2_workaround(mindspore)
     return mindspore
@@ -86,7 +87,10 @@ def test_data_is_deterministic_and_sharded():
 def test_grad_accumulation_equals_full_batch(ms):
     """K=4 micro-batches give the same update as one batch of 4× (fp32, SGD so the update is the gradient)."""
     from mindspore import nn
-    from autotune.train import models, step, tp_layers, weights
+    from autotune.train import models
+    from autotune.train.models import weights
+    from autotune.train.parallel import tp_layers
+    from autotune.train.step import train_step as step
     x, y = data.TokenChains(16, 8, 64, seed=1)(0)
     updates, losses = {}, {}
     for k in (1, 4):
@@ -117,7 +121,7 @@ def test_grad_accumulation_equals_full_batch(ms):
 
 
 def test_entry_loads_a_file_and_checks_the_contract(ms, tmp_path):
-    from autotune.train import entry
+    from autotune.train.models import entry
     config = {"seed": 0, "train": {"global_batch_size": 8},
               "model": {"entry": str(ROOT / "examples" / "user_model.py") + ":build", "hidden_size": None}}
     network, loss_fn, dataset = entry.build(config)
@@ -142,7 +146,8 @@ def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, fa
     makes — BNSD inputs as the plain core gets them (grouped-query key/value heads unrepeated),
     the causal mask of discarded positions, the 1/√d scale — standing in for the operator with
     the plain core's own result."""
-    from autotune.train import fused, models
+    from autotune.train import models
+    from autotune.train.models import fused
     from autotune.train.models import SINGLE
 
     cfg = {"family": family, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.analysis import trial_time
-from autotune.execution.timing import with_launch_and_teardown
+from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.jobs import METRICS, TIME_PARTS
 from autotune.spec.knobs import KNOBS
-from autotune.train.compile_cache import graph_key
+from autotune.train.runtime.compile_cache import graph_key
 from autotune.train.metrics import METRIC_KEYS, StepLog
 
 

@@ -1,4 +1,4 @@
-"""The underflow bound (`autotune.train.probe`): the training step's own count of float16 zeros,
+"""The underflow bound (`autotune.train.step.probe`): the training step's own count of float16 zeros,
 less the token rows no id selects, bounds the probe's share; the probe runs only above
 SKIP_BELOW. In process: the rule, and the step's counts against the probe's float16 masks on the
 same weights. Under msrun (slow): u ≤ z at every loss scale on dp2, tp2 and pp2."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.train import data
+from autotune.train.models import data
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train_program import BIN, _free_port, make_config, run  # noqa: E402
@@ -22,14 +22,14 @@ TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
-    from autotune.train import session
+    from autotune.train.runtime import session
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     session.numpy2_workaround(mindspore)
     return mindspore
 
 
 def test_the_rule_runs_the_probe_only_above_the_threshold(ms):
-    from autotune.train.probe import SKIP_BELOW, measure
+    from autotune.train.step.probe import SKIP_BELOW, measure
 
     ran = []
 
@@ -60,7 +60,7 @@ def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_
     scores the candidate never holds: the probe does not run, the bound stands. A probe out of
     memory on any rank leaves the share unmeasured with the reason, on every rank; anything else
     it raises is still the trial's error."""
-    from autotune.train.probe import measure
+    from autotune.train.step.probe import measure
 
     ran, told = [], []
 
@@ -109,9 +109,12 @@ def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
     among them, and the bound subtracts exactly those."""
     from mindspore.common.parameter import ParameterTuple
 
-    from autotune.train import models, step, tp_layers, weights
-    from autotune.train.engine import make_optimizer, optimizer_order
-    from autotune.train.probe import UnderflowBound, ZeroMasks
+    from autotune.train import models
+    from autotune.train.models import weights
+    from autotune.train.parallel import tp_layers
+    from autotune.train.step import train_step as step
+    from autotune.train.step.engine import make_optimizer, optimizer_order
+    from autotune.train.step.probe import UnderflowBound, ZeroMasks
 
     model = {**TRANSFORMER, "num_layers": 1}  # one block: the fast tier pays three compiles
     network = models.build_network(model)
@@ -149,7 +152,7 @@ def test_the_token_tables_are_found_in_every_built_in_family(ms):
     """The bound subtracts the rows of what `token_tables` finds: the transformer's and llama's
     vocabulary tables (whole model names), nothing in the mlp (its inputs are features)."""
     from autotune.train import models
-    from autotune.train.probe import token_tables
+    from autotune.train.step.probe import token_tables
 
     llama = {"family": "llama", "num_layers": 1, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
              "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
@@ -172,7 +175,7 @@ MODEL = {**TRANSFORMER, "num_layers": 4}
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
-    from autotune.train.probe import SKIP_BELOW
+    from autotune.train.step.probe import SKIP_BELOW
 
     knobs = LAYOUTS[name]
     workers = knobs["dp"] * knobs["tp"] * knobs["pp"]
@@ -205,7 +208,7 @@ def _entry_network(ms, kind: str):
     whose rows every position selects (ids 8 and up select none of them)."""
     from mindspore import nn, ops
 
-    from autotune.train import tp_layers
+    from autotune.train.parallel import tp_layers
 
     class Tiny(nn.Cell):
         def __init__(self):
@@ -242,9 +245,11 @@ def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms
     negative (the probe skipped where it should run)."""
     from mindspore.common.parameter import ParameterTuple
 
-    from autotune.train import models, step, tp_layers
-    from autotune.train.engine import make_optimizer, optimizer_order
-    from autotune.train.probe import UnderflowBound, UnderflowProbe
+    from autotune.train import models
+    from autotune.train.parallel import tp_layers
+    from autotune.train.step import train_step as step
+    from autotune.train.step.engine import make_optimizer, optimizer_order
+    from autotune.train.step.probe import UnderflowBound, UnderflowProbe
 
     network, build = _entry_network(ms, kind)
     step.set_compute_dtype(network, ms.float16)
@@ -272,7 +277,7 @@ def test_the_probes_float32_twin_recomputes_as_the_candidate_does(ms, mode):
     could end out of memory in the probe."""
     from autotune.spec.knobs import SCALE_WINDOW
     from autotune.train import models
-    from autotune.train.engine import build_engine
+    from autotune.train.step.engine import build_engine
 
     cfg = {"model": {**TRANSFORMER, "dtype": "float16"}, "seed": 0,
            "train": {"global_batch_size": 8, "learning_rate": 0.01, "total_steps": 100},

@@ -2,7 +2,7 @@
 own: the same losses, the peak memory within noise, each trial's folder and logs its own; a
 failed, timed-out, over-budget or cancelled trial retires the workers and the next one starts
 fresh ones; and graphs compiled once are loaded by a later trial of the same graph, never by
-another graph (autotune.train.compile_cache). Real two-worker msrun trials on CPU."""
+another graph (autotune.train.runtime.compile_cache). Real two-worker msrun trials on CPU."""
 
 import _thread
 import json

@@ -2,10 +2,10 @@
 
     [msrun …] underflow_scales.py CONFIG_JSON SCALES_JSON
 
-Runs the trial program's launch and engine (`autotune.train.program`, `autotune.train.engine`)
+Runs the trial program's launch and engine (`autotune.train.program`, `autotune.train.step.engine`)
 for CONFIG_JSON, then, for each scale of SCALES_JSON: one training step at that scale, the
 weights put back as the step found them — so the probe after it sees the weights, batch and
-scale the step's own bound counted — and `autotune.train.probe.measure` with the probe forced
+scale the step's own bound counted — and `autotune.train.step.probe.measure` with the probe forced
 (``trial.underflow_probe: always``), so both z and u are measured. Rank 0 writes
 ``[{scale, overflow, z, u}]`` to ``out_dir/scales.json``.
 """
@@ -21,9 +21,9 @@ def main(config_path: str, scales_json: str) -> None:
     import mindspore as ms
 
     from autotune.spec.knobs import SCALE_WINDOW
-    from autotune.train.session import open_session
-    from autotune.train.engine import build_engine
-    from autotune.train.parallel import world_sum
+    from autotune.train.runtime.session import open_session
+    from autotune.train.step.engine import build_engine
+    from autotune.train.parallel.groups import world_sum
 
     cfg = json.loads(open(config_path).read())
     cfg["trial"]["underflow_probe"] = "always"
@@ -52,6 +52,6 @@ def main(config_path: str, scales_json: str) -> None:
 
 if __name__ == "__main__":
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler: it only serves the cluster
-        from autotune.train.device import serve_cluster
+        from autotune.train.runtime.device import serve_cluster
         sys.exit(serve_cluster())
     main(sys.argv[1], sys.argv[2])

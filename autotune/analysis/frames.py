@@ -26,7 +26,7 @@ from autotune.costmodel import diagnosis
 from autotune.jobs import METRICS, OUTCOMES
 from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage.counting import search_trials
-from autotune.storage.opening import load_study
+from autotune.storage.connection import load_study
 from autotune.storage.schema import is_infrastructure, knobs_of, maximizes, outcome_of
 
 TIMING = ("run_s", "wall_s", "queued_s", "driver_s")

@@ -29,7 +29,7 @@ from autotune.costmodel import diagnosis
 from autotune.spec.candidate import Candidate
 from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage.counting import search_trials
-from autotune.storage.opening import load_study
+from autotune.storage.connection import load_study
 from autotune.storage.schema import knobs_of, maximizes, outcome_of
 
 

@@ -5,7 +5,7 @@ stages").
 Contract:
 
 - :func:`diagnose` is pure. From the cost model's time breakdown of the candidate
-  (``estimate["breakdown"]["time_s"]``, `autotune/costmodel/timing.py`), the trial's metrics
+  (``estimate["breakdown"]["time_s"]``, `autotune/costmodel/step_time.py`), the trial's metrics
   (`autotune.jobs.METRICS`), its knobs and the device memory budget it returns a strict-JSON
   dict:
 

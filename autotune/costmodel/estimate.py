@@ -16,7 +16,7 @@ Contract:
 - ``engine`` says what executes the step: ``"trainer"`` is autotune's trainer
   (parameters, gradients and accumulators in ``model.param_dtype``, Adam's moments in
   ``model.optimizer_dtype``; pipeline stages that run each forward twice; the parallel
-  optimizer as `autotune.train.sharding` runs it), the default for a backend that runs trials;
+  optimizer as `autotune.train.parallel.sharding` runs it), the default for a backend that runs trials;
   ``"mindspore"`` is the export run by MindSpore itself — MindFormers' — (its pipeline: one
   forward per micro-batch, 1F1B retention; gradients accumulated in place; its parallel
   optimizer at the default level; sequence parallelism when ``model.sequence_parallel``:
@@ -51,7 +51,7 @@ from autotune.costmodel.calibration import Calibration
 from autotune.costmodel.knob_pricing import PRICES
 from autotune.costmodel.memory import ENGINES, memory_per_stage, rank_params
 from autotune.costmodel.profiles import resolve_profile
-from autotune.costmodel.timing import step_time
+from autotune.costmodel.step_time import step_time
 from autotune.costmodel.workload import workload_for
 from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import backend_of
@@ -66,7 +66,7 @@ NOT_ESTIMATED = "no dimensions given: not estimated"
 
 def device_memory_cap(cluster) -> dict | None:
     """What a GPU/Ascend run of ``cluster`` caps its memory pool at, as the trial config's
-    ``device_memory`` section (`autotune.train.device`): ``size_gb`` the profile's memory
+    ``device_memory`` section (`autotune.train.runtime.device`): ``size_gb`` the profile's memory
     (``cluster.device_memory_gb`` when given), ``max_size_gb`` that × `SAFETY_MARGIN` — the
     budget the memory screen judges a candidate against. None on the other backends."""
     if not backend_of(cluster.backend).accelerator:

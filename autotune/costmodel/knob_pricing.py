@@ -6,7 +6,7 @@ model estimates (``Knob.estimable``) is either priced by a registered hook,
 breakdown parts (``times``: seconds per step by part, ``memory``: GB per device by part; the
 keys of `autotune.costmodel.estimate`'s breakdown) before the calibration applies, or stated
 ``in_place``: the layout and the knobs that shape it are woven through the physics
-(`autotune.costmodel.memory`, `autotune.costmodel.timing`). A knob the cost model does not
+(`autotune.costmodel.memory`, `autotune.costmodel.step_time`). A knob the cost model does not
 estimate says why in its entry (``Knob.unestimated_because``) and needs neither.
 """
 
@@ -18,16 +18,16 @@ PRICES = KnobHooks("cost model")
 
 _LAYOUT = "the layout sets every part of the step: compute, communication, bubble and memory"
 for _name, _where, _why in (
-        ("dp", "autotune.costmodel.timing:step_time", _LAYOUT),
-        ("tp", "autotune.costmodel.timing:step_time", _LAYOUT),
-        ("pp", "autotune.costmodel.timing:step_time", _LAYOUT),
+        ("dp", "autotune.costmodel.step_time:step_time", _LAYOUT),
+        ("tp", "autotune.costmodel.step_time:step_time", _LAYOUT),
+        ("pp", "autotune.costmodel.step_time:step_time", _LAYOUT),
         ("micro_batches", "autotune.costmodel.estimate:estimate",
          "the micro-batch size and count every part of the step is priced at"),
         ("grad_accum", "autotune.costmodel.estimate:estimate",
          "the micro-batch size and count every part of the step is priced at"),
-        ("fusion_mb", "autotune.costmodel.timing:_dp_exposed",
+        ("fusion_mb", "autotune.costmodel.step_time:_dp_exposed",
          "the bucket size sets how much of the data-parallel all-reduce overlaps the backward"),
-        ("recompute", "autotune.costmodel.timing:step_time",
+        ("recompute", "autotune.costmodel.step_time:step_time",
          "each stage's recompute modes change its compute, traffic and activations"),
         ("parallel_optimizer", "autotune.costmodel.memory:shards_optimizer",
          "sharded optimizer states and the gathers they need, in memory and in time")):

@@ -34,7 +34,7 @@ Model (sources in the docstrings below and in ``workload.py``):
 - The parallel optimizer (knob ``parallel_optimizer``, dp > 1; which parameters are sharded and
   over how many ranks is :func:`autotune.layout.with_optimizer_shards`, MindFormers' llama
   leaving its norms and, by default, its token table whole), as the trainer runs it
-  (`autotune.train.sharding`): Adam's moments only for the rows a device owns, plus a copy of
+  (`autotune.train.parallel.sharding`): Adam's moments only for the rows a device owns, plus a copy of
   those rows of each sharded parameter (what the optimizer updates before the rows are gathered
   back), in ``param_dtype``, counted under ``params`` (:func:`optimizer_elements`). Gradients
   and accumulators stay whole. MindSpore's own at its default level, ``level1``

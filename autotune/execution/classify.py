@@ -127,7 +127,7 @@ def stopped_in_probe(trial_dir: Path, outcome: str, detail: str, run_s: float,
     """A trial its launcher stopped (``outcome`` ``timeout`` or ``oom``, why in ``detail``)
     while its underflow probe ran — its training done and its metrics written
     (`autotune.train.metrics.PROBE_UNFINISHED`) — ends as its training did, ``underflow_share``
-    unmeasured with the reason (`autotune.train.probe.measure`: the probe never fails a trial
+    unmeasured with the reason (`autotune.train.step.probe.measure`: the probe never fails a trial
     that trained); None for a trial stopped before that."""
     metrics_file = trial_dir / "metrics.json"
     if outcome not in ("timeout", "oom") or not metrics_file.exists():

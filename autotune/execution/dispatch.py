@@ -351,7 +351,7 @@ class Dispatcher:
         """Free the placement of each cancelled trial whose tasks have stopped (``block``: wait
         up to ``CANCEL_WAIT_S`` for them). A task still running ``CANCEL_WAIT_S`` after it was
         asked to stop (Ray's interrupt can miss one) ends with its worker, and the trial's
-        processes with their parent (`autotune.train.lifetime`)."""
+        processes with their parent (`autotune.train.runtime.lifetime`)."""
         still = []
         for running, group, since in self._stopping:
             if running:

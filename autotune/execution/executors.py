@@ -176,7 +176,7 @@ class DispatchedExecutor:
         self.memory_mb = None if device_memory else profile.memory_gb * 1024
         # ... which a GPU/Ascend trial caps at the screen's budget (set_memory's max_size)
         self.device_memory = costmodel.device_memory_cap(spec.cluster)
-        # compiled graphs, reused by trials of the same graph (autotune.train.compile_cache):
+        # compiled graphs, reused by trials of the same graph (autotune.train.runtime.compile_cache):
         # beside the studies, so studies of one model share them
         self.compile_cache = (None if os.environ.get(COMPILE_CACHE) == "0"
                               else (study_dir.parent / ".compile-cache").resolve())

@@ -7,7 +7,7 @@ Contract (Linux, no root needed):
   whose parent died — re-parented, no longer found by ancestry — stays tracked and a reused pid
   is never mistaken for it). It reports the largest resident set among them and stops them all
   (SIGTERM, then SIGKILL), signalling through pidfds where the kernel has them.
-- A process launched for a trial dies with its launcher (`autotune.train.lifetime`).
+- A process launched for a trial dies with its launcher (`autotune.train.runtime.lifetime`).
 - :class:`Guard` (``python -m autotune.execution.processes OWNER_PID``) outlives its owner: it tracks the
   owner's descendants and, when the owner dies without saying goodbye, stops them all. The
   embedded Ray needs it: Ray kills its raylet and GCS with the driver, but its agents then wait

@@ -37,13 +37,13 @@ from autotune.execution.classify import CandidateStart, classify, stopped_in_pro
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
 from autotune.execution.warmup import jit_environment, warm_up
-from autotune.execution.timing import with_launch_and_teardown
+from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.files import write_json
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
 from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
-from autotune.train.lifetime import die_with_parent_hook
+from autotune.train.runtime.lifetime import die_with_parent_hook
 from autotune.train.msrun import msrun_args
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None,
 def command(program_args, workers: int, log_dir: Path, port: int,
             bind_cores: bool = False, node: NodeRun | None = None) -> list[str]:
     """The argument list that runs the trial program with ``program_args`` (a config path, or
-    ``["--serve", POOL_DIR]``: `autotune.train.serve`) and ``workers`` ranks, under msrun
+    ``["--serve", POOL_DIR]``: `autotune.train.runtime.serve`) and ``workers`` ranks, under msrun
     (`autotune.train.msrun`, the builder exported launch scripts use too) when there are several —
     this node's share of them with ``node``. ``bind_cores`` pins each msrun worker to its own
     cores: measured on the 2-core CPU, unpinned dp = 2 step times jump between ~46 and ~75 ms

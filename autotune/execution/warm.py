@@ -1,7 +1,7 @@
 """Trials of one size run one after another in workers that stay up.
 
 Contract: a :class:`WarmPool` runs trials of ``workers`` ranks on this node in trial-program
-processes it keeps between trials (`autotune.train.serve`: one msrun launch, or one process for
+processes it keeps between trials (`autotune.train.runtime.serve`: one msrun launch, or one process for
 a single rank), so MindSpore's import, msrun's start, the cluster join and communication init
 are paid once per pool, not once per trial. :meth:`WarmPool.run` has the face and the outcomes
 of `autotune.execution.runner.run_trial` — ``config.json`` written, the folder cleared, the
@@ -9,7 +9,7 @@ timeout (from when a rank starts the candidate, so the pool's first trial does n
 the workers' start-up: `autotune.execution.runner.trial_clock`), the memory budget and a cancel (KeyboardInterrupt) enforced on the trial's processes,
 an `autotune.jobs.Result` read by `autotune.execution.classify` from the trial's own folder and
 logs — and says where the time went (``launch_s`` … ``teardown_s``,
-`autotune.execution.timing`).
+`autotune.execution.launch_time`).
 
 A trial that does not end well retires the pool: a timeout, a worker over the budget, a cancel,
 a crash, or any rank whose trial ended with a non-zero code (it may leave a collective half
@@ -28,7 +28,7 @@ what each trial needs anyway (docs/mindspore-cpu.md, "Warm workers"). What the r
 their state after the pool's first trial (``leftover_mb``) is taken off each trial's peak by the
 ranks and off the resident set the budget judges here. Should the pool's owner die, its processes die
 with it: they are started from a thread that lives as long as they do (``PR_SET_PDEATHSIG``,
-`autotune.train.lifetime`), and msrun's workers die with msrun.
+`autotune.train.runtime.lifetime`), and msrun's workers die with msrun.
 
 Where a pool's own files go: ``root`` (the handovers, msrun's logs of what the workers print
 between trials); a pool that cannot start copies its logs into the trial's ``logs/pool/``, where
@@ -51,17 +51,17 @@ from autotune.execution.classify import classify, stopped_in_probe
 from autotune.execution.processes import ProcessTree
 from autotune.execution.runner import (POLL_S, PROJECT_ROOT, STOP_GRACE_S, command, environment,
                                        free_port, fresh_trial_dir, trial_clock)
-from autotune.execution.timing import with_launch_and_teardown
+from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.execution.warmup import warm_up
 from autotune.files import write_json
 from autotune.jobs import Result
 from autotune.spec.backends import DEFAULT_BACKEND, backend_of
-from autotune.train.lifetime import die_with_parent_hook
+from autotune.train.runtime.lifetime import die_with_parent_hook
 
 FAILED_RANKS_GRACE_S = 1.0  # after a rank's failure, for the others to say how they ended
 CLOSE_WAIT_S = 5.0          # a pool told to stop gets this long before it is stopped
 # A pool whose workers keep more than this share of the memory budget resident beyond what they
-# held after its first trial (MindSpore keeps some of every trial: `autotune.train.serve`)
+# held after its first trial (MindSpore keeps some of every trial: `autotune.train.runtime.serve`)
 # retires after the trial.
 RETIRE_LEFTOVER = 0.1
 # Trials whose estimated memory per device differs by more than this share (of the smaller) are of

@@ -5,7 +5,7 @@ Contract:
   and be ``ok``); else the configuration with the best confirmed mean, where the confirm phase
   ran; else the best trial the search ran (several objectives: the Pareto point best on the
   first) — all by the ranking of `autotune.analysis.ranking`. SpecError when there is none.
-- :func:`export_study` loads the study (`autotune.storage.opening`), selects the trial, rebuilds
+- :func:`export_study` loads the study (`autotune.storage.connection`), selects the trial, rebuilds
   the spec the study was created with and writes the export (`autotune.export.writer`);
   returns the trial and the files written. mindformers.yaml merges into ``mindformers_base``
   (``--mindformers-base``) or else the model.yaml's ``export.mindformers_base`` (written by
@@ -23,7 +23,7 @@ from autotune.export.writer import write_export
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import parse_spec
-from autotune.storage.opening import load_study
+from autotune.storage.connection import load_study
 from autotune.storage.schema import knobs_of, metrics_of, outcome_of
 
 

@@ -5,7 +5,7 @@ and splits it.
 Its names and shapes are those of MindFormers' legacy ``LlamaForCausalLM``
 (``mindformers/models/llama``, docs/mindformers.md "Parameter names"): no biases, grouped-query
 ``wk``/``wv`` of ``num_kv_heads`` heads, a three-matrix SwiGLU feed-forward, RMSNorm weights, an
-untied ``lm_head``. Its network is `autotune.train.llama.Llama`.
+untied ``lm_head``. Its network is `autotune.train.models.llama.Llama`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``mlp`` family: an input projection, residual blocks (norm → fc_in → GeLU → fc_out) and a
 head; a sample is one row of ``hidden_size`` features. Its network is
-`autotune.train.models.ResidualMLP`.
+`autotune.train.models.mlp.ResidualMLP`.
 """
 
 from __future__ import annotations

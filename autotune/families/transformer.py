@@ -1,7 +1,7 @@
 """The ``transformer`` family: a GPT-style decoder (learned positions, LayerNorm, GeLU MLP, an
 untied vocab-parallel head), split Megatron-style.
 
-Its network is `autotune.train.models.GPT`; the fused QKV weight is stored head-major — rows
+Its network is `autotune.train.models.transformer.GPT`; the fused QKV weight is stored head-major — rows
 (heads, [q, k, v], head_dim) — so that the contiguous dim-0 split gives each tp rank whole heads
 with their own Q, K and V.
 """

@@ -42,7 +42,7 @@ DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
                          "cublas_status_alloc_failed")
 ASCEND_OOM = DEVICE_OOM + ("el0004", "malloc device memory failed",
                            "mallocalign32 device memory failed")
-# The vendor tools' per-process readings of device memory (`autotune.train.device_smi`).
+# The vendor tools' per-process readings of device memory (`autotune.train.runtime.device_smi`).
 NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
 NPU_SMI = ("npu-smi", "info")
 # set_memory's increase_size on an accelerator: the pool grows in blocks this large, so what it
@@ -80,7 +80,7 @@ class Backend:
     # Whether a worker makes its first MindSpore op before communication.init(). MindSpore asks
     # for init() before any Tensor or op (its init() doc, Ascend; on GPU an op opens the device's
     # context and pool first): accelerators do. On CPU the first eager op is numpy 2's throw-away
-    # (`autotune.train.session.numpy2_workaround`), and made after init() it leaves the worker
+    # (`autotune.train.runtime.session.numpy2_workaround`), and made after init() it leaves the worker
     # judged timed out by msrun's scheduler, which exits 1 (measured: docs/accelerators.md).
     first_op_before_init: bool = False
     # Environment variables every run of this backend sets (trials and exported launch.sh).
@@ -91,7 +91,7 @@ class Backend:
     # (`autotune.execution.runner.host_threads`), its memory pool a cap (`set_memory`).
     accelerator: bool = False
     # The vendor tool that lists each process's device memory, and how its output reads
-    # (`autotune.train.device_smi`: "csv" nvidia-smi's query, "table" npu-smi's process table).
+    # (`autotune.train.runtime.device_smi`: "csv" nvidia-smi's query, "table" npu-smi's process table).
     memory_tool: tuple = ()
     memory_tool_format: str = ""
     # set_memory's increase_size: how much the pool grows by when it runs short (MindSpore's
@@ -113,7 +113,7 @@ class Backend:
     jit_settings: tuple = ()
     warm_up_per_node: bool = False
     # The chips this backend runs (MindSpore's ascend_soc_version; empty: any) and why others are
-    # refused at the launch (`autotune.train.session`).
+    # refused at the launch (`autotune.train.runtime.session`).
     chips: tuple = ()
     chip_refusal: str = ""
     # What a host needs beside autotune's own install (benchmarks/device_check.sh installs or

@@ -1,5 +1,5 @@
 """The one loader of a ``model.entry`` network: validation (`autotune.spec.model_yaml`), export
-(`autotune.export.params`) and the trial program (`autotune.train.entry`) import the user's
+(`autotune.export.params`) and the trial program (`autotune.train.models.entry`) import the user's
 function through here, by one rule.
 
 Contract:

@@ -60,7 +60,7 @@ class Knob:
     # for the built-in knobs; a search space that leaves the knob out takes this), in the YAML
     # form of `autotune.spec.space.parse_domain`: a list, a range mapping or a scalar.
     default_space: object = None
-    # Which compiled graphs of a trial hold the knob's value (`autotune.train.compile_cache`
+    # Which compiled graphs of a trial hold the knob's value (`autotune.train.runtime.compile_cache`
     # reuses a graph across the values of a knob it does not hold): "all"; "update", the
     # optimizer update's only (a forward and backward that accumulates, a pipeline stage's
     # cells are the same graph for every value); "none", no graph MindSpore caches (a
@@ -208,7 +208,7 @@ class KnobHooks:
 
 def trial_warmup(warmup_steps: int, total_steps: int, trial_steps: int) -> int:
     """The warmup of a ``train.total_steps`` run's schedule compressed onto a ``trial_steps``
-    trial, in trial steps (`autotune.train.schedule`): warmups that give the same number here
+    trial, in trial steps (`autotune.train.step.schedule`): warmups that give the same number here
     train alike in a trial."""
     warmup = round(warmup_steps * trial_steps / total_steps) if total_steps > 0 else 0
     return min(warmup, trial_steps)

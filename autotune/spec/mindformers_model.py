@@ -37,7 +37,7 @@ NAMES = {"num_layers": ("num_layers", "num_hidden_layers"),
 LEGACY_ARCHITECTURES = LLAMA.mindformers_architectures
 MCORE_MODEL_TYPES = LLAMA.mindformers_model_types
 _OWN_FAMILY = ("a model family of its own in autotune (a module of autotune/families/ with its cost "
-               "model's workload, and its network in autotune/train/models.py)")
+               "model's workload, and its network in autotune/train/models/registry.py)")
 _NEEDS = {  # what autotune would need for architectures MindFormers' configs name
     "GPT2LMHeadModel": "LayerNorm, GELU, learned positions and a tied head",
     "BloomLMHeadModel": "LayerNorm, GELU, ALiBi positions and a tied head",

@@ -297,7 +297,7 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
                 continue
             if 1 not in domains[name]:
                 raise SpecError(f"{source}: {name}: a model.entry network runs with {name} = 1 "
-                                "(see the user-model contract in autotune/train/entry.py)")
+                                "(see the user-model contract in autotune/train/models/entry.py)")
             domains[name] = (1,)
             notes.append(f"{name}: fixed to 1: a model.entry network is not written for tensor "
                          "or pipeline parallelism")

@@ -13,7 +13,7 @@ Contract:
   container, an id of an older form): only its heartbeats can tell, on a server storage
   (`autotune.storage.recovery`).
 - Every trial a driver asks carries user attr ``driver`` (:meth:`Drivers.claim`). On a storage
-  with heartbeats (any RDB but SQLite, `autotune.storage.opening.open_storage`) the driver records an
+  with heartbeats (any RDB but SQLite, `autotune.storage.connection.open_storage`) the driver records an
   Optuna RDB heartbeat for each of its RUNNING trials every :data:`HEARTBEAT_S` seconds from a
   thread of its own (Optuna's heartbeat thread covers ``Study.optimize`` only, not ask/tell),
   and refreshes study attr ``driver:<id>`` (a wall-clock time) so others know it lives.

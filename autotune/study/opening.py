@@ -45,7 +45,7 @@ from autotune.spec.model_yaml import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
 from autotune.spec.specs import Spec
 from autotune.storage.drivers import locked
-from autotune.storage.opening import open_storage
+from autotune.storage.connection import open_storage
 
 
 def fingerprint(spec: Spec, space) -> dict:

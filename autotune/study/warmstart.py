@@ -39,7 +39,7 @@ from autotune.spec.backends import DEFAULT_BACKEND, backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.objectives import objective_values
-from autotune.storage.opening import open_storage
+from autotune.storage.connection import open_storage
 from autotune.storage.schema import knobs_of, metrics_of, outcome_of, settle
 from autotune.study.opening import fingerprint
 from autotune.study.retry import remembered_after_restart

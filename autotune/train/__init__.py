@@ -9,10 +9,10 @@ path, `PROGRAM_PATH`::
 with PYTHONPATH set to the project root. CONFIG_JSON is the driver's trial config: ``study``,
 ``trial_number``, ``backend``, ``seed``, ``out_dir``, ``model`` (family or entry, sizes, dtype),
 ``train`` (global_batch_size, learning_rate, total_steps), ``trial`` (steps, measure_after; optional
-``underflow_probe``: ``auto``, the default, or ``always``, `autotune.train.probe`) and
+``underflow_probe``: ``auto``, the default, or ``always``, `autotune.train.step.probe`) and
 ``knobs`` (dp, tp, pp, micro_batches, fusion_mb, grad_accum, loss_scale, warmup_steps,
 jit_level, recompute). Outputs and exit codes: `autotune.train.program`,
-`autotune.train.metrics`, and ``__main__``. The user-model contract: `autotune.train.entry`.
+`autotune.train.metrics`, and ``__main__``. The user-model contract: `autotune.train.models.entry`.
 
 What a failed run says on stderr (read by `autotune.execution.classify`): once the launch is done — the
 processes joined the cluster (``communication.init``), groups made — each rank prints one line

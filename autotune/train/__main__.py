@@ -1,7 +1,7 @@
 """``python -m autotune.train CONFIG_JSON``, or this file's path as msrun's program; with
 ``--serve POOL_DIR`` instead of a config, workers that run trial after trial
-(`autotune.train.serve`), each trial's exit code and verdict as below; with ``--warm-up
-BACKEND``, a node's warm-up: the device brought up and a first op made (`autotune.train.session.
+(`autotune.train.runtime.serve`), each trial's exit code and verdict as below; with ``--warm-up
+BACKEND``, a node's warm-up: the device brought up and a first op made (`autotune.train.runtime.session.
 warm_up`, `autotune.execution.warmup`), 0 or 3 as a launch.
 
 Exit codes: 0 done (metrics written); 2 the config cannot be run (bad field, bad model entry);
@@ -17,7 +17,7 @@ is ``--master_addr``: with several Ray nodes on one host, every node of a trial 
 node serves the job; on the others (``AUTOTUNE_NODE`` set to their node index by the runner) the
 scheduler exits 0 at once, where it would otherwise fail to bind the taken port and make that
 node's msrun fail a trial whose workers all finished. On rank 0's node the scheduler runs only
-`autotune.train.device.serve_cluster` (it never reads the config nor opens the trial's device);
+`autotune.train.runtime.device.serve_cluster` (it never reads the config nor opens the trial's device);
 a failure there is the launch's (exit 3).
 """
 
@@ -39,7 +39,7 @@ import traceback  # noqa: E402
 
 from autotune.procfs import started_at  # noqa: E402
 from autotune.train import LAUNCH_FAILED, NODE_VARIABLE  # noqa: E402
-from autotune.train.lifetime import die_with_parent  # noqa: E402
+from autotune.train.runtime.lifetime import die_with_parent  # noqa: E402
 
 
 def _fail(exc: BaseException) -> str:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
               "rank 0's node serves the job", flush=True)
         return 0
     if os.environ.get("MS_ROLE") == "MS_SCHED":
-        from autotune.train.device import serve_cluster
+        from autotune.train.runtime.device import serve_cluster
         try:
             return serve_cluster()
         except Exception as exc:  # noqa: BLE001  (the cluster's failure, never the candidate's)
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
             return 3
     if len(args) == 2 and args[0] == "--warm-up":
-        from autotune.train.session import LaunchError, warm_up
+        from autotune.train.runtime.session import LaunchError, warm_up
         try:
             print(f"autotune.train warm-up: {warm_up(args[1])}", flush=True)
             return 0
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
             print(_fail(exc), file=sys.stderr, flush=True)
             return 3
     if len(args) == 2 and args[0] == "--serve":
-        from autotune.train.serve import serve
+        from autotune.train.runtime.serve import serve
         return serve(args[1], started, _run_one)
     if len(args) != 1:
         print("usage: python -m autotune.train CONFIG_JSON | --serve POOL_DIR | --warm-up BACKEND",

@@ -30,7 +30,7 @@ import mindspore as ms
 from autotune.layout import OPTIMIZER_STATES
 
 STEP = "step"
-SHARD_PREFIX = "shard."  # the parallel optimizer's shard parameters (autotune.train.sharding)
+SHARD_PREFIX = "shard."  # the parallel optimizer's shard parameters (autotune.train.parallel.sharding)
 
 
 class CheckpointError(ValueError):
@@ -44,7 +44,7 @@ def rank_dir(folder, rank: int) -> Path:
 def state_tensors(network, optimizer, state, step_counter) -> dict:
     """``{name: Parameter}`` of everything a checkpoint holds (see the module doc). Under the
     parallel optimizer a sharded parameter and its moments are saved as this rank's shard
-    (`autotune.train.sharding`'s ``shard.<name>``) under the parameter's own names, as MindSpore
+    (`autotune.train.parallel.sharding`'s ``shard.<name>``) under the parameter's own names, as MindSpore
     saves them and as strategy.ckpt's ``opt_weight_shard_size`` describes."""
     tensors = {p.name: p for p in network.get_parameters()}
     for p in optimizer.get_parameters():

@@ -35,8 +35,8 @@ def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Pat
     relative one). An entry model's config also names ``model_dir``, model.yaml's folder, from
     which the entry is imported (`autotune.spec.entry`). ``device_memory`` (GPU/Ascend: ``size_gb``,
     ``max_size_gb``, `autotune.costmodel.device_memory_cap`) caps the device's memory pool
-    (`autotune.train.device`). ``compile_cache``: the folder of compiled graphs trials may
-    reuse (`autotune.train.compile_cache`)."""
+    (`autotune.train.runtime.device`). ``compile_cache``: the folder of compiled graphs trials may
+    reuse (`autotune.train.runtime.compile_cache`)."""
     config = {"study": study, "trial_number": number,
               "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
               "out_dir": str(out_dir),

@@ -29,8 +29,8 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   scale: r = 1.
 - ``underflow_share`` (u): the share of gradient elements that are exactly zero in the float16
   backward at the scale the run settled at (the final scale) but non-zero in a float32 backward of
-  the same micro-batches, measured once, after the last step, by `autotune.train.probe` — or,
-  where its rule skips the probe, the bound z (u ≤ z ≤ `autotune.train.probe.SKIP_BELOW`). 0
+  the same micro-batches, measured once, after the last step, by `autotune.train.step.probe` — or,
+  where its rule skips the probe, the bound z (u ≤ z ≤ `autotune.train.step.probe.SKIP_BELOW`). 0
   when the compute dtype is not float16 (nothing underflows that a scale could save).
 - ``underflow_bound`` (z): the last step's share of float16 gradient elements exactly zero that
   are not structurally zero (1: no bound), which decides whether the probe runs;
@@ -51,10 +51,10 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   than `TREND_RISE` of its fitted start. Noise is judged by the fit's own residuals, so a tiny batch
   whose step-0 loss happened to be low does not trip it.
 - Where the trial's time went, in seconds (the runner adds ``launch_s`` and ``teardown_s``, the
-  parts only it sees, from ``started_at`` and ``finished_at``: `autotune.execution.timing`):
+  parts only it sees, from ``started_at`` and ``finished_at``: `autotune.execution.launch_time`):
   ``init_s`` the trial's start → its network, optimizer and step cells built (in a process of
   its own: imports, cluster join and communication init included; in a worker that stays up,
-  `autotune.train.serve`, from when it took the trial); ``first_step_s`` → the first step done
+  `autotune.train.runtime.serve`, from when it took the trial); ``first_step_s`` → the first step done
   (its compile included); ``compile_s`` = ``init_s`` + ``first_step_s``, the time to the first
   step; ``excluded_steps_s`` the other steps before ``measure_after`` (timed as steps are);
   ``steps_s`` the measured steps (what ``throughput`` divides by); ``probe_s`` the underflow
@@ -63,7 +63,7 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 - ``measurement``: the version of these rules (`MEASUREMENT`) that measured the numbers.
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
-  "device"; on GPU/Ascend the trial's own (`autotune.train.device.DeviceMemory`: its tensors at
+  "device"; on GPU/Ascend the trial's own (`autotune.train.runtime.device.DeviceMemory`: its tensors at
   their peak beyond what was allocated before it, plus what the device holds outside MindSpore's
   pool, measured once per process), never host RSS, which says nothing about device memory;
   ``final_loss_scale``: the scaler's value after the last step.
@@ -310,7 +310,7 @@ class StepLog:
     def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0,
                 underflow_bound=0.0, underflow_probed=False, underflow_note=None) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; the underflow metrics
-        are `autotune.train.probe.measure`'s, 0 and false without float16. ``timing``:
+        are `autotune.train.step.probe.measure`'s, 0 and false without float16. ``timing``:
         ``started_at``, ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them
         (``finished_at`` is set by the caller once the outputs are written)."""
         # a resumed run may record fewer steps than measure_after: time at least its last one

@@ -20,24 +20,24 @@ carries rank 0's plan.
 :func:`run_trial` is what ``python -m autotune.train CONFIG_JSON`` (one process) or ``msrun …
 autotune/train/__main__.py CONFIG_JSON`` (dp·tp·pp processes) executes after
 :func:`open_trial_session`, and what workers that stay up between trials execute for each
-trial (`autotune.train.serve`); the config format is the driver's (see the package docstring).
+trial (`autotune.train.runtime.serve`); the config format is the driver's (see the package docstring).
 Knobs as applied here:
 
-- the launch (`autotune.train.session`: set_device, the memory cap, ``communication.init()``, a
+- the launch (`autotune.train.runtime.session`: set_device, the memory cap, ``communication.init()``, a
   failure there being the launch's, :class:`LaunchError`), once per process; then, per trial,
   the context's mode, the layout's process groups and parallel context.
 - the layout (``dp``, ``tp``, ``pp``): each rank builds its part of the model
-  (`autotune.train.parallel.Placement`, `autotune.layout`): tensor parallelism on
-  explicit collectives in its tp group (`autotune.train.tp_layers`), pipeline stages driven by a
-  1F1B schedule over ``micro_batches`` (`autotune.train.pipeline`). Each dp replica trains on its
+  (`autotune.train.parallel.groups.Placement`, `autotune.layout`): tensor parallelism on
+  explicit collectives in its tp group (`autotune.train.parallel.tp_layers`), pipeline stages driven by a
+  1F1B schedule over ``micro_batches`` (`autotune.train.parallel.pipeline`). Each dp replica trains on its
   shard of every global batch. One process runs stand-alone (no init).
 - ``fusion_mb``: the parallel context's ``comm_fusion`` allreduce size threshold, which buckets
-  the DP gradient all-reduce (`autotune.train.step`).
+  the DP gradient all-reduce (`autotune.train.step.train_step`).
 - ``grad_accum`` (pp = 1) / ``micro_batches`` (pp > 1): true accumulation, one DP all-reduce and
   one update per step.
 - ``model.dtype`` float16: float16 compute, float32 parameters, dynamic loss scaling from
   ``loss_scale`` (factor 2, window `autotune.spec.knobs.SCALE_WINDOW`); float32 and bfloat16: no loss scaling.
-- ``warmup_steps``: warmup + cosine (`autotune.train.schedule`), compressed onto the trial unless
+- ``warmup_steps``: warmup + cosine (`autotune.train.step.schedule`), compressed onto the trial unless
   ``trial.schedule`` is ``"full"`` (an exported run).
 - ``jit_level``: GRAPH_MODE with that JitConfig, or PYNATIVE_MODE for ``pynative``.
 - ``recompute``: ``network.apply_recompute(mode)`` on each rank's stage.
@@ -45,7 +45,7 @@ Knobs as applied here:
 Once the launch is done (communication and groups; at once for one process) each rank prints
 ``autotune.train.CANDIDATE_STARTED`` on stderr: from there on a failure is the candidate's own.
 With the config's ``compile_cache`` folder, graphs compiled by an earlier trial of the same
-graph are loaded (`autotune.train.compile_cache`); one line on stderr says how many.
+graph are loaded (`autotune.train.runtime.compile_cache`); one line on stderr says how many.
 
 Optional ``checkpoint`` section (exported runs; trials save nothing): ``dir`` (per-rank folders,
 `autotune.train.checkpoint`), ``save_every`` (steps; null = only at the end), ``resume`` (continue
@@ -53,9 +53,9 @@ from the latest checkpoint in ``dir``), ``init_from`` (a folder of per-rank chec
 weights a fresh run starts from).
 
 After the last step (untimed, outside every step, the training state left as it is), a float16
-run measures ``underflow_share`` by `autotune.train.probe`'s rule on the last step's batch at the
+run measures ``underflow_share`` by `autotune.train.step.probe`'s rule on the last step's batch at the
 final loss scale: a bound from the last step's own gradients, and the probe only when the bound
-is above `autotune.train.probe.SKIP_BELOW` (or the config's ``trial.underflow_probe`` is
+is above `autotune.train.step.probe.SKIP_BELOW` (or the config's ``trial.underflow_probe`` is
 ``"always"``); each rank counts its part and an all-reduce sums the counts. Before the probe
 runs, rank 0 writes the training's metrics (``underflow_note``
 `autotune.train.metrics.PROBE_UNFINISHED`); the probe out of memory, or the trial stopped by
@@ -67,7 +67,7 @@ Outputs in ``out_dir``: ``steps.jsonl`` and ``metrics.json`` (rank 0; see
 memory (read before the probe; on GPU/Ascend the trial's allocated peak plus the session's
 overhead, with ``device_allocated_mb``, ``device_overhead_mb`` (``device_overhead_seen``: whether
 the vendor tool saw the process when it was measured), ``device_reserved_mb``, ``device_smi_mb``
-and ``device_smi_seen``, `autotune.train.device.DeviceMemory`; ``leftover_mb``, what earlier
+and ``device_smi_seen``, `autotune.train.runtime.device.DeviceMemory`; ``leftover_mb``, what earlier
 trials of a warm worker left resident, taken off the CPU peak), a sha256 of its final weights
 (the ranks of a dp group must agree) and ``probe_s``, the wall time of the underflow
 measurement (bound, and probe where it ran).
@@ -84,10 +84,10 @@ from autotune.files import write_json
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.spec.knobs import KNOBS, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
-from autotune.train import compile_cache
+from autotune.train.runtime import compile_cache
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError
-from autotune.train.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
+from autotune.train.runtime.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
 
 
 UPDATE_CAP = 2  # a trial's steps, applied or skipped, stop at UPDATE_CAP × trial.steps
@@ -151,7 +151,7 @@ def check_config(cfg: dict) -> None:
 def _max_over_ranks(value: float, rank: int, world: int) -> float:
     """Max of ``value`` across all ranks: each rank contributes its value at its own index of a
     zero vector, which the all-reduce sums."""
-    from autotune.train.parallel import world_sum
+    from autotune.train.parallel.groups import world_sum
 
     mine = np.zeros(world, np.float32)
     mine[rank] = value
@@ -164,7 +164,7 @@ def _rank_zero_value(placement, value: int) -> int:
     a call but ~300 ms to compile)."""
     if placement.world == 1:
         return value
-    from autotune.train.parallel import world_sum
+    from autotune.train.parallel.groups import world_sum
 
     return int(round(float(world_sum([float(value if placement.rank == 0 else 0)])[0])))
 
@@ -172,10 +172,10 @@ def _rank_zero_value(placement, value: int) -> int:
 def _underflow_share(engine, placement, step: int, scale: float, backend, before_probe) -> dict:
     """The world's underflow metrics (``underflow_share``, ``underflow_bound``,
     ``underflow_probed``, ``underflow_note``) on step ``step``'s global batch at loss scale
-    ``scale`` by `autotune.train.probe`'s rule; none when the compute dtype is not float16. An
+    ``scale`` by `autotune.train.step.probe`'s rule; none when the compute dtype is not float16. An
     out-of-memory failure in the probe, in ``backend``'s words or a MemoryError, leaves the
     share unmeasured (the rule's ``before_probe``: called first)."""
-    from autotune.train.parallel import world_sum
+    from autotune.train.parallel.groups import world_sum
 
     if not engine.scaled:
         return {}
@@ -221,9 +221,9 @@ def _checkpoints(cfg, engine, placement, ms):
 
 def open_trial_session(cfg: dict) -> Session:
     """The process's session for trials like ``cfg`` (its backend, device memory and world
-    size): `autotune.train.session.open_session`, after the config is checked; with the
+    size): `autotune.train.runtime.session.open_session`, after the config is checked; with the
     config's ``compile_cache`` folder, MindSpore's compile cache keyed by graph
-    (`autotune.train.compile_cache`)."""
+    (`autotune.train.runtime.compile_cache`)."""
     check_config(cfg)
     # MindSpore's own compile cache keys graphs on the source files only: measured, a cached
     # graph is silently reused after a knob change (recompute=full ran the recompute=none graph)
@@ -249,14 +249,14 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     0's are metrics.json).
 
     ``started``: when this trial started (epoch s) — its process's start, or when a worker
-    that stays up took it (`autotune.train.serve`): the origin of ``init_s`` and ``compile_s``.
+    that stays up took it (`autotune.train.runtime.serve`): the origin of ``init_s`` and ``compile_s``.
     ``leftover_mb``: host memory earlier trials of this process left resident that this one
-    does not use (`autotune.train.serve`), taken off its peak on CPU.
+    does not use (`autotune.train.runtime.serve`), taken off its peak on CPU.
     """
     check_config(cfg)
     ms = session.ms
     from autotune.train import checkpoint
-    from autotune.train.engine import build_engine
+    from autotune.train.step.engine import build_engine
 
     if session.memory is not None:
         session.memory.trial_starts()
@@ -353,7 +353,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
               f"{(stop_at or i) - log.pilot_end} more; {verdict}, step_time_ci "
               f"{result['step_time_ci']:.2%} against {precision:.1%}; the plan took one "
               f"all-reduce, {planned_s * 1000:.1f} ms", file=sys.stderr, flush=True)
-    from autotune.train.weights import digest
+    from autotune.train.models.weights import digest
     write_json(os.path.join(out_dir, f"metrics.rank{rank}.json"), indent=1, value={
         "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
         "peak_memory_mb": own_peak, "leftover_mb": leftover_mb, "weights_sha256": digest(engine.network),

@@ -36,7 +36,7 @@ def worker(out: Path, rows: int) -> None:
     from mindspore import nn, ops
     from mindspore.communication import create_group, get_rank, init
 
-    from autotune.train.session import numpy2_workaround
+    from autotune.train.runtime.session import numpy2_workaround
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1024, help="rows of the activation (batch × seq)")
     args = parser.parse_args()
     from autotune.costmodel import resolve_profile
-    from autotune.costmodel.timing import allreduce_time
+    from autotune.costmodel.step_time import allreduce_time
     from autotune.execution.runner import environment, free_port
 
     work = Path(tempfile.mkdtemp(prefix="autotune-arig-"))

@@ -19,7 +19,7 @@ their difference over ``R − 1`` is the cost of one all-reduce *inside a graph*
 all-reduces are; the fixed cost of calling a graph (launch, argument copy, synchronisation)
 cancels out. The one-op cell's median time is printed too.
 
-The fit: ``autotune.costmodel.timing.allreduce_time`` prices n = 2 as
+The fit: ``autotune.costmodel.step_time.allreduce_time`` prices n = 2 as
 ``α + 2·(n−1)/n · S / B_eff = α + S / B_eff``, with α = collective_latency_us + 2·hop_latency_us
 and B_eff = intra_node_gbps × link_efficiency. A least-squares fit of relative error (every size
 weighs the same) gives α and B_eff, over all sizes and over the 16 KB – 4 MB range the trainer's
@@ -55,7 +55,7 @@ def worker(out: Path, repeat: int, budget_s: float) -> None:
     import mindspore as ms
     from mindspore import communication, nn, ops
 
-    from autotune.train.session import numpy2_workaround
+    from autotune.train.runtime.session import numpy2_workaround
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     numpy2_workaround(ms)

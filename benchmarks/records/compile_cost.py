@@ -10,11 +10,11 @@ optimizer and step cells, so every one is a miss:
 
 - grad_accum 1, zero counts as a list of ``ops.count_nonzero`` calls (the step before the
   HyperMap: MindSpore parses and infers each call on its own);
-- grad_accum 1, zero counts as one HyperMap (`autotune.train.step.zero_counts`, what runs);
+- grad_accum 1, zero counts as one HyperMap (`autotune.train.step.train_step.zero_counts`, what runs);
 - grad_accum 1, without loss scaling (so without zero counts, as float32 compute runs): a floor;
 - grad_accum 2, the update in a second forward + backward graph (the last micro-batch's
-  `autotune.train.step.TrainStep`, as the step's apply call was before) beside the accumulate graph;
-- grad_accum 2, the update a graph of its own (`autotune.train.step.ApplyStep`, what runs).
+  `autotune.train.step.train_step.TrainStep`, as the step's apply call was before) beside the accumulate graph;
+- grad_accum 2, the update a graph of its own (`autotune.train.step.train_step.ApplyStep`, what runs).
 
 Prints, per way, the median seconds of its first call (compile of every graph plus one step) and
 of a second call (one step), over ``--rounds`` rounds. ``--layers N`` builds the model with N
@@ -62,8 +62,13 @@ def main() -> None:
     from mindspore import ops
     from mindspore.common.parameter import ParameterTuple
 
-    from autotune.train import data, models, session, step, tp_layers, weights
-    from autotune.train.engine import make_optimizer, optimizer_order
+    from autotune.train import models
+    from autotune.train.models import transformer
+    from autotune.train.models import data, weights
+    from autotune.train.parallel import tp_layers
+    from autotune.train.runtime import session
+    from autotune.train.step import train_step as step
+    from autotune.train.step.engine import make_optimizer, optimizer_order
 
     ms.set_context(mode=ms.GRAPH_MODE)
     session.numpy2_workaround(ms)
@@ -72,7 +77,7 @@ def main() -> None:
     if args.layers:
         model["num_layers"] = args.layers
     if args.lazy_inline:
-        models.DecoderBlock.__init__ = ms.lazy_inline(models.DecoderBlock.__init__)
+        transformer.DecoderBlock.__init__ = ms.lazy_inline(transformer.DecoderBlock.__init__)
     shard = spec.train.global_batch_size // 2  # one dp2 rank's batch
     x, y = data.TokenChains(shard, model["seq_length"], model["vocab_size"])(0)
     hyper_map_counts = step.zero_counts

@@ -75,7 +75,7 @@ def _mindspore(mode: str = "graph", workaround: bool = True):
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE if mode == "pynative" else ms.GRAPH_MODE)
     if workaround:
-        from autotune.train.session import numpy2_workaround
+        from autotune.train.runtime.session import numpy2_workaround
         numpy2_workaround(ms)
     return ms
 
@@ -325,7 +325,7 @@ def worker(out: Path, ir_dir: Path) -> None:
     import mindspore as ms
     from mindspore import communication, context, nn, ops
 
-    from autotune.train.session import numpy2_workaround
+    from autotune.train.runtime.session import numpy2_workaround
 
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)

@@ -10,7 +10,7 @@ noise hits them alike:
 
 - ``always``: this tree with ``trial.underflow_probe: always`` — the old rule, the probe after
   every float16 trial (the bound is still computed, so its ``z`` stands beside the probe's ``u``);
-- ``auto``: this tree's rule (`autotune.train.probe`): the probe only where the bound is above
+- ``auto``: this tree's rule (`autotune.train.step.probe`): the probe only where the bound is above
   `SKIP_BELOW`;
 - ``old`` (with ``--old-tree DIR``, a checkout of the program before the bound, e.g.
   ``git worktree add /tmp/autotune-old c6d5d27``): the old program itself, whose steps do not
@@ -24,14 +24,14 @@ not change the step's numerics).
 
 Then, in this process (calls interleaved in shuffled order, so the machine's noise hits all
 alike), what the bound's count costs a step: the model's training step (one dp2 shard, float16)
-with and without `autotune.train.step.zero_counts`, ``--calls`` calls each, and the count alone
+with and without `autotune.train.step.train_step.zero_counts`, ``--calls`` calls each, and the count alone
 on the model's gradients, as one HyperMap of equal + cast + sum (what the step uses) and as a
 list of equal + cast + sum calls (the first version) —
 the median and the fastest call of each (on a busy machine the fastest shows the cost). And
 under ``msrun`` (two workers, this file in worker mode) the sum of two numbers over the ranks,
 as the trial program sums its peak memory (a one-op compiled cell per call,
 a one-op compiled cell made per call, as the trial program once summed) and as the bound sums its counts (an eager AllReduce,
-`autotune.train.parallel.world_sum`), ``--calls``/10 calls each in turn.
+`autotune.train.parallel.groups.world_sum`), ``--calls``/10 calls each in turn.
 
     python benchmarks/records/probe_cost.py [MODEL_YAML] [--rounds 2] [--old-tree DIR] [--low-scales 1 0.0625 0.00390625]
                                     [--calls 200] [--no-trials]
@@ -94,8 +94,12 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
     from mindspore import nn, ops
     from mindspore.common.parameter import ParameterTuple
 
-    from autotune.train import data, models, session, step, tp_layers, weights
-    from autotune.train.engine import make_optimizer, optimizer_order
+    from autotune.train import models
+    from autotune.train.models import data, weights
+    from autotune.train.parallel import tp_layers
+    from autotune.train.runtime import session
+    from autotune.train.step import train_step as step
+    from autotune.train.step.engine import make_optimizer, optimizer_order
 
     ms.set_context(mode=ms.GRAPH_MODE)
     session.numpy2_workaround(ms)
@@ -161,7 +165,8 @@ def allreduce_worker(out: Path, calls: int) -> None:
     """One msrun rank: time both ways of summing over the ranks; rank 0 writes ``out``."""
     import mindspore as ms
 
-    from autotune.train import device, parallel, session
+    from autotune.train.parallel import groups as parallel
+    from autotune.train.runtime import device, session
 
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler only serves the cluster
         device.serve_cluster()

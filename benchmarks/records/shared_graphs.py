@@ -3,10 +3,10 @@
 # upgrade.
 """Which knobs a cached graph holds: whether the graphs of trials that differ in the fusion
 threshold or the parallel optimizer are the same graphs (docs/mindspore-cpu.md, "Compile cache"),
-what lets such trials share them (`autotune.train.compile_cache`, `Knob.graphs`).
+what lets such trials share them (`autotune.train.runtime.compile_cache`, `Knob.graphs`).
 
 The tiny GPT's dp2 trial with gradient accumulation 2 compiles two graphs: the accumulate
-graph (forward + backward, `autotune.train.step.AccumulateStep`) and the update
+graph (forward + backward, `autotune.train.step.train_step.AccumulateStep`) and the update
 (`ApplyStep`: the DP all-reduce, the optimizer). Each candidate below runs as a fresh trial with a
 compile cache of its own (so nothing loads), and each graph MindSpore stored is read back as
 MindSpore's own MindIR protobuf (``mindspore.train.mind_ir_pb2``) and compared with the

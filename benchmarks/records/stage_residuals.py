@@ -6,7 +6,7 @@
 
     .venv/bin/python benchmarks/records/stage_residuals.py [--rounds 3]
 
-autotune's trainer (autotune/train/pipeline.py) runs a non-last stage's forward twice: MindSpore
+autotune's trainer (autotune/train/parallel/pipeline.py) runs a non-last stage's forward twice: MindSpore
 compiles a backward together with its forward, so the stage runs a forward-only graph to send its
 output on, and later forward + backward fed the gradient. Three ways of running one micro-batch
 of a 4-block stage (h 256, 1024 tokens, float32), each in a process of its own (the execution

@@ -6,7 +6,7 @@
 
 The tiny GPT's model (one process, dp1) trained N times in one process through the trial
 program's own calls (`autotune.train.program.run_trial` in one session), freed between trials as
-a warm worker frees them (`autotune.train.serve.release`), against one trial in a fresh
+a warm worker frees them (`autotune.train.runtime.serve.release`), against one trial in a fresh
 process. Prints per trial: the resident set before it, its raw peak (VmHWM after the reset the
 trial makes once its network is built), the resident set once released, and the peak less what
 earlier trials left (``leftover_mb``, what a warm worker reports), and how long the release took.
@@ -39,7 +39,7 @@ def trials(accumulations: list[int], batch: int | None, folder: Path) -> list[di
     from autotune.train import program
     from autotune.train.config import trial_config
     from autotune.train.metrics import resident_mb
-    from autotune.train.serve import release
+    from autotune.train.runtime.serve import release
 
     spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
                      {"train.global_batch_size": batch} if batch else None)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 
-from autotune.train import device_smi
+from autotune.train.runtime import device_smi
 
 LAUNCH_STEP = "autotune.train launch:"
 # The device memory a config names (``config["device_memory"]``): ``size_gb`` the profile's
@@ -132,7 +132,7 @@ class DeviceMemory:
     def peak(self) -> dict:
         """This rank's trial at its peak, MiB: ``peak`` = ``allocated`` (the trial's tensors at
         their peak) + ``overhead``; ``reserved`` (the pool's peak), ``smi`` and ``smi_seen`` (the
-        vendor tool's reading now, `autotune.train.device_smi`) for the record."""
+        vendor tool's reading now, `autotune.train.runtime.device_smi`) for the record."""
         runtime = self.ms.runtime
         allocated = max(0.0, (runtime.max_memory_allocated() - self.base) / MIB)
         reserved = runtime.max_memory_reserved() / MIB

@@ -34,11 +34,11 @@ trial's whole resolved config (``model``, ``train``, ``trial``, ``knobs``, ``see
 Layout: a user network runs with tp = pp = 1 (the search space fixes both, with a note, and the
 trial program refuses anything else); ``dp`` applies as above. What a network would have to
 provide to be split over tensor and pipeline ranks — what the built-in families do — is a build
-*per rank*: given the rank's `autotune.train.parallel.Placement`, only the layers of its pipeline
-stage, each from `autotune.train.tp_layers` (or equivalent explicit collectives in the
+*per rank*: given the rank's `autotune.train.parallel.groups.Placement`, only the layers of its pipeline
+stage, each from `autotune.train.parallel.tp_layers` (or equivalent explicit collectives in the
 placement's tp group), parameters named as in the whole model with the local shapes
 `autotune.layout` derives from ``model.tp_rules``, weights filled layout-independently
-(`autotune.train.weights`), a stage input/output of one fixed shape, and a loss for a
+(`autotune.train.models.weights`), a stage input/output of one fixed shape, and a loss for a
 vocabulary-split head. The entry interface does not pass a placement yet.
 
 Underflow bound: a float16 run's bound subtracts the rows of a token table that no input id
@@ -50,7 +50,7 @@ more often, never wrongly skipped).
 
 Built-in families (``model.family`` = ``transformer`` | ``mlp`` | ``llama``, ``entry`` null) come from
 `autotune.train.models`, built for one rank of the layout, with synthetic data from
-`autotune.train.data`.
+`autotune.train.models.data`.
 """
 
 from mindspore import nn
@@ -58,14 +58,16 @@ from mindspore import nn
 from autotune.families import takes_tokens
 from autotune.spec import entry as entry_loader
 from autotune.spec.entry import EntryError
-from autotune.train import data, models, tp_layers, weights
+from autotune.train import models
+from autotune.train.models import data, weights
+from autotune.train.parallel import tp_layers
 from autotune.train.models import SINGLE
-from autotune.train.parallel import Placement
+from autotune.train.parallel.groups import Placement
 
 
 def build_builtin(config: dict, placement: Placement = SINGLE):
     """``(network, loss_fn, dataset)`` of a built-in family for one rank of a layout: the rank's
-    stage and tensor-parallel block, initialised layout-independently (`autotune.train.weights`),
+    stage and tensor-parallel block, initialised layout-independently (`autotune.train.models.weights`),
     and the loss of a head split over tp."""
     model, seed = config["model"], config.get("seed", 0)
     batch = config["train"]["global_batch_size"]

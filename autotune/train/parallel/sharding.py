@@ -3,7 +3,7 @@ parameter, then the shards are gathered back into the parameter every rank compu
 
 Which parameters are sharded, over which ranks and along which rows is `autotune.layout`'s
 definition (MindSpore's parallel optimizer at its default level; ``ParamLayout.opt_shard``). Per
-step, after the dp gradient reduction, unscaling and the overflow verdict (`autotune.train.step`):
+step, after the dp gradient reduction, unscaling and the overflow verdict (`autotune.train.step.train_step`):
 
 1. every sharded gradient is cut to this rank's rows;
 2. the optimizer (its moments allocated for the shards only) updates the shard parameters
@@ -34,7 +34,7 @@ from mindspore.common.parameter import ParameterTuple
 
 from autotune import layout
 from autotune.train.checkpoint import SHARD_PREFIX
-from autotune.train.parallel import Placement
+from autotune.train.parallel.groups import Placement
 
 _rows = ops.MultitypeFuncGraph("rows")
 

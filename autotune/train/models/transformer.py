@@ -1,43 +1,27 @@
-"""The networks of the built-in model families, registered by family name (:data:`NETWORKS`): ``transformer`` (GPT-style decoder), ``mlp``, and
-``llama`` (MindFormers' legacy LLaMA, `autotune.train.llama`).
+"""The ``transformer`` family: a GPT-style decoder, for one rank of a layout (the package doc).
 
-A network is built for one rank of a layout (`autotune.train.parallel.Placement`; by default the
-whole model on one rank): the layers of its pipeline stage, each holding its tensor-parallel
-block. Parameter names are the whole model's (``blocks.2.attn.qkv.weight`` on the stage that runs
-layer 2), with the full shapes of their `autotune.families` entry, split as `autotune.layout` says (a test
-checks every rank of every layout against it). Both families implement
-``apply_recompute(mode)`` for the ``recompute`` knob.
-
-- transformer: token ids (batch, seq) → logits (batch, seq, vocab / tp). Token + position
-  embedding (first stage), pre-LayerNorm blocks (causal multi-head attention with a fused QKV
-  projection, MLP h→ffn→h with GELU), final LayerNorm and untied LM head (last stage). A middle
-  or last stage maps the hidden state (batch, seq, h) instead of ids, a non-last stage returns it.
-  The fused QKV weight is head-major: its rows are (heads, [q, k, v], head_dim), so tp rank t's
-  contiguous block is heads [t·heads/tp, (t+1)·heads/tp) with their own Q, K and V.
-- mlp: features (batch, hidden) → logits (batch, classes / tp). Input Dense h→h (first stage),
-  residual blocks (LayerNorm, Dense h→ffn, GELU, Dense ffn→h), head Dense h→classes (last stage).
-
-Recompute modes: ``full`` recomputes every block; ``selective`` only the activation-heavy part:
-the attention core (scores, mask, softmax, ·V — the (seq × seq) tensors, as Megatron-LM's
-selective recompute) for the transformer, the GELU for the mlp.
+Token ids (batch, seq) → logits (batch, seq, vocab / tp). Token + position embedding (first
+stage), pre-LayerNorm blocks (causal multi-head attention with a fused QKV projection, MLP
+h→ffn→h with GELU), final LayerNorm and untied LM head (last stage). A middle or last stage maps
+the hidden state (batch, seq, h) instead of ids, a non-last stage returns it. The fused QKV
+weight is head-major: its rows are (heads, [q, k, v], head_dim), so tp rank t's contiguous block
+is heads [t·heads/tp, (t+1)·heads/tp) with their own Q, K and V. Recompute: ``full`` every block,
+``selective`` each attention core (scores, mask, softmax, ·V — the (seq × seq) tensors, as
+Megatron-LM's selective recompute).
 """
-
-from collections import OrderedDict
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import nn, ops
 
-from autotune.families.layers import stage_layers
-from autotune.train.llama import Llama
-from autotune.train.parallel import Placement
-from autotune.train.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
+from autotune.train.models.registry import LN_EPS, SINGLE, network, stage_blocks
+from autotune.train.parallel.groups import Placement
+from autotune.train.parallel.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
 
 LN_EPS = 1e-5
 MASK_VALUE = -1.0e4  # large enough to zero a softmax term, small enough to stay finite in float16
 SINGLE = Placement.of(0, 1, 1, 1)
-
 
 class Embedding(nn.Cell):
     """Vocab-parallel token embedding plus a learned position embedding (inputs ``seq`` long)."""
@@ -124,11 +108,6 @@ class DecoderBlock(nn.Cell):
         return x + self.mlp(self.ln2(x))
 
 
-def _stage_blocks(num_layers, p: Placement, make) -> nn.SequentialCell:
-    """The stage's blocks, named by their layer index in the whole model (``blocks.<i>.``)."""
-    return nn.SequentialCell(OrderedDict((str(i), make()) for i in stage_layers(num_layers, p.pp, p.stage)))
-
-
 class GPT(nn.Cell):
     """The ``transformer`` family (see the module doc)."""
 
@@ -138,7 +117,7 @@ class GPT(nn.Cell):
         self.first, self.last = p.first, p.last
         if p.first:
             self.embed = Embedding(vocab_size, seq_length, hidden_size, p)
-        self.blocks = _stage_blocks(
+        self.blocks = stage_blocks(
             num_layers, p, lambda: DecoderBlock(hidden_size, num_heads, ffn_hidden_size, seq_length, p))
         if p.last:
             self.ln_f = nn.LayerNorm((hidden_size,), epsilon=LN_EPS)
@@ -161,85 +140,9 @@ class GPT(nn.Cell):
                 block.attn.core.recompute()
 
 
-class ResidualBlock(nn.Cell):
-    """x + fc_out(gelu(fc_in(norm(x)))), fc_in column- and fc_out row-parallel."""
-
-    def __init__(self, hidden, ffn, p: Placement):
-        super().__init__()
-        self.norm = nn.LayerNorm((hidden,), epsilon=LN_EPS)
-        self.fc_in = ColumnParallelDense(hidden, ffn, p.tp, p.tp_group)
-        self.fc_out = RowParallelDense(ffn, hidden, p.tp, p.tp_group)
-        self.gelu = ops.GeLU()
-
-    def construct(self, x):
-        return x + self.fc_out(self.gelu(self.fc_in(self.norm(x))))
-
-
-class ResidualMLP(nn.Cell):
-    """The ``mlp`` family (see the module doc)."""
-
-    def __init__(self, num_layers, hidden_size, ffn_hidden_size, vocab_size, p: Placement = SINGLE):
-        super().__init__()
-        self.first, self.last = p.first, p.last
-        if p.first:
-            self.inp = ColumnParallelDense(hidden_size, hidden_size)  # replicated: whole on every rank
-        self.blocks = _stage_blocks(num_layers, p, lambda: ResidualBlock(hidden_size, ffn_hidden_size, p))
-        if p.last:
-            self.head = ColumnParallelDense(hidden_size, vocab_size, p.tp, p.tp_group)
-
-    def construct(self, x):
-        if self.first:
-            x = self.inp(x)
-        x = self.blocks(x)
-        if self.last:
-            x = self.head(x)
-        return x
-
-    def apply_recompute(self, mode):
-        """none | full (each block) | selective (each GELU: a primitive, so its own output is recomputed)."""
-        for block in self.blocks.cells():
-            if mode == "full":
-                block.recompute()
-            elif mode == "selective":
-                block.gelu.recompute()
-
-
-# family name → the builder of one rank's network: (model section, placement) → nn.Cell. Each
-# family's MindSpore-free side is its `autotune.families` entry; a test checks that every family
-# there has a network here, with the parameters its shapes name.
-NETWORKS: dict = {}
-
-
-def network(family: str):
-    """Register the decorated builder as the network of ``family``."""
-    def add(builder):
-        NETWORKS[family] = builder
-        return builder
-    return add
-
-
 @network("transformer")
 def _gpt(model_cfg: dict, placement: Placement) -> nn.Cell:
     if model_cfg["hidden_size"] % model_cfg["num_heads"]:
         raise ValueError("model.hidden_size: must be a multiple of model.num_heads")
     return GPT(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["num_heads"],
                model_cfg["ffn_hidden_size"], model_cfg["seq_length"], model_cfg["vocab_size"], placement)
-
-
-@network("mlp")
-def _residual_mlp(model_cfg: dict, placement: Placement) -> nn.Cell:
-    return ResidualMLP(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["ffn_hidden_size"],
-                       model_cfg["vocab_size"], placement)
-
-
-network("llama")(Llama)
-
-
-def build_network(model_cfg: dict, placement: Placement = SINGLE) -> nn.Cell:
-    """The network one rank of a built-in family runs (float32 parameters, zeros until
-    `autotune.train.weights.initialize` fills them)."""
-    family = model_cfg["family"]
-    if family not in NETWORKS:
-        raise ValueError(f"model.family: unknown built-in family {family!r} (expected one of "
-                         f"{', '.join(NETWORKS)})")
-    return NETWORKS[family](model_cfg, placement)

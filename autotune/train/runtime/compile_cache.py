@@ -70,7 +70,7 @@ from autotune.spec.knobs import KNOBS
 # Fields of a trial config that no compiled graph holds: where it writes, who it is, the
 # weights' seed (weights are bound by name when a cached graph loads), the steps excluded from
 # timing, when the trial may stop measuring, the learning-rate schedule's numbers (Parameters'
-# values: `autotune.train.schedule`), the trial's and the run's lengths (only the schedule reads
+# values: `autotune.train.step.schedule`), the trial's and the run's lengths (only the schedule reads
 # them), the checkpoint interval, and the knobs no graph holds (`Knob.graphs` "none": the initial
 # loss scale, the warmup, the fusion threshold).
 NEUTRAL = {"study", "trial_number", "out_dir", "seed", "compile_cache", "model_dir",
@@ -153,7 +153,7 @@ def _dependency_hash() -> str:
     return hashlib.sha256("".join(hashes).encode()).hexdigest()
 
 
-PLACEHOLDER = b"autotune.train.compile_cache: no graph stored for this slot\n"
+PLACEHOLDER = b"autotune.train.runtime.compile_cache: no graph stored for this slot\n"
 
 
 class GraphCache:

@@ -43,9 +43,10 @@ from mindspore.ops.operations._inner_ops import SiLU  # the primitive MindFormer
 
 from autotune.families.layers import layer_recompute, stage_layers
 from autotune.families.llama import kv_heads
-from autotune.train.fused import FusedCore
-from autotune.train.parallel import Placement
-from autotune.train.tp_layers import (ColumnParallelDense, ReduceFromGroup, RowParallelDense,
+from autotune.train.models.fused import FusedCore
+from autotune.train.models.registry import network
+from autotune.train.parallel.groups import Placement
+from autotune.train.parallel.tp_layers import (ColumnParallelDense, ReduceFromGroup, RowParallelDense,
                                       vocab_lookup)
 
 RMS_EPS = 1e-5
@@ -55,7 +56,7 @@ ROPE_THETA = 10000.0
 class RMSNorm(nn.Cell):
     """x · rsqrt(mean(x²) + ε) · weight, computed in float32 (the weight is float32 too)."""
 
-    keep_float32 = True  # `autotune.train.step.set_compute_dtype` leaves it in float32
+    keep_float32 = True  # `autotune.train.step.train_step.set_compute_dtype` leaves it in float32
 
     def __init__(self, dim: int):
         super().__init__()
@@ -79,7 +80,7 @@ class Embedding(nn.Cell):
 
     @property
     def token_table(self):
-        """``(table, start)``: see `autotune.train.probe.token_tables` (read only by the input
+        """``(table, start)``: see `autotune.train.step.probe.token_tables` (read only by the input
         ids: ``lm_head`` is a table of its own)."""
         return self.embedding_weight, self.start
 
@@ -247,6 +248,7 @@ class Backbone(nn.Cell):
         return x
 
 
+@network("llama")
 class Llama(nn.Cell):
     """MindFormers' ``LlamaForCausalLM`` for one rank (see the module doc): token ids (batch,
     seq) → logits (batch, seq, vocab / tp); a middle or last stage maps the hidden state

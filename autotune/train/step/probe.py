@@ -10,7 +10,7 @@ The rule (:func:`measure`, the metrics it returns are metrics.json's):
 
 - ``underflow_bound`` z: the share of this step's float16 gradient elements that are exactly
   zero, over the last step's own micro-batches (counted inside the step's graph,
-  `autotune.train.step.zero_counts`, before the dp all-reduce; elements and ranks counted as the
+  `autotune.train.step.train_step.zero_counts`, before the dp all-reduce; elements and ranks counted as the
   probe counts them), less the *structural* zeros — the rows of a token table (:func:`token_tables`)
   that no id of the micro-batch selects, zero in float32 too, known from the host's ids. An
   element the probe counts (zero in float16, non-zero in float32) is a zero that is not
@@ -45,7 +45,7 @@ How, on every layout the engine runs:
   compute, whose parameters are replaced by the training network's own Parameter objects (no
   copy of the weights is made).
 - Under pipeline stages a stage's backward needs the gradient of its output from the next stage,
-  so each side runs the engine's 1F1B schedule (`autotune.train.pipeline.PipelineStage`) over
+  so each side runs the engine's 1F1B schedule (`autotune.train.parallel.pipeline.PipelineStage`) over
   one micro-batch at a time: float16 first (each rank keeps a boolean zero mask per parameter),
   then float32 (compares with the masks and counts). Tensor-parallel collectives run inside both
   sides, as in training.
@@ -74,8 +74,8 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.common.parameter import ParameterTuple
 
-from autotune.train.pipeline import PipelineStage, StageForward
-from autotune.train.step import NetWithLoss
+from autotune.train.parallel.pipeline import PipelineStage, StageForward
+from autotune.train.step.train_step import NetWithLoss
 
 _is_zero = ops.MultitypeFuncGraph("is_zero")
 _kept = ops.MultitypeFuncGraph("kept")
@@ -109,7 +109,7 @@ class _Pass(nn.Cell):
     (a zero scalar on the first stage, whose inputs are ids) and the parameters' gradients.
     """
 
-    update_free = True  # no part of the update (`autotune.train.compile_cache`)
+    update_free = True  # no part of the update (`autotune.train.runtime.compile_cache`)
 
     def __init__(self, network, loss_fn, weights, *, first: bool, last: bool, dtype):
         super().__init__(auto_prefix=False)
@@ -225,7 +225,7 @@ def token_tables(network) -> list:
     model's input ids: its gradient is a sum over the micro-batch's ids that select it, so a row
     no id selects is exactly zero, in float16 and float32 alike. A table tied to the head, or
     looked up by positions, is not one (its rows get gradients no input id explains): the
-    built-in families declare theirs (`autotune.train.tp_layers.VocabParallelEmbedding`
+    built-in families declare theirs (`autotune.train.parallel.tp_layers.VocabParallelEmbedding`
     ``ids_only``), a user's network none unless it says so, and then the bound subtracts
     nothing for it — a larger bound, the probe run where it must."""
     return [cell.token_table for _, cell in network.cells_and_names()

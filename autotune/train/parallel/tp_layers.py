@@ -6,9 +6,9 @@ contiguous split `autotune.layout` describes is exactly what a rank holds. With 
 the plain layers, with no collective in the graph.
 
 - :class:`ColumnParallelDense`: weight (out/tp, in), bias (out/tp): this rank's share of the
-  outputs. The input enters through :class:`~autotune.train.parallel.CopyToGroup`.
+  outputs. The input enters through :class:`~autotune.train.parallel.groups.CopyToGroup`.
 - :class:`RowParallelDense`: weight (out, in/tp) applied to this rank's share of the inputs; the
-  partial products are summed by :class:`~autotune.train.parallel.ReduceFromGroup`, and the
+  partial products are summed by :class:`~autotune.train.parallel.groups.ReduceFromGroup`, and the
   whole bias is added once, after the sum.
 - Both take ``bias=False`` for a layer without one (MindFormers' llama has none).
 - :class:`VocabParallelEmbedding`: rows [t·V/tp, (t+1)·V/tp) of the token table; ids outside them
@@ -19,7 +19,7 @@ the plain layers, with no collective in the graph.
   without gathering them: a common shift (the global max), the sum of exponentials and the target
   logit are each summed over the group.
 
-Weights are created as zeros of the local shape; `autotune.train.weights` fills them.
+Weights are created as zeros of the local shape; `autotune.train.models.weights` fills them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import mindspore as ms
 from mindspore import nn, ops
 from mindspore.common.initializer import initializer
 
-from autotune.train.parallel import CopyToGroup, GatherMax, ReduceFromGroup
+from autotune.train.parallel.groups import CopyToGroup, GatherMax, ReduceFromGroup
 
 
 def _zeros(*shape):
@@ -92,7 +92,7 @@ def vocab_lookup(table, ids, start: int, reduce):
 class VocabParallelEmbedding(nn.Cell):
     """``ids_only``: its builder declares that the table is read only by looking up the model's
     input ids — not tied to a head, not looked up by positions — so a row no input id selects
-    gets no gradient (`autotune.train.probe.token_tables`). The built-in families declare it;
+    gets no gradient (`autotune.train.step.probe.token_tables`). The built-in families declare it;
     a table of a user's network is none unless its builder says so."""
 
     def __init__(self, vocab: int, hidden: int, tp: int = 1, tp_index: int = 0, group: str | None = None,
@@ -106,7 +106,7 @@ class VocabParallelEmbedding(nn.Cell):
     @property
     def token_table(self):
         """``(table, start)`` when declared ``ids_only``, else None: see
-        `autotune.train.probe.token_tables`."""
+        `autotune.train.step.probe.token_tables`."""
         return (self.embedding_table, self.start) if self.ids_only else None
 
     def construct(self, ids):

@@ -40,7 +40,7 @@ class WarmupCosineLR(LearningRateSchedule):
     Its numbers are Parameters (``lr_schedule.*``, not trained, not checkpointed), not
     constants of the graph: candidates that differ only in the warmup, the learning rate or the
     run's length compile the same graph, which the compile cache may then reuse
-    (`autotune.train.compile_cache`)."""
+    (`autotune.train.runtime.compile_cache`)."""
 
     def __init__(self, learning_rate, warmup_steps, total_steps, end_learning_rate=0.0):
         super().__init__()

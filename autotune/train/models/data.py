@@ -2,7 +2,7 @@
 
 Each dataset is a callable ``dataset(step, shard, num_shards) -> (inputs, labels)`` returning
 shard ``shard`` of ``num_shards`` equal shards of the global batch for optimizer step ``step``
-(see `autotune.train.entry`). The global batch depends only on (seed, step), so every
+(see `autotune.train.models.entry`). The global batch depends only on (seed, step), so every
 candidate of a study — whatever its dp and grad_accum — trains on the same samples.
 
 - `TokenChains` (transformer): sequences in which the next token is ``(a·x + b) mod vocab``

@@ -68,7 +68,7 @@ Model:
 - Optimizer: Adam is memory-bound: ≈ 32 bytes per local parameter moved (read and write its
   16 bytes of state) at device memory bandwidth; under the parallel optimizer only the rows a
   device owns (``memory.optimizer_elements``).
-- Parallel optimizer, as the trainer runs it (`autotune.train.sharding`): the gradients keep
+- Parallel optimizer, as the trainer runs it (`autotune.train.parallel.sharding`): the gradients keep
   their all-reduce, and after the update each sharded parameter is rebuilt by one all-reduce
   of its tp slice in ``param_dtype`` over the ranks that share it (the dp group, or the
   stage's dp·tp ranks for a replicated parameter), after the step's backward: never hidden,

@@ -4,11 +4,11 @@ Contract: :func:`build_engine` returns an :class:`Engine` whose ``step(inputs, l
 optimizer step on this rank's shard of a global batch (``inputs``/``labels``: the dp shard as numpy
 arrays, split here into the step's micro-batches) and returns ``(loss, overflow, loss_scale)`` as
 numpy values: the global-batch mean loss (the same on every rank), whether the update was skipped,
-and the scale the step used. Without pipeline stages a step is `autotune.train.step`'s
-accumulate/apply cells; with them, `autotune.train.pipeline`'s 1F1B schedule and apply cell.
+and the scale the step used. Without pipeline stages a step is `autotune.train.step.train_step`'s
+accumulate/apply cells; with them, `autotune.train.parallel.pipeline`'s 1F1B schedule and apply cell.
 
 Under float16 compute every step also counts its gradients' exact zeros, and
-``underflow(inputs, labels, scale, world_sum)`` applies `autotune.train.probe`'s rule on the
+``underflow(inputs, labels, scale, world_sum)`` applies `autotune.train.step.probe`'s rule on the
 last step's dp shard: the bound from those counts, and the probe only when the bound does not
 settle it (built on first use, so a run that never needs it pays nothing); without float16
 ``scaled`` is False and there is nothing to measure.
@@ -26,12 +26,15 @@ from mindspore.common.parameter import ParameterTuple
 from autotune import layout
 from autotune.families import takes_tokens
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
-from autotune.train import entry, fused, models, pipeline, schedule, step
-from autotune.train import probe as probe_mod
-from autotune.train import sharding as sharding_mod
+from autotune.train import models
+from autotune.train.models import entry, fused
+from autotune.train.parallel import pipeline
+from autotune.train.step import schedule, train_step as step
+from autotune.train.step import probe as probe_mod
+from autotune.train.parallel import sharding as sharding_mod
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.knob_hooks import APPLIES
-from autotune.train.parallel import Placement
+from autotune.train.parallel.groups import Placement
 
 COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32}
 
@@ -40,15 +43,15 @@ COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32
 class Engine:
     network: object
     optimizer: object
-    state: object          # autotune.train.step.TrainState: loss scale, accumulators
+    state: object          # autotune.train.step.train_step.TrainState: loss scale, accumulators
     dataset: object
     # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors, and the
     # step's zero counts under float16
     run_micro: object
     micro: int
-    make_probe: object = None  # () → autotune.train.probe.UnderflowProbe (float16 only)
-    sharding: object = None    # autotune.train.sharding.Sharding under the parallel optimizer
-    bound: object = None       # autotune.train.probe.UnderflowBound (float16 only)
+    make_probe: object = None  # () → autotune.train.step.probe.UnderflowProbe (float16 only)
+    sharding: object = None    # autotune.train.parallel.sharding.Sharding under the parallel optimizer
+    bound: object = None       # autotune.train.step.probe.UnderflowBound (float16 only)
     probe_always: bool = False  # trial.underflow_probe "always": the probe runs whatever the bound
     fused_attention: bool = False  # a fused flash-attention kernel: the bound stands (probe.measure)
     _probe: object = None
@@ -70,7 +73,7 @@ class Engine:
         return loss, overflow, scale
 
     def underflow(self, inputs, labels, scale: float, world_sum, **rule) -> dict:
-        """`autotune.train.probe.measure` on the last step, whose dp shard ``inputs``/``labels``
+        """`autotune.train.step.probe.measure` on the last step, whose dp shard ``inputs``/``labels``
         are, at the final loss scale ``scale``: the underflow metrics of metrics.json.
         ``rule``: `measure`'s ``out_of_memory`` and ``before_probe``."""
         bound = None

@@ -10,7 +10,7 @@ Without pipeline stages and with K > 1 a step is K calls of :class:`AccumulateSt
 backward, added into the accumulators, no communication) and one of :class:`ApplyStep` (the
 update alone); with K = 1 it is one call of :class:`TrainStep` (forward, backward and update in
 one graph) and nothing is accumulated. Under pipeline stages the stage's forward/backward cells
-(`autotune.train.pipeline`) accumulate, and :class:`ApplyStep` updates. So each step graph that
+(`autotune.train.parallel.pipeline`) accumulate, and :class:`ApplyStep` updates. So each step graph that
 holds a forward and backward is compiled once per trial: the update of K > 1 is a graph of its
 own, not a second copy of the forward and backward with the update on top (docs/mindspore-cpu.md,
 "What a new graph costs": that copy was ~2 s of every accumulating trial's compile).
@@ -74,7 +74,7 @@ def _zeros_tensor(grad):
 
 def zero_counts(grads):
     """int64 vector: how many elements of each gradient are exactly zero (``-0.0`` too). The
-    numerator of the underflow bound (`autotune.train.probe`); read-only, so the step's numerics
+    numerator of the underflow bound (`autotune.train.step.probe`); read-only, so the step's numerics
     are untouched. One HyperMap of equal + cast + sum: at run time 0.2–0.8 ms a step on the
     tiny GPT's 1.8 MB of gradients, and at compile time ~0.1 s where a list of
     ``ops.count_nonzero`` calls took ~1 s of every step graph's compile (docs/mindspore-cpu.md,
@@ -166,7 +166,7 @@ class _Update(nn.Cell):
         # the network's weights: the optimizer's own parameters unless it updates shards of them
         self.weights = optimizer.parameters if weights is None else weights
         self.optimizer = optimizer
-        self.sharding = sharding  # autotune.train.sharding.Sharding, or None
+        self.sharding = sharding  # autotune.train.parallel.sharding.Sharding, or None
         self.state = state
         self.hyper_map = ops.HyperMap()
         self.accum_steps, self.scaling = accum_steps, scaling
@@ -242,9 +242,9 @@ class AccumulateStep(nn.Cell):
     """Forward and backward of one of a step's K micro-batches: adds ``grad/K`` into the
     accumulators and ``loss/K`` into the loss sum (and the zero counts into the state's); no
     communication, no update. Returns the loss sum so far — or, with ``input_grad`` (a pipeline's
-    last stage, `autotune.train.pipeline`), the gradient of the input, for the previous stage."""
+    last stage, `autotune.train.parallel.pipeline`), the gradient of the input, for the previous stage."""
 
-    update_free = True  # no part of the update (`autotune.train.compile_cache`)
+    update_free = True  # no part of the update (`autotune.train.runtime.compile_cache`)
 
     def __init__(self, net_with_loss, weights, state, accum_steps, input_grad=False):
         super().__init__(auto_prefix=False)
@@ -291,7 +291,7 @@ def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale
     ``scaling`` turns dynamic loss scaling on (float16 compute), starting at ``loss_scale``, and
     the zero counts of the underflow bound with it.
     ``jit_level`` (O0/O1/O2) is set on the cells when given (GRAPH_MODE only). ``sharding``
-    (`autotune.train.sharding`): the optimizer updates shards of ``weights`` (the network's
+    (`autotune.train.parallel.sharding`): the optimizer updates shards of ``weights`` (the network's
     trainable parameters in the optimizer's order; default: the optimizer's own parameters).
     """
     parallel = parallel or Parallelism()

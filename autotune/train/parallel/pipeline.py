@@ -3,7 +3,7 @@
 Schedule (Narayanan et al. 2021 §2.2, Megatron-LM's non-interleaved 1F1B): stage s of p runs
 W = min(p − s − 1, m) warm-up forwards, then m − W pairs of one forward and one backward, then W
 cool-down backwards; a stage keeps at most W + 1 micro-batches in flight. Transfers go over the
-two-rank pipeline links (`autotune.train.parallel.Exchange`): in the steady phase "send forward,
+two-rank pipeline links (`autotune.train.parallel.groups.Exchange`): in the steady phase "send forward,
 receive backward" is one transfer of both, mirrored by the next stage's "send backward, receive
 forward", so both ranks of a link issue the same transfers in the same order (for every p ≤ m,
 checked by a test on the schedule itself).
@@ -15,12 +15,12 @@ Cells (compiled graphs, one set per stage):
   micro-batch again, as one graph. MindSpore compiles a backward together with its forward, so a
   non-last stage computes each forward twice; in exchange it keeps only the stage *input* of an
   in-flight micro-batch, not its activations (the cost model prices both).
-- the last stage runs `autotune.train.step.AccumulateStep` (``input_grad``): forward, loss and
+- the last stage runs `autotune.train.step.train_step.AccumulateStep` (``input_grad``): forward, loss and
   backward of a micro-batch at once, returning the gradient for the previous stage.
 
 Both backward cells add ``grad/m`` into the step's accumulators (and, under float16, each
-gradient's count of exact zeros into the state's ``zeros``: `autotune.train.step.zero_counts`),
-and `autotune.train.step.ApplyStep` updates once all micro-batches are through. The loss scale
+gradient's count of exact zeros into the state's ``zeros``: `autotune.train.step.train_step.zero_counts`),
+and `autotune.train.step.train_step.ApplyStep` updates once all micro-batches are through. The loss scale
 multiplies the loss on the last stage, so every stage's gradients carry it and one unscale fixes
 them all.
 """
@@ -32,8 +32,8 @@ from collections import deque
 import mindspore as ms
 from mindspore import nn, ops
 
-from autotune.train.parallel import Exchange, ExchangePair, Placement
-from autotune.train.step import _accumulate, _mul, zero_counts
+from autotune.train.parallel.groups import Exchange, ExchangePair, Placement
+from autotune.train.step.train_step import _accumulate, _mul, zero_counts
 
 
 def schedule(stage: int, stages: int, micro: int) -> list[tuple]:
@@ -60,7 +60,7 @@ def schedule(stage: int, stages: int, micro: int) -> list[tuple]:
 class StageForward(nn.Cell):
     """The stage's network, its output cast to the compute dtype (what crosses the link)."""
 
-    update_free = True  # no part of the update (`autotune.train.compile_cache`)
+    update_free = True  # no part of the update (`autotune.train.runtime.compile_cache`)
 
     def __init__(self, network, dtype):
         super().__init__(auto_prefix=False)
@@ -75,7 +75,7 @@ class StageBackward(nn.Cell):
     output; adds ``grad/m`` into the accumulators and returns the input's gradient (the first
     stage's input is token ids: it returns a zero scalar instead)."""
 
-    update_free = True  # no part of the update (`autotune.train.compile_cache`)
+    update_free = True  # no part of the update (`autotune.train.runtime.compile_cache`)
 
     def __init__(self, forward: StageForward, weights, state, micro: int, first: bool):
         super().__init__(auto_prefix=False)

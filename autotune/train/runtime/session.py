@@ -3,7 +3,7 @@
 Contract:
 
 - :func:`open_session` brings the device up, making the process-wide launch calls in the order
-  tests/test_launch_order.py checks (each announced on stderr, `autotune.train.device.launch_step`):
+  tests/test_launch_order.py checks (each announced on stderr, `autotune.train.runtime.device.launch_step`):
   ``set_device`` (no id: msrun hands each worker its device), the first trial's context mode, on
   an accelerator ``runtime.set_memory(max_size=…, increase_size=…)`` from the config's
   ``device_memory`` section, then ``communication.init()`` before any op — except on CPU, where
@@ -15,14 +15,14 @@ Contract:
   device target GPU"), ``set_memory``, ``init``, the first op (a device still held by another
   process), a refused chip — is the launch's (:class:`LaunchError`), never the candidate's. It
   returns the :class:`Session`: this rank, the world, the backend, and on a device its
-  `autotune.train.device.DeviceMemory`.
+  `autotune.train.runtime.device.DeviceMemory`.
 - :meth:`Session.place` is a trial's part: the context's mode (graph or PyNative), this rank's
-  `autotune.train.parallel.Placement` for the trial's (dp, tp, pp), the process groups it
+  `autotune.train.parallel.groups.Placement` for the trial's (dp, tp, pp), the process groups it
   names (each made once per process: a group's name is its ranks, so a later trial of another
   layout makes only the groups it lacks; a group that cannot be made — a communicator the
   collective library does not create — is the launch's too) and the parallel context (reset,
   then data parallel with the ``comm_fusion`` threshold when dp > 1). Workers that stay up
-  between trials (`autotune.train.serve`) open one session and place each trial in it.
+  between trials (`autotune.train.runtime.serve`) open one session and place each trial in it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, Backend
 from autotune.train.config import ConfigError
-from autotune.train.device import (DeviceMemory, chip_refusal, device_total_bytes, launch_step,
+from autotune.train.runtime.device import (DeviceMemory, chip_refusal, device_total_bytes, launch_step,
                                    memory_settings, reported_memory_warning)
 
 
@@ -95,13 +95,13 @@ class Session:
     rank: int
     world: int
     groups: set = field(default_factory=set)  # the process groups made so far
-    cache: object = None  # autotune.train.compile_cache.GraphCache, when graphs may be reused
+    cache: object = None  # autotune.train.runtime.compile_cache.GraphCache, when graphs may be reused
     memory: DeviceMemory | None = None  # a device's readings (None: host RSS on CPU)
 
     def place(self, knobs: dict):
         """Set the context and parallel context for a trial of ``knobs``; returns this rank's
         Placement. A layout of another world size than the session's is a ConfigError."""
-        from autotune.train import parallel
+        from autotune.train.parallel import groups as parallel
 
         ms = self.ms
         dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
