@@ -193,7 +193,7 @@ def ranking_table(gpus: int, batch: int) -> None:
 
 MINDFORMERS_CONFIGS = Path(__file__).resolve().parent / "mindformers_configs"
 # each published run: its config in MINDFORMERS_CONFIGS, the tokens/s/p and "DataType" that
-# docs/model_cards/llama2.md reports (tests/test_mindformers_init.py reads the same file)
+# docs/model_cards/llama2.md reports (tests/spec/test_mindformers_init.py reads the same file)
 MINDFORMERS_RUNS = Path(__file__).resolve().parent / "mindformers_runs.yaml"
 # Keys an export keeps from the base that the estimate prices (model.sequence_parallel,
 # model.recompute_layers), or whose value is what it prices anyway (MindSpore's defaults).

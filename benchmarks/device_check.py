@@ -20,7 +20,7 @@ In order, one line each (``[n name] …``), then a verdict line:
     bash benchmarks/device_check.sh gpu|ascend [--devices N] [--dry-run]
 
 ``--dry-run`` prints what it would install and run, in order, and runs nothing (the CPU test:
-tests/test_first_device_run.py). ``--memory-probe BACKEND`` is step 4's process.
+tests/execution/test_first_device_run.py). ``--memory-probe BACKEND`` is step 4's process.
 """
 
 from __future__ import annotations

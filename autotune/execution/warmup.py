@@ -8,7 +8,7 @@ Hopper"). So, for a backend with ``jit_cache`` (`autotune.spec.backends`):
 Contract:
 
 - :func:`kernel_targets` reads what a plugin library's CUDA kernels are compiled for (the fact
-  above; the device check prints it, and tests/test_first_device_run.py checks the installed
+  above; the device check prints it, and tests/execution/test_first_device_run.py checks the installed
   wheel against it).
 
 - :func:`jit_environment` is what every trial process (and the warm-up) gets: the cache's folder,

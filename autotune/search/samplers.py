@@ -15,7 +15,7 @@ import optuna
 
 from autotune.spec.errors import SpecError
 # The names, defined where the model.yaml's search.sampler and the CLI's --sampler are checked
-# (the spec, which never imports search); tests/test_search.py builds one sampler per name.
+# (the spec, which never imports search); tests/e2e/test_search.py builds one sampler per name.
 from autotune.spec.model_yaml import SAMPLERS
 
 

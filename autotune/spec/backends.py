@@ -13,7 +13,7 @@ how MindSpore's memory pool grows and whether it can be emptied, whether a warm 
 layout (communicators outside the pool), the driver's kernel JIT cache and a warm-up per node,
 the chips whose overflow check isfinite can see, and the host ports the device's collectives take.
 Every per-backend rule elsewhere reads one of these facts; no module outside this one names a
-backend (tests/test_backends.py checks it). Adding a backend is one entry here, or
+backend (tests/spec/test_backends.py checks it). Adding a backend is one entry here, or
 :func:`register` from outside the package (a test's toy backend): the trial program is another
 process, which knows only the entries here, so a ``program`` backend that runs trials must be one.
 """
@@ -33,7 +33,7 @@ from autotune.spec.knobs import DTYPES
 # allocate failed for graph" (both device plugins), cuBLAS's "CUBLAS_STATUS_ALLOC_FAILED" (the
 # GPU plugin), Ascend's allocator "Malloc device memory failed, size[" and "MallocAlign32 device
 # memory failed, size[" (plugin/ascend/libmindspore_ascend_res_manager.so; docs/accelerators.md). Recorded lines: tests/fixtures/oom_lines.txt,
-# tests/test_accelerators.py.
+# tests/execution/test_accelerators.py.
 HOST_OOM = ("memoryerror", "std::bad_alloc", "out of memory", "memory not enough",
             "memory is not enough", "allocate memory failed")
 DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
@@ -189,7 +189,7 @@ _O2 = (("O0", "O1", "pynative"), "O2 is deprecated since MindSpore 2.9 (it selec
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # bfloat16 on CPU: MindSpore 2.10 has no bfloat16 MatMul kernel ("Select CPU operator[MatMul]
-    # fail! Unsupported data type!"), measured by tests/test_train_program.py::
+    # fail! Unsupported data type!"), measured by tests/train/test_program.py::
     # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
     Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
             ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu",

@@ -13,7 +13,7 @@ constraints and the trial program's config check apply the same one).
 The code that acts on a knob lives on its own side of the import contracts and registers itself
 there by knob name: the trial program's `autotune.train.knob_hooks`, the cost model's
 `autotune.costmodel.knob_pricing`, the export's `autotune.export.knob_writers`
-(tests/test_knob_contracts.py checks that every knob of :data:`KNOBS` has each, or a stated reason
+(tests/house/test_knob_contracts.py checks that every knob of :data:`KNOBS` has each, or a stated reason
 not to). :func:`register_knob` adds a knob from outside the package (a test's, or a plugin's).
 """
 
@@ -167,7 +167,7 @@ class KnobHooks:
     turn comes, in :data:`KNOBS` order; ``in_place(name, where, why)`` states instead that the
     side handles ``name`` inside the function ``where`` (``"module:qualname"``), for the reason
     ``why`` — a layout knob, or one woven through a computation with others.
-    tests/test_knob_contracts.py checks that every knob has one or the other, or that its
+    tests/house/test_knob_contracts.py checks that every knob has one or the other, or that its
     :class:`Knob` entry says why the side needs neither."""
 
     def __init__(self, side: str):

@@ -48,7 +48,7 @@ def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = 
     Optuna's samplers, ``study.best_trials`` and the dashboard take a COMPLETE trial for a
     measurement, and it is none; and TPE ranks a pruned trial below every measured one, so a
     sampler that proposed a tried candidate is pushed elsewhere (stored FAIL, TPE saw nothing
-    and proposed the same candidate until the loop gave up: tests/test_drivers.py)."""
+    and proposed the same candidate until the loop gave up: tests/storage/test_drivers.py)."""
     assert outcome in OUTCOMES, outcome
     metrics = metrics or {}
     values = objective_values(objectives, metrics) if outcome == "ok" else None

@@ -252,7 +252,7 @@ class StepLog:
     (it depends on the pilot only; the block's steps are fresh), and so is the estimate: a
     trial that has not met a slow step yet no longer stops early on it. Stopping at the first
     step whose interval was narrow enough — the rule before — read steps of N(100, 3) ms with 6 %
-    spikes at 300 ms 2.8-3.7 % fast (tests/test_precision.py; benchmarks/records/stop_rule.py). A
+    spikes at 300 ms 2.8-3.7 % fast (tests/stopping/test_precision.py; benchmarks/records/stop_rule.py). A
     trial whose block runs to its end weighs each measured step alike — its plain mean — unless
     steps that overflow after the pilot lengthen it (the weights stay as fixed).
     """

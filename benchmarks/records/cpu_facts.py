@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 SMALL = {"rows": 256, "layers": 2, "hidden": 64, "ffn": 256, "classes": 256}
 MEDIUM = {"rows": 1024, "layers": 8, "hidden": 256, "ffn": 1024, "classes": 256}
 SMALL_SIZE, SMALL_STEPS = 256 * 64, 100  # a model this small is timed over at least 100 steps
-# The MLP the cost model's CPU profile was fitted to (tests/test_costmodel.py): 64 × 256 rows.
+# The MLP the cost model's CPU profile was fitted to (tests/costmodel/test_costmodel.py): 64 × 256 rows.
 RECOMPUTE_ORIGINAL_ROWS = 64 * 256
 RSS_ROWS = (512, 2048, 8192)
 CACHE_ROWS = 2048                # recompute none vs full differ by ~130 MB of RSS here

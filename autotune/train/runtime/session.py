@@ -3,7 +3,7 @@
 Contract:
 
 - :func:`open_session` brings the device up, making the process-wide launch calls in the order
-  tests/test_launch_order.py checks (each announced on stderr, `autotune.train.runtime.device.launch_step`):
+  tests/train/test_launch_order.py checks (each announced on stderr, `autotune.train.runtime.device.launch_step`):
   ``set_device`` (no id: msrun hands each worker its device), the first trial's context mode, on
   an accelerator ``runtime.set_memory(max_size=…, increase_size=…)`` from the config's
   ``device_memory`` section, then ``communication.init()`` before any op — except on CPU, where

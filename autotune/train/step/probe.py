@@ -14,7 +14,7 @@ The rule (:func:`measure`, the metrics it returns are metrics.json's):
   probe counts them), less the *structural* zeros — the rows of a token table (:func:`token_tables`)
   that no id of the micro-batch selects, zero in float32 too, known from the host's ids. An
   element the probe counts (zero in float16, non-zero in float32) is a zero that is not
-  structural, so on the same weights u ≤ z exactly (tests/test_underflow_bound.py: on dp2, tp2
+  structural, so on the same weights u ≤ z exactly (tests/train/test_underflow_bound.py: on dp2, tp2
   and pp2 at scales 2^-12…2^10, and z = u there: no other gradient element of the built-in
   transformer is exactly zero in float32). The probe runs after the last update, on weights one
   update later: on the tiny GPT's trials its u exceeded the last step's z by at most 1.1e-6
@@ -54,7 +54,7 @@ How, on every layout the engine runs:
   micro-batches. So for the same micro-batch size data parallelism and pipeline stages give the
   single process's share exactly, and tensor parallelism — whose ranks sum partial products in
   float16 before their all-reduce, rounding and flushing differently — one of the same order
-  (tests/test_parallel.py, `test_underflow_share_is_counted_once_under_every_layout`: 26 % fewer
+  (tests/train/test_parallel.py, `test_underflow_share_is_counted_once_under_every_layout`: 26 % fewer
   zeros under tp2 at a loss scale of 1). Smaller micro-batches (accumulation) give noisier,
   sparser gradients and a different share: that is the configuration's own.
 

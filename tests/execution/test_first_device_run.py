@@ -1,0 +1,301 @@
+"""What the first real GPU/Ascend run would hit (issue 30), checked on this CPU as calls made,
+values passed and how failures are classified, and for real where the CPU can run it: a trial
+whose device plugin cannot load (this wheel's GPU plugin, without CUDA here) is the
+infrastructure's, retried once, not remembered, and a study of nothing else stops in one line.
+docs/accelerators.md, "The first real run", says what each item is and where MindSpore says so.
+"""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.spec.backends import BACKENDS, reserved_ports
+
+from tests.execution.test_accelerators import _Recorder, _setup_config  # noqa: E402
+from tests.study.test_loop import study_files  # noqa: E402
+
+UNSUPPORTED = ("Unsupported device target GPU. This process only supports one of the ['CPU']. "
+               "Please check whether the GPU environment is installed and configured correctly")
+
+
+# item 1: the device's bring-up is the launch's
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_device_that_does_not_come_up_is_the_launchs_failure(world):
+    from autotune.train.runtime.session import LaunchError, open_session
+
+    cfg = _setup_config("gpu", dp=world, device_memory={"size_gb": 80, "max_size_gb": 72})
+    with pytest.raises(LaunchError, match=r"set_device\(GPU\) failed: RuntimeError: Unsupported"):
+        open_session(cfg, world, _Recorder(world=world, fail=UNSUPPORTED))
+
+
+def test_a_process_group_that_cannot_be_made_is_the_launchs_failure(monkeypatch):
+    from autotune.train.parallel import groups as parallel
+    from autotune.train.runtime.session import LaunchError, open_session
+
+    def refuse(placement, made):
+        raise RuntimeError("HCCL create communicator failed")
+
+    monkeypatch.setattr(parallel, "create_groups", refuse)
+    cfg = _setup_config("ascend", dp=1)
+    cfg["knobs"].update(tp=2)
+    session = open_session(cfg, 2, _Recorder(world=2))
+    with pytest.raises(LaunchError, match="create_group.*failed: RuntimeError: HCCL create"):
+        session.place(cfg["knobs"])
+
+
+def _gpu_config(tmp_path):
+    cfg = {"study": "g", "trial_number": 0, "backend": "gpu", "seed": 0,
+           "out_dir": str(tmp_path / "t"),
+           "model": {"family": "mlp", "entry": None, "num_layers": 1, "hidden_size": 16,
+                     "num_heads": 1, "ffn_hidden_size": 32, "seq_length": 1, "vocab_size": 8,
+                     "dtype": "float32"},
+           "train": {"global_batch_size": 4, "learning_rate": 0.01, "total_steps": 100},
+           "trial": {"steps": 4, "measure_after": 1},
+           "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
+                     "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0, "jit_level": "O1",
+                     "recompute": "none"}}
+    return cfg
+
+
+def test_a_trial_whose_gpu_plugin_cannot_load_is_the_infrastructures(tmp_path, monkeypatch):
+    """The real trial program, backend gpu, on this wheel without CUDA: set_device fails."""
+    from autotune.execution.runner import run_trial
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the JIT cache's folder
+    result = run_trial(_gpu_config(tmp_path), tmp_path / "t", 120, None, 1)
+    assert result.outcome == "error" and result.infrastructure, result.detail[:2000]
+    first = result.detail.splitlines()[0]
+    assert first.startswith("infrastructure: exit code 3, before the candidate ran: "
+                            "autotune.train: LaunchError: set_device(GPU) failed: RuntimeError: "
+                            "Unsupported device target GPU"), first
+    log = (tmp_path / "t" / "logs" / "worker_0.log").read_text()
+    assert "\nwarm-up: failed after" in log  # the node's warm-up ran first, and said so
+
+
+def test_a_study_whose_every_trial_fails_by_infrastructure_stops_in_one_line(tmp_path, capsys):
+    """Every candidate's launch fails (a replay table of infrastructure failures): the first
+    trials (three side by side, as the pool holds them) fail, the first one's retry fails too,
+    and the study stops there with one line instead of running its 6 trials' worth of identical
+    failures; nothing is remembered against a candidate (the other two retries stay queued: a
+    resume runs them)."""
+    failing = [("error", True)] * 4
+    path, storage = study_files(tmp_path, {1: failing, 2: failing, 4: failing})
+    from autotune.cli import main
+
+    assert main(["search", path, "--storage", storage, "--no-confirm", "--trials", "6"]) == 0
+    out = capsys.readouterr().out
+    stops = [line for line in out.splitlines() if "failed before their candidate ran" in line]
+    assert len(stops) == 1, out
+    assert "all 4 runs of this session" in stops[0] and "the last: replayed error" in stops[0]
+    trials = optuna.load_study(study_name="loop", storage=storage).trials
+    ran = [t for t in trials if t.state.is_finished()]
+    assert len(ran) == 4 and ran[3].user_attrs["retry_of"] == 0
+    assert all(t.user_attrs["infrastructure"] for t in ran)
+    assert [t.user_attrs["retry_of"] for t in trials if not t.state.is_finished()] == [1, 2]
+    assert "outcomes: error 4, queued to run again 2" in out
+
+
+# item 2: a warm pool on an accelerator runs one layout
+
+def _pool_config(backend, dp, tp, pp=1):
+    return {"backend": backend, "knobs": {"dp": dp, "tp": tp, "pp": pp}}
+
+
+@pytest.mark.parametrize("backend", ["gpu", "ascend"])
+def test_a_warm_pool_on_an_accelerator_retires_before_another_layout(tmp_path, backend):
+    from autotune.execution.warm import WarmPool
+
+    pool = WarmPool(tmp_path, 8)
+    pool.size_mb, pool.layout = 1000.0, (8, 1, 1)
+    assert pool.retire_for(_pool_config(backend, 8, 1), 1000.0) == ""
+    reason = pool.retire_for(_pool_config(backend, 1, 8), 1000.0)
+    assert "dp·tp·pp = 8·1·1, this trial is 1·8·1" in reason and "outside the pool" in reason
+    # on CPU the process groups are the host's: one pool runs every layout of a size
+    assert pool.retire_for(_pool_config("cpu", 1, 8), 1000.0) == ""
+
+
+# item 3 is in tests/execution/test_accelerators.py (the peaks per trial, the smi reading's visibility, the
+# pool's increase size)
+
+# item 4: the compile cache stores and places every file of a graph, Ascend's backend half too
+
+ASCEND_FILES = {"MS_WORKERcompile_cache_{i}.mindir": b"front",
+                "MS_WORKERbackend_compile_cache_{i}.mindir": b"kernel graph",
+                "MS_WORKERbackend_compile_cache_{i}.json": b"{}",
+                "MS_WORKERbackend_compile_cache_{i}_backinfo.json": b'{"ids": 1}'}
+
+
+def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, monkeypatch):
+    """What MindSpore's Ascend backend writes for graph i beside the front end's MindIR
+    (kernel_graph_mgr.cc, CacheKernelGraph) is stored with it and placed back with it: without
+    ``_backinfo.json`` every hit logs an ERROR and compiles the backend again."""
+    import os
+
+    from autotune.train.runtime.compile_cache import GraphCache
+
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    cfg = json.loads(json.dumps(_gpu_config(tmp_path)))
+
+    class Cell:
+        pass
+
+    first = GraphCache(str(tmp_path / "cache"), 0)
+    os.makedirs(first.slot_dir)
+    first.trial(cfg)
+    first.hold_next()
+    entry, placed = first.before(Cell(), ())
+    for name, data in ASCEND_FILES.items():  # the graph compiled: MindSpore wrote its files
+        (Path(first.slot_dir) / name.format(i=0)).write_bytes(data)
+    first.after(entry, placed)
+    assert first.stores == 1
+    assert sorted(os.listdir(entry)) == sorted(name.format(i="@") for name in ASCEND_FILES)
+
+    later = GraphCache(str(tmp_path / "cache"), 0)  # another process, two graphs in already
+    later.slot_dir = later.slot_dir.replace(later.slot_root, later.slot_root + "-later")
+    os.makedirs(later.slot_dir)
+    later.compiled = 2
+    later.trial(cfg)
+    later.hold_next()
+    _, placed = later.before(Cell(), ())
+    assert sorted(placed) == sorted(name.format(i=2) for name in ASCEND_FILES)
+    assert (Path(later.slot_dir) / "MS_WORKERbackend_compile_cache_2_backinfo.json").read_bytes() \
+        == b'{"ids": 1}'
+    later.after(entry, placed)
+    assert later.hits == 1 and later.stores == 0
+
+
+# item 5: the driver's JIT cache, one warm-up per node outside the trial's clock
+
+def test_gpu_trials_get_a_persistent_jit_cache_large_enough_for_every_kernel(tmp_path, monkeypatch):
+    from autotune.execution import runner
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUDA_CACHE_PATH", raising=False)
+    monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
+    env = runner.environment({}, {"backend": "gpu", "model": {}}, 8)
+    assert env["CUDA_CACHE_PATH"] == f"{tmp_path}/cache/autotune/gpu-jit"
+    assert Path(env["CUDA_CACHE_PATH"]).is_dir()
+    assert env["CUDA_CACHE_MAXSIZE"] == "4294967296"  # the driver's maximum, 4 GiB
+    monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path / "mine"))  # a user's own is kept
+    assert runner.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == \
+        str(tmp_path / "mine")
+    monkeypatch.delenv("CUDA_CACHE_PATH")
+    assert "CUDA_CACHE_PATH" not in runner.environment({}, {"backend": "ascend", "model": {}}, 8)
+
+
+def test_a_node_warms_up_once_with_a_real_first_op(tmp_path, monkeypatch):
+    """The warm-up is the real trial program's (``--warm-up``), here on CPU through a copy of the
+    cpu backend that asks for it; a node whose marker is there is not warmed again."""
+    from autotune.execution import runner, warmup
+
+    cpu = replace(BACKENDS["cpu"], warm_up_per_node=True, jit_cache="AUTOTUNE_TEST_JIT")
+    monkeypatch.setitem(BACKENDS, "cpu", cpu)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    env = runner.environment({}, {"backend": "cpu", "model": {}}, 1)
+    said = warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT))
+    assert said.startswith("warm-up: autotune.train warm-up: first op on CPU in "), said
+    assert list((tmp_path / "cache" / "autotune" / "cpu-jit").glob(f"{warmup.MARKER}*"))
+    assert warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT)).startswith(
+        "warm-up: this node's JIT cache is warm")
+
+
+def test_the_gpu_plugin_carries_no_hopper_code():
+    """What keeps the gpu entry's JIT cache and warm-up honest: the installed wheel's CUDA kernel
+    modules (their fat binaries, read as the device check reads them) hold SASS for sm_60–80 and
+    PTX for compute_60/86 only, so an H100 (sm_90) JIT-compiles every module."""
+    import mindspore
+
+    from autotune.execution.warmup import kernel_targets
+
+    libraries = sorted((Path(mindspore.__file__).parent / "lib" / "plugin").glob("gpu/libcuda_ops.so*"))
+    if not libraries:
+        pytest.skip("this MindSpore wheel carries no GPU plugin")
+    modules, targets = kernel_targets(libraries[0])
+    assert modules == 407
+    assert targets == {"sass": [60, 61, 70, 75, 80], "ptx": [60, 86]}
+
+
+# item 6: Ascend chips, HCCL's host ports, a world of one warned about its device size
+
+def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason(monkeypatch):
+    from autotune.train.parallel import groups as parallel
+    from autotune.train.runtime.session import LaunchError, open_session
+
+    monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
+    with pytest.raises(LaunchError, match="chip 'ascend910'.*saturation mode"):
+        open_session(_setup_config("ascend"), 2, _Recorder(chip="ascend910"))
+    for chip in ("ascend910b", "ascend910_93"):
+        open_session(_setup_config("ascend"), 2, _Recorder(chip=chip))
+    open_session(_setup_config("gpu"), 2, _Recorder(chip=""))  # no chip list: any
+
+
+def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
+    from autotune.execution import runner
+
+    offered = iter([60000, 60017, 60031, 45123])
+
+    class Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(runner.socket, "socket", Socket)
+    assert runner.free_port() == 45123
+    assert (60000, 60031) in reserved_ports()
+
+
+def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, capsys):
+    from autotune.train.runtime.session import open_session
+
+    open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
+                 1, _Recorder(world=1, total_gib=40.0))
+    assert "the device reports 40.0 GiB, the profile says 80 GiB" in capsys.readouterr().err
+
+
+# item 7: the device check, as far as a CPU can take it (what it would install and run, in order)
+
+def _dry_run(*args) -> list[tuple[str, str]]:
+    import subprocess
+
+    script = Path(__file__).parents[2] / "benchmarks" / "device_check.sh"
+    done = subprocess.run(["bash", str(script), *args, "--dry-run"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [tuple(line[1:].split("] ", 1)) for line in done.stdout.splitlines()]
+
+
+def test_the_device_check_dry_run_says_what_it_would_do_in_order():
+    steps = _dry_run("gpu", "--devices", "8")
+    names = [name for name, _ in steps]
+    assert names == ["0 autotune", "1 install", "2 kernels", "3 first op cold", "3 first op warm",
+                     "4 memory", "5 fresh 1/2", "5 fresh 2/2", "6 warm 1/4", "6 warm 2/4",
+                     "6 warm 3/4", "6 warm 4/4", "7 hidden"]
+    said = dict(steps)
+    assert said["0 autotune"].endswith(" install") and said["0 autotune"].startswith("make -C ")
+    assert "-m pip install" in said["1 install"]
+    for package in BACKENDS["gpu"].packages:  # the CUDA 11 libraries the GPU plugin links
+        assert package in said["1 install"]
+    assert said["2 kernels"].startswith("nvidia-smi --query-gpu=name,compute_cap")
+    assert said["3 first op cold"].startswith("CUDA_CACHE_PATH=")
+    assert said["3 first op cold"].endswith("-m autotune.train --warm-up gpu")
+    assert said["4 memory"].endswith("--memory-probe gpu")
+    for name in names[6:12]:  # the quickstart's baseline layout throughout: one warm pool
+        assert "dp=8 tp=1 pp=1" in said[name]
+    assert all(said[n].endswith("(one warm pool)") for n in names[8:12])
+    assert said["7 hidden"].startswith("LD_LIBRARY_PATH=") and "dp=1 tp=1 pp=1" in said["7 hidden"]
+    ascend = dict(_dry_run("ascend"))
+    assert "2 kernels" not in ascend
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in ascend["1 install"]
