@@ -1,5 +1,5 @@
 """A study with no ok trial (every candidate infeasible) is reported, shown and compared with
-each missing figure and figure named with the reason, never a traceback (issue 18, item 14).
+each missing figure and figure named with the reason, never a traceback.
 A real simulate study into SQLite, through the CLI."""
 
 import re

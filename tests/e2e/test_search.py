@@ -327,7 +327,7 @@ def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     assert "below 0.5× the best" in frame.loc["pynative", "detail"]
     steps = (tmp_path / "art" / "tiny" / str(frame.loc["pynative", "number"]) / "steps.jsonl")
     assert 3 <= len(steps.read_text().splitlines()) < 200  # stopped early, not run to the end
-    # its devices were held until it stopped: that time counts toward a budget (issue 18, item 7)
+    # its devices were held until it stopped: that time counts toward a budget
     assert frame.loc["pynative", "run_s"] > 0
     # the steps the pruner judged were read by the trial program's rules; the record says which
     from autotune.train.metrics import MEASUREMENT
@@ -551,7 +551,7 @@ def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resu
     assert counting.counted(retry)
     assert [t.number for t in ran(study) if t.params == first.params] == [0, 1]
     # and with every run of the session lost before its candidate, a retry among them, the
-    # study stops there in one line (the cluster cannot run trials as it is: issue 30, item 1)
+    # study stops there in one line (the cluster cannot run trials as it is)
     assert "failed before their candidate ran, a retry among them" in out
     assert sum(counting.counted(t) for t in study.trials) == 1
     assert [t.number for t in ran(study)] == [0, 1]

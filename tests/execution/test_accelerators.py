@@ -1,4 +1,4 @@
-"""The accelerator path (issue 18, items 15–23): what cannot run on this CPU is checked as the
+"""The accelerator path: what cannot run on this CPU is checked as the
 calls the trial program makes and the values it passes; what can (the CPU launch order, the
 refusals, the exports) is checked for real. docs/accelerators.md says which is which."""
 
@@ -10,7 +10,7 @@ from autotune.execution.classify import classify
 from autotune.spec.backends import BACKENDS
 from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED
 
-# item 22: device out-of-memory lines of MindSpore 2.10 (docs/accelerators.md names where each
+# device out-of-memory lines of MindSpore 2.10 (docs/accelerators.md names where each
 # string is printed)
 DEVICE_OOM_LINES = [
     ("ascend", "#umsg#Framework Error Message:#umsg#Malloc device memory failed, size[4294967296]"),
@@ -52,7 +52,7 @@ def test_an_oom_after_the_candidate_started_is_the_candidates(tmp_path):
     assert result.outcome == "oom", result
 
 
-# item 23: threads of accelerator workers, msrun's cluster timeout in exports
+# threads of accelerator workers, msrun's cluster timeout in exports
 
 def test_accelerator_workers_get_their_share_of_host_threads_not_rays_one(monkeypatch):
     from autotune.execution import runner
@@ -74,7 +74,7 @@ def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_on
     assert "--cluster_time_out=120" in msrun_args(2, 2, master_port=1, log_dir="d")
 
 
-# items 15 and 17: the order of a worker's first calls, the memory cap (call/value: a recording
+# the order of a worker's first calls, the memory cap (call/value: a recording
 # stand-in for the mindspore module; the CPU order runs for real in test_launch_order_msrun.py)
 
 class _Recorder:
@@ -147,7 +147,7 @@ def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, 
     _setup(_setup_config(backend, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}), ms)
     assert ms.names()[:5] == ["set_device", "set_context", "set_memory", "init", "first op"]
     assert ms.calls[0] == ("set_device", target)  # no id: msrun hands each worker its own
-    # the pool grows in 0.25 GB blocks, not MindSpore's default 2 GB (issue 30, item 3)
+    # the pool grows in 0.25 GB blocks, not MindSpore's default 2 GB
     assert ms.calls[2] == ("set_memory", {"max_size": "72GB", "increase_size": "0.25GB"})
     err = capsys.readouterr().err
     order = [line.split(": ", 1)[1] for line in err.splitlines() if line.startswith("autotune.train launch:")]
@@ -211,7 +211,7 @@ def test_device_memory_cap_is_the_screens_budget():
     assert device_memory_cap(replace(spec.cluster, backend="cpu")) is None
 
 
-# item 16 (issue 18), made per trial by issue 30, item 3: what a trial's memory on a device is
+# what a trial's memory on a device is, read per trial (a warm pool's earlier trials do not count)
 
 class _Pool:
     """The parts of ``mindspore.runtime`` a device's memory readings call, as a GPU pool behaves:
@@ -331,7 +331,7 @@ def test_vendor_tools_per_process_readings_are_parsed():
 
 
 
-# item 18: bfloat16 is refused on gpu as on cpu
+# bfloat16 is refused on gpu as on cpu
 
 def _gpu_spec_text(dtype):
     return {"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
@@ -362,7 +362,7 @@ def test_the_gpu_plugin_has_no_bfloat16_kernel():
     assert b"nv_bfloat16" not in data and b"6__half" in data  # float16 kernels, no bfloat16
 
 
-# item 19: jit_level O2 (deprecated since 2.9) leaves the search and the exports
+# jit_level O2 (deprecated since 2.9) leaves the search and the exports
 
 def _spec(backend="ascend", dtype="float32", **cluster):
     from autotune.spec.model_yaml import parse_spec
@@ -396,7 +396,7 @@ def test_an_o2_trial_of_an_old_study_is_not_exported(tmp_path):
         write_export(spec, Candidate(8, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none"), trial, tmp_path / "o")
 
 
-# item 21: no MindFormers export for gpu; Ascend's overflow mode is the one isfinite sees
+# no MindFormers export for gpu; Ascend's overflow mode is the one isfinite sees
 
 _TRIAL = {"number": 1, "study": "s", "metrics": {}}
 
@@ -443,7 +443,7 @@ def test_ascend_trials_and_exports_run_in_infnan_overflow_mode(tmp_path, monkeyp
     assert "MS_ASCEND_CHECK_OVERFLOW_MODE" not in (gpu / "launch.sh").read_text()
 
 
-# item 20: Ascend 910B links by group size, comm_overlap below 1, Hopper profiles flagged
+# Ascend 910B links by group size, comm_overlap below 1, Hopper profiles flagged
 
 def test_ascend_910b_groups_are_priced_by_the_links_they_have():
     from autotune.costmodel.profiles import PROFILES

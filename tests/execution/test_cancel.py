@@ -1,5 +1,5 @@
-"""Cancelling a running trial does not block the study's loop (issue 18, item 12): the real
-Dispatcher on an embedded Ray, one real trial program."""
+"""Cancelling a running trial does not block the study's loop: the real Dispatcher
+on an embedded Ray, one real trial program."""
 
 import time
 from pathlib import Path

@@ -152,9 +152,9 @@ def processes() -> list[tuple[int, str]]:
 def test_the_device_ray_assigns_reaches_the_trial(tmp_path, shared_nodes, backend, variable):
     """A node that says it has one GPU (NPU): the trial's launch carries the device Ray gave
     it, and MindSpore is asked for that device. This machine has none and its MindSpore cannot
-    load the device plugin, so the device never comes up: the infrastructure's failure (issue
-    30, item 1), retried once, not remembered — and with every run failing so, the study stops
-    in one line instead of running its three trials."""
+    load the device plugin, so the device never comes up: the infrastructure's failure, retried
+    once, not remembered — and with every run failing so, the study stops in one line instead
+    of running its three trials."""
     text = SPANNING.replace("backend: cpu", f"backend: {backend}").replace(
         "devices: 2, devices_per_node: 1", "devices: 1, devices_per_node: 1").replace(
         "tp: [1, 2]", "tp: 1").replace("n_trials: 2", "n_trials: 3")

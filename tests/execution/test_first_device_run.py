@@ -1,8 +1,8 @@
-"""What the first real GPU/Ascend run would hit (issue 30), checked on this CPU as calls made,
-values passed and how failures are classified, and for real where the CPU can run it: a trial
-whose device plugin cannot load (this wheel's GPU plugin, without CUDA here) is the
-infrastructure's, retried once, not remembered, and a study of nothing else stops in one line.
-docs/accelerators.md, "The first real run", says what each item is and where MindSpore says so.
+"""What the first real GPU/Ascend run would hit, checked on this CPU as calls made, values
+passed and how failures are classified, and for real where the CPU can run it: a trial whose
+device plugin cannot load (this wheel's GPU plugin, without CUDA here) is the infrastructure's,
+retried once, not remembered, and a study of nothing else stops in one line.
+docs/accelerators.md, "The first real run", says what each check is and where MindSpore says so.
 """
 
 import json
@@ -22,7 +22,7 @@ UNSUPPORTED = ("Unsupported device target GPU. This process only supports one of
                "Please check whether the GPU environment is installed and configured correctly")
 
 
-# item 1: the device's bring-up is the launch's
+# the device's bring-up is the launch's
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_device_that_does_not_come_up_is_the_launchs_failure(world):
@@ -100,7 +100,7 @@ def test_a_study_whose_every_trial_fails_by_infrastructure_stops_in_one_line(tmp
     assert "outcomes: error 4, queued to run again 2" in out
 
 
-# item 2: a warm pool on an accelerator runs one layout
+# a warm pool on an accelerator runs one layout
 
 def _pool_config(backend, dp, tp, pp=1):
     return {"backend": backend, "knobs": {"dp": dp, "tp": tp, "pp": pp}}
@@ -119,10 +119,10 @@ def test_a_warm_pool_on_an_accelerator_retires_before_another_layout(tmp_path, b
     assert pool.retire_for(_pool_config("cpu", 1, 8), 1000.0) == ""
 
 
-# item 3 is in tests/execution/test_accelerators.py (the peaks per trial, the smi reading's visibility, the
-# pool's increase size)
+# a trial's own device memory is checked in tests/execution/test_accelerators.py (the peaks
+# per trial, the smi reading's visibility, the pool's increase size)
 
-# item 4: the compile cache stores and places every file of a graph, Ascend's backend half too
+# the compile cache stores and places every file of a graph, Ascend's backend half too
 
 ASCEND_FILES = {"MS_WORKERcompile_cache_{i}.mindir": b"front",
                 "MS_WORKERbackend_compile_cache_{i}.mindir": b"kernel graph",
@@ -169,7 +169,7 @@ def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, 
     assert later.hits == 1 and later.stores == 0
 
 
-# item 5: the driver's JIT cache, one warm-up per node outside the trial's clock
+# the driver's JIT cache, one warm-up per node outside the trial's clock
 
 def test_gpu_trials_get_a_persistent_jit_cache_large_enough_for_every_kernel(tmp_path, monkeypatch):
     from autotune.execution import runner
@@ -220,7 +220,7 @@ def test_the_gpu_plugin_carries_no_hopper_code():
     assert targets == {"sass": [60, 61, 70, 75, 80], "ptx": [60, 86]}
 
 
-# item 6: Ascend chips, HCCL's host ports, a world of one warned about its device size
+# Ascend chips, HCCL's host ports, a world of one warned about its device size
 
 def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason(monkeypatch):
     from autotune.train.parallel import groups as parallel
@@ -265,7 +265,7 @@ def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, ca
     assert "the device reports 40.0 GiB, the profile says 80 GiB" in capsys.readouterr().err
 
 
-# item 7: the device check, as far as a CPU can take it (what it would install and run, in order)
+# the device check, as far as a CPU can take it (what it would install and run, in order)
 
 def _dry_run(*args) -> list[tuple[str, str]]:
     import subprocess

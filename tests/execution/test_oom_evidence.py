@@ -1,5 +1,5 @@
-"""What makes a killed trial an ``oom`` (issue 18, item 10): a memory line in a log, the budget
-crossed, or the kernel's OOM report for one of the trial's own processes — a bare SIGKILL is the
+"""What makes a killed trial an ``oom``: a memory line in a log, the budget crossed, or the
+kernel's OOM report for one of the trial's own processes — a bare SIGKILL is the
 infrastructure's error, not the candidate's."""
 
 import subprocess

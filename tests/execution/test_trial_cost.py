@@ -1,4 +1,4 @@
-"""Where a trial's time goes (issue 19): the split the launcher and the program measure, how
+"""Where a trial's time goes: the split the launcher and the program measure, how
 analysis reads it, and which config fields change a compiled graph's key."""
 
 import copy

@@ -233,14 +233,14 @@ def test_a_graph_loaded_under_another_fusion_threshold_buckets_by_its_own(tmp_pa
 
 
 def test_a_trials_peak_is_its_own_whatever_ran_before_it_in_the_pool(tmp_path):
-    """(issue 28, item 1) A larger trial leaves MindSpore's CPU memory pool holding its
-    activations (~0.5 GB here, after every release), which a smaller trial after it reuses
-    unseen: its peak read +29 % (+52 % at global batch 512), and a budget between the two made it
-    ``oom`` for its place. A pool runs trials of one size — the cost model's estimate within
-    `SAME_SIZE` — and starts fresh workers for another: one process, dp1, float32, accumulation
-    1 (large) and 8 (small) at global batch 256, large → small → large, each peak against the
-    same candidate's in a process of its own within 5 %, the small one under a budget 15 % above
-    its own fresh peak."""
+    """A larger trial leaves MindSpore's CPU memory pool holding its activations (~0.5 GB here,
+    after every release), which a smaller trial after it reuses unseen: its peak read +29 %
+    (+52 % at global batch 512), and a budget between the two made it ``oom`` for its place. A
+    pool runs trials of one size — the cost model's estimate within `SAME_SIZE` — and starts
+    fresh workers for another: one process, dp1, float32, accumulation 1 (large) and 8 (small)
+    at global batch 256, large → small → large, each peak against the same candidate's in a
+    process of its own within 5 %, the small one under a budget 15 % above its own fresh
+    peak."""
     from autotune import costmodel
 
     spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",

@@ -1,6 +1,6 @@
-"""Issue 18, item 12: export from the stored model.yaml alone, a cpu-profile simulate study
-exported for cpu, grid studies with a baseline, and repeats stored as copies, not measurements.
-Real simulate studies into SQLite, through the CLI."""
+"""Export from the stored model.yaml alone, a cpu-profile simulate study exported for cpu, grid
+studies with a baseline, and repeats stored as copies, not measurements. Real simulate studies
+into SQLite, through the CLI."""
 
 import json
 import textwrap

@@ -3,7 +3,7 @@ the tiny GPT replayed from a table (it runs on this CPU otherwise) and the 64-de
 simulate example, each with sampler ``auto`` and ``tpe`` — against what they stored when this
 was pinned (tests/fixtures/pinned_proposals.json): params, knobs, outcome, values and role, in
 trial order, the tiny GPT's confirm phase included. A change to how the driver stores or
-reads trials (issue 19: the driver stays light) must leave all of it as it was.
+reads trials (to keep the driver light) must leave all of it as it was.
 
 A change meant to propose otherwise (the cost model, the prior, a sampler) regenerates the file
 with ``python tests/search/test_pinned_proposals.py`` and says so in its commit.

@@ -140,7 +140,7 @@ def naming_a_backend(tree: ast.AST, words: set[str]) -> list[tuple[int, str]]:
 
 
 def test_no_module_outside_the_registry_names_a_backend():
-    """Issue 32's grep (`"GPU", "Ascend"` or `backend ==` anywhere in autotune/) and its AST
+    """A grep for `"GPU", "Ascend"` or `backend ==` anywhere in autotune/, and its AST
     form: no comparison with, dict keyed by or tuple of backend names outside
     autotune/spec/backends.py — each such rule is a field of the Backend entry instead."""
     words, found = backend_words(), []

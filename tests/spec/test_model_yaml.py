@@ -165,7 +165,7 @@ def test_ranges_expand(tmp_path):
 
 
 def test_warmups_a_trial_cannot_tell_apart_are_one(tmp_path):
-    """Issue 18, item 11: the default space's 21 warmups compress onto 7 trial schedules."""
+    """The default space's 21 warmups compress onto 7 trial schedules."""
     from autotune.spec.knobs import trial_warmup
 
     space = build_space(load_spec(write(tmp_path, GOOD)))

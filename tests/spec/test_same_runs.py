@@ -1,5 +1,5 @@
-"""Candidates that would run alike are one candidate (issue 18, item 11): knobs that cannot act
-on a candidate, and warmups a trial cannot tell apart; a study created before keeps its own."""
+"""Candidates that would run alike are one candidate: knobs that cannot act on a candidate,
+and warmups a trial cannot tell apart; a study created before keeps its own."""
 
 import textwrap
 from dataclasses import replace

@@ -1,4 +1,4 @@
-"""A YAML alias bomb is refused at once, naming the node budget (issue 18, item 13)."""
+"""A YAML alias bomb is refused at once, naming the node budget."""
 
 import subprocess
 import sys

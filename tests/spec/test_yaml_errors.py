@@ -1,5 +1,5 @@
 """Every way a YAML file can be bad is exit 2 with the file, and the line and column where YAML
-knows them — never a traceback, and never a Python object built (issue 28, item 9): PyYAML's
+knows them — never a traceback, and never a Python object built: PyYAML's
 constructor, scanner, parser, composer and reader errors, a value its tag cannot hold, a file
 that is not UTF-8, and the alias bomb, on each command that reads a file the user wrote:
 ``validate`` and ``search`` (model.yaml), ``init`` (a MindFormers config) and ``export``

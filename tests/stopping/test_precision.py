@@ -1,6 +1,6 @@
-"""Measure as long as the number needs (issue 19, item 5): the interval ``step_time_ci``, the
-stop rule of studies without final_loss, and how pruning and the confirm phase use it — pure
-Python first, then the study loop on replay, then real MindSpore trials."""
+"""Measure as long as the number needs: the interval ``step_time_ci``, the stop rule of
+studies without final_loss, and how pruning and the confirm phase use it — pure Python first,
+then the study loop on replay, then real MindSpore trials."""
 
 import csv
 import json

@@ -226,8 +226,8 @@ def running_trial(study, owner, x=0.0):
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
                             "ignore:Heartbeat of storage is supposed to be used")
 def test_a_driver_never_fails_its_own_trials_after_a_gap_in_its_heartbeats(tmp_path, monkeypatch):
-    # issue 18, item 4: fail_stale_trials ran without excluding this driver, so a database
-    # outage or a paused VM made a driver fail (and crash on) its own running trials
+    # fail_stale_trials excludes this driver: a database outage or a paused VM that stops its
+    # heartbeats must not make a driver fail (and crash on) its own running trials
     storage, study = server_storage(tmp_path, monkeypatch)
     mine = running_trial(study, driver_id())
     time.sleep(2.2)  # this driver's beats stopped for longer than the grace period
@@ -240,8 +240,8 @@ def test_a_driver_never_fails_its_own_trials_after_a_gap_in_its_heartbeats(tmp_p
                             "ignore:Heartbeat of storage is supposed to be used")
 def test_a_driver_in_another_pid_namespace_of_this_host_is_judged_by_its_heartbeat(
         tmp_path, monkeypatch):
-    # issue 18, item 4: alive() judged by hostname + this /proc, so two drivers with one hostname
-    # in different pid namespaces (containers) called each other dead
+    # alive() does not judge by hostname + this /proc alone: two drivers with one hostname in
+    # different pid namespaces (containers) must not call each other dead; the heartbeat decides
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
                             "from autotune.storage.drivers import driver_id; print(driver_id())"],
                            capture_output=True, text=True, timeout=60)

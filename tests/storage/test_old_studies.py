@@ -74,9 +74,9 @@ def test_a_new_study_warm_starts_from_an_old_one(old):
 
 
 def test_a_resumed_study_says_in_one_line_that_its_trials_were_measured_by_older_rules(old, capsys):
-    """(issue 28, item 8) Warm pools' peak memory, the stop rule's estimate, the graph key, the
-    timeout's clock and the underflow probe changed what a trial records: a study resumed with
-    trials measured before says so, once. Its trials stay as they are and it keeps running."""
+    """Warm pools' peak memory, the stop rule's estimate, the graph key, the timeout's clock and
+    the underflow probe changed what a trial records: a study resumed with trials measured
+    before says so, once. Its trials stay as they are and it keeps running."""
     before = optuna.load_study(study_name="old-cpu", storage=old).get_trials()
     counted = sum(map(counting.counted, before))
     assert main(["search", "cpu.yaml", "--storage", old, "--resume", "--no-confirm",

@@ -59,7 +59,7 @@ def load(storage, name="loop"):
 def test_the_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_confirmed_best(
         tmp_path, capsys):
     # tp2's first run was lucky: its re-runs say it is slower than tp4. The confirmed means are
-    # the re-runs' only (issue 18, item 1): with the lucky original in them tp2 would win
+    # the re-runs' only: with the lucky original in them tp2 would win
     # (124 vs 122.7), on its re-runs alone tp4 does (119 vs 111).
     path, storage = study_files(tmp_path, {1: [100.0, 98.0, 102.0], 2: [150.0, 110.0, 112.0],
                                            4: [130.0, 118.0, 120.0]})
@@ -209,8 +209,8 @@ def left_running(storage, tp, attrs, owner):
 
 
 def test_an_interrupted_confirm_rerun_is_measured_again_on_resume_not_copied(tmp_path):
-    # issue 18, item 2: the interrupted re-run's candidate, requeued with confirm_of, came back
-    # as a repeat of its original (value 150) that the confirm phase took for a re-run
+    # the interrupted re-run's candidate, requeued with confirm_of, runs again: it must not come
+    # back as a repeat of its original (value 150) that the confirm phase takes for a re-run
     path, storage = study_files(tmp_path, {1: [100.0, 98.0, 102.0], 2: [150.0, 110.0, 112.0],
                                            4: [130.0, 128.0]})
     args = ["search", path, "--storage", storage]
@@ -228,8 +228,8 @@ def test_an_interrupted_confirm_rerun_is_measured_again_on_resume_not_copied(tmp
 
 
 def test_a_confirm_rerun_asks_its_own_queued_trial_not_the_oldest_waiting_one(tmp_path):
-    # issue 18, item 2: again() popped the oldest WAITING trial — a retry left queued by the
-    # search — so every confirm job ran the job before it
+    # again() takes the trial queued for this re-run, not the oldest WAITING one: with a retry
+    # left queued by the search, every confirm job would run the job before it
     from autotune.search.proposer import Proposer
     from autotune.spec.model_yaml import load_spec
     from autotune.spec.space import build_space
@@ -251,8 +251,8 @@ def test_a_confirm_rerun_asks_its_own_queued_trial_not_the_oldest_waiting_one(tm
 
 
 def test_a_resume_on_sqlite_reruns_what_a_driver_on_another_host_left_running(tmp_path, capsys):
-    # issue 18, item 3: alive() cannot judge a driver of another host, SQLite keeps no
-    # heartbeats, and the loop waited for that trial forever
+    # alive() cannot judge a driver of another host and SQLite keeps no heartbeats: the resume
+    # reruns that driver's trial instead of waiting for it forever
     path, storage = study_files(tmp_path, {1: [100.0], 2: [150.0], 4: [130.0, 131.0]})
     args = ["search", path, "--storage", storage, "--no-confirm"]
     assert main(args + ["--trials", "2"]) == 0
@@ -276,8 +276,9 @@ def test_a_resume_on_sqlite_reruns_what_a_driver_on_another_host_left_running(tm
 
 
 def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_traceback(tmp_path):
-    # issue 18, item 4: a driver taken for dead (here: a second driver resuming on SQLite) had
-    # its running trial failed and requeued; its tell then raised UpdateFinishedTrialError
+    # a driver taken for dead (here: a second driver resuming on SQLite) has its running trial
+    # failed and requeued; its late tell is stored as a new trial, not an
+    # UpdateFinishedTrialError
     from autotune.jobs import Result
     from autotune.search.proposer import Proposer
     from autotune.spec.model_yaml import load_spec
@@ -316,8 +317,8 @@ def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_trace
 
 
 def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monkeypatch):
-    # issue 18, item 5: proposer.running was kept only with several drivers, so with two trials
-    # in flight the sampler's proposal of a running candidate ran it a second time
+    # proposer.running is kept with one driver too: with two trials in flight, the sampler's
+    # proposal of a running candidate must not run it a second time
     monkeypatch.setattr("autotune.study.loop.MAX_REPEATS", 6)
     text = (MODEL.replace("device: a100-80g}", "device: a100-80g, pool_devices: 16}")
             .replace("tp: [1, 2, 4]", "tp: [1, 2]"))
@@ -334,15 +335,15 @@ def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monke
                                    for t in study.trials]
     repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
     assert repeats and all(t.state != TrialState.RUNNING for t in repeats)
-    # a repeat is a copy of its original's outcome, stored PRUNED (item 12): never a measurement
+    # a repeat is a copy of its original's outcome, stored PRUNED: never a measurement
     assert all(t.state == TrialState.PRUNED and t.values is None
                and schema.outcome_of(t) == schema.outcome_of(study.trials[t.user_attrs["repeat_of"]])
                for t in repeats)
 
 
 def test_a_resumed_budget_counts_confirm_reruns_and_retried_failures(tmp_path, capsys):
-    # issue 18, item 7: a resume summed only the trials that count toward N, so the device time
-    # of confirm re-runs and of retried infrastructure failures vanished from the budget
+    # a resume sums every trial that ran, not only those that count toward N: the device time
+    # of confirm re-runs and of retried infrastructure failures stays in the budget
     path, storage = study_files(tmp_path, {1: [("error", True), 100.0, 98.0],
                                            2: [150.0, 140.0], 4: [130.0]})
     args = ["search", path, "--storage", storage]
@@ -356,8 +357,8 @@ def test_a_resumed_budget_counts_confirm_reruns_and_retried_failures(tmp_path, c
 
 
 def test_drivers_share_one_device_budget_read_from_storage(tmp_path):
-    # issue 18, item 7: each driver read storage once, so N drivers could each spend the whole
-    # budget; what another driver spent since must stop this one
+    # each driver reads the budget spent from storage, not once at start (then N drivers could
+    # each spend the whole budget): what another driver spent since must stop this one
     from autotune.stopping.budget import Budget, Stopper
 
     path, storage = study_files(tmp_path, {1: [100.0], 2: [150.0], 4: [130.0]})

@@ -1,6 +1,6 @@
-"""A trial starts from a clean folder, and the loop's step watcher never dies on what it reads
-(issue 18, item 9): a second study of the same name (another storage, a deleted database) finds
-the first one's trial folders."""
+"""A trial starts from a clean folder, and the loop's step watcher never dies on what it reads:
+a second study of the same name (another storage, a deleted database) finds the first one's
+trial folders."""
 
 import json
 from pathlib import Path

@@ -1,6 +1,6 @@
-"""Warm start takes only comparable studies (issue 18, item 6): measurements come from studies of
-the same backend and trial length; an estimate-only study never stands as a measurement. Real
-studies on the simulate and replay backends, into SQLite, through the CLI."""
+"""Warm start takes only comparable studies: measurements come from studies of the same backend
+and trial length; an estimate-only study never stands as a measurement. Real studies on the
+simulate and replay backends, into SQLite, through the CLI."""
 
 import optuna
 

@@ -1,5 +1,5 @@
-"""The compile cache's graph key and its failures (issue 28, items 2 and 4), on real one-process
-trials (`autotune.train.runtime.compile_cache`; what it loads and stores across trials:
+"""The compile cache's graph key and its failures, on real one-process trials
+(`autotune.train.runtime.compile_cache`; what it loads and stores across trials:
 tests/execution/test_warm.py, slow).
 
 - The key covers the source of every ``autotune`` module a trial process imported: a value one

@@ -1,4 +1,4 @@
-"""Item 15 of issue 18 on CPU, for real: a dp2 trial under msrun, each role's log showing the
+"""A worker's launch order on CPU, for real: a dp2 trial under msrun, each role's log showing the
 order of its first MindSpore calls (`autotune.train.runtime.device.launch_step`)."""
 
 from pathlib import Path

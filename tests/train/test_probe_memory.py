@@ -1,7 +1,7 @@
-"""The underflow probe never fails a trial that trained (issue 28, item 7): a real float16 trial
-whose training fits its memory budget and whose probe — two more passes of each micro-batch, the
-float32 one holding twice the activations — does not, ends ``ok`` with its training's metrics
-and ``underflow_share`` null with the reason (it was ``oom``, the candidate's, remembered)."""
+"""The underflow probe never fails a trial that trained: a real float16 trial whose training fits
+its memory budget and whose probe — two more passes of each micro-batch, the float32 one holding
+twice the activations — does not, ends ``ok`` with its training's metrics and ``underflow_share``
+null with the reason (it was ``oom``, the candidate's, remembered)."""
 
 import json
 

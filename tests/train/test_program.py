@@ -77,7 +77,7 @@ def test_huge_initial_loss_scale_overflows_and_backs_off(tmp_path):
     metrics, steps = train(tmp_path, "o", knobs={"loss_scale": 2 ** 24}, steps=10)
     assert metrics["overflow_steps"] > 0
     assert metrics["overflow_steps"] == sum(s["overflow"] for s in steps)
-    # final_loss at equal updates: the trial runs until 10 were applied (issue 18, item 11)
+    # final_loss at equal updates: the trial runs until 10 were applied
     assert metrics["applied_steps"] == 10
     assert metrics["steps"] == len(steps) == 10 + metrics["overflow_steps"]
     assert metrics["final_loss_scale"] == 2.0 ** 24 / 2 ** metrics["overflow_steps"]
@@ -158,7 +158,7 @@ def test_data_parallel_under_msrun(tmp_path):
     ranks = [json.loads((out / f"metrics.rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
     metrics = json.loads((out / "metrics.json").read_text())
-    # 8 applied updates: the overflowed steps come on top (issue 18, item 11)
+    # 8 applied updates: the overflowed steps come on top
     assert metrics["overflow_steps"] > 0 and metrics["applied_steps"] == 8
     assert metrics["steps"] == 8 + metrics["overflow_steps"]
     assert metrics["peak_memory_mb"] == max(r["peak_memory_mb"] for r in ranks)

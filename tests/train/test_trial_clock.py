@@ -1,9 +1,9 @@
-"""A trial's timeout is the trial's, wherever it runs (issue 28, item 5): its clock starts when
-a rank starts the candidate, not when the launcher hands it over — a pool's first trial and a
-trial in processes of its own no longer spend their budget on the workers' start-up (imports,
-the cluster join) that a later trial of a warm pool does not pay. A start-up that never ends
-is stopped as the infrastructure's failure. Real one-process trials whose start-up is made
-slow the way a slow import is: a ``sitecustomize`` on the workers' PYTHONPATH that sleeps."""
+"""A trial's timeout is the trial's, wherever it runs: its clock starts when a rank starts the
+candidate, not when the launcher hands it over — a pool's first trial and a trial in processes
+of its own no longer spend their budget on the workers' start-up (imports, the cluster join)
+that a later trial of a warm pool does not pay. A start-up that never ends is stopped as the
+infrastructure's failure. Real one-process trials whose start-up is made slow the way a slow
+import is: a ``sitecustomize`` on the workers' PYTHONPATH that sleeps."""
 
 from pathlib import Path
 

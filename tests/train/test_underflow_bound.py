@@ -55,10 +55,10 @@ def test_the_rule_runs_the_probe_only_above_the_threshold(ms):
 
 
 def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_share_unmeasured(ms):
-    """(issue 28, item 7) A fused flash-attention candidate's float32 twin would hold the s²
-    scores the candidate never holds: the probe does not run, the bound stands. A probe out of
-    memory on any rank leaves the share unmeasured with the reason, on every rank; anything else
-    it raises is still the trial's error."""
+    """A fused flash-attention candidate's float32 twin would hold the s² scores the candidate
+    never holds: the probe does not run, the bound stands. A probe out of memory on any rank
+    leaves the share unmeasured with the reason, on every rank; anything else it raises is still
+    the trial's error."""
     from autotune.train.step.probe import measure
 
     ran, told = [], []
@@ -199,7 +199,7 @@ def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
     assert rows[-1]["z"] <= SKIP_BELOW
 
 
-# -- a table the bound must not take for a token table (issue 28, item 6) -------------------------
+# -- a table the bound must not take for a token table ---------------------------------------------
 def _entry_network(ms, kind: str):
     """A one-rank entry-style network built from autotune's own `VocabParallelEmbedding`, as a
     user's model may be: ``tied`` — the LM head is the token table (logits = h · tableᵀ), so every
@@ -271,9 +271,9 @@ def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_the_probes_float32_twin_recomputes_as_the_candidate_does(ms, mode):
-    """(issue 28, item 7) The probe runs after training under the same memory cap: its float32
-    twin recomputes what the candidate recomputes, or a candidate that trained within its memory
-    could end out of memory in the probe."""
+    """The probe runs after training under the same memory cap: its float32 twin recomputes what
+    the candidate recomputes, or a candidate that trained within its memory could end out of
+    memory in the probe."""
     from autotune.spec.knobs import SCALE_WINDOW
     from autotune.train import models
     from autotune.train.step.engine import build_engine
