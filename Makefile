@@ -30,9 +30,11 @@ $(MF_STAMP): tests/mindformers/requirements.txt
 search: $(STAMP)
 	$(BIN)/autotune search examples/quickstart.yaml --study quickstart-$$(date +%Y%m%d-%H%M%S)
 
-# The fast tier: the import contracts, unit and contract tests, the loop's logic on the replay
-# backend, and one real end-to-end search (~4 min on 2 cores).
+# The fast tier: lint and format (ruff), the import contracts, unit and contract tests, the loop's
+# logic on the replay backend, and one real end-to-end search (~4 min on 2 cores).
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m "not slow" tests
 

@@ -40,9 +40,13 @@ def _load(args, extra_overrides: dict | None = None):
     from autotune.spec.space import build_space
 
     overrides = dict(extra_overrides or {})
-    for flag, field in (("study", "study"), ("trials", "search.n_trials"),
-                        ("sampler", "search.sampler"), ("seed", "search.seed"),
-                        ("steps", "trial.steps")):
+    for flag, field in (
+        ("study", "study"),
+        ("trials", "search.n_trials"),
+        ("sampler", "search.sampler"),
+        ("seed", "search.seed"),
+        ("steps", "trial.steps"),
+    ):
         if getattr(args, flag, None) is not None:
             overrides[field] = getattr(args, flag)
     spec = load_spec(args.model_yaml, overrides)
@@ -58,8 +62,9 @@ def cmd_init(args) -> int:
         raise SpecError(f"--out {out}: exists (pass --force to replace it)")
     if not out.parent.is_dir():
         raise SpecError(f"--out {out}: no folder {out.parent}")
-    text, warnings = init_text(args.mindformers, out, args.devices, args.devices_per_node,
-                               args.backend, args.total_steps)
+    text, warnings = init_text(
+        args.mindformers, out, args.devices, args.devices_per_node, args.backend, args.total_steps
+    )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     out.write_text(text, encoding="utf-8")
@@ -90,19 +95,35 @@ def cmd_search(args) -> int:
     for note in space.notes:
         progress.note(note)
     try:
-        run_study(spec, space, storage=resolve_storage(args.storage), study_name=spec.study,
-                   n_trials=spec.search.n_trials, resume=args.resume,
-                   artifacts=Path(args.artifacts).resolve(), ray_address=args.ray_address,
-                   progress=progress, confirm_top=args.confirm, confirm_runs=args.confirm_runs,
-                   budget=budget, stop_when_flat=args.stop_when_flat,
-                   warm=tuple(args.warm_start or ()))
+        run_study(
+            spec,
+            space,
+            storage=resolve_storage(args.storage),
+            study_name=spec.study,
+            n_trials=spec.search.n_trials,
+            resume=args.resume,
+            artifacts=Path(args.artifacts).resolve(),
+            ray_address=args.ray_address,
+            progress=progress,
+            confirm_top=args.confirm,
+            confirm_runs=args.confirm_runs,
+            budget=budget,
+            stop_when_flat=args.stop_when_flat,
+            warm=tuple(args.warm_start or ()),
+        )
     except KeyboardInterrupt:
-        print(f"\ninterrupted: running trials recorded as interrupted; continue with "
-              f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
+        print(
+            f"\ninterrupted: running trials recorded as interrupted; continue with "
+            f"autotune search {args.model_yaml} --study {spec.study} --resume",
+            file=sys.stderr,
+        )
         return 130
     except ClusterLost as exc:
-        print(f"error: {exc}: running trials recorded as interrupted; continue with "
-              f"autotune search {args.model_yaml} --study {spec.study} --resume", file=sys.stderr)
+        print(
+            f"error: {exc}: running trials recorded as interrupted; continue with "
+            f"autotune search {args.model_yaml} --study {spec.study} --resume",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -145,8 +166,10 @@ def cmd_validate(args) -> int:
     for note in notes:
         print(f"· {note}")
     searched = space.searched()
-    print(f"{args.model_yaml}: ok — study {spec.study!r}, backend {spec.cluster.backend}, "
-          f"{spec.cluster.devices} devices, searching {', '.join(searched) or 'nothing'}")
+    print(
+        f"{args.model_yaml}: ok — study {spec.study!r}, backend {spec.cluster.backend}, "
+        f"{spec.cluster.devices} devices, searching {', '.join(searched) or 'nothing'}"
+    )
     return 0
 
 
@@ -212,16 +235,24 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from autotune.export.from_study import export_study
 
-    trial, files = export_study(args.study, args.storage, Path(args.out), args.trial,
-                                reshard_from=args.reshard, overwrite=args.force,
-                                mindformers_base=args.mindformers_base)
+    trial, files = export_study(
+        args.study,
+        args.storage,
+        Path(args.out),
+        args.trial,
+        reshard_from=args.reshard,
+        overwrite=args.force,
+        mindformers_base=args.mindformers_base,
+    )
     print(f"exported trial #{trial.number} of {args.study} to {args.out}:")
     for file in files:
         print(f"  {file}")
     merged = json.loads((Path(args.out) / "summary.json").read_text()).get("mindformers")
     if merged:
-        print(f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
-              "(listed at its top)")
+        print(
+            f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
+            "(listed at its top)"
+        )
     return 0
 
 
@@ -230,17 +261,30 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     init = verbs.add_parser("init", help="write a model.yaml from a MindFormers config")
-    init.add_argument("--mindformers", required=True, metavar="CONFIG.yaml",
-                      help="a MindFormers training config (its base_config chain is followed)")
-    init.add_argument("--devices", type=_positive, help="devices to tune for (default: the "
-                      "config's dp × mp × pp; another count keeps the global batch, scales dp)")
+    init.add_argument(
+        "--mindformers",
+        required=True,
+        metavar="CONFIG.yaml",
+        help="a MindFormers training config (its base_config chain is followed)",
+    )
+    init.add_argument(
+        "--devices",
+        type=_positive,
+        help="devices to tune for (default: the "
+        "config's dp × mp × pp; another count keeps the global batch, scales dp)",
+    )
     init.add_argument("--devices-per-node", type=_positive)
     # every backend but a replay's, whose table of measured candidates init cannot write
-    init.add_argument("--backend", choices=[name for name, backend in BACKENDS.items()
-                                            if backend.kind != "table"],
-                      help="default: the config's context.device_target")
-    init.add_argument("--total-steps", type=_positive,
-                      help="length of the real run (required when the config says -1)")
+    init.add_argument(
+        "--backend",
+        choices=[name for name, backend in BACKENDS.items() if backend.kind != "table"],
+        help="default: the config's context.device_target",
+    )
+    init.add_argument(
+        "--total-steps",
+        type=_positive,
+        help="length of the real run (required when the config says -1)",
+    )
     init.add_argument("--out", default="model.yaml", help="the file to write (default model.yaml)")
     init.add_argument("--force", action="store_true", help="replace an existing --out")
     init.set_defaults(run=cmd_init)
@@ -249,39 +293,70 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("model_yaml")
     search.add_argument("--trials", type=int, help="finished trials to reach (search.n_trials)")
     search.add_argument("--study", help="study name (default: model.yaml's study)")
-    search.add_argument("--storage", help="Optuna storage URL (default: $AUTOTUNE_STORAGE or "
-                        "sqlite:///trials/autotune.db)")
+    search.add_argument(
+        "--storage",
+        help="Optuna storage URL (default: $AUTOTUNE_STORAGE or sqlite:///trials/autotune.db)",
+    )
     search.add_argument("--sampler", choices=SAMPLERS)
     search.add_argument("--seed", type=int)
     search.add_argument("--steps", type=int, help="training steps per trial (trial.steps)")
-    search.add_argument("--set", action="append", metavar="KNOB=VALUE",
-                        help="fix a knob (repeatable)")
-    search.add_argument("--resume", action="store_true",
-                        help="continue the named study until it has N finished trials")
+    search.add_argument(
+        "--set", action="append", metavar="KNOB=VALUE", help="fix a knob (repeatable)"
+    )
+    search.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the named study until it has N finished trials",
+    )
     search.add_argument("--ray-address", help="join an existing Ray cluster")
     search.add_argument("--artifacts", default="trials", help="folder of per-trial artefacts")
-    search.add_argument("--confirm", type=int, default=2, metavar="K",
-                        help="after the search, run the top K trials and the baseline again "
-                             "(real backends; default 2)")
-    search.add_argument("--no-confirm", dest="confirm", action="store_const", const=0,
-                        help="no confirm phase")
-    search.add_argument("--confirm-runs", type=int, default=2, metavar="R",
-                        help="re-runs of each confirmed trial (default 2)")
-    search.add_argument("--budget", metavar="TIME|DH",
-                        help="stop dispatching before the study's wall time (90m, 2h) or "
-                             "device-hours (40dh) would be exceeded; spans resumes")
-    search.add_argument("--warm-start", action="append", metavar="STUDY",
-                        help="start from the measured trials of an earlier study of the same "
-                             "model and cluster (repeatable; another model is refused)")
-    search.add_argument("--stop-when-flat", action="store_true",
-                        help="also stop when the last runs stopped improving the best "
-                             "(autotune/stopping/budget.py states the rule)")
+    search.add_argument(
+        "--confirm",
+        type=int,
+        default=2,
+        metavar="K",
+        help="after the search, run the top K trials and the baseline again "
+        "(real backends; default 2)",
+    )
+    search.add_argument(
+        "--no-confirm", dest="confirm", action="store_const", const=0, help="no confirm phase"
+    )
+    search.add_argument(
+        "--confirm-runs",
+        type=int,
+        default=2,
+        metavar="R",
+        help="re-runs of each confirmed trial (default 2)",
+    )
+    search.add_argument(
+        "--budget",
+        metavar="TIME|DH",
+        help="stop dispatching before the study's wall time (90m, 2h) or "
+        "device-hours (40dh) would be exceeded; spans resumes",
+    )
+    search.add_argument(
+        "--warm-start",
+        action="append",
+        metavar="STUDY",
+        help="start from the measured trials of an earlier study of the same "
+        "model and cluster (repeatable; another model is refused)",
+    )
+    search.add_argument(
+        "--stop-when-flat",
+        action="store_true",
+        help="also stop when the last runs stopped improving the best "
+        "(autotune/stopping/budget.py states the rule)",
+    )
     search.set_defaults(run=cmd_search)
 
     estimate = verbs.add_parser("estimate", help="the cost model's verdict for one candidate")
     estimate.add_argument("model_yaml")
-    estimate.add_argument("--set", action="append", metavar="KNOB=VALUE",
-                          help="fix a knob (repeatable); the others take the study's baseline")
+    estimate.add_argument(
+        "--set",
+        action="append",
+        metavar="KNOB=VALUE",
+        help="fix a knob (repeatable); the others take the study's baseline",
+    )
     estimate.add_argument("--json", action="store_true")
     estimate.set_defaults(run=cmd_estimate)
 
@@ -298,13 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("study")
     export.add_argument("--out", required=True, help="folder to write (must be new or empty)")
     export.add_argument("--trial", type=int, help="trial number (default: the best)")
-    export.add_argument("--reshard", metavar="FULL_CKPT",
-                        help="also reshard this full checkpoint into checkpoint/rank_*/")
+    export.add_argument(
+        "--reshard",
+        metavar="FULL_CKPT",
+        help="also reshard this full checkpoint into checkpoint/rank_*/",
+    )
     export.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
-    export.add_argument("--mindformers-base", metavar="PATH.yaml",
-                        help="your model's MindFormers config: mindformers.yaml becomes it with the "
-                             "tuned settings merged in (default: model.yaml's "
-                             "export.mindformers_base, else an overlay naming base_config)")
+    export.add_argument(
+        "--mindformers-base",
+        metavar="PATH.yaml",
+        help="your model's MindFormers config: mindformers.yaml becomes it with the "
+        "tuned settings merged in (default: model.yaml's "
+        "export.mindformers_base, else an overlay naming base_config)",
+    )
     export.add_argument("--storage")
     export.set_defaults(run=cmd_export)
 

@@ -21,15 +21,42 @@ from dataclasses import dataclass, field
 OUTCOMES = ("ok", "infeasible", "oom", "diverged", "timeout", "pruned", "error", "interrupted")
 # The metrics a trial reports (its metrics.json, `autotune.train.metrics`) and the study stores
 # under their own names.
-METRICS = ("goodput", "throughput", "step_time_ms", "step_time_ci", "peak_memory_mb",
-           "overflow_steps", "backoff_steps", "overflow_rate", "underflow_share",
-           "underflow_bound", "underflow_probed", "loss_first",
-           "loss_last", "diverged", "compile_s", "launch_s", "init_s", "first_step_s",
-           "excluded_steps_s", "steps_s", "probe_s", "teardown_s", "measurement")
+METRICS = (
+    "goodput",
+    "throughput",
+    "step_time_ms",
+    "step_time_ci",
+    "peak_memory_mb",
+    "overflow_steps",
+    "backoff_steps",
+    "overflow_rate",
+    "underflow_share",
+    "underflow_bound",
+    "underflow_probed",
+    "loss_first",
+    "loss_last",
+    "diverged",
+    "compile_s",
+    "launch_s",
+    "init_s",
+    "first_step_s",
+    "excluded_steps_s",
+    "steps_s",
+    "probe_s",
+    "teardown_s",
+    "measurement",
+)
 # Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.launch_time`);
 # its fixed time is the run time less ``steps_s``, the time it measures.
-TIME_PARTS = ("launch_s", "init_s", "first_step_s", "excluded_steps_s", "steps_s", "probe_s",
-              "teardown_s")
+TIME_PARTS = (
+    "launch_s",
+    "init_s",
+    "first_step_s",
+    "excluded_steps_s",
+    "steps_s",
+    "probe_s",
+    "teardown_s",
+)
 RUNNING = "running"  # a settled repeat of a trial still running: answered when that one ends
 TIMING = ("run_s", "wall_s", "queued_s")
 
@@ -40,18 +67,21 @@ class Result:
 
     outcome: str
     metrics: dict = field(default_factory=dict)
-    detail: str = ""                 # why it failed: one line of reason, then the log tail
-    infrastructure: bool = False     # an error that was not the candidate's own
-    run_s: float | None = None       # launch → the last process of the trial gone (None: no run)
-    stop_s: float | None = None      # launch → when the runner decided to stop it (timeout, oom)
-    queued_s: float | None = None    # submit → the trial started (waiting for devices)
-    wall_s: float | None = None      # submit → its result back in the driver
-    repeat_of: int | None = None     # settled from this earlier trial of the same candidate
+    detail: str = ""  # why it failed: one line of reason, then the log tail
+    infrastructure: bool = False  # an error that was not the candidate's own
+    run_s: float | None = None  # launch → the last process of the trial gone (None: no run)
+    stop_s: float | None = None  # launch → when the runner decided to stop it (timeout, oom)
+    queued_s: float | None = None  # submit → the trial started (waiting for devices)
+    wall_s: float | None = None  # submit → its result back in the driver
+    repeat_of: int | None = None  # settled from this earlier trial of the same candidate
 
     def timing(self) -> dict:
         """The seconds this result measured, rounded, under their attr names (none: no run)."""
-        return {name: round(getattr(self, name), 3) for name in TIMING
-                if getattr(self, name) is not None}
+        return {
+            name: round(getattr(self, name), 3)
+            for name in TIMING
+            if getattr(self, name) is not None
+        }
 
 
 @dataclass

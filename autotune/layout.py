@@ -148,8 +148,10 @@ def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
     if pp == 1:
         return dict.fromkeys(names, 0), []
     if not index:
-        return {}, [f"pp = {pp}: no parameter name carries a layer index "
-                    "(layers.N. / blocks.N. / layer.N. / h.N.), so stages cannot be assigned"]
+        return {}, [
+            f"pp = {pp}: no parameter name carries a layer index "
+            "(layers.N. / blocks.N. / layer.N. / h.N.), so stages cannot be assigned"
+        ]
     layers = max(index.values()) + 1
     if layers % pp:
         return {}, [f"pp = {pp} does not divide the model's {layers} layers"]
@@ -166,8 +168,12 @@ def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
 def plan_layout(shapes: dict, tp: int, pp: int, rules: dict) -> tuple[dict, list[str]]:
     """``({name: ParamLayout}, reasons)``; ``shapes`` must be in the network's parameter order."""
     names = list(shapes)
-    reasons = [f"parameter name {n!r} contains '-', which MindSpore's merged pipeline strategy "
-               "format reserves for '<stage>-<name>'" for n in names if "-" in n]
+    reasons = [
+        f"parameter name {n!r} contains '-', which MindSpore's merged pipeline strategy "
+        "format reserves for '<stage>-<name>'"
+        for n in names
+        if "-" in n
+    ]
     stages, stage_reasons = _stages(names, pp)
     reasons += stage_reasons
     layouts = {}
@@ -199,13 +205,21 @@ def builtin_layout_reasons(model_cfg: dict, tp: int, pp: int) -> list[str]:
 
 def with_optimizer_states(layouts: dict) -> dict:
     """``layouts`` plus the Adam moments of every parameter, each laid out like its parameter."""
-    states = {f"{prefix}.{name}": replace(p, name=f"{prefix}.{name}")
-              for prefix in OPTIMIZER_STATES for name, p in layouts.items()}
+    states = {
+        f"{prefix}.{name}": replace(p, name=f"{prefix}.{name}")
+        for prefix in OPTIMIZER_STATES
+        for name, p in layouts.items()
+    }
     return {**layouts, **states}
 
 
-def optimizer_shard(p: ParamLayout, dp: int, tp: int, element_bytes: int,
-                    threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB) -> OptimizerShard | None:
+def optimizer_shard(
+    p: ParamLayout,
+    dp: int,
+    tp: int,
+    element_bytes: int,
+    threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB,
+) -> OptimizerShard | None:
     """The parallel optimizer's shard of ``p`` (see the module doc), or None if it stays whole."""
     size, step = (dp, tp) if p.split_dim is not None else (dp * tp, 1)
     if dp == 1 or size == 1 or not p.shape:
@@ -226,15 +240,26 @@ def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
     return family(name).optimizer_whole(model_cfg) if name else ()
 
 
-def with_optimizer_shards(layouts: dict, dp: int, tp: int, element_bytes: int,
-                          threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB,
-                          whole: tuple[str, ...] = ()) -> dict:
+def with_optimizer_shards(
+    layouts: dict,
+    dp: int,
+    tp: int,
+    element_bytes: int,
+    threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB,
+    whole: tuple[str, ...] = (),
+) -> dict:
     """``layouts`` with the parallel optimizer's shards marked (``element_bytes``: the
     parameters' dtype size, which the threshold is measured in; ``whole``: globs of parameters
     left whole, :func:`optimizer_whole`)."""
-    return {name: replace(p, opt_shard=None if any(fnmatch.fnmatchcase(name, g) for g in whole)
-                          else optimizer_shard(p, dp, tp, element_bytes, threshold_kb))
-            for name, p in layouts.items()}
+    return {
+        name: replace(
+            p,
+            opt_shard=None
+            if any(fnmatch.fnmatchcase(name, g) for g in whole)
+            else optimizer_shard(p, dp, tp, element_bytes, threshold_kb),
+        )
+        for name, p in layouts.items()
+    }
 
 
 def rank_elements(layouts: dict, tp: int, stage: int) -> int:

@@ -45,8 +45,11 @@ BECAME_PACKAGES = ("autotune.train.parallel", "autotune.train.step")
 
 
 def _say(old: str, stacklevel: int) -> None:
-    warnings.warn(f"{old} moved to {MOVED[old]}; import it from there (the old name will go)",
-                  DeprecationWarning, stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"{old} moved to {MOVED[old]}; import it from there (the old name will go)",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):

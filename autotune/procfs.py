@@ -35,9 +35,9 @@ OOM_KILL = re.compile(r"(?:Killed process |oom-kill:.*\bpid=)(\d+)")
 @dataclass(frozen=True)
 class Stat:
     ppid: int
-    start: int      # start time in clock ticks since boot: with the pid, names one process
+    start: int  # start time in clock ticks since boot: with the pid, names one process
     rss_mb: float
-    zombie: bool    # exited, not yet reaped: holds no memory, cannot be signalled
+    zombie: bool  # exited, not yet reaped: holds no memory, cannot be signalled
 
 
 def stat(pid: int | str) -> Stat | None:
@@ -46,9 +46,10 @@ def stat(pid: int | str) -> Stat | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
-        return Stat(int(fields[1]), int(fields[19]), int(fields[21]) * PAGE_MB,
-                    fields[0] in (b"Z", b"X"))
+        fields = data[data.rindex(b")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+        return Stat(
+            int(fields[1]), int(fields[19]), int(fields[21]) * PAGE_MB, fields[0] in (b"Z", b"X")
+        )
     except (OSError, ValueError, IndexError):
         return None
 

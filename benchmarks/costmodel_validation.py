@@ -89,41 +89,146 @@ ROWS = [
     ("N21-T2", "175B/768", 96, 12288, 96, 8, 12, 768, 1536, "full", "tflops", 149, False, 51200),
     ("N21-T2", "175B/1536", 96, 12288, 96, 8, 12, 1536, 1536, "full", "tflops", 141, False, 51200),
     ("N21-T2", "530B/560", 128, 20480, 105, 8, 35, 560, 2240, "full", "tflops", 171, False, 51200),
-    ("N21-T2", "530B/1120", 128, 20480, 105, 8, 35, 1120, 2240, "full", "tflops", 167, False, 51200),
-    ("N21-T2", "530B/2240", 128, 20480, 105, 8, 35, 2240, 2240, "full", "tflops", 159, False, 51200),
+    (
+        "N21-T2",
+        "530B/1120",
+        128,
+        20480,
+        105,
+        8,
+        35,
+        1120,
+        2240,
+        "full",
+        "tflops",
+        167,
+        False,
+        51200,
+    ),
+    (
+        "N21-T2",
+        "530B/2240",
+        128,
+        20480,
+        105,
+        8,
+        35,
+        2240,
+        2240,
+        "full",
+        "tflops",
+        159,
+        False,
+        51200,
+    ),
     ("K22", "530B full", 128, 20480, 105, 8, 35, 2240, 2240, "full", "mfu", 42.1, False, 51200),
-    ("K22", "530B sel.+SP", 128, 20480, 105, 8, 35, 2240, 2240, "selective", "mfu", 54.2, False,
-     51200),
-    ("MT-NLG", "530B/2240", 128, 20480, 105, 8, 35, 2240, 1920, "full", "tflops", 126, False, 50272),
-    ("MT-NLG", "530B/2800", 128, 20480, 105, 8, 35, 2800, 1920, "full", "tflops", 121, False, 50272),
-    ("MT-NLG", "530B/3360", 128, 20480, 105, 8, 35, 3360, 1920, "full", "tflops", 113, False, 50272),
+    (
+        "K22",
+        "530B sel.+SP",
+        128,
+        20480,
+        105,
+        8,
+        35,
+        2240,
+        2240,
+        "selective",
+        "mfu",
+        54.2,
+        False,
+        51200,
+    ),
+    (
+        "MT-NLG",
+        "530B/2240",
+        128,
+        20480,
+        105,
+        8,
+        35,
+        2240,
+        1920,
+        "full",
+        "tflops",
+        126,
+        False,
+        50272,
+    ),
+    (
+        "MT-NLG",
+        "530B/2800",
+        128,
+        20480,
+        105,
+        8,
+        35,
+        2800,
+        1920,
+        "full",
+        "tflops",
+        121,
+        False,
+        50272,
+    ),
+    (
+        "MT-NLG",
+        "530B/3360",
+        128,
+        20480,
+        105,
+        8,
+        35,
+        3360,
+        1920,
+        "full",
+        "tflops",
+        113,
+        False,
+        50272,
+    ),
 ]
 TOLERANCE = 0.15
 PER_NODE = 8
 
 
 def make_spec(heads, hidden, layers, gpus, batch, vocab, device="a100-80g"):
-    data = {"model": {"family": "transformer", "num_layers": layers, "hidden_size": hidden,
-                      "num_heads": heads, "ffn_hidden_size": 4 * hidden, "seq_length": 2048,
-                      "vocab_size": vocab, "dtype": "float16"},
-            "train": {"global_batch_size": batch},
-            "cluster": {"backend": "simulate", "devices": gpus, "devices_per_node": PER_NODE,
-                        "device": device}}
+    data = {
+        "model": {
+            "family": "transformer",
+            "num_layers": layers,
+            "hidden_size": hidden,
+            "num_heads": heads,
+            "ffn_hidden_size": 4 * hidden,
+            "seq_length": 2048,
+            "vocab_size": vocab,
+            "dtype": "float16",
+        },
+        "train": {"global_batch_size": batch},
+        "cluster": {
+            "backend": "simulate",
+            "devices": gpus,
+            "devices_per_node": PER_NODE,
+            "device": device,
+        },
+    }
     return parse_spec(data, Path("validation.yaml"))
 
 
 def make_candidate(tp, pp, gpus, batch, recompute, fusion_mb=64):
     dp = gpus // (tp * pp)
     per_replica = batch // dp
-    micro = per_replica if pp > 1 else 1          # micro-batch 1 with pipelining
+    micro = per_replica if pp > 1 else 1  # micro-batch 1 with pipelining
     accum = 1 if pp > 1 else max(1, per_replica // 4)  # micro-batch 4 without
     return Candidate(dp, tp, pp, micro, fusion_mb, accum, 2**16, 0, "O1", recompute)
 
 
 def predict(row, device="a100-80g"):
     _, _, heads, hidden, layers, tp, pp, gpus, batch, recompute, metric, _, _, vocab = row
-    est = estimate(make_spec(heads, hidden, layers, gpus, batch, vocab, device),
-                   make_candidate(tp, pp, gpus, batch, recompute), engine=ENGINE)
+    est = estimate(
+        make_spec(heads, hidden, layers, gpus, batch, vocab, device),
+        make_candidate(tp, pp, gpus, batch, recompute),
+        engine=ENGINE,
+    )
     return est, (est.tflops_per_device if metric == "tflops" else est.mfu * 100)
 
 
@@ -139,11 +244,15 @@ def fit_achievable() -> float:
 
 
 def validation_table() -> list[float]:
-    print(f"Table 1: cost model vs published runs (a100-80g, achievable = "
-          f"{PROFILES['a100-80g'].achievable}; best fit on 'tune' rows = {fit_achievable()})")
-    head = (f"{'source':<8}{'model':<14}{'tp':>3}{'pp':>4}{'dp':>5}{'batch':>6} {'rc':<5}"
-            f"{'metric':<8}{'reported':>9}{'predicted':>10}{'error':>8}  {'set':<5}{'mem GB':>7}"
-            f"  note")
+    print(
+        f"Table 1: cost model vs published runs (a100-80g, achievable = "
+        f"{PROFILES['a100-80g'].achievable}; best fit on 'tune' rows = {fit_achievable()})"
+    )
+    head = (
+        f"{'source':<8}{'model':<14}{'tp':>3}{'pp':>4}{'dp':>5}{'batch':>6} {'rc':<5}"
+        f"{'metric':<8}{'reported':>9}{'predicted':>10}{'error':>8}  {'set':<5}{'mem GB':>7}"
+        f"  note"
+    )
     print(head)
     print("-" * len(head))
     errors = []
@@ -155,21 +264,27 @@ def validation_table() -> list[float]:
         note = "" if est.feasible else "predicted OOM (sequence parallelism not modelled)"
         unit = "TFLOP/s" if metric == "tflops" else "MFU %"
         flag = "" if abs(error) <= TOLERANCE else " !"
-        print(f"{source:<8}{label:<14}{tp:>3}{pp:>4}{gpus // (tp * pp):>5}{batch:>6} "
-              f"{recompute[:4]:<5}{unit:<8}{reported:>9.1f}{value:>10.1f}{error:>+8.1%}{flag:<2}"
-              f"{'tune' if tune else 'held':<5}{est.memory_gb_per_device:>7.1f}  {note}")
+        print(
+            f"{source:<8}{label:<14}{tp:>3}{pp:>4}{gpus // (tp * pp):>5}{batch:>6} "
+            f"{recompute[:4]:<5}{unit:<8}{reported:>9.1f}{value:>10.1f}{error:>+8.1%}{flag:<2}"
+            f"{'tune' if tune else 'held':<5}{est.memory_gb_per_device:>7.1f}  {note}"
+        )
     held = [abs(e) for e, tune in errors if not tune]
     tuned = [abs(e) for e, tune in errors if tune]
-    print(f"\n|error|: tuning rows median {statistics.median(tuned):.1%} max {max(tuned):.1%}; "
-          f"held-out rows median {statistics.median(held):.1%} max {max(held):.1%}; "
-          f"{sum(e <= TOLERANCE for e in held)}/{len(held)} held-out rows within "
-          f"±{TOLERANCE:.0%}")
+    print(
+        f"\n|error|: tuning rows median {statistics.median(tuned):.1%} max {max(tuned):.1%}; "
+        f"held-out rows median {statistics.median(held):.1%} max {max(held):.1%}; "
+        f"{sum(e <= TOLERANCE for e in held)}/{len(held)} held-out rows within "
+        f"±{TOLERANCE:.0%}"
+    )
     return [e for e, _ in errors]
 
 
 def ranking_table(gpus: int, batch: int) -> None:
-    print(f"\n(tp, pp) ranking, GPT-3 175B (96 layers, h 12288, 96 heads) on {gpus} A100-80GB, "
-          f"{PER_NODE}/node, batch {batch}, full recompute, micro-batch 1")
+    print(
+        f"\n(tp, pp) ranking, GPT-3 175B (96 layers, h 12288, 96 heads) on {gpus} A100-80GB, "
+        f"{PER_NODE}/node, batch {batch}, full recompute, micro-batch 1"
+    )
     spec = make_spec(96, 12288, 96, gpus, batch, 51200)
     rows, infeasible = [], []
     for tp in (1, 2, 4, 8, 16, 32):
@@ -179,16 +294,22 @@ def ranking_table(gpus: int, batch: int) -> None:
             est = estimate(spec, make_candidate(tp, pp, gpus, batch, "full"), engine=ENGINE)
             (rows if est.feasible else infeasible).append((tp, pp, est))
     rows.sort(key=lambda r: -r[2].samples_per_s)
-    print(f"{'rank':>4}{'tp':>4}{'pp':>4}{'dp':>5}{'samples/s':>11}{'TFLOP/s':>9}{'mem GB':>8}"
-          f"{'bubble s':>10}{'tp_comm s':>11}  tp group")
+    print(
+        f"{'rank':>4}{'tp':>4}{'pp':>4}{'dp':>5}{'samples/s':>11}{'TFLOP/s':>9}{'mem GB':>8}"
+        f"{'bubble s':>10}{'tp_comm s':>11}  tp group"
+    )
     for rank, (tp, pp, est) in enumerate(rows, 1):
         t = est.breakdown["time_s"]
         where = "within a node" if tp <= PER_NODE else "crosses nodes"
-        print(f"{rank:>4}{tp:>4}{pp:>4}{gpus // (tp * pp):>5}{est.samples_per_s:>11.3f}"
-              f"{est.tflops_per_device:>9.1f}{est.memory_gb_per_device:>8.1f}"
-              f"{t['bubble']:>10.2f}{t['tp_comm']:>11.2f}  {where}")
-    print("infeasible (predicted OOM): " + ", ".join(
-        f"({tp},{pp}) {est.memory_gb_per_device:.0f} GB" for tp, pp, est in infeasible))
+        print(
+            f"{rank:>4}{tp:>4}{pp:>4}{gpus // (tp * pp):>5}{est.samples_per_s:>11.3f}"
+            f"{est.tflops_per_device:>9.1f}{est.memory_gb_per_device:>8.1f}"
+            f"{t['bubble']:>10.2f}{t['tp_comm']:>11.2f}  {where}"
+        )
+    print(
+        "infeasible (predicted OOM): "
+        + ", ".join(f"({tp},{pp}) {est.memory_gb_per_device:.0f} GB" for tp, pp, est in infeasible)
+    )
 
 
 MINDFORMERS_CONFIGS = Path(__file__).resolve().parent / "mindformers_configs"
@@ -198,10 +319,14 @@ MINDFORMERS_RUNS = Path(__file__).resolve().parent / "mindformers_runs.yaml"
 # Keys an export keeps from the base that the estimate prices (model.sequence_parallel,
 # model.recompute_layers), or whose value is what it prices anyway (MindSpore's defaults).
 PRICED = ("parallel_config.use_seq_parallel", "recompute_config.select_comm_recompute")
-PRICED_DEFAULTS = {"parallel.parallel_optimizer_config": {"gradient_accumulation_shard": False,
-                                                          "parallel_optimizer_threshold": 64},
-                   "context.memory_optimize_level": "O0",
-                   "recompute_config.mp_comm_recompute": True}
+PRICED_DEFAULTS = {
+    "parallel.parallel_optimizer_config": {
+        "gradient_accumulation_shard": False,
+        "parallel_optimizer_threshold": 64,
+    },
+    "context.memory_optimize_level": "O0",
+    "recompute_config.mp_comm_recompute": True,
+}
 SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -209,8 +334,9 @@ def mindformers_run(config: str) -> tuple:
     """(spec, baseline candidate, init's warnings) of a published MindFormers config, as
     ``autotune init --mindformers CONFIG --backend simulate`` reads it."""
     out = MINDFORMERS_CONFIGS / "model.yaml"  # never written: only names the file for errors
-    text, warnings = init_text(MINDFORMERS_CONFIGS / config, out, backend="simulate",
-                               total_steps=1000)
+    text, warnings = init_text(
+        MINDFORMERS_CONFIGS / config, out, backend="simulate", total_steps=1000
+    )
     spec = parse_spec(yaml.safe_load(text), out)
     return spec, build_space(spec).baseline(), warnings
 
@@ -225,7 +351,9 @@ def not_priced(config: str, warnings: list[str], est) -> list[str]:
         if key not in PRICED and PRICED_DEFAULTS.get(key) != value:
             keys[key] = json.dumps(value)
     keys.update((n.split(":", 1)[0], "") for n in est.not_modelled)
-    return [f"{key.rsplit('.', 1)[1]}" + (f"={value}" if value else "") for key, value in keys.items()]
+    return [
+        f"{key.rsplit('.', 1)[1]}" + (f"={value}" if value else "") for key, value in keys.items()
+    ]
 
 
 def mindformers_rows() -> list[dict]:
@@ -241,34 +369,52 @@ def mindformers_rows() -> list[dict]:
         precision = f"{SHORT[m.dtype]}/{SHORT[m.param_dtype]}"
         if card != m.dtype:
             precision += f" (card: {SHORT[card]})"
-        rows.append({"config": config, "candidate": c, "precision": precision,
-                     "reported": reported, "estimate": tokens, "error": tokens / reported - 1,
-                     "memory_gb": est.memory_gb_per_device, "cap_gb": cap,
-                     "fits": est.memory_gb_per_device <= cap,
-                     "not_priced": not_priced(config, warnings, est)})
+        rows.append(
+            {
+                "config": config,
+                "candidate": c,
+                "precision": precision,
+                "reported": reported,
+                "estimate": tokens,
+                "error": tokens / reported - 1,
+                "memory_gb": est.memory_gb_per_device,
+                "cap_gb": cap,
+                "fits": est.memory_gb_per_device <= cap,
+                "not_priced": not_priced(config, warnings, est),
+            }
+        )
     return rows
 
 
 def mindformers_table() -> None:
-    print("Table 3: MindFormers' published LLaMA-2 runs on Atlas 800T A2 (ascend-910b), tokens/s per "
-          "device; every run fitted its max_device_memory")
-    head = (f"{'config':<34}{'layout':<22}{'rc':<5}{'compute/params':<23}{'reported':>9}"
-            f"{'estimate':>9}{'error':>8}{'mem GB':>8}{'cap GB':>7}  {'verdict':<12}not priced")
+    print(
+        "Table 3: MindFormers' published LLaMA-2 runs on Atlas 800T A2 (ascend-910b), tokens/s per "
+        "device; every run fitted its max_device_memory"
+    )
+    head = (
+        f"{'config':<34}{'layout':<22}{'rc':<5}{'compute/params':<23}{'reported':>9}"
+        f"{'estimate':>9}{'error':>8}{'mem GB':>8}{'cap GB':>7}  {'verdict':<12}not priced"
+    )
     print(head)
     print("-" * len(head))
     for r in mindformers_rows():
         c = r["candidate"]
-        layout = (f"dp{c.dp} tp{c.tp} pp{c.pp} " + (f"mb{c.micro_batches}" if c.pp > 1
-                                                      else f"acc{c.grad_accum}"))
+        layout = f"dp{c.dp} tp{c.tp} pp{c.pp} " + (
+            f"mb{c.micro_batches}" if c.pp > 1 else f"acc{c.grad_accum}"
+        )
         flag = "" if abs(r["error"]) <= TOLERANCE else " !"
         verdict = "fits" if r["fits"] else "DOES NOT FIT"
-        print(f"{r['config'].removesuffix('.yaml'):<34}{layout:<22}{c.recompute[:4]:<5}"
-              f"{r['precision']:<23}{r['reported']:>9}{r['estimate']:>9.0f}{r['error']:>+8.1%}"
-              f"{flag:<2}{r['memory_gb']:>6.1f}{r['cap_gb']:>7g}  {verdict:<12}"
-              f"{', '.join(r['not_priced']) or '-'}")
-    print("every config turns the parallel optimizer on; it acts where dp > 1 (not the 70B's dp1), "
-          "priced as MindSpore runs it at its default level (engine 'mindspore', the simulate "
-          "backend's)")
+        print(
+            f"{r['config'].removesuffix('.yaml'):<34}{layout:<22}{c.recompute[:4]:<5}"
+            f"{r['precision']:<23}{r['reported']:>9}{r['estimate']:>9.0f}{r['error']:>+8.1%}"
+            f"{flag:<2}{r['memory_gb']:>6.1f}{r['cap_gb']:>7g}  {verdict:<12}"
+            f"{', '.join(r['not_priced']) or '-'}"
+        )
+    print(
+        "every config turns the parallel optimizer on; it acts where dp > 1 (not the 70B's dp1), "
+        "priced as MindSpore runs it at its default level (engine 'mindspore', the simulate "
+        "backend's)"
+    )
 
 
 if __name__ == "__main__":
@@ -276,5 +422,5 @@ if __name__ == "__main__":
     print()
     mindformers_table()
     print("\nTable 2")
-    ranking_table(64, 64)      # Korthikanti et al. 2022's 175B setting: one model replica
+    ranking_table(64, 64)  # Korthikanti et al. 2022's 175B setting: one model replica
     ranking_table(1024, 1536)  # Narayanan et al. 2021 Table 2's batch, 16 replicas

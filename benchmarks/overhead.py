@@ -45,8 +45,15 @@ FUSION = [1, 16, 256]
 def _config(spec, candidate, folder: Path) -> dict:
     from autotune.train.config import trial_config
 
-    return trial_config(spec, candidate, study="overhead", number=0, out_dir=folder,
-                        steps=spec.trial.steps, measure_after=spec.trial.measure_after)
+    return trial_config(
+        spec,
+        candidate,
+        study="overhead",
+        number=0,
+        out_dir=folder,
+        steps=spec.trial.steps,
+        measure_after=spec.trial.measure_after,
+    )
 
 
 def main() -> None:
@@ -76,10 +83,18 @@ def trial_main(rounds: int, steps: int) -> None:
     from autotune.study.progress import Progress
     from autotune.study.run import run_study
 
-    fixed = {"fusion_mb": FUSION, "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 100,
-             "jit_level": "O1", "recompute": "none"}
-    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
-                     {"trial.steps": steps, "search.sampler": "grid", "search.objectives": ["goodput"]})
+    fixed = {
+        "fusion_mb": FUSION,
+        "grad_accum": 1,
+        "loss_scale": 1024,
+        "warmup_steps": 100,
+        "jit_level": "O1",
+        "recompute": "none",
+    }
+    spec = load_spec(
+        ROOT / "examples" / "tiny_gpt.yaml",
+        {"trial.steps": steps, "search.sampler": "grid", "search.objectives": ["goodput"]},
+    )
     space = build_space(spec, fixed)
     candidates = list(space.candidates())
     work = Path(tempfile.mkdtemp(prefix="autotune-overhead-"))
@@ -91,9 +106,15 @@ def trial_main(rounds: int, steps: int) -> None:
             config = _config(spec, c, folder)
             (folder / "config.json").write_text(json.dumps(config))
             t = time.monotonic()
-            subprocess.run(command(folder / "config.json", c.devices, folder / "logs", free_port(),
-                                   bind_cores=True),
-                           env=environment(), cwd=folder, check=True, capture_output=True)
+            subprocess.run(
+                command(
+                    folder / "config.json", c.devices, folder / "logs", free_port(), bind_cores=True
+                ),
+                env=environment(),
+                cwd=folder,
+                check=True,
+                capture_output=True,
+            )
             bare.setdefault(c.fusion_mb, []).append(time.monotonic() - t)
 
             folder = work / f"runner{round_}-{c.fusion_mb}"
@@ -102,20 +123,29 @@ def trial_main(rounds: int, steps: int) -> None:
             runner.setdefault(c.fusion_mb, []).append(result.run_s)
 
         t = time.monotonic()
-        study = run_study(spec, space, storage=f"sqlite:///{work}/s{round_}.db",
-                          study_name="overhead", n_trials=len(candidates), resume=False,
-                          artifacts=work / f"search{round_}", progress=Progress(Console(quiet=True)))
+        study = run_study(
+            spec,
+            space,
+            storage=f"sqlite:///{work}/s{round_}.db",
+            study_name="overhead",
+            n_trials=len(candidates),
+            resume=False,
+            artifacts=work / f"search{round_}",
+            progress=Progress(Console(quiet=True)),
+        )
         total = time.monotonic() - t
         trials = [t for t in study.trials if "wall_s" in t.user_attrs]
         for t in trials:
             dispatched.setdefault(knobs_of(t)["fusion_mb"], []).append(
-                (t.user_attrs["wall_s"], t.user_attrs["driver_s"]))
+                (t.user_attrs["wall_s"], t.user_attrs["driver_s"])
+            )
         startup.append(total - sum(t.user_attrs["wall_s"] for t in trials))
 
-    print(f"\n{steps} steps per trial, dp = 2 on CPU, median of {rounds} rounds "
-          f"(seconds)\n")
-    print(f"{'fusion_mb':>9} | {'bare':>6} | {'runner':>6} | {'dispatched':>10} | "
-          f"{'driver':>6} | {'overhead vs bare':>16}")
+    print(f"\n{steps} steps per trial, dp = 2 on CPU, median of {rounds} rounds (seconds)\n")
+    print(
+        f"{'fusion_mb':>9} | {'bare':>6} | {'runner':>6} | {'dispatched':>10} | "
+        f"{'driver':>6} | {'overhead vs bare':>16}"
+    )
     print("-" * 70)
     shares = []
     for mb in FUSION:
@@ -124,10 +154,14 @@ def trial_main(rounds: int, steps: int) -> None:
         drv = statistics.median(x for _, x in dispatched[mb])
         shares.append((d + drv - b) / b)
         print(f"{mb:>9} | {b:6.2f} | {r:6.2f} | {d:10.2f} | {drv:6.3f} | {shares[-1]:+15.1%}")
-    print(f"\nper-trial overhead of driver + Ray + launch: median {statistics.median(shares):+.1%} "
-          f"of a bare run")
-    print(f"one-time Ray start-up + shut-down + study setup per search: "
-          f"{statistics.median(startup):.1f} s")
+    print(
+        f"\nper-trial overhead of driver + Ray + launch: median {statistics.median(shares):+.1%} "
+        f"of a bare run"
+    )
+    print(
+        f"one-time Ray start-up + shut-down + study setup per search: "
+        f"{statistics.median(startup):.1f} s"
+    )
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -137,9 +171,14 @@ def trial_main(rounds: int, steps: int) -> None:
 # The LLaMA example's space widened until the prior holds its limit (PRIOR_LIMIT: every fusion
 # threshold from 1 to 512 MB, more micro-batch and accumulation counts, pp 8), replayed from
 # a table of every layout × recompute × parallel optimizer (:func:`wide_table`, any fusion).
-WIDE = {"cluster.backend": "replay", "search.space.fusion_mb": {"low": 1, "high": 512},
-        "search.space.micro_batches": [4, 8, 16, 32, 64], "search.space.grad_accum": [1, 2, 4, 8, 16],
-        "search.space.pp": [1, 2, 4, 8], "search.space.jit_level": "O1"}
+WIDE = {
+    "cluster.backend": "replay",
+    "search.space.fusion_mb": {"low": 1, "high": 512},
+    "search.space.micro_batches": [4, 8, 16, 32, 64],
+    "search.space.grad_accum": [1, 2, 4, 8, 16],
+    "search.space.pp": [1, 2, 4, 8],
+    "search.space.jit_level": "O1",
+}
 DRIVER_STUDIES = {  # name → (model.yaml, overrides); replayed ones read a table
     "tiny-gpt": ("tiny_gpt.yaml", {"cluster.backend": "replay", "cluster.device": "cpu"}),
     "llama7b-64": ("llama7b_64dev_simulate.yaml", {}),
@@ -147,9 +186,12 @@ DRIVER_STUDIES = {  # name → (model.yaml, overrides); replayed ones read a tab
 }
 # part → the functions whose own time (callees that are parts themselves excluded) it is
 PARTS = {
-    "ask": ("autotune.search.proposer:Proposer.propose", "autotune.search.proposer:Proposer._ask",
-            "autotune.search.proposer:Proposer._from_prior",
-            "autotune.search.proposer:Proposer._queued"),
+    "ask": (
+        "autotune.search.proposer:Proposer.propose",
+        "autotune.search.proposer:Proposer._ask",
+        "autotune.search.proposer:Proposer._from_prior",
+        "autotune.search.proposer:Proposer._queued",
+    ),
     "prior": ("autotune.search.prior:Prior.next",),
     "feasibility": ("autotune.search.proposer:Proposer.verdict",),
     "submit": ("autotune.study.loop:Loop._submit",),
@@ -177,8 +219,9 @@ def replay_table(path: Path) -> Path:
     rng = random.Random(0)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*KNOB_NAMES, "goodput", "step_time_ms", "peak_memory_mb", "loss_last",
-                         "run_s"])
+        writer.writerow(
+            [*KNOB_NAMES, "goodput", "step_time_ms", "peak_memory_mb", "loss_last", "run_s"]
+        )
         for c in build_space(spec).candidates():
             e = costmodel.estimate(spec, c)
             if not e.feasible:
@@ -186,9 +229,16 @@ def replay_table(path: Path) -> Path:
             loss = 3 + abs(math.log2(c.loss_scale) - 14) / 20 + abs(c.warmup_steps - 200) / 1000
             for _ in range(2):
                 goodput = e.samples_per_s * rng.uniform(0.7, 1.3)
-                writer.writerow([*(getattr(c, k) for k in KNOB_NAMES), goodput,
-                                 1000 * spec.train.global_batch_size / goodput,
-                                 e.memory_gb_per_device * 1024, loss + rng.uniform(0, 0.1), 30])
+                writer.writerow(
+                    [
+                        *(getattr(c, k) for k in KNOB_NAMES),
+                        goodput,
+                        1000 * spec.train.global_batch_size / goodput,
+                        e.memory_gb_per_device * 1024,
+                        loss + rng.uniform(0, 0.1),
+                        30,
+                    ]
+                )
     return path
 
 
@@ -205,12 +255,16 @@ def wide_table(path: Path) -> Path:
     from autotune.spec.space import build_space
 
     # the space as the simulate example prices it (the replay study reads the table made here)
-    spec = load_spec(ROOT / "examples" / "llama7b_64dev_simulate.yaml",
-                     {k: v for k, v in WIDE.items() if k != "cluster.backend"})
+    spec = load_spec(
+        ROOT / "examples" / "llama7b_64dev_simulate.yaml",
+        {k: v for k, v in WIDE.items() if k != "cluster.backend"},
+    )
     space = build_space(spec)
     space = replace(space, domains={**space.domains, "fusion_mb": (64,)})
-    rng, keys = random.Random(0), ("dp", "tp", "pp", "micro_batches", "grad_accum",
-                                   "recompute", "parallel_optimizer")
+    rng, keys = (
+        random.Random(0),
+        ("dp", "tp", "pp", "micro_batches", "grad_accum", "recompute", "parallel_optimizer"),
+    )
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow([*keys, "goodput", "step_time_ms", "peak_memory_mb"])
@@ -219,12 +273,23 @@ def wide_table(path: Path) -> Path:
             if not e.breakdown:
                 continue
             parts = e.breakdown["time_s"]
-            seconds = (e.step_time_s + 0.6 * parts["tp_comm"]
-                       - (0.4 * (parts["compute"] + parts["recompute"] + parts["bubble"])
-                          if c.pp > 1 else 0.0)) * rng.uniform(0.9, 1.1)
-            writer.writerow([*(getattr(c, k) for k in keys),
-                             spec.train.global_batch_size / seconds, seconds * 1000,
-                             e.memory_gb_per_device * 1.1 * 1024])
+            seconds = (
+                e.step_time_s
+                + 0.6 * parts["tp_comm"]
+                - (
+                    0.4 * (parts["compute"] + parts["recompute"] + parts["bubble"])
+                    if c.pp > 1
+                    else 0.0
+                )
+            ) * rng.uniform(0.9, 1.1)
+            writer.writerow(
+                [
+                    *(getattr(c, k) for k in keys),
+                    spec.train.global_batch_size / seconds,
+                    seconds * 1000,
+                    e.memory_gb_per_device * 1.1 * 1024,
+                ]
+            )
     return path
 
 
@@ -264,12 +329,15 @@ def _instrument(parts: dict, loops: list, stack: list) -> None:
                 if stack:
                     stack[-1] += elapsed
                 add(elapsed, elapsed - inner, time.process_time() - cpu)
+
         setattr(owner, name, timed)
 
     for part, targets in PARTS.items():
         for target in targets:
-            wrap(target, lambda total, own, cpu, part=part: parts.__setitem__(
-                part, parts[part] + own))
+            wrap(
+                target,
+                lambda total, own, cpu, part=part: parts.__setitem__(part, parts[part] + own),
+            )
     for target in LOOPS:
         wrap(target, lambda total, own, cpu: loops.append((total, cpu)))
 
@@ -297,6 +365,7 @@ def driver_worker(tree: str, which: str, sampler: str, table: str, storage: str)
         if id(connection) in wrote:
             wrote.discard(id(connection))
             counts["commits"] += 1
+
     event.listen(Engine, "before_cursor_execute", statement)
     event.listen(Engine, "commit", commit)
     parts, loops, asked = dict.fromkeys(PARTS, 0.0), [], []
@@ -312,19 +381,34 @@ def driver_worker(tree: str, which: str, sampler: str, table: str, storage: str)
     progress = Progress(Console(quiet=True))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as artifacts:
-        run_study(spec, build_space(spec), storage=storage, study_name=f"{which}-{time.time_ns()}",
-                  n_trials=spec.search.n_trials, resume=False, artifacts=Path(artifacts),
-                  progress=progress)
+        run_study(
+            spec,
+            build_space(spec),
+            storage=storage,
+            study_name=f"{which}-{time.time_ns()}",
+            n_trials=spec.search.n_trials,
+            resume=False,
+            artifacts=Path(artifacts),
+            progress=progress,
+        )
     wall = time.perf_counter() - started
     n = len(asked)
     out = {part: seconds / n * 1000 for part, seconds in parts.items()}
     out["total"] = sum(wall for wall, _ in loops) / n * 1000
     out["cpu"] = sum(cpu for _, cpu in loops) / n * 1000
     out["other"] = out["total"] - sum(out[p] for p in PARTS)
-    printed = (progress.driver_ms_per_trial() if hasattr(progress, "driver_ms_per_trial")
-               else progress.driver_seconds / max(1, progress._done_here) * 1000)  # older trees
-    out.update(trials=n, setup_s=wall - sum(w for w, _ in loops), printed=printed,
-               commits=counts["commits"] / n, statements=counts["statements"] / n)
+    printed = (
+        progress.driver_ms_per_trial()
+        if hasattr(progress, "driver_ms_per_trial")
+        else progress.driver_seconds / max(1, progress._done_here) * 1000
+    )  # older trees
+    out.update(
+        trials=n,
+        setup_s=wall - sum(w for w, _ in loops),
+        printed=printed,
+        commits=counts["commits"] / n,
+        statements=counts["statements"] / n,
+    )
     print(json.dumps(out))
 
 
@@ -333,8 +417,11 @@ def _tree_of(rev: str, work: Path) -> Path:
     unpacked under ``work``."""
     tree = work / f"tree-{rev}"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "autotune", "search_spaces"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "autotune", "search_spaces"],
+        check=True,
+        capture_output=True,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     return tree
 
@@ -342,8 +429,10 @@ def _tree_of(rev: str, work: Path) -> Path:
 def driver_main(args) -> None:
     """Both studies under each tree, interleaved round by round; prints the table."""
     work = Path(tempfile.mkdtemp(prefix="autotune-driver-"))
-    tables = {"tiny-gpt": replay_table(work / "tiny-gpt.csv"),
-              "llama7b-64-wide": wide_table(work / "llama7b-wide.csv")}
+    tables = {
+        "tiny-gpt": replay_table(work / "tiny-gpt.csv"),
+        "llama7b-64-wide": wide_table(work / "llama7b-wide.csv"),
+    }
     trees = {"after": ROOT}
     if args.before:
         trees = {"before": _tree_of(args.before, work), **trees}
@@ -355,16 +444,31 @@ def driver_main(args) -> None:
                 for label, tree in order:
                     storage = args.storage or f"sqlite:///{work}/{label}-{round_}-{which}.db"
                     done = subprocess.run(
-                        [sys.executable, __file__, "--driver-worker", str(tree), which, sampler,
-                         str(tables.get(which, "")), storage], capture_output=True, text=True)
+                        [
+                            sys.executable,
+                            __file__,
+                            "--driver-worker",
+                            str(tree),
+                            which,
+                            sampler,
+                            str(tables.get(which, "")),
+                            storage,
+                        ],
+                        capture_output=True,
+                        text=True,
+                    )
                     if done.returncode:
                         sys.exit(f"the {label} tree failed on {which}:\n{done.stderr[-3000:]}")
                     runs.setdefault((which, sampler, label), []).append(
-                        json.loads(done.stdout.strip().splitlines()[-1]))
+                        json.loads(done.stdout.strip().splitlines()[-1])
+                    )
     labels = list(trees)
-    print(f"\ndriver time per trial (ms), median of {args.rounds} rounds run interleaved"
-          + (f"; before = {args.before}, after = this tree" if args.before else "") + "\n")
-    header = f"{'study':<26} {'part':<13}" + "".join(f"{l:>9}" for l in labels)
+    print(
+        f"\ndriver time per trial (ms), median of {args.rounds} rounds run interleaved"
+        + (f"; before = {args.before}, after = this tree" if args.before else "")
+        + "\n"
+    )
+    header = f"{'study':<26} {'part':<13}" + "".join(f"{label:>9}" for label in labels)
     print(header + ("  after/before" if args.before else ""))
     print("-" * (len(header) + (14 if args.before else 0)))
     for which in DRIVER_STUDIES:
@@ -372,24 +476,32 @@ def driver_main(args) -> None:
             kind = "replay" if "replay" in DRIVER_STUDIES[which][1].values() else "simulate"
             title = f"{which} ({kind}, {sampler})"
             rows = [(r, "{:9.1f}") for r in ROWS] + [
-                ("printed", "{:9.1f}"), ("commits", "{:9.1f}"), ("statements", "{:9.1f}"),
-                ("trials", "{:9.0f}"), ("setup_s", "{:9.2f}")]
+                ("printed", "{:9.1f}"),
+                ("commits", "{:9.1f}"),
+                ("statements", "{:9.1f}"),
+                ("trials", "{:9.0f}"),
+                ("setup_s", "{:9.2f}"),
+            ]
             for row, fmt in rows:
-                values = [statistics.median(r[row] for r in runs[(which, sampler, l)])
-                          for l in labels]
+                values = [
+                    statistics.median(r[row] for r in runs[(which, sampler, label)])
+                    for label in labels
+                ]
                 line = f"{title:<26} {row:<13}" + "".join(fmt.format(v) for v in values)
                 if args.before and values[0]:
                     line += f"  {values[1] / values[0]:12.2f}"
                 print(line)
                 title = ""
             print()
-    print("parts: ask = propose + Optuna's ask + sampling + its storage writes; prior = the\n"
-          "cost model's ranking; feasibility = constraints + estimate; tell/record = storing the\n"
-          "result; sync = the loop's read of the study before each ask; other = the rest of the\n"
-          "loop (executor waits); total = the loop's wall time; cpu = its CPU time (less hit by a\n"
-          "busy machine, blind to waiting for the disk); printed = the study's own 'driver\n"
-          "overhead' line; commits (transactions that wrote) and statements: SQL per trial;\n"
-          "setup_s: one-time (prior, study creation).")
+    print(
+        "parts: ask = propose + Optuna's ask + sampling + its storage writes; prior = the\n"
+        "cost model's ranking; feasibility = constraints + estimate; tell/record = storing the\n"
+        "result; sync = the loop's read of the study before each ask; other = the rest of the\n"
+        "loop (executor waits); total = the loop's wall time; cpu = its CPU time (less hit by a\n"
+        "busy machine, blind to waiting for the disk); printed = the study's own 'driver\n"
+        "overhead' line; commits (transactions that wrote) and statements: SQL per trial;\n"
+        "setup_s: one-time (prior, study creation)."
+    )
     shutil.rmtree(work, ignore_errors=True)
 
 

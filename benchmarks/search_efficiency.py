@@ -62,17 +62,29 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SPACES = {"llama7b-64": ROOT / "examples" / "llama7b_64dev_simulate.yaml",
-          "gpt3-1024": ROOT / "examples" / "gpt3_1024dev_simulate.yaml"}
+SPACES = {
+    "llama7b-64": ROOT / "examples" / "llama7b_64dev_simulate.yaml",
+    "gpt3-1024": ROOT / "examples" / "gpt3_1024dev_simulate.yaml",
+}
 SAMPLERS = ("random", "tpe", "auto")
 CHECKPOINTS = (5, 10, 15)
-PERTURBED = ("achievable", "intra_node_gbps", "inter_node_gbps", "collective_latency_us",
-             "hop_latency_us")
+PERTURBED = (
+    "achievable",
+    "intra_node_gbps",
+    "inter_node_gbps",
+    "collective_latency_us",
+    "hop_latency_us",
+)
 NOISE_SIGMA = 0.1
 # mechanism → the parts of the estimated step it prices; "pipeline" only on pipelined candidates
-MECHANISMS = {"tp": ("tp_comm",), "pipeline": ("compute", "recompute", "bubble", "pp_comm"),
-              "dp": ("dp_comm",), "recompute": ("recompute",), "optimizer": ("optimizer",),
-              "memory": ()}
+MECHANISMS = {
+    "tp": ("tp_comm",),
+    "pipeline": ("compute", "recompute", "bubble", "pp_comm"),
+    "dp": ("dp_comm",),
+    "recompute": ("recompute",),
+    "optimizer": ("optimizer",),
+    "memory": (),
+}
 FACTORS = (0.6, 1.6)
 ADMIT_BELOW = 0.85  # the model's top 5 reach at most this of the optimum: a structural miss
 TOP = 5
@@ -104,8 +116,9 @@ def estimates_of(spec, space) -> list[tuple]:
     return [(c, e) for c, e in found if e.breakdown]
 
 
-def truth_rows(spec, space, family: str, seed: int, noise: bool = True,
-               estimates=None) -> list[tuple]:
+def truth_rows(
+    spec, space, family: str, seed: int, noise: bool = True, estimates=None
+) -> list[tuple]:
     """``[(candidate, goodput or None when oom, step ms, peak MB)]`` of ``family``'s truth for
     ``seed`` (``noise`` False: the same truth without its noise). ``estimates``: the cost
     model's, when already computed (:func:`estimates_of`)."""
@@ -115,15 +128,17 @@ def truth_rows(spec, space, family: str, seed: int, noise: bool = True,
     profile = resolve_profile(spec.cluster)
     factors, scaled = {}, {}
     if family == "mild":
-        device = {"base": profile.name, **{k: getattr(profile, k) * rng.uniform(0.8, 1.25)
-                                           for k in PERTURBED}}
+        device = {
+            "base": profile.name,
+            **{k: getattr(profile, k) * rng.uniform(0.8, 1.25) for k in PERTURBED},
+        }
         world = replace(spec, cluster=replace(spec.cluster, device=device))
         scaled = dict(zip(("recompute", "bubble"), rng.uniform(0.8, 1.25, size=2)))
         estimates = estimates_of(world, space)
     else:
         factors = factors_of(family)
         estimates = estimates or estimates_of(spec, space)
-    limit = (spec.cluster.max_device_memory_gb or profile.memory_gb * SAFETY_MARGIN)
+    limit = spec.cluster.max_device_memory_gb or profile.memory_gb * SAFETY_MARGIN
     rows = []
     for candidate, est in estimates:
         parts = est.breakdown["time_s"]
@@ -137,8 +152,14 @@ def truth_rows(spec, space, family: str, seed: int, noise: bool = True,
         seconds *= draw if noise else 1.0
         memory = est.memory_gb_per_device * factors.get("memory", 1.0)
         fits = memory <= limit * (1 + 1e-9)
-        rows.append((candidate, spec.train.global_batch_size / seconds if fits else None,
-                     seconds * 1000, memory * 1024))
+        rows.append(
+            (
+                candidate,
+                spec.train.global_batch_size / seconds if fits else None,
+                seconds * 1000,
+                memory * 1024,
+            )
+        )
     return rows
 
 
@@ -146,8 +167,12 @@ def model_top_reach(rows, estimates) -> float:
     """The truth's best among the cost model's own top :data:`TOP` (feasible by its estimate)
     over the truth's optimum."""
     truth = {c: g for c, g, *_ in rows}
-    ranked = [c for c, e in sorted(((c, e) for c, e in estimates if e.feasible),
-                                   key=lambda ce: -ce[1].samples_per_s)][:TOP]
+    ranked = [
+        c
+        for c, e in sorted(
+            ((c, e) for c, e in estimates if e.feasible), key=lambda ce: -ce[1].samples_per_s
+        )
+    ][:TOP]
     optimum = max(g for g in truth.values() if g)
     return max((truth[c] or 0.0) for c in ranked) / optimum
 
@@ -160,8 +185,15 @@ def write_table(rows, path: Path) -> float:
         out = csv.writer(f)
         out.writerow([*KNOB_NAMES, "goodput", "step_time_ms", "peak_memory_mb", "outcome"])
         for c, goodput, ms, mb in rows:
-            out.writerow([*(getattr(c, k) for k in KNOB_NAMES), goodput or "", ms, mb,
-                          "ok" if goodput else "oom"])
+            out.writerow(
+                [
+                    *(getattr(c, k) for k in KNOB_NAMES),
+                    goodput or "",
+                    ms,
+                    mb,
+                    "ok" if goodput else "oom",
+                ]
+            )
     return max(g for _, g, *_ in rows if g)
 
 
@@ -170,7 +202,7 @@ def oracle(rows, clean, optimum: float) -> dict:
     best first (every mechanism known, no candidate's own deviation)."""
     noisy = {c: g or 0.0 for c, g, *_ in rows}
     ranked = [c for c, g, *_ in sorted((r for r in clean if r[1]), key=lambda r: -r[1])]
-    return score([noisy[c] for c in ranked[:max(CHECKPOINTS)]], optimum)
+    return score([noisy[c] for c in ranked[: max(CHECKPOINTS)]], optimum)
 
 
 def runs_of(study, means: dict | None = None) -> list[float]:
@@ -179,26 +211,43 @@ def runs_of(study, means: dict | None = None) -> list[float]:
     from autotune.storage.counting import counted
     from autotune.storage.schema import knobs_of, outcome_of
 
-    ran = sorted((t for t in study.get_trials(deepcopy=False)
-                  if counted(t) and outcome_of(t) != "infeasible"), key=lambda t: t.number)
+    ran = sorted(
+        (
+            t
+            for t in study.get_trials(deepcopy=False)
+            if counted(t) and outcome_of(t) != "infeasible"
+        ),
+        key=lambda t: t.number,
+    )
     if means is None:
         return [t.values[0] if t.values else 0.0 for t in ran]
     columns, mean_of = means
-    return [mean_of.get(tuple(knobs_of(t)[name] for name in columns), 0.0) if t.values else 0.0
-            for t in ran]
+    return [
+        mean_of.get(tuple(knobs_of(t)[name] for name in columns), 0.0) if t.values else 0.0
+        for t in ran
+    ]
 
 
 def candidate_means(table) -> tuple:
     """``(knob columns, {their values: mean goodput over the candidate's rows})`` of a loaded
     replay table (`autotune.execution.replay.ReplayTable`), for its candidates whose every row
     is ok."""
-    return table.knobs, {key: statistics.mean(r.metrics["goodput"] for r in found)
-                         for key, found in table.rows.items()
-                         if all(r.outcome == "ok" for r in found)}
+    return table.knobs, {
+        key: statistics.mean(r.metrics["goodput"] for r in found)
+        for key, found in table.rows.items()
+        if all(r.outcome == "ok" for r in found)
+    }
 
 
-def one_study(model: Path, table: Path, sampler: str, seed: int, runs: int,
-              overrides: dict, means: dict | None = None) -> list[float]:
+def one_study(
+    model: Path,
+    table: Path,
+    sampler: str,
+    seed: int,
+    runs: int,
+    overrides: dict,
+    means: dict | None = None,
+) -> list[float]:
     """The goodput of the first ``runs`` runs of a replay study of ``model`` on ``table``."""
     import optuna
     from rich.console import Console
@@ -209,16 +258,32 @@ def one_study(model: Path, table: Path, sampler: str, seed: int, runs: int,
     from autotune.study.run import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = load_spec(model, {"cluster.backend": "replay", "cluster.replay": str(table),
-                             "search.sampler": sampler, "search.seed": seed,
-                             "search.objectives": ["goodput"], **overrides})
+    spec = load_spec(
+        model,
+        {
+            "cluster.backend": "replay",
+            "cluster.replay": str(table),
+            "search.sampler": sampler,
+            "search.seed": seed,
+            "search.objectives": ["goodput"],
+            **overrides,
+        },
+    )
     space = build_space(spec)
     storage, trials, ran = optuna.storages.InMemoryStorage(), runs, []
     quiet = Progress(Console(file=io.StringIO()))
     while len(ran) < runs and trials <= 20 * runs:
-        study = run_study(spec, space, storage=storage, study_name="bench", n_trials=trials,
-                          resume=trials > runs, artifacts=Path(tempfile.gettempdir()),
-                          progress=quiet, confirm_top=0)
+        study = run_study(
+            spec,
+            space,
+            storage=storage,
+            study_name="bench",
+            n_trials=trials,
+            resume=trials > runs,
+            artifacts=Path(tempfile.gettempdir()),
+            progress=quiet,
+            confirm_top=0,
+        )
         ran = runs_of(study, means)
         trials += runs - len(ran)
     return ran[:runs]
@@ -232,8 +297,11 @@ def score(ran: list[float], optimum: float) -> dict:
 
 def _task(args) -> tuple:
     key, model, table, optimum, sampler, seed, runs, overrides, *means = args
-    return key, sampler, score(one_study(model, table, sampler, seed, runs, overrides, *means),
-                               optimum)
+    return (
+        key,
+        sampler,
+        score(one_study(model, table, sampler, seed, runs, overrides, *means), optimum),
+    )
 
 
 def _select(wanted: list[str]) -> list[str]:
@@ -242,8 +310,11 @@ def _select(wanted: list[str]) -> list[str]:
         return every
     out = []
     for w in wanted:
-        out += {"mild": ["mild"], "single": [f for f in every if "×" in f and "+" not in f],
-                "pairs": [f for f in every if "+" in f]}.get(w, [w])
+        out += {
+            "mild": ["mild"],
+            "single": [f for f in every if "×" in f and "+" not in f],
+            "pairs": [f for f in every if "+" in f],
+        }.get(w, [w])
     unknown = set(out) - set(every)
     if unknown:
         raise SystemExit(f"unknown families {sorted(unknown)}; known: {', '.join(every)}")
@@ -258,8 +329,14 @@ def main() -> None:
     parser.add_argument("--spaces", nargs="*", default=list(SPACES), choices=list(SPACES))
     parser.add_argument("--families", nargs="+", default=["all"])
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
-    parser.add_argument("--real", nargs=2, action="append", default=[],
-                        metavar=("TABLE", "MODEL"), help="a measured table and its model.yaml")
+    parser.add_argument(
+        "--real",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("TABLE", "MODEL"),
+        help="a measured table and its model.yaml",
+    )
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     from autotune.spec.model_yaml import load_spec
@@ -283,22 +360,48 @@ def main() -> None:
                     table = Path(work) / f"{name}-{family}-{seed}.csv"
                     rows = truth_rows(spec, space, family, seed, estimates=estimates)
                     optimum = write_table(rows, table)
-                    results.setdefault(((name, family), "oracle"), []).append(oracle(
-                        rows, truth_rows(spec, space, family, seed, noise=False,
-                                         estimates=estimates), optimum))
-                    tasks += [((name, family), SPACES[name], table, optimum, s, seed, args.runs,
-                               fixed) for s in args.samplers]
+                    results.setdefault(((name, family), "oracle"), []).append(
+                        oracle(
+                            rows,
+                            truth_rows(spec, space, family, seed, noise=False, estimates=estimates),
+                            optimum,
+                        )
+                    )
+                    tasks += [
+                        ((name, family), SPACES[name], table, optimum, s, seed, args.runs, fixed)
+                        for s in args.samplers
+                    ]
         for table, model in args.real:
             on_cpu = {"cluster.device": "cpu"}
-            spec = load_spec(Path(model), {"cluster.backend": "replay", **on_cpu,
-                                           "cluster.replay": str(Path(table).resolve())})
+            spec = load_spec(
+                Path(model),
+                {
+                    "cluster.backend": "replay",
+                    **on_cpu,
+                    "cluster.replay": str(Path(table).resolve()),
+                },
+            )
             from autotune.execution.replay import load_table
+
             means = candidate_means(load_table(spec, build_space(spec)))
             optimum = max(means[1].values())
             key = (Path(model).stem, f"real:{Path(table).name}")
             info[key] = (float("nan"), True)
-            tasks += [(key, Path(model).resolve(), Path(table).resolve(), optimum, s, seed,
-                       args.runs, on_cpu, means) for seed in seeds for s in args.samplers]
+            tasks += [
+                (
+                    key,
+                    Path(model).resolve(),
+                    Path(table).resolve(),
+                    optimum,
+                    s,
+                    seed,
+                    args.runs,
+                    on_cpu,
+                    means,
+                )
+                for seed in seeds
+                for s in args.samplers
+            ]
         print(f"{len(tasks)} studies on {args.jobs} processes", flush=True)
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             for key, sampler, scored in pool.imap_unordered(_task, tasks, chunksize=4):
@@ -309,8 +412,10 @@ def main() -> None:
 
 def report(results: dict, info: dict, args) -> None:
     """The per-family table and the summary the acceptance reads."""
-    print(f"\nmedian over {args.seeds} seeds (from {args.first_seed}) of best found / optimum "
-          f"after N runs; 'top5': the cost model's own top {TOP} over the noise-free optimum\n")
+    print(
+        f"\nmedian over {args.seeds} seeds (from {args.first_seed}) of best found / optimum "
+        f"after N runs; 'top5': the cost model's own top {TOP} over the noise-free optimum\n"
+    )
     samplers = [*args.samplers, "oracle"]
     cols = "".join(f"{f'{s}@{k}':>11}" for s in samplers for k in CHECKPOINTS)
     head = f"{'space':<12}{'family':<28}{'top5':>6}{'adm':>4}{cols}"
@@ -326,14 +431,21 @@ def report(results: dict, info: dict, args) -> None:
                 medians[(space, family, s, k)] = value
                 cells += f"{value:>11.3f}"
         print(f"{space:<12}{family:<28}{reach:>6.2f}{'yes' if admitted else 'no':>4}{cells}")
-    structural = [(sp, f) for (sp, f), (_, adm) in info.items()
-                  if adm and f != "mild" and not f.startswith("real:")]
-    print(f"\nadmitted structural families: {len(structural)} of "
-          f"{sum(1 for _, f in info if f != 'mild' and not f.startswith('real:'))}")
+    structural = [
+        (sp, f)
+        for (sp, f), (_, adm) in info.items()
+        if adm and f != "mild" and not f.startswith("real:")
+    ]
+    print(
+        f"\nadmitted structural families: {len(structural)} of "
+        f"{sum(1 for _, f in info if f != 'mild' and not f.startswith('real:'))}"
+    )
     if structural and "auto" in args.samplers:
         at10 = [medians[(sp, f, "auto", 10)] for sp, f in structural]
-        print(f"auto @10 ≥ 0.97: {sum(v >= 0.97 for v in at10)} of {len(at10)}; "
-              f"≥ 0.90: {sum(v >= 0.90 for v in at10)}; worst {min(at10):.3f}")
+        print(
+            f"auto @10 ≥ 0.97: {sum(v >= 0.97 for v in at10)} of {len(at10)}; "
+            f"≥ 0.90: {sum(v >= 0.90 for v in at10)}; worst {min(at10):.3f}"
+        )
         for s in args.samplers:
             per = [medians[(sp, f, s, 10)] for sp, f in structural]
             print(f"  {s:<7} median family @10: {statistics.median(per):.3f}")

@@ -42,73 +42,114 @@ from autotune.spec.space import build_space  # noqa: E402
 from autotune.train.config import trial_config  # noqa: E402
 
 LEVERS = ("fresh", "warm", "warm+cache")
-SHORT = {"launch_s": "launch", "init_s": "init", "first_step_s": "first", "excluded_steps_s": "excl",
-         "steps_s": "steps", "probe_s": "probe", "teardown_s": "down"}
+SHORT = {
+    "launch_s": "launch",
+    "init_s": "init",
+    "first_step_s": "first",
+    "excluded_steps_s": "excl",
+    "steps_s": "steps",
+    "probe_s": "probe",
+    "teardown_s": "down",
+}
 
 
 def candidates(spec):
     baseline = build_space(spec).baseline()  # dp2, as the tiny GPT study starts
-    return {"dp2": baseline, "dp2 f1": baseline.replace(fusion_mb=1),
-            "tp2": baseline.replace(dp=1, tp=2), "pp2": baseline.replace(dp=1, pp=2, micro_batches=2)}
+    return {
+        "dp2": baseline,
+        "dp2 f1": baseline.replace(fusion_mb=1),
+        "tp2": baseline.replace(dp=1, tp=2),
+        "pp2": baseline.replace(dp=1, pp=2, micro_batches=2),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--levers", nargs="+", default=list(LEVERS), choices=LEVERS)
-    parser.add_argument("--stop-rule", action="store_true",
-                        help="trials of a study without final_loss (the stop rule)")
+    parser.add_argument(
+        "--stop-rule",
+        action="store_true",
+        help="trials of a study without final_loss (the stop rule)",
+    )
     args = parser.parse_args()
-    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
-                     {"search.objectives": ["goodput"]} if args.stop_rule else None)
+    spec = load_spec(
+        ROOT / "examples" / "tiny_gpt.yaml",
+        {"search.objectives": ["goodput"]} if args.stop_rule else None,
+    )
     work = Path(tempfile.mkdtemp(prefix="autotune-trial-cost-"))
-    pools = {lever: WarmPool(work / f"pool-{lever}", 2) for lever in args.levers if lever != "fresh"}
+    pools = {
+        lever: WarmPool(work / f"pool-{lever}", 2) for lever in args.levers if lever != "fresh"
+    }
     rows = []
     try:
         for round_ in range(args.rounds):
-            levers = args.levers[round_ % len(args.levers):] + args.levers[:round_ % len(args.levers)]
+            levers = (
+                args.levers[round_ % len(args.levers) :] + args.levers[: round_ % len(args.levers)]
+            )
             for lever in levers:
                 for name, candidate in candidates(spec).items():
                     folder = work / f"{lever}-{round_}-{name.replace(' ', '-')}"
                     cache = work / "cache" if lever == "warm+cache" else None
-                    config = trial_config(spec, candidate, study="cost", number=0,
-                                          out_dir=folder.resolve(), steps=spec.trial.steps,
-                                          measure_after=spec.trial.measure_after,
-                                          stop_rule=spec.stop_rule(), compile_cache=cache)
+                    config = trial_config(
+                        spec,
+                        candidate,
+                        study="cost",
+                        number=0,
+                        out_dir=folder.resolve(),
+                        steps=spec.trial.steps,
+                        measure_after=spec.trial.measure_after,
+                        stop_rule=spec.stop_rule(),
+                        compile_cache=cache,
+                    )
                     # the pool runs one size of trial, by the estimate the driver gives it
                     size_mb = costmodel.estimate(spec, candidate).memory_gb_per_device * 1024
-                    result = (run_trial(config, folder, 600, None, candidate.devices)
-                              if lever == "fresh" else pools[lever].run(config, folder, 600, None,
-                                                                        size_mb))
+                    result = (
+                        run_trial(config, folder, 600, None, candidate.devices)
+                        if lever == "fresh"
+                        else pools[lever].run(config, folder, 600, None, size_mb)
+                    )
                     if result.outcome != "ok":
-                        raise SystemExit(f"{lever} {name}: {result.outcome}: {result.detail[:2000]}")
+                        raise SystemExit(
+                            f"{lever} {name}: {result.outcome}: {result.detail[:2000]}"
+                        )
                     parts = {p: result.metrics[p] for p in TIME_PARTS}
                     rows.append((lever, round_, name, parts, result.run_s))
-                    print(f"  {lever:>10} round {round_} {name}: run {result.run_s:.1f} s", flush=True)
+                    print(
+                        f"  {lever:>10} round {round_} {name}: run {result.run_s:.1f} s", flush=True
+                    )
     finally:
         for pool in pools.values():
             pool.close()
         shutil.rmtree(work, ignore_errors=True)
 
     rule = f", stop rule {spec.stop_rule()}" if spec.stop_rule() else ""
-    print(f"\ntiny GPT trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded"
-          f"{rule}), seconds; fixed = run − measured steps\n")
+    print(
+        f"\ntiny GPT trials ({spec.trial.steps} steps, {spec.trial.measure_after} excluded"
+        f"{rule}), seconds; fixed = run − measured steps\n"
+    )
     header = " | ".join(f"{SHORT[p]:>6}" for p in TIME_PARTS)
-    print(f"{'lever':>10} | {'rd':>2} | {'trial':>6} | {header} | {'run':>6} | {'fixed':>6} | fixed/steps")
+    print(
+        f"{'lever':>10} | {'rd':>2} | {'trial':>6} | {header} | {'run':>6} | {'fixed':>6} | fixed/steps"
+    )
     print("-" * (50 + 9 * len(TIME_PARTS)))
     for lever, round_, name, parts, run_s in rows:
         fixed = run_s - parts["steps_s"]
         cells = " | ".join(f"{parts[p]:6.2f}" for p in TIME_PARTS)
-        print(f"{lever:>10} | {round_:>2} | {name:>6} | {cells} | {run_s:6.1f} | {fixed:6.1f} | "
-              f"{fixed / parts['steps_s']:.2f}")
+        print(
+            f"{lever:>10} | {round_:>2} | {name:>6} | {cells} | {run_s:6.1f} | {fixed:6.1f} | "
+            f"{fixed / parts['steps_s']:.2f}"
+        )
     print(f"\n{'lever':>10} | median fixed/steps | total run s | vs fresh")
     totals = {}
     for lever in args.levers:
         mine = [(run_s, parts) for lv, _, _, parts, run_s in rows if lv == lever]
         ratios = [(run_s - parts["steps_s"]) / parts["steps_s"] for run_s, parts in mine]
         totals[lever] = sum(run_s for run_s, _ in mine)
-        against = (f"{totals[lever] / totals['fresh']:.2f}×" if "fresh" in totals else "")
-        print(f"{lever:>10} | {statistics.median(ratios):18.2f} | {totals[lever]:11.1f} | {against}")
+        against = f"{totals[lever] / totals['fresh']:.2f}×" if "fresh" in totals else ""
+        print(
+            f"{lever:>10} | {statistics.median(ratios):18.2f} | {totals[lever]:11.1f} | {against}"
+        )
 
 
 if __name__ == "__main__":

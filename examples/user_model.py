@@ -6,7 +6,6 @@ falls within a few dozen steps. Sizes come from the ``model`` section of the con
 """
 
 import numpy as np
-
 from mindspore import nn
 
 
@@ -53,7 +52,9 @@ class Clusters:
     def __call__(self, step, shard, num_shards):
         rng = np.random.default_rng([self.seed, 1, step])
         labels = rng.integers(0, len(self.centres), self.global_batch)
-        points = self.centres[labels] + rng.standard_normal((self.global_batch, self.centres.shape[1]))
+        points = self.centres[labels] + rng.standard_normal(
+            (self.global_batch, self.centres.shape[1])
+        )
         n = self.global_batch // num_shards
         part = slice(shard * n, (shard + 1) * n)
         return points[part].astype(np.float32), labels[part].astype(np.int32)
@@ -62,7 +63,11 @@ class Clusters:
 def build(config):
     model = config["model"]  # dimensions an entry model leaves out arrive as None
     input_size, classes = model.get("input_size") or 16, model.get("num_classes") or 8
-    network = Classifier(input_size, model.get("hidden_size") or 64, model.get("num_layers") or 2, classes)
+    network = Classifier(
+        input_size, model.get("hidden_size") or 64, model.get("num_layers") or 2, classes
+    )
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    dataset = Clusters(config["train"]["global_batch_size"], input_size, classes, config.get("seed", 0))
+    dataset = Clusters(
+        config["train"]["global_batch_size"], input_size, classes, config.get("seed", 0)
+    )
     return network, loss_fn, dataset

@@ -25,8 +25,8 @@ from autotune.analysis.text import no_ok_trial
 from autotune.costmodel import diagnosis
 from autotune.jobs import METRICS, OUTCOMES
 from autotune.spec.knobs import KNOB_NAMES
-from autotune.storage.counting import search_trials
 from autotune.storage.connection import load_study
+from autotune.storage.counting import search_trials
 from autotune.storage.schema import is_infrastructure, knobs_of, maximizes, outcome_of
 
 TIMING = ("run_s", "wall_s", "queued_s", "driver_s")
@@ -37,12 +37,18 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
     """One row per trial of ``study`` (a name or a loaded Study), knobs and metrics as columns."""
     if isinstance(study, str):
         study = load_study(study, storage)
-    objectives = study.user_attrs.get("objectives") or [f"objective{i}" for i in
-                                                         range(len(study.directions))]
+    objectives = study.user_attrs.get("objectives") or [
+        f"objective{i}" for i in range(len(study.directions))
+    ]
     rows = []
     for t in study.get_trials(deepcopy=False):
-        row = {"study": study.study_name, "number": t.number, "state": t.state.name,
-               "outcome": outcome_of(t), "baseline": bool(t.user_attrs.get("baseline"))}
+        row = {
+            "study": study.study_name,
+            "number": t.number,
+            "state": t.state.name,
+            "outcome": outcome_of(t),
+            "baseline": bool(t.user_attrs.get("baseline")),
+        }
         row.update(knobs_of(t))
         for name in METRICS + TIMING:
             row[name] = t.user_attrs.get(name)
@@ -56,9 +62,23 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
         found = diagnosis.of_trial(t, knobs_of(t), study.user_attrs)
         row["verdict"] = found["verdict"] if found else ""
         rows.append(row)
-    columns = (["study", "number", "state", "outcome", "baseline", *KNOB_NAMES, *METRICS,
-                *(f"value_{o}" for o in objectives), *TIMING, "repeat_of", "retry_of",
-                "confirm_of", "infrastructure", "detail", "verdict"])
+    columns = [
+        "study",
+        "number",
+        "state",
+        "outcome",
+        "baseline",
+        *KNOB_NAMES,
+        *METRICS,
+        *(f"value_{o}" for o in objectives),
+        *TIMING,
+        "repeat_of",
+        "retry_of",
+        "confirm_of",
+        "infrastructure",
+        "detail",
+        "verdict",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -81,14 +101,21 @@ def summary(studies, storage: str | None = None) -> pd.DataFrame:
         searched = [t.number for t in search_trials(study.get_trials(deepcopy=False))]
         ran = frame[frame["number"].isin(searched)].sort_values("number")
         ok = ran[ran["outcome"] == "ok"]
-        row = {"study": study.study_name, "trials": len(frame), "ok": int((frame["outcome"] == "ok").sum())}
+        row = {
+            "study": study.study_name,
+            "trials": len(frame),
+            "ok": int((frame["outcome"] == "ok").sum()),
+        }
         for outcome in OUTCOMES[1:]:
             row[outcome] = int((frame["outcome"] == outcome).sum())
         devices = frame["dp"] * frame["tp"] * frame["pp"]
         row["device_hours"] = float((frame["run_s"].astype(float).fillna(0) * devices).sum() / 3600)
         spent = trial_time.device_time(
-            (t, knobs["dp"] * knobs["tp"] * knobs["pp"]) for t in study.get_trials(deepcopy=False)
-            if "run_s" in t.user_attrs for knobs in [knobs_of(t)])
+            (t, knobs["dp"] * knobs["tp"] * knobs["pp"])
+            for t in study.get_trials(deepcopy=False)
+            if "run_s" in t.user_attrs
+            for knobs in [knobs_of(t)]
+        )
         row["device_hours_fixed"] = spent["fixed_s"] / 3600
         row["device_hours_measured"] = spent["measured_s"] / 3600
         row["median_fixed_per_measured"] = spent["median_ratio"]
@@ -97,7 +124,7 @@ def summary(studies, storage: str | None = None) -> pd.DataFrame:
             # stable: of equal values the earliest trial is the best (as pandas idxmax answers)
             best = ok.sort_values(first, ascending=not maximize, kind="stable").iloc[0]
             row["best_trial"] = int(best["number"])
-            row[f"best_{first[len('value_'):]}"] = best[first]
+            row[f"best_{first[len('value_') :]}"] = best[first]
             confirmed = ranking.best_confirmed(study)
             if confirmed is not None:
                 row["confirmed_trial"] = confirmed.number

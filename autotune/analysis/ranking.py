@@ -37,7 +37,9 @@ from autotune.storage.schema import maximizes
 
 def ranked_ok(study: optuna.Study) -> list:
     """The ``ok`` trials the search ran, best first objective first."""
-    ok = [t for t in study.get_trials(deepcopy=False) if is_search_trial(t) and t.values is not None]
+    ok = [
+        t for t in study.get_trials(deepcopy=False) if is_search_trial(t) and t.values is not None
+    ]
     return sorted(ok, key=lambda t: t.values[0], reverse=maximizes(study))
 
 
@@ -50,16 +52,22 @@ def best_trials(study: optuna.Study) -> list:
 
 
 def baseline_of(study: optuna.Study):
-    return next((t for t in study.get_trials(deepcopy=False)
-                 if t.user_attrs.get("baseline") and is_search_trial(t)), None)
+    return next(
+        (
+            t
+            for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("baseline") and is_search_trial(t)
+        ),
+        None,
+    )
 
 
 @dataclass(frozen=True)
 class Confirmed:
-    number: int          # the original trial
-    values: tuple        # its first objective in each ok confirm-phase re-run, in order
+    number: int  # the original trial
+    values: tuple  # its first objective in each ok confirm-phase re-run, in order
     baseline: bool
-    original: float      # the original trial's own first objective (shown beside, not averaged)
+    original: float  # the original trial's own first objective (shown beside, not averaged)
     intervals: tuple = ()  # the step_time_ci of each re-run that stored one
 
     @property
@@ -79,19 +87,31 @@ def summarize(study: optuna.Study) -> list[Confirmed]:
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     reruns: dict[int, list] = {}
     for t in trials.values():
-        if ("confirm_of" in t.user_attrs and "repeat_of" not in t.user_attrs
-                and t.values is not None):
+        if (
+            "confirm_of" in t.user_attrs
+            and "repeat_of" not in t.user_attrs
+            and t.values is not None
+        ):
             reruns.setdefault(t.user_attrs["confirm_of"], []).append(t)
     confirmed = []
     for number, runs in sorted(reruns.items()):
         original = trials.get(number)
         if original is None or original.values is None:
             continue
-        intervals = tuple(t.user_attrs["step_time_ci"] for t in runs
-                          if t.user_attrs.get("step_time_ci") is not None)
-        confirmed.append(Confirmed(number, tuple(t.values[0] for t in runs),
-                                   bool(original.user_attrs.get("baseline")), original.values[0],
-                                   intervals))
+        intervals = tuple(
+            t.user_attrs["step_time_ci"]
+            for t in runs
+            if t.user_attrs.get("step_time_ci") is not None
+        )
+        confirmed.append(
+            Confirmed(
+                number,
+                tuple(t.values[0] for t in runs),
+                bool(original.user_attrs.get("baseline")),
+                original.values[0],
+                intervals,
+            )
+        )
     return confirmed
 
 

@@ -22,9 +22,15 @@ from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage.schema import metrics_of, outcome_of
 
 BAR = 30  # characters of the widest share bar
-SHORT = {"micro_batches": "mb", "fusion_mb": "fusion", "grad_accum": "accum",
-         "loss_scale": "scale", "warmup_steps": "warmup", "jit_level": "jit",
-         "recompute": "recomp"}  # column headers: ten knobs must fit beside the metrics
+SHORT = {
+    "micro_batches": "mb",
+    "fusion_mb": "fusion",
+    "grad_accum": "accum",
+    "loss_scale": "scale",
+    "warmup_steps": "warmup",
+    "jit_level": "jit",
+    "recompute": "recomp",
+}  # column headers: ten knobs must fit beside the metrics
 LEFT = ("role", "outcome", "largest non-compute part")
 
 
@@ -33,31 +39,56 @@ def show_study(v: StudyView, console: Console) -> None:
     counts: dict[str, int] = {}
     for t in v.trials:
         counts[outcome_of(t)] = counts.get(outcome_of(t), 0) + 1
-    console.print(f"study [bold]{v.name}[/bold] — backend "
-                  f"{v.study.user_attrs.get('backend', '?')}, objectives "
-                  + ", ".join(f"{o} ({'max' if d.name == 'MAXIMIZE' else 'min'})"
-                              for o, d in zip(v.objectives, v.study.directions)))
-    console.print(f"{len(v.trials)} trials: "
-                  + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
-    table = Table(title="trials the search ran (repeats, confirm re-runs, interrupted runs and "
-                        "retried infrastructure failures left out)")
-    for column in ("#", "role", "outcome", *(SHORT.get(k, k) for k in v.searched), objective,
-                   "step ms", "peak MB", "overflows", "fixed/measured s",
-                   "largest non-compute part"):
+    console.print(
+        f"study [bold]{v.name}[/bold] — backend "
+        f"{v.study.user_attrs.get('backend', '?')}, objectives "
+        + ", ".join(
+            f"{o} ({'max' if d.name == 'MAXIMIZE' else 'min'})"
+            for o, d in zip(v.objectives, v.study.directions)
+        )
+    )
+    console.print(
+        f"{len(v.trials)} trials: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
+    )
+    table = Table(
+        title="trials the search ran (repeats, confirm re-runs, interrupted runs and "
+        "retried infrastructure failures left out)"
+    )
+    for column in (
+        "#",
+        "role",
+        "outcome",
+        *(SHORT.get(k, k) for k in v.searched),
+        objective,
+        "step ms",
+        "peak MB",
+        "overflows",
+        "fixed/measured s",
+        "largest non-compute part",
+    ):
         table.add_column(column, justify="right" if column not in LEFT else "left")
     for t in v.ran:
         found = v.diagnosis(t)
         knobs = v.knobs(t)
-        bottleneck = (f"{PARTS[found['largest']]} {found['shares'][found['largest']]:.0%}"
-                      if found else "")
+        bottleneck = (
+            f"{PARTS[found['largest']]} {found['shares'][found['largest']]:.0%}" if found else ""
+        )
         style = "bold" if v.best is not None and t.number == v.best.number else None
         parts = trial_time.split(t.user_attrs)
         spent = f"{parts['fixed_s']:.1f} / {parts['measured_s']:.1f}" if parts else ""
-        table.add_row(str(t.number), v.label(t).partition(" ")[2].strip("()"),
-                      outcome_of(t), *(fmt(knobs[k]) for k in v.searched),
-                      fmt(v.value(t)), fmt(t.user_attrs.get("step_time_ms")),
-                      fmt(t.user_attrs.get("peak_memory_mb")),
-                      fmt(t.user_attrs.get("overflow_steps")), spent, bottleneck, style=style)
+        table.add_row(
+            str(t.number),
+            v.label(t).partition(" ")[2].strip("()"),
+            outcome_of(t),
+            *(fmt(knobs[k]) for k in v.searched),
+            fmt(v.value(t)),
+            fmt(t.user_attrs.get("step_time_ms")),
+            fmt(t.user_attrs.get("peak_memory_mb")),
+            fmt(t.user_attrs.get("overflow_steps")),
+            spent,
+            bottleneck,
+            style=style,
+        )
     console.print(table)
     _device_time(v, console)
     _layouts(v, console)
@@ -77,11 +108,16 @@ def _device_time(v: StudyView, console: Console) -> None:
     total = spent["fixed_s"] + spent["measured_s"]
     if not total:
         return
-    ratio = (f"; the median trial's fixed time is {spent['median_ratio']:.2g}× its measured "
-             f"steps" if spent["median_ratio"] is not None else "")
-    console.print(f"device time: {total / 3600:.3g} device-h, fixed {spent['fixed_s'] / 3600:.3g} "
-                  f"({spent['fixed_s'] / total:.0%}), measured steps "
-                  f"{spent['measured_s'] / 3600:.3g}{ratio}")
+    ratio = (
+        f"; the median trial's fixed time is {spent['median_ratio']:.2g}× its measured steps"
+        if spent["median_ratio"] is not None
+        else ""
+    )
+    console.print(
+        f"device time: {total / 3600:.3g} device-h, fixed {spent['fixed_s'] / 3600:.3g} "
+        f"({spent['fixed_s'] / total:.0%}), measured steps "
+        f"{spent['measured_s'] / 3600:.3g}{ratio}"
+    )
 
 
 def _layouts(v: StudyView, console: Console) -> None:
@@ -91,8 +127,10 @@ def _layouts(v: StudyView, console: Console) -> None:
     if not layouts:
         return
     skipped = [entry for entry in layouts if not entry["ran"]]
-    console.print(f"layouts: {len(layouts) - len(skipped)} of {len(layouts)} ran"
-                  + (", the others did not:" if skipped else ""))
+    console.print(
+        f"layouts: {len(layouts) - len(skipped)} of {len(layouts)} ran"
+        + (", the others did not:" if skipped else "")
+    )
     for entry in skipped:
         console.print(f"  {entry['layout']}: {entry['why']}")
 
@@ -107,32 +145,47 @@ def _standing(v: StudyView, console: Console) -> None:
             continue
         c = confirmed.get(t.number)
         value = v.value(t)
-        line = (f"{what}: #{t.number} {objective} {fmt(value)}" if value is not None else
-                f"{what}: #{t.number} {outcome_of(t)}, no {objective}")
+        line = (
+            f"{what}: #{t.number} {objective} {fmt(value)}"
+            if value is not None
+            else f"{what}: #{t.number} {outcome_of(t)}, no {objective}"
+        )
         if c is not None:
-            line += (f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
-                     f"(original {fmt(c.original)} not included"
-                     + ("" if c.within_run is None else f"; ±{c.within_run:.1%} within a run")
-                     + ")")
+            line += (
+                f", confirmed {fmt(c.mean)} ± {fmt(c.std)} over {len(c.values)} re-runs "
+                f"(original {fmt(c.original)} not included"
+                + ("" if c.within_run is None else f"; ±{c.within_run:.1%} within a run")
+                + ")"
+            )
         console.print(line)
     floor = v.noise_floor
-    console.print(f"noise floor: {floor:.1%} (differences below it are not findings)"
-                  if floor is not None else
-                  "noise floor: not measured (no confirm phase)")
+    console.print(
+        f"noise floor: {floor:.1%} (differences below it are not findings)"
+        if floor is not None
+        else "noise floor: not measured (no confirm phase)"
+    )
 
 
 def show_trial(v: StudyView, trial, console: Console) -> None:
     outcome = outcome_of(trial)
-    console.print(f"study [bold]{v.name}[/bold], trial {v.label(trial)}: {outcome}"
-                  + "".join(f", {k} {trial.user_attrs[k]}" for k in ("repeat_of", "confirm_of",
-                                                                      "retry_of")
-                            if k in trial.user_attrs))
+    console.print(
+        f"study [bold]{v.name}[/bold], trial {v.label(trial)}: {outcome}"
+        + "".join(
+            f", {k} {trial.user_attrs[k]}"
+            for k in ("repeat_of", "confirm_of", "retry_of")
+            if k in trial.user_attrs
+        )
+    )
     knobs = v.knobs(trial)
     console.print("knobs: " + " ".join(f"{k}={knobs[k]}" for k in KNOB_NAMES))
     metrics = metrics_of(trial)
     if metrics:
-        console.print("metrics: " + ", ".join(f"{k} {fmt(val)}" for k, val in metrics.items()
-                                              if k not in trial_time.LABELS))
+        console.print(
+            "metrics: "
+            + ", ".join(
+                f"{k} {fmt(val)}" for k, val in metrics.items() if k not in trial_time.LABELS
+            )
+        )
     parts = trial_time.split(trial.user_attrs)
     if parts:
         console.print(f"time: {trial_time.line(parts)}")
@@ -143,16 +196,23 @@ def show_trial(v: StudyView, trial, console: Console) -> None:
         if outcome == "ok":
             console.print("no diagnosis: the trial has no cost-model estimate to split its step")
         return
-    table = Table(title=f"step {found['step_time_ms']:.4g} ms, split as the cost model splits "
-                        f"it (scaled ×{found['scale']:.3g} to the measured step)")
+    table = Table(
+        title=f"step {found['step_time_ms']:.4g} ms, split as the cost model splits "
+        f"it (scaled ×{found['scale']:.3g} to the measured step)"
+    )
     table.add_column("part")
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
     table.add_column("")
     for part, label in PARTS.items():
         share = found["shares"][part]
-        table.add_row(label, f"{found['parts_ms'][part]:.4g}", f"{share:.1%}",
-                      "█" * round(share * BAR), style="bold" if part == found["largest"] else None)
+        table.add_row(
+            label,
+            f"{found['parts_ms'][part]:.4g}",
+            f"{share:.1%}",
+            "█" * round(share * BAR),
+            style="bold" if part == found["largest"] else None,
+        )
     console.print(table)
     for line in fact_lines(found["facts"]):
         console.print(f"  {line}")

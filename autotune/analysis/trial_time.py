@@ -17,9 +17,16 @@ import statistics
 
 from autotune.jobs import TIME_PARTS
 
-LABELS = {"launch_s": "launch", "init_s": "init", "first_step_s": "first step",
-          "excluded_steps_s": "excluded steps", "steps_s": "measured steps", "probe_s": "probe",
-          "teardown_s": "teardown", "other_s": "other"}
+LABELS = {
+    "launch_s": "launch",
+    "init_s": "init",
+    "first_step_s": "first step",
+    "excluded_steps_s": "excluded steps",
+    "steps_s": "measured steps",
+    "probe_s": "probe",
+    "teardown_s": "teardown",
+    "other_s": "other",
+}
 
 
 def split(attrs: dict) -> dict | None:
@@ -30,8 +37,12 @@ def split(attrs: dict) -> dict | None:
         return None
     parts = {name: float(attrs.get(name) or 0.0) for name in TIME_PARTS}
     parts["other_s"] = max(0.0, float(run_s) - sum(parts.values()))
-    return {**parts, "run_s": float(run_s), "fixed_s": float(run_s) - float(steps_s),
-            "measured_s": float(steps_s)}
+    return {
+        **parts,
+        "run_s": float(run_s),
+        "fixed_s": float(run_s) - float(steps_s),
+        "measured_s": float(steps_s),
+    }
 
 
 def device_time(trials) -> dict:
@@ -50,13 +61,20 @@ def device_time(trials) -> dict:
         measured += parts["measured_s"] * devices
         if parts["measured_s"] > 0:
             ratios.append(parts["fixed_s"] / parts["measured_s"])
-    return {"fixed_s": fixed, "measured_s": measured, "trials": len(ratios),
-            "median_ratio": statistics.median(ratios) if ratios else None}
+    return {
+        "fixed_s": fixed,
+        "measured_s": measured,
+        "trials": len(ratios),
+        "median_ratio": statistics.median(ratios) if ratios else None,
+    }
 
 
 def line(parts: dict) -> str:
     """One trial's split as one line: each part in seconds, then fixed and measured."""
     shown = ", ".join(f"{LABELS[name]} {parts[name]:.2f} s" for name in (*TIME_PARTS, "other_s"))
-    return (f"{shown}; fixed {parts['fixed_s']:.2f} s against {parts['measured_s']:.2f} s "
-            f"measured ({parts['fixed_s'] / parts['measured_s']:.2g}×)"
-            if parts["measured_s"] else shown)
+    return (
+        f"{shown}; fixed {parts['fixed_s']:.2f} s against {parts['measured_s']:.2f} s "
+        f"measured ({parts['fixed_s'] / parts['measured_s']:.2g}×)"
+        if parts["measured_s"]
+        else shown
+    )

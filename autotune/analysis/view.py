@@ -28,15 +28,15 @@ from autotune.analysis.text import no_ok_trial
 from autotune.costmodel import diagnosis
 from autotune.spec.candidate import Candidate
 from autotune.spec.knobs import KNOB_NAMES
-from autotune.storage.counting import search_trials
 from autotune.storage.connection import load_study
+from autotune.storage.counting import search_trials
 from autotune.storage.schema import knobs_of, maximizes, outcome_of
 
 
 @dataclass
 class StudyView:
     study: optuna.Study
-    trials: list               # every trial, frozen, in trial order
+    trials: list  # every trial, frozen, in trial order
     ran: list
     ok: list
     objectives: list
@@ -67,8 +67,9 @@ class StudyView:
 
         attrs = self.study.user_attrs
         try:
-            return parse_spec(attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")),
-                              stored=True)
+            return parse_spec(
+                attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")), stored=True
+            )
         except (KeyError, ValueError, OSError):  # SpecError too: an older or moved study
             return None
 
@@ -98,14 +99,18 @@ class StudyView:
 
     def diagnosis(self, trial) -> dict | None:
         if trial.number not in self._diagnoses:
-            self._diagnoses[trial.number] = diagnosis.of_trial(trial, self.knobs(trial),
-                                                               self.study.user_attrs)
+            self._diagnoses[trial.number] = diagnosis.of_trial(
+                trial, self.knobs(trial), self.study.user_attrs
+            )
         return self._diagnoses[trial.number]
 
     def estimate(self, trial):
         """The raw cost-model estimate of ``trial``'s candidate (None without the spec)."""
-        return None if self.spec is None else costmodel.estimate(self.spec,
-                                                                 Candidate(**self.knobs(trial)))
+        return (
+            None
+            if self.spec is None
+            else costmodel.estimate(self.spec, Candidate(**self.knobs(trial)))
+        )
 
     def value(self, trial) -> float | None:
         """The first objective of an ``ok`` trial."""
@@ -113,9 +118,11 @@ class StudyView:
 
     def label(self, trial) -> str:
         """``#12`` plus what the trial is: the baseline, the best."""
-        roles = (["baseline"] if self.baseline is not None and trial.number == self.baseline.number
-                 else []) + (["best"] if self.best is not None and trial.number == self.best.number
-                             else [])
+        roles = (
+            ["baseline"]
+            if self.baseline is not None and trial.number == self.baseline.number
+            else []
+        ) + (["best"] if self.best is not None and trial.number == self.best.number else [])
         return f"#{trial.number}" + (f" ({', '.join(roles)})" if roles else "")
 
 
@@ -127,9 +134,21 @@ def view(name: str, storage: str | None = None) -> StudyView:
     ok = [t for t in ran if outcome_of(t) == "ok" and t.values]
     best_confirmed = ranking.best_confirmed(study)
     by_number = {t.number: t for t in trials}
-    best = (by_number[best_confirmed.number] if best_confirmed is not None
-            else next(iter(ranking.best_trials(study)), None))
-    objectives = (study.user_attrs.get("objectives")
-                  or [f"objective{i}" for i in range(len(study.directions))])
-    return StudyView(study, trials, ran, ok, objectives, best,
-                     ranking.baseline_of(study), ranking.summarize(study))
+    best = (
+        by_number[best_confirmed.number]
+        if best_confirmed is not None
+        else next(iter(ranking.best_trials(study)), None)
+    )
+    objectives = study.user_attrs.get("objectives") or [
+        f"objective{i}" for i in range(len(study.directions))
+    ]
+    return StudyView(
+        study,
+        trials,
+        ran,
+        ok,
+        objectives,
+        best,
+        ranking.baseline_of(study),
+        ranking.summarize(study),
+    )

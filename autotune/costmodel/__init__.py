@@ -19,9 +19,25 @@ Modules: ``workload`` (per-sample FLOPs, activations, messages of a model family
 """
 
 from autotune.costmodel.calibration import Calibration
-from autotune.costmodel.estimate import (NOT_ESTIMATED, SAFETY_MARGIN, Estimate, device_memory_cap,
-                                         estimate, format_estimate)
+from autotune.costmodel.estimate import (
+    NOT_ESTIMATED,
+    SAFETY_MARGIN,
+    Estimate,
+    device_memory_cap,
+    estimate,
+    format_estimate,
+)
 from autotune.costmodel.profiles import PROFILES, DeviceProfile, resolve_profile
 
-__all__ = ["Calibration", "DeviceProfile", "Estimate", "NOT_ESTIMATED", "PROFILES",
-           "SAFETY_MARGIN", "device_memory_cap", "estimate", "format_estimate", "resolve_profile"]
+__all__ = [
+    "Calibration",
+    "DeviceProfile",
+    "Estimate",
+    "NOT_ESTIMATED",
+    "PROFILES",
+    "SAFETY_MARGIN",
+    "device_memory_cap",
+    "estimate",
+    "format_estimate",
+    "resolve_profile",
+]

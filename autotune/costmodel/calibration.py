@@ -27,7 +27,7 @@ class Calibration:
     n_time: int = 0
 
     @classmethod
-    def from_pairs(cls, pairs) -> "Calibration":
+    def from_pairs(cls, pairs) -> Calibration:
         memory, time = [], []
         for est, memory_mb, step_ms in pairs:
             own = est.calibration or cls()
@@ -37,16 +37,24 @@ class Calibration:
                 memory.append(memory_mb / 1024 / predicted_gb)
             if _usable(step_ms) and _usable(predicted_s):
                 time.append(step_ms / 1000 / predicted_s)
-        return cls(statistics.median(memory) if memory else 1.0,
-                   statistics.median(time) if time else 1.0, len(memory), len(time))
+        return cls(
+            statistics.median(memory) if memory else 1.0,
+            statistics.median(time) if time else 1.0,
+            len(memory),
+            len(time),
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Calibration":
-        return cls(float(data.get("memory_factor", 1.0)), float(data.get("time_factor", 1.0)),
-                   int(data.get("n_memory", 0)), int(data.get("n_time", 0)))
+    def from_dict(cls, data: dict) -> Calibration:
+        return cls(
+            float(data.get("memory_factor", 1.0)),
+            float(data.get("time_factor", 1.0)),
+            int(data.get("n_memory", 0)),
+            int(data.get("n_time", 0)),
+        )
 
 
 def _usable(x) -> bool:

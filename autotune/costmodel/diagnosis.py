@@ -47,10 +47,10 @@ PARTS = {
     "optimizer": "optimizer",
     "host": "host overhead",
 }
-COMPUTE_BOUND = 0.8      # compute at least this share of the step: nothing else is worth chasing
-OVERFLOW_ALARM = 0.05    # overflowed measured steps after the back-off (each skips an update)
-UNDERFLOW_ALARM = 0.01   # gradient elements float16 flushes to zero at the settled scale
-MEMORY_ALARM = 0.9       # the cost model's SAFETY_MARGIN: above it a candidate is screened out
+COMPUTE_BOUND = 0.8  # compute at least this share of the step: nothing else is worth chasing
+OVERFLOW_ALARM = 0.05  # overflowed measured steps after the back-off (each skips an update)
+UNDERFLOW_ALARM = 0.01  # gradient elements float16 flushes to zero at the settled scale
+MEMORY_ALARM = 0.9  # the cost model's SAFETY_MARGIN: above it a candidate is screened out
 
 
 def _advice(part: str, knobs: dict) -> str:
@@ -87,8 +87,12 @@ def _number(value) -> float | None:
     return float(value)
 
 
-def diagnose(breakdown: dict | None, metrics: dict, knobs: dict | None = None,
-             memory_budget_gb: float | None = None) -> dict | None:
+def diagnose(
+    breakdown: dict | None,
+    metrics: dict,
+    knobs: dict | None = None,
+    memory_budget_gb: float | None = None,
+) -> dict | None:
     """The diagnosis of one trial (see the module doc); None without breakdown or step time."""
     knobs = knobs or {}
     times = {part: _number((breakdown or {}).get(part)) or 0.0 for part in PARTS}
@@ -101,45 +105,75 @@ def diagnose(breakdown: dict | None, metrics: dict, knobs: dict | None = None,
     shares = {part: ms / measured for part, ms in parts_ms.items()}
     largest = max((p for p in PARTS if p != "compute"), key=lambda p: shares[p])
 
-    facts = {name: metrics[name] for name in ("overflow_steps", "backoff_steps", "overflow_rate",
-                                              "underflow_share", "peak_memory_mb")
-             if _number(metrics.get(name)) is not None}
+    facts = {
+        name: metrics[name]
+        for name in (
+            "overflow_steps",
+            "backoff_steps",
+            "overflow_rate",
+            "underflow_share",
+            "peak_memory_mb",
+        )
+        if _number(metrics.get(name)) is not None
+    }
     if memory_budget_gb and "peak_memory_mb" in facts:
         facts["memory_budget_mb"] = memory_budget_gb * 1024
         facts["memory_share"] = facts["peak_memory_mb"] / facts["memory_budget_mb"]
 
     alarms = []
     if facts.get("memory_share", 0) > MEMORY_ALARM:
-        alarms.append(f"peak memory {facts['memory_share']:.0%} of the budget: no headroom "
-                      "(more tp/pp or recompute)")
+        alarms.append(
+            f"peak memory {facts['memory_share']:.0%} of the budget: no headroom "
+            "(more tp/pp or recompute)"
+        )
     if facts.get("overflow_rate", 0) > OVERFLOW_ALARM:
-        alarms.append(f"loss scale overflows {facts['overflow_rate']:.0%} of steps after its "
-                      "back-off: a lower initial loss scale")
+        alarms.append(
+            f"loss scale overflows {facts['overflow_rate']:.0%} of steps after its "
+            "back-off: a lower initial loss scale"
+        )
     if facts.get("underflow_share", 0) > UNDERFLOW_ALARM:
-        alarms.append(f"{facts['underflow_share']:.1%} of gradients underflow in float16: a "
-                      "higher loss scale")
+        alarms.append(
+            f"{facts['underflow_share']:.1%} of gradients underflow in float16: a higher loss scale"
+        )
     named = f"{PARTS[largest]} {shares[largest]:.0%}: {_advice(largest, knobs)}"
     if shares["compute"] >= COMPUTE_BOUND:
         named = f"compute-bound (compute {shares['compute']:.0%}); largest other part: {named}"
-    return {"step_time_ms": measured, "scale": scale,
-            "parts_ms": parts_ms, "shares": shares, "largest": largest,
-            "facts": facts, "verdict": "; ".join(alarms + [named])}
+    return {
+        "step_time_ms": measured,
+        "scale": scale,
+        "parts_ms": parts_ms,
+        "shares": shares,
+        "largest": largest,
+        "facts": facts,
+        "verdict": "; ".join(alarms + [named]),
+    }
 
 
 def fact_lines(facts: dict) -> list[str]:
     """The measured facts of a diagnosis, as sentences."""
     lines = []
     if "overflow_steps" in facts:
-        lines.append(f"overflowed steps (updates skipped): {facts['overflow_steps']:g}"
-                     + (f", {facts['backoff_steps']:g} of them the scaler's initial back-off"
-                        if "backoff_steps" in facts else "")
-                     + (f"; overflow rate after it {facts['overflow_rate']:.1%}"
-                        if "overflow_rate" in facts else ""))
+        lines.append(
+            f"overflowed steps (updates skipped): {facts['overflow_steps']:g}"
+            + (
+                f", {facts['backoff_steps']:g} of them the scaler's initial back-off"
+                if "backoff_steps" in facts
+                else ""
+            )
+            + (
+                f"; overflow rate after it {facts['overflow_rate']:.1%}"
+                if "overflow_rate" in facts
+                else ""
+            )
+        )
     if "underflow_share" in facts:
         lines.append(f"gradients flushed to zero in float16: {facts['underflow_share']:.2%}")
     if "peak_memory_mb" in facts:
-        budget = (f" of {facts['memory_budget_mb']:.0f} MB budget ({facts['memory_share']:.0%})"
-                  if "memory_budget_mb" in facts else "")
+        budget = (
+            f" of {facts['memory_budget_mb']:.0f} MB budget ({facts['memory_share']:.0%})"
+            if "memory_budget_mb" in facts
+            else ""
+        )
         lines.append(f"peak memory per device: {facts['peak_memory_mb']:.0f} MB{budget}")
     return lines
 
@@ -164,8 +198,10 @@ def memory_budget_gb(study_attrs: dict) -> float | None:
     if "model_yaml" not in study_attrs:
         return None
     # the text is the cache key: a record per trial must not parse the file each time
-    return _budget_gb(json.dumps(study_attrs["model_yaml"], sort_keys=True),
-                      study_attrs.get("model_yaml_path", "."))
+    return _budget_gb(
+        json.dumps(study_attrs["model_yaml"], sort_keys=True),
+        study_attrs.get("model_yaml_path", "."),
+    )
 
 
 def from_attrs(attrs: dict, knobs: dict, study_attrs: dict) -> dict | None:

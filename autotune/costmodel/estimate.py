@@ -73,6 +73,8 @@ def device_memory_cap(cluster) -> dict | None:
         return None
     size = resolve_profile(cluster).memory_gb
     return {"size_gb": size, "max_size_gb": round(size * SAFETY_MARGIN, 2)}
+
+
 NAN = float("nan")
 
 
@@ -97,17 +99,32 @@ class Estimate:
             if isinstance(value, tuple):
                 return list(value)
             return None if isinstance(value, float) and math.isnan(value) else value
-        return {k: clean(getattr(self, k)) for k in (
-            "feasible", "reason", "memory_gb_per_device", "step_time_s", "samples_per_s",
-            "tflops_per_device", "mfu", "breakdown", "not_modelled")}
+
+        return {
+            k: clean(getattr(self, k))
+            for k in (
+                "feasible",
+                "reason",
+                "memory_gb_per_device",
+                "step_time_s",
+                "samples_per_s",
+                "tflops_per_device",
+                "mfu",
+                "breakdown",
+                "not_modelled",
+            )
+        }
 
 
 def fused_attention(model, profile) -> bool:
     """Whether the run computes ``model``'s attention fused: asked for (``flash_attention``), on
     a device that has the fused operator (its backend's ``fused_attention``: Ascend) and a model
     it accepts (`autotune.spec.attention`). Elsewhere the scores are stored, and priced so."""
-    return (model.flash_attention and backend_of(profile.kind).fused_attention
-            and not fused_refusal(model))
+    return (
+        model.flash_attention
+        and backend_of(profile.kind).fused_attention
+        and not fused_refusal(model)
+    )
 
 
 def _unknown(feasible: bool, reason: str) -> Estimate:
@@ -119,13 +136,18 @@ def not_modelled(model, engine: str) -> tuple[str, ...]:
     price, one sentence each."""
     notes = []
     if model.sequence_parallel and engine != "mindspore":
-        notes.append(f"model.sequence_parallel: MindSpore's sequence parallelism is not what the "
-                     f"{engine} engine runs; priced with activations whole between layers")
+        notes.append(
+            f"model.sequence_parallel: MindSpore's sequence parallelism is not what the "
+            f"{engine} engine runs; priced with activations whole between layers"
+        )
     if model.recompute_layers.get("select_comm_recompute") and not (
-            model.sequence_parallel and engine == "mindspore"):
-        notes.append("model.recompute_layers.select_comm_recompute: recomputes the all-gather "
-                     "after the norms, which only MindSpore's sequence parallelism has; no effect "
-                     "priced")
+        model.sequence_parallel and engine == "mindspore"
+    ):
+        notes.append(
+            "model.recompute_layers.select_comm_recompute: recomputes the all-gather "
+            "after the norms, which only MindSpore's sequence parallelism has; no effect "
+            "priced"
+        )
     return tuple(notes)
 
 
@@ -134,8 +156,9 @@ def default_engine(spec) -> str:
     return "mindspore" if backend_of(spec.cluster.backend).kind == "estimate" else "trainer"
 
 
-def estimate(spec, candidate, calibration: Calibration | None = None,
-             engine: str | None = None) -> Estimate:
+def estimate(
+    spec, candidate, calibration: Calibration | None = None, engine: str | None = None
+) -> Estimate:
     """The verdict on ``candidate`` for ``spec`` (see the module doc)."""
     engine = engine or default_engine(spec)
     if engine not in ENGINES:
@@ -145,24 +168,49 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
     if broken:
         return _unknown(False, "; ".join(broken))
     if candidate.jit_level == "O2" and not backend_of(profile.kind).graph_engine:
-        return _unknown(False, f"jit_level O2 sinks the graph through CANN: Ascend only "
-                               f"(device profile {profile.name} is {profile.kind})")
-    work = workload_for(spec.model, fused_attention(spec.model, profile),
-                        sequence_parallel=spec.model.sequence_parallel and engine == "mindspore")
+        return _unknown(
+            False,
+            f"jit_level O2 sinks the graph through CANN: Ascend only "
+            f"(device profile {profile.name} is {profile.kind})",
+        )
+    work = workload_for(
+        spec.model,
+        fused_attention(spec.model, profile),
+        sequence_parallel=spec.model.sequence_parallel and engine == "mindspore",
+    )
     if work is None:
         return _unknown(True, NOT_ESTIMATED)
 
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
-    n_micro = micro_steps(pp=candidate.pp, micro_batches=candidate.micro_batches,
-                          grad_accum=candidate.grad_accum)
+    n_micro = micro_steps(
+        pp=candidate.pp, micro_batches=candidate.micro_batches, grad_accum=candidate.grad_accum
+    )
     micro_batch = max(1, batch // (candidate.dp * n_micro))
     model = spec.model
-    stages = memory_per_stage(work, candidate, micro_batch, n_micro, dtype, profile.framework_gb,
-                              engine, model.param_dtype, model.optimizer_dtype)
+    stages = memory_per_stage(
+        work,
+        candidate,
+        micro_batch,
+        n_micro,
+        dtype,
+        profile.framework_gb,
+        engine,
+        model.param_dtype,
+        model.optimizer_dtype,
+    )
     memory = max(stages, key=lambda parts: sum(parts.values()))
-    times, flops = step_time(work, candidate, profile, spec.cluster, micro_batch, n_micro,
-                             dtype, max(rank_params(work, candidate.tp, candidate.pp)), engine,
-                             model.param_dtype)
+    times, flops = step_time(
+        work,
+        candidate,
+        profile,
+        spec.cluster,
+        micro_batch,
+        n_micro,
+        dtype,
+        max(rank_params(work, candidate.tp, candidate.pp)),
+        engine,
+        model.param_dtype,
+    )
     times, memory = dict(times), dict(memory)
     PRICES.call(candidate.as_dict(), spec, candidate, times, memory)  # knobs priced by a hook
     if calibration is not None:
@@ -176,15 +224,22 @@ def estimate(spec, candidate, calibration: Calibration | None = None,
     if cap is not None and memory_gb > cap:  # MindSpore's max_device_memory: a cap already
         reason = f"predicted {memory_gb:.1f} GB/device > max_device_memory {cap:g} GB"
     elif cap is None and memory_gb > profile.memory_gb * SAFETY_MARGIN:
-        reason = (f"predicted {memory_gb:.1f} GB/device > {profile.memory_gb:g} GB × "
-                  f"{SAFETY_MARGIN} safety margin")
+        reason = (
+            f"predicted {memory_gb:.1f} GB/device > {profile.memory_gb:g} GB × "
+            f"{SAFETY_MARGIN} safety margin"
+        )
     return Estimate(
-        feasible=not reason, reason=reason, memory_gb_per_device=memory_gb,
-        step_time_s=seconds, samples_per_s=batch / seconds,
+        feasible=not reason,
+        reason=reason,
+        memory_gb_per_device=memory_gb,
+        step_time_s=seconds,
+        samples_per_s=batch / seconds,
         tflops_per_device=flops["executed"] / devices / seconds / 1e12,
         mfu=flops["model"] / devices / seconds / profile.peak(dtype),
         breakdown={"time_s": times, "memory_gb": memory},
-        not_modelled=not_modelled(spec.model, engine), calibration=calibration)
+        not_modelled=not_modelled(spec.model, engine),
+        calibration=calibration,
+    )
 
 
 def format_estimate(est: Estimate) -> str:
@@ -192,11 +247,13 @@ def format_estimate(est: Estimate) -> str:
     lines = [f"{'feasible':<22}{'yes' if est.feasible else 'no'}"]
     if est.reason:
         lines.append(f"{'reason':<22}{est.reason}")
-    rows = [("memory / device", est.memory_gb_per_device, "GB", "{:.2f}"),
-            ("step time", est.step_time_s, "s", "{:.4g}"),
-            ("samples / s", est.samples_per_s, "", "{:.4g}"),
-            ("TFLOP/s / device", est.tflops_per_device, "", "{:.4g}"),
-            ("MFU", est.mfu * 100, "%", "{:.1f}")]
+    rows = [
+        ("memory / device", est.memory_gb_per_device, "GB", "{:.2f}"),
+        ("step time", est.step_time_s, "s", "{:.4g}"),
+        ("samples / s", est.samples_per_s, "", "{:.4g}"),
+        ("TFLOP/s / device", est.tflops_per_device, "", "{:.4g}"),
+        ("MFU", est.mfu * 100, "%", "{:.1f}"),
+    ]
     for label, value, unit, fmt in rows:
         text = "n/a" if math.isnan(value) else f"{fmt.format(value)} {unit}".rstrip()
         lines.append(f"{label:<22}{text}")
@@ -208,15 +265,23 @@ def format_estimate(est: Estimate) -> str:
         left = [(k, v, v / total_t) for k, v in times.items()]
         right = [(k, v, v / total_m) for k, v in memory.items()]
         for i in range(max(len(left), len(right))):
-            a = f"  {left[i][0]:<20}{left[i][1]:>10.4g}{left[i][2]:>7.1%}" if i < len(left) \
+            a = (
+                f"  {left[i][0]:<20}{left[i][1]:>10.4g}{left[i][2]:>7.1%}"
+                if i < len(left)
                 else " " * 39
-            b = f"    {right[i][0]:<18}{right[i][1]:>8.2f}{right[i][2]:>7.1%}" if i < len(right) \
+            )
+            b = (
+                f"    {right[i][0]:<18}{right[i][1]:>8.2f}{right[i][2]:>7.1%}"
+                if i < len(right)
                 else ""
+            )
             lines.append((a + b).rstrip())
     for note in est.not_modelled:
         lines.append(f"{'not modelled':<22}{note}")
     if est.calibration is not None:
         c = est.calibration
-        lines.append(f"\ncalibrated: memory ×{c.memory_factor:.3g} ({c.n_memory} trials), "
-                     f"time ×{c.time_factor:.3g} ({c.n_time} trials)")
+        lines.append(
+            f"\ncalibrated: memory ×{c.memory_factor:.3g} ({c.n_memory} trials), "
+            f"time ×{c.time_factor:.3g} ({c.n_time} trials)"
+        )
     return "\n".join(lines)

@@ -18,17 +18,33 @@ PRICES = KnobHooks("cost model")
 
 _LAYOUT = "the layout sets every part of the step: compute, communication, bubble and memory"
 for _name, _where, _why in (
-        ("dp", "autotune.costmodel.step_time:step_time", _LAYOUT),
-        ("tp", "autotune.costmodel.step_time:step_time", _LAYOUT),
-        ("pp", "autotune.costmodel.step_time:step_time", _LAYOUT),
-        ("micro_batches", "autotune.costmodel.estimate:estimate",
-         "the micro-batch size and count every part of the step is priced at"),
-        ("grad_accum", "autotune.costmodel.estimate:estimate",
-         "the micro-batch size and count every part of the step is priced at"),
-        ("fusion_mb", "autotune.costmodel.step_time:_dp_exposed",
-         "the bucket size sets how much of the data-parallel all-reduce overlaps the backward"),
-        ("recompute", "autotune.costmodel.step_time:step_time",
-         "each stage's recompute modes change its compute, traffic and activations"),
-        ("parallel_optimizer", "autotune.costmodel.memory:shards_optimizer",
-         "sharded optimizer states and the gathers they need, in memory and in time")):
+    ("dp", "autotune.costmodel.step_time:step_time", _LAYOUT),
+    ("tp", "autotune.costmodel.step_time:step_time", _LAYOUT),
+    ("pp", "autotune.costmodel.step_time:step_time", _LAYOUT),
+    (
+        "micro_batches",
+        "autotune.costmodel.estimate:estimate",
+        "the micro-batch size and count every part of the step is priced at",
+    ),
+    (
+        "grad_accum",
+        "autotune.costmodel.estimate:estimate",
+        "the micro-batch size and count every part of the step is priced at",
+    ),
+    (
+        "fusion_mb",
+        "autotune.costmodel.step_time:_dp_exposed",
+        "the bucket size sets how much of the data-parallel all-reduce overlaps the backward",
+    ),
+    (
+        "recompute",
+        "autotune.costmodel.step_time:step_time",
+        "each stage's recompute modes change its compute, traffic and activations",
+    ),
+    (
+        "parallel_optimizer",
+        "autotune.costmodel.memory:shards_optimizer",
+        "sharded optimizer states and the gathers they need, in memory and in time",
+    ),
+):
     PRICES.in_place(_name, _where, _why)

@@ -74,8 +74,13 @@ import math
 from functools import lru_cache
 
 from autotune.families.workload import Workload
-from autotune.layout import (DTYPE_BYTES, builtin_layout, optimizer_whole, rank_elements,
-                             with_optimizer_shards)
+from autotune.layout import (
+    DTYPE_BYTES,
+    builtin_layout,
+    optimizer_whole,
+    rank_elements,
+    with_optimizer_shards,
+)
 
 GIB = 2**30
 MIB = 2**20
@@ -89,8 +94,13 @@ STATE_PARTS = ("params", "grads", "accumulators", "optimizer_states")
 FUSION_FILL = 0.25
 
 
-def state_bytes(engine: str, dtype: str, n_micro: int, param_dtype: str = "float32",
-                optimizer_dtype: str = "float32") -> dict:
+def state_bytes(
+    engine: str,
+    dtype: str,
+    n_micro: int,
+    param_dtype: str = "float32",
+    optimizer_dtype: str = "float32",
+) -> dict:
     """Bytes per local parameter of each model-state part (see the module doc)."""
     if engine == "megatron":
         half = dtype != "float32"
@@ -99,8 +109,12 @@ def state_bytes(engine: str, dtype: str, n_micro: int, param_dtype: str = "float
     accumulates = n_micro > 1
     # MindSpore adds each micro-batch's gradient into its accumulators: no separate gradients
     grads = 0 if engine == "mindspore" and accumulates else param
-    return dict(zip(STATE_PARTS, (param, grads, param if accumulates else 0,
-                                  2 * DTYPE_BYTES[optimizer_dtype])))
+    return dict(
+        zip(
+            STATE_PARTS,
+            (param, grads, param if accumulates else 0, 2 * DTYPE_BYTES[optimizer_dtype]),
+        )
+    )
 
 
 def gradient_bytes(engine: str, dtype: str, param_dtype: str = "float32") -> int:
@@ -158,8 +172,9 @@ def optimizer_elements(work: Workload, dp: int, tp: int, pp: int, param_bytes: i
     return tuple(per_stage)
 
 
-def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n_micro: int,
-                      dtype: str, engine: str) -> float:
+def stage_activations(
+    work: Workload, candidate, stage: int, micro_batch: int, n_micro: int, dtype: str, engine: str
+) -> float:
     """Activation bytes one device of ``stage`` holds at its peak (see the module doc);
     ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step."""
     tp, pp = candidate.tp, candidate.pp
@@ -167,13 +182,17 @@ def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n
     modes = work.stage_modes(candidate.recompute, pp, stage)
     in_flight = max(1, min(pp - stage, n_micro))
     first, last = stage == 0, stage == pp - 1
-    one = micro_batch * sum(layers * work.layer_activations(tp, mode, nbytes, comm)
-                            for (mode, comm), layers in modes)
+    one = micro_batch * sum(
+        layers * work.layer_activations(tp, mode, nbytes, comm) for (mode, comm), layers in modes
+    )
     if first:  # the embedding's own activations, with the layers' of the same micro-batch
         one += micro_batch * work.first_stage_activations(tp, nbytes)
     # Under full recompute the layer being back-propagated is rebuilt whole for a moment.
-    working = micro_batch * work.layer_activations(tp, "none", nbytes) \
-        if any(mode == "full" for (mode, _), _ in modes) else 0.0
+    working = (
+        micro_batch * work.layer_activations(tp, "none", nbytes)
+        if any(mode == "full" for (mode, _), _ in modes)
+        else 0.0
+    )
     if last:
         working += micro_batch * work.last_stage_activations(tp, nbytes)
     if last or engine != "trainer":
@@ -187,22 +206,33 @@ def stage_activations(work: Workload, candidate, stage: int, micro_batch: int, n
     return kept + working
 
 
-def memory_per_stage(work: Workload, candidate, micro_batch: int, n_micro: int, dtype: str,
-                     framework_gb: float, engine: str = "trainer", param_dtype: str = "float32",
-                     optimizer_dtype: str = "float32") -> list[dict]:
+def memory_per_stage(
+    work: Workload,
+    candidate,
+    micro_batch: int,
+    n_micro: int,
+    dtype: str,
+    framework_gb: float,
+    engine: str = "trainer",
+    param_dtype: str = "float32",
+    optimizer_dtype: str = "float32",
+) -> list[dict]:
     """One breakdown dict (GiB by part) per pipeline stage."""
     params_per_stage = rank_params(work, candidate.tp, candidate.pp)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     sharded = None
     if shards_optimizer(candidate, engine):
-        sharded = optimizer_elements(work, candidate.dp, candidate.tp, candidate.pp,
-                                     per_param["params"])
+        sharded = optimizer_elements(
+            work, candidate.dp, candidate.tp, candidate.pp, per_param["params"]
+        )
     stages = []
     for stage, params in enumerate(params_per_stage):
         fusion = 0.0
         if candidate.dp > 1:
-            fusion = min(candidate.fusion_mb * MIB * FUSION_FILL,
-                         params * gradient_bytes(engine, dtype, param_dtype))
+            fusion = min(
+                candidate.fusion_mb * MIB * FUSION_FILL,
+                params * gradient_bytes(engine, dtype, param_dtype),
+            )
         parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
         if sharded is not None:
             owned, shard_rows, on_dp, on_stage = sharded[stage]
@@ -211,14 +241,17 @@ def memory_per_stage(work: Workload, candidate, micro_batch: int, n_micro: int, 
                 parts["params"] += shard_rows * per_param["params"] / GIB
             else:  # MindSpore keeps the owned rows, and the gathered copy until the backward
                 unowned = on_dp + on_stage - shard_rows
-                parts["params"] += ((on_dp + on_stage) * gathered_bytes(dtype, param_dtype)
-                                    - unowned * per_param["params"]) / GIB
+                parts["params"] += (
+                    (on_dp + on_stage) * gathered_bytes(dtype, param_dtype)
+                    - unowned * per_param["params"]
+                ) / GIB
                 # reduce-scattered: the owned rows of the sharded gradients; the whole ones
                 # are all-reduced into a buffer of their own
                 whole_grads = params - (on_dp + on_stage)
                 parts["grads"] = (shard_rows + whole_grads) * DTYPE_BYTES[param_dtype] / GIB
-        parts["activations"] = stage_activations(work, candidate, stage, micro_batch, n_micro,
-                                                 dtype, engine) / GIB
+        parts["activations"] = (
+            stage_activations(work, candidate, stage, micro_batch, n_micro, dtype, engine) / GIB
+        )
         parts["overhead"] = framework_gb + fusion / GIB
         stages.append(parts)
     return stages

@@ -34,23 +34,23 @@ class DeviceProfile:
     """Hardware of one device and its links. Every number is documented where it is set."""
 
     name: str
-    kind: str                    # its device backend's name (`autotune.spec.backends`)
-    memory_gb: float             # device memory (GiB)
-    peak_tflops: float           # dense FP16/BF16 matrix peak
-    peak_tflops_fp32: float      # dense FP32 peak (compute dtype float32)
-    hbm_gbps: float              # device memory bandwidth (prices memory-bound kernels)
-    intra_node_gbps: float       # per device, per direction, inside a node
-    inter_node_gbps: float       # per device, per direction, between nodes
+    kind: str  # its device backend's name (`autotune.spec.backends`)
+    memory_gb: float  # device memory (GiB)
+    peak_tflops: float  # dense FP16/BF16 matrix peak
+    peak_tflops_fp32: float  # dense FP32 peak (compute dtype float32)
+    hbm_gbps: float  # device memory bandwidth (prices memory-bound kernels)
+    intra_node_gbps: float  # per device, per direction, inside a node
+    inter_node_gbps: float  # per device, per direction, between nodes
     collective_latency_us: float  # fixed cost of launching one collective
-    hop_latency_us: float        # per ring step (the α of the α–β model)
-    framework_gb: float          # runtime baseline per device (context, workspaces, comm buffers)
-    achievable: float            # fraction of peak that large GEMMs sustain
-    hbm_efficiency: float        # fraction of hbm_gbps that memory-bound kernels sustain
-    link_efficiency: float       # fraction of link bandwidth collectives sustain
-    step_overhead_ms: float      # host work per training step (launch, data, bookkeeping)
-    comm_overlap: float          # share of the backward window that hides the DP all-reduce
+    hop_latency_us: float  # per ring step (the α of the α–β model)
+    framework_gb: float  # runtime baseline per device (context, workspaces, comm buffers)
+    achievable: float  # fraction of peak that large GEMMs sustain
+    hbm_efficiency: float  # fraction of hbm_gbps that memory-bound kernels sustain
+    link_efficiency: float  # fraction of link bandwidth collectives sustain
+    step_overhead_ms: float  # host work per training step (launch, data, bookkeeping)
+    comm_overlap: float  # share of the backward window that hides the DP all-reduce
     half_collective_factor: float  # time of a 16-bit all-reduce over the α–β price (float32's)
-    jit_o0: float                # compute-time factor per jit level, relative to O1
+    jit_o0: float  # compute-time factor per jit level, relative to O1
     jit_o1: float
     jit_o2: float
     jit_pynative: float
@@ -74,8 +74,12 @@ class DeviceProfile:
         return min(self.intra_node_gbps, max(1, size - 1) * self.mesh_link_gbps)
 
     def jit_factor(self, level: str) -> float:
-        return {"O0": self.jit_o0, "O1": self.jit_o1, "O2": self.jit_o2,
-                "pynative": self.jit_pynative}[level]
+        return {
+            "O0": self.jit_o0,
+            "O1": self.jit_o1,
+            "O2": self.jit_o2,
+            "pynative": self.jit_pynative,
+        }[level]
 
 
 # Assumptions shared by the accelerator profiles (no per-device source; calibrate per study):
@@ -97,15 +101,28 @@ class DeviceProfile:
 #   depends on stream scheduling and on contention for HBM and SMs/cores, which no datasheet
 #   gives; half is a start between the CPU's measured 0 and the ideal 1. The per-study
 #   calibration's time factor corrects the step time it prices (docs/accelerators.md).
-_ACCEL = dict(collective_latency_us=20.0, hop_latency_us=2.0, framework_gb=2.0, achievable=0.74,
-              hbm_efficiency=0.7, link_efficiency=0.8, step_overhead_ms=2.0, comm_overlap=0.5,
-              half_collective_factor=1.0,
-              jit_o0=1.15, jit_o1=1.0, jit_o2=0.92, jit_pynative=1.5)
+_ACCEL = dict(
+    collective_latency_us=20.0,
+    hop_latency_us=2.0,
+    framework_gb=2.0,
+    achievable=0.74,
+    hbm_efficiency=0.7,
+    link_efficiency=0.8,
+    step_overhead_ms=2.0,
+    comm_overlap=0.5,
+    half_collective_factor=1.0,
+    jit_o0=1.15,
+    jit_o1=1.0,
+    jit_o2=0.92,
+    jit_pynative=1.5,
+)
 
 # MindSpore 2.10's GPU plugin is built for CUDA 11 (plugin/libmindspore_gpu.so.11.1/.11.6): no
 # Hopper kernels (FP8, TMA/wgmma GEMMs), so the datasheet's peak is not what its kernels reach.
-_HOPPER = ("calibrate first: the datasheet peak assumes Hopper kernels that MindSpore 2.10's "
-           "CUDA 11 GPU plugin does not have; run a few trials before trusting its ranking")
+_HOPPER = (
+    "calibrate first: the datasheet peak assumes Hopper kernels that MindSpore 2.10's "
+    "CUDA 11 GPU plugin does not have; run a few trials before trusting its ranking"
+)
 
 PROFILES: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16/FP16 312 TFLOPS dense, FP32 19.5,
@@ -115,12 +132,14 @@ PROFILES: dict[str, DeviceProfile] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16/FP16 1,979 TFLOPS with sparsity →
     # 989 dense, FP32 67, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction).
     # NVIDIA DGX H100: 8× 400 Gb/s NDR InfiniBand (ConnectX-7), one per GPU → 50 GB/s.
-    "h100-80g": DeviceProfile("h100-80g", "gpu", 80.0, 989.0, 67.0, 3350.0, 450.0, 50.0, **_ACCEL,
-                              caveat=_HOPPER),
+    "h100-80g": DeviceProfile(
+        "h100-80g", "gpu", 80.0, 989.0, 67.0, 3350.0, 450.0, 50.0, **_ACCEL, caveat=_HOPPER
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, same compute as
     # H100 SXM (989 dense FP16/BF16, 67 FP32), NVLink 900 GB/s; DGX H200: 400 Gb/s per GPU.
-    "h200": DeviceProfile("h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL,
-                          caveat=_HOPPER),
+    "h200": DeviceProfile(
+        "h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL, caveat=_HOPPER
+    ),
     # Huawei Ascend 910B (Atlas 800T A2 server, 8 NPUs). Huawei publishes no full per-chip
     # datasheet; public figures: ≈313 TFLOPS FP16/BF16 (variants quoted 280–376), 64 GB HBM2e at
     # ≈1.6 TB/s, HCCS full mesh 7 links × 56 GB/s = 392 GB/s per NPU (196 per direction),
@@ -129,8 +148,18 @@ PROFILES: dict[str, DeviceProfile] = {
     # The mesh gives each pair of NPUs one link, 56 GB/s both ways = 28 per direction, so a group
     # of n NPUs in a server reaches min(196, (n − 1) × 28) GB/s per direction: 28 for two, 84 for
     # four, 196 only for all eight (docs/accelerators.md).
-    "ascend-910b": DeviceProfile("ascend-910b", "ascend", 64.0, 313.0, 78.0, 1600.0, 196.0, 25.0,
-                                 **_ACCEL, mesh_link_gbps=28.0),
+    "ascend-910b": DeviceProfile(
+        "ascend-910b",
+        "ascend",
+        64.0,
+        313.0,
+        78.0,
+        1600.0,
+        196.0,
+        25.0,
+        **_ACCEL,
+        mesh_link_gbps=28.0,
+    ),
 }
 
 # The CPU class this project runs on (docs/mindspore-cpu.md; lscpu here: 2 vCPUs of an AVX-512
@@ -143,10 +172,12 @@ CPU_MACHINE_PEAK_TFLOPS_FP32 = 0.333
 # kernel was 1.4–1.6× slower and MLP training steps 0.9–1.2× — see there before relying on 2.4.
 CPU_HALF_SLOWDOWN = 2.4
 CPU_BASE = DeviceProfile(
-    "cpu", "cpu", memory_gb=16.0,  # replaced by cluster.device_memory_gb
+    "cpu",
+    "cpu",
+    memory_gb=16.0,  # replaced by cluster.device_memory_gb
     peak_tflops=CPU_MACHINE_PEAK_TFLOPS_FP32 / CPU_HALF_SLOWDOWN,
     peak_tflops_fp32=CPU_MACHINE_PEAK_TFLOPS_FP32,
-    hbm_gbps=20.0,               # assumption: a 2-vCPU share of a server's DRAM bandwidth
+    hbm_gbps=20.0,  # assumption: a 2-vCPU share of a server's DRAM bandwidth
     # All-reduce between the two pinned msrun workers of this machine, measured with
     # `.venv/bin/python benchmarks/records/collectives_cpu.py` (a 2-rank create_group group,
     # AllReduce inside a compiled Cell, 4 B – 64 MB) and fitted to allreduce_time's n = 2 form
@@ -164,7 +195,8 @@ CPU_BASE = DeviceProfile(
     # Assumption: between machines the same collective library over 10 GbE (1.25 GB/s); the
     # library's own rate above is the lower bound, so it is taken for the wire too.
     inter_node_gbps=0.45,
-    collective_latency_us=215.0, hop_latency_us=0.0,
+    collective_latency_us=215.0,
+    hop_latency_us=0.0,
     # MindSpore's runtime plus a small model: RSS 0.8/1.5/4.1/7.6 GB at batch 32/128/512/1024
     # extrapolated to ≈0.55 GB at batch 0. docs/mindspore-cpu.md "Peak memory and the runtime
     # baseline" (2026-11-29): runtime alone 0.51 GB, a small model's peak 0.55 GB.
@@ -175,7 +207,8 @@ CPU_BASE = DeviceProfile(
     # doc's re-measurement (2026-11-29) is slower: 9.38 s under load, and 2.50–2.55 s at 4,096
     # rows where the model says 1.84 s.
     achievable=0.19,
-    hbm_efficiency=0.7, link_efficiency=0.8,
+    hbm_efficiency=0.7,
+    link_efficiency=0.8,
     # A small DP model steps in 7–12 ms in total (docs/mindspore-cpu.md "Step overhead and
     # fusing small gradients": 6 ms on 2026-11-29, gradients fused).
     step_overhead_ms=5.0,
@@ -193,12 +226,22 @@ CPU_BASE = DeviceProfile(
     # docs/mindspore-cpu.md "Jit levels": O0/O1/O2 give the same CPU kernel graph. PyNative: set
     # from "6–8× slower"; the doc's "PyNative vs GRAPH_MODE" measured 3.4–3.6× on a small MLP and
     # ≈1–1.4× on a compute-bound one (2026-11-29).
-    jit_o0=1.0, jit_o1=1.0, jit_o2=1.0, jit_pynative=7.0)
+    jit_o0=1.0,
+    jit_o1=1.0,
+    jit_o2=1.0,
+    jit_pynative=7.0,
+)
 
 _NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind", "caveat"))
 _OPTIONAL = ("mesh_link_gbps",)  # a whole profile given as numbers may leave these out
-_MAY_BE_ZERO = ("collective_latency_us", "hop_latency_us", "framework_gb", "step_overhead_ms",
-                "comm_overlap", "mesh_link_gbps")
+_MAY_BE_ZERO = (
+    "collective_latency_us",
+    "hop_latency_us",
+    "framework_gb",
+    "step_overhead_ms",
+    "comm_overlap",
+    "mesh_link_gbps",
+)
 
 
 def resolve_profile(cluster) -> DeviceProfile:
@@ -208,8 +251,11 @@ def resolve_profile(cluster) -> DeviceProfile:
     if name == CPU_BASE.name:
         base = replace(CPU_BASE, memory_gb=cluster.device_memory_gb or CPU_BASE.memory_gb)
         per_node = max(1, cluster.devices_per_node)  # workers of a node share its cores
-        base = replace(base, peak_tflops=base.peak_tflops / per_node,
-                       peak_tflops_fp32=base.peak_tflops_fp32 / per_node)
+        base = replace(
+            base,
+            peak_tflops=base.peak_tflops / per_node,
+            peak_tflops_fp32=base.peak_tflops_fp32 / per_node,
+        )
         return _override(base, device, allow_base=False) if isinstance(device, dict) else base
     if device is None:
         profile = PROFILES[name]
@@ -225,8 +271,10 @@ def resolve_profile(cluster) -> DeviceProfile:
 
 def _named(name) -> DeviceProfile:
     if name not in PROFILES:
-        raise SpecError(f"cluster.device: unknown device profile {name!r} "
-                        f"(known: {', '.join(PROFILES)}, cpu, or a mapping of numbers)")
+        raise SpecError(
+            f"cluster.device: unknown device profile {name!r} "
+            f"(known: {', '.join(PROFILES)}, cpu, or a mapping of numbers)"
+        )
     return PROFILES[name]
 
 
@@ -242,17 +290,22 @@ def _override(base: DeviceProfile | None, numbers: dict, allow_base: bool) -> De
         raise SpecError(f"cluster.device.kind: must be one of {', '.join(kinds)}, got {kind!r}")
     for key, value in numbers.items():
         if key not in _NUMERIC:
-            raise SpecError(f"cluster.device.{key}: unknown field (known: base, kind, "
-                            f"{', '.join(_NUMERIC)})")
+            raise SpecError(
+                f"cluster.device.{key}: unknown field (known: base, kind, {', '.join(_NUMERIC)})"
+            )
         floor = 0 if key in _MAY_BE_ZERO else 1e-12
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= floor:
-            raise SpecError(f"cluster.device.{key}: must be a number "
-                            f"{'≥' if floor == 0 else '>'} 0, got {value!r}")
+            raise SpecError(
+                f"cluster.device.{key}: must be a number "
+                f"{'≥' if floor == 0 else '>'} 0, got {value!r}"
+            )
     if base is None:
         missing = [k for k in _NUMERIC if k not in numbers and k not in _OPTIONAL]
         if missing:
-            raise SpecError(f"cluster.device: give base: <profile> or every field; missing "
-                            f"{', '.join(missing)}")
+            raise SpecError(
+                f"cluster.device: give base: <profile> or every field; missing {', '.join(missing)}"
+            )
         return DeviceProfile(name="custom", kind=kind, **{k: float(v) for k, v in numbers.items()})
-    return replace(base, name=f"{base.name}*", kind=kind,
-                   **{k: float(v) for k, v in numbers.items()})
+    return replace(
+        base, name=f"{base.name}*", kind=kind, **{k: float(v) for k, v in numbers.items()}
+    )

@@ -84,15 +84,21 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autotune.costmodel.memory import (FUSION_FILL, MIB, gathered_bytes, gradient_bytes,
-                                       optimizer_elements, shards_optimizer)
+from autotune.costmodel.memory import (
+    FUSION_FILL,
+    MIB,
+    gathered_bytes,
+    gradient_bytes,
+    optimizer_elements,
+    shards_optimizer,
+)
 from autotune.costmodel.profiles import DeviceProfile
 from autotune.families.workload import Workload
 from autotune.layout import DTYPE_BYTES, rank_of
 
 OPTIMIZER_BYTES_PER_PARAM = 32  # read + write of the 16 bytes/param of Adam state
-BACKWARD_SHARE = 2 / 3          # backward = 2 × forward FLOPs (Narayanan et al. 2021)
-FLOAT32 = 4                     # the cross-entropy's all-reduces are float32 whatever the dtype
+BACKWARD_SHARE = 2 / 3  # backward = 2 × forward FLOPs (Narayanan et al. 2021)
+FLOAT32 = 4  # the cross-entropy's all-reduces are float32 whatever the dtype
 
 
 def allreduce_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -> float:
@@ -110,19 +116,31 @@ def crossings(dp: int, tp: int, pp: int, per_node: int) -> tuple[bool, bool, tup
 
     Ranks of a group grow with its index, so a group spans nodes exactly when its first and
     last rank are on different nodes."""
+
     def node(stage, d, t):
         return rank_of(stage, d, t, dp, tp) // per_node
 
     tp_crosses = any(node(s, d, 0) != node(s, d, tp - 1) for s in range(pp) for d in range(dp))
     dp_crosses = any(node(s, 0, t) != node(s, dp - 1, t) for s in range(pp) for t in range(tp))
-    boundaries = tuple(any(node(s, d, t) != node(s + 1, d, t)
-                           for d in range(dp) for t in range(tp)) for s in range(pp - 1))
+    boundaries = tuple(
+        any(node(s, d, t) != node(s + 1, d, t) for d in range(dp) for t in range(tp))
+        for s in range(pp - 1)
+    )
     return tp_crosses, dp_crosses, boundaries
 
 
-def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: int,
-              n_micro: int, dtype: str, params_per_device: float,
-              engine: str = "trainer", param_dtype: str = "float32") -> tuple[dict, dict]:
+def step_time(
+    work: Workload,
+    c,
+    profile: DeviceProfile,
+    cluster,
+    micro_batch: int,
+    n_micro: int,
+    dtype: str,
+    params_per_device: float,
+    engine: str = "trainer",
+    param_dtype: str = "float32",
+) -> tuple[dict, dict]:
     """Seconds per step by part, and FLOPs per step (see module doc)."""
     tp_crosses, dp_crosses, boundaries = crossings(c.dp, c.tp, c.pp, cluster.devices_per_node)
 
@@ -131,15 +149,26 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
     for stage in range(c.pp):
-        crossed = any(boundaries[max(0, stage - 1):stage + 1])  # its own one or two boundaries
+        crossed = any(boundaries[max(0, stage - 1) : stage + 1])  # its own one or two boundaries
         kind = (stage == 0, stage == c.pp - 1, crossed, work.stage_modes(c.recompute, c.pp, stage))
         if kind not in stages:
             # a pipeline transfer joins two devices: one link of a mesh
-            stages[kind] = _stage_micro_batch(work, c, profile, gbps(tp_crosses, c.tp), gbps(crossed, 2),
-                                              micro_batch, dtype, stage, engine)
+            stages[kind] = _stage_micro_batch(
+                work,
+                c,
+                profile,
+                gbps(tp_crosses, c.tp),
+                gbps(crossed, 2),
+                micro_batch,
+                dtype,
+                stage,
+                engine,
+            )
     pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
     if engine != "megatron" and c.pp > 1 or engine == "trainer" and n_micro > 1:
-        window = 0.0  # the update (and its all-reduce) runs after the last micro-batch, in its own graph
+        window = (
+            0.0  # the update (and its all-reduce) runs after the last micro-batch, in its own graph
+        )
     per_grad = gradient_bytes(engine, dtype, param_dtype)
     grad_bytes = params_per_device * per_grad
     updated, gather = params_per_device, 0.0
@@ -148,24 +177,36 @@ def step_time(work: Workload, c, profile: DeviceProfile, cluster, micro_batch: i
         sharded = optimizer_elements(work, c.dp, c.tp, c.pp, param_bytes)
         updated = max(owned for owned, *_ in sharded)  # the stage with the most owned rows
         moved = param_bytes if engine == "trainer" else gathered_bytes(dtype, param_dtype)
-        gather = max(_sharded_traffic(c, profile, gbps(dp_crosses, c.dp),
-                                      gbps(dp_crosses or tp_crosses, c.dp * c.tp),
-                                      on_dp * moved, on_stage * moved, engine)
-                     for _, _, on_dp, on_stage in sharded)
+        gather = max(
+            _sharded_traffic(
+                c,
+                profile,
+                gbps(dp_crosses, c.dp),
+                gbps(dp_crosses or tp_crosses, c.dp * c.tp),
+                on_dp * moved,
+                on_stage * moved,
+                engine,
+            )
+            for _, _, on_dp, on_stage in sharded
+        )
         if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
             grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_grad / 2
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
         "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses, c.dp), grad_bytes, window) + gather,
         "bubble": (c.pp - 1) * sum(pace.values()),
-        "optimizer": updated * OPTIMIZER_BYTES_PER_PARAM
-                     / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
+        "optimizer": updated
+        * OPTIMIZER_BYTES_PER_PARAM
+        / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
         "host": profile.step_overhead_ms * 1e-3,
     }
     batch = micro_batch * n_micro * c.dp
     model = batch * (work.layers * work.layer_flops() + work.last_stage_flops())
-    executed = model + batch * sum(n * work.recompute_flops(mode) for stage in range(c.pp)
-                                   for (mode, _), n in work.stage_modes(c.recompute, c.pp, stage))
+    executed = model + batch * sum(
+        n * work.recompute_flops(mode)
+        for stage in range(c.pp)
+        for (mode, _), n in work.stage_modes(c.recompute, c.pp, stage)
+    )
     if _forwards_twice(engine, c.pp):  # each of the pp − 1 stages but the last, once more
         executed += batch * (c.pp - 1) * (work.layers // c.pp) * work.forward_layer_flops()
     return breakdown, {"model": model, "executed": executed}
@@ -179,14 +220,22 @@ def allgather_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -
     return alpha + (n - 1) / n * nbytes / (gbps * 1e9 * profile.link_efficiency)
 
 
-def _sharded_traffic(c, profile: DeviceProfile, dp_gbps: float, stage_gbps: float,
-                     on_dp: float, on_stage: float, engine: str) -> float:
+def _sharded_traffic(
+    c,
+    profile: DeviceProfile,
+    dp_gbps: float,
+    stage_gbps: float,
+    on_dp: float,
+    on_stage: float,
+    engine: str,
+) -> float:
     """Seconds a step spends rebuilding the sharded parameters (``on_dp`` bytes shared by the dp
     group, ``on_stage`` by the stage's dp·tp ranks): the trainer's all-reduce of zero-padded
     shards, or MindSpore's all-gather before their use (see the module doc)."""
     collective = allreduce_time if engine == "trainer" else allgather_time
-    return ((collective(on_dp, c.dp, dp_gbps, profile) if on_dp else 0.0)
-            + (collective(on_stage, c.dp * c.tp, stage_gbps, profile) if on_stage else 0.0))
+    return (collective(on_dp, c.dp, dp_gbps, profile) if on_dp else 0.0) + (
+        collective(on_stage, c.dp * c.tp, stage_gbps, profile) if on_stage else 0.0
+    )
 
 
 def _forwards_twice(engine: str, pp: int) -> bool:
@@ -195,9 +244,17 @@ def _forwards_twice(engine: str, pp: int) -> bool:
     return engine == "trainer" and pp > 1
 
 
-def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float,
-                       pp_gbps: float, micro_batch: int, dtype: str, stage: int,
-                       engine: str) -> tuple[dict, float]:
+def _stage_micro_batch(
+    work: Workload,
+    c,
+    profile: DeviceProfile,
+    tp_gbps: float,
+    pp_gbps: float,
+    micro_batch: int,
+    dtype: str,
+    stage: int,
+    engine: str,
+) -> tuple[dict, float]:
     """``({compute, recompute, tp_comm, pp_comm}, backward window)``: seconds one micro-batch
     costs a device of ``stage``, and how long its backward runs (DP overlap)."""
     nbytes = DTYPE_BYTES[dtype]
@@ -219,23 +276,35 @@ def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float
         if mode == "full":
             return forward_traffic(comm)
         if mode == "selective":
-            return 2 * (work.layer_activations(c.tp, "none", nbytes, comm)
-                        - work.layer_activations(c.tp, "selective", nbytes, comm))
+            return 2 * (
+                work.layer_activations(c.tp, "none", nbytes, comm)
+                - work.layer_activations(c.tp, "selective", nbytes, comm)
+            )
         return 0.0
 
-    compute = kernels(layers * work.layer_flops() + (work.last_stage_flops() if last else 0.0),
-                      sum(n * 3 * forward_traffic(comm) for (_, comm), n in modes))
-    knob_recompute = kernels(sum(n * work.recompute_flops(mode) for (mode, _), n in modes),
-                             sum(n * redone_traffic(mode, comm) for (mode, comm), n in modes))
-    second_forward = kernels(layers * work.forward_layer_flops(),
-                             sum(n * forward_traffic(comm) for (_, comm), n in modes)) \
-        if twice else 0.0
+    compute = kernels(
+        layers * work.layer_flops() + (work.last_stage_flops() if last else 0.0),
+        sum(n * 3 * forward_traffic(comm) for (_, comm), n in modes),
+    )
+    knob_recompute = kernels(
+        sum(n * work.recompute_flops(mode) for (mode, _), n in modes),
+        sum(n * redone_traffic(mode, comm) for (mode, comm), n in modes),
+    )
+    second_forward = (
+        kernels(
+            layers * work.forward_layer_flops(),
+            sum(n * forward_traffic(comm) for (_, comm), n in modes),
+        )
+        if twice
+        else 0.0
+    )
 
     message = micro_batch * work.hidden_state_bytes(nbytes)
     # hidden states travel in the compute dtype; a 16-bit reduction may be slower (profile)
     slower = profile.half_collective_factor if nbytes == 2 else 1.0
-    count = sum(n * work.tp_allreduces(mode) for (mode, _), n in modes) \
-        + (layers * work.tp_forward_allreduces() if twice else 0)
+    count = sum(n * work.tp_allreduces(mode) for (mode, _), n in modes) + (
+        layers * work.tp_forward_allreduces() if twice else 0
+    )
     if first and work.vocab_parallel_embedding:
         count += 2 if twice else 1
     gather = allgather_time(message, c.tp, tp_gbps, profile)
@@ -247,18 +316,23 @@ def _stage_micro_batch(work: Workload, c, profile: DeviceProfile, tp_gbps: float
         tp_comm += slower * 2 * gather * sum(n for (_, comm), n in modes if comm)
     if last:
         tokens = micro_batch * work.tokens
-        tp_comm += (slower * allreduce_time(message, c.tp, tp_gbps, profile)  # head, backward
-                    + allreduce_time(c.tp * tokens * FLOAT32, c.tp, tp_gbps, profile)
-                    + 2 * allreduce_time(tokens * FLOAT32, c.tp, tp_gbps, profile))
+        tp_comm += (
+            slower * allreduce_time(message, c.tp, tp_gbps, profile)  # head, backward
+            + allreduce_time(c.tp * tokens * FLOAT32, c.tp, tp_gbps, profile)
+            + 2 * allreduce_time(tokens * FLOAT32, c.tp, tp_gbps, profile)
+        )
     sent = message / c.tp if split else message
     pp_comm = 2 * slower * allreduce_time(sent, 2, pp_gbps, profile) if c.pp > 1 else 0.0
-    times = {"compute": compute, "recompute": knob_recompute + second_forward,
-             "tp_comm": tp_comm, "pp_comm": pp_comm}
+    times = {
+        "compute": compute,
+        "recompute": knob_recompute + second_forward,
+        "tp_comm": tp_comm,
+        "pp_comm": pp_comm,
+    }
     return times, BACKWARD_SHARE * (compute + knob_recompute)
 
 
-def _dp_exposed(c, profile: DeviceProfile, gbps: float, grad_bytes: float,
-                window: float) -> float:
+def _dp_exposed(c, profile: DeviceProfile, gbps: float, grad_bytes: float, window: float) -> float:
     """Data-parallel gradient all-reduce time left after overlap with the last backward."""
     if c.dp <= 1:
         return 0.0

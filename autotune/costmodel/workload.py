@@ -12,12 +12,14 @@ from autotune.families import family
 from autotune.families.workload import Workload, dimensions
 
 
-def workload_for(model, fused_attention: bool = False,
-                 sequence_parallel: bool = False) -> Workload | None:
+def workload_for(
+    model, fused_attention: bool = False, sequence_parallel: bool = False
+) -> Workload | None:
     """The :class:`Workload` of a spec's ``model`` section, or ``None`` if it has no dimensions.
     ``fused_attention``: the device runs the model's attention fused; ``sequence_parallel``: the
     run splits the llama's norms over the sequence (`autotune.families.workload`)."""
     if any(d is None for d in dimensions(model)):
         return None
-    return family(model.family or "transformer").workload.of(model, fused_attention,
-                                                             sequence_parallel)
+    return family(model.family or "transformer").workload.of(
+        model, fused_attention, sequence_parallel
+    )

@@ -38,8 +38,10 @@ from autotune.train.metrics import PROBE_UNFINISHED
 
 
 def _logs(log_dir: Path) -> dict:
-    return {log: log.read_text(errors="replace").strip().splitlines()
-            for log in sorted(log_dir.glob("**/*.log"))}
+    return {
+        log: log.read_text(errors="replace").strip().splitlines()
+        for log in sorted(log_dir.glob("**/*.log"))
+    }
 
 
 def log_tail(log_dir: Path, lines: int = 20) -> str:
@@ -56,16 +58,30 @@ def log_tail(log_dir: Path, lines: int = 20) -> str:
 
     def rank(log):
         verdict = any(line.startswith(VERDICT) for line in texts[log])
-        return (worker_rank(log) != lowest, not verdict, not log.name.startswith("worker_"), log.name)
+        return (
+            worker_rank(log) != lowest,
+            not verdict,
+            not log.name.startswith("worker_"),
+            log.name,
+        )
 
-    chunks = [f"[{log.name}] " + "\n".join(texts[log][-lines:])
-              for log in sorted(texts, key=rank) if texts[log]]
+    chunks = [
+        f"[{log.name}] " + "\n".join(texts[log][-lines:])
+        for log in sorted(texts, key=rank)
+        if texts[log]
+    ]
     return "\n".join(chunks[:2])
 
 
-def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
-             backend: Backend, processes: dict[int, int] | None = None,
-             kernel_kills: dict | None = None) -> Result:
+def classify(
+    returncode: int,
+    trial_dir: Path,
+    log_dir: Path,
+    run_s: float,
+    backend: Backend,
+    processes: dict[int, int] | None = None,
+    kernel_kills: dict | None = None,
+) -> Result:
     """How the trial program that exited with ``returncode`` ended (see the module doc).
     ``processes``: the trial's processes, pid → start (clock ticks since boot);
     ``kernel_kills``: the kernel's OOM kills (`autotune.procfs.kernel_oom_kills`), read from
@@ -84,22 +100,26 @@ def classify(returncode: int, trial_dir: Path, log_dir: Path, run_s: float,
     if killed and kernel_kills is None:
         kernel_kills = kernel_oom_kills()
     evidence = oom_evidence(log_dir, backend) or (
-        kernel_oom_report(processes or {}, kernel_kills) if killed else None)
+        kernel_oom_report(processes or {}, kernel_kills) if killed else None
+    )
     if evidence and not infrastructure:
         return Result("oom", detail=f"{evidence}\n{tail}", run_s=run_s)
     if killed and not evidence:
         unread = "" if kernel_kills is not None else " (the kernel's log is not readable here)"
-        why = (f"infrastructure: killed by SIGKILL (exit code {returncode}) with no sign of "
-               f"running out of memory: no memory line in its logs, the budget not crossed, no "
-               f"kernel OOM report for its processes{unread}")
+        why = (
+            f"infrastructure: killed by SIGKILL (exit code {returncode}) with no sign of "
+            f"running out of memory: no memory line in its logs, the budget not crossed, no "
+            f"kernel OOM report for its processes{unread}"
+        )
         return Result("error", detail=f"{why}\n{tail}", run_s=run_s, infrastructure=True)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
     if infrastructure:
         why = f"infrastructure: {why}, before the candidate ran"
         if evidence:
             why += f" (out of memory while launching: {evidence})"
-    return Result("error", detail=f"{why}: {reason}\n{tail}", run_s=run_s,
-                  infrastructure=infrastructure)
+    return Result(
+        "error", detail=f"{why}: {reason}\n{tail}", run_s=run_s, infrastructure=infrastructure
+    )
 
 
 def oom_evidence(log_dir: Path, backend: Backend) -> str | None:
@@ -122,8 +142,9 @@ def kernel_oom_report(processes: dict[int, int], kills: dict | None) -> str | No
     return None
 
 
-def stopped_in_probe(trial_dir: Path, outcome: str, detail: str, run_s: float,
-                     stop_s: float | None) -> Result | None:
+def stopped_in_probe(
+    trial_dir: Path, outcome: str, detail: str, run_s: float, stop_s: float | None
+) -> Result | None:
     """A trial its launcher stopped (``outcome`` ``timeout`` or ``oom``, why in ``detail``)
     while its underflow probe ran — its training done and its metrics written
     (`autotune.train.metrics.PROBE_UNFINISHED`) — ends as its training did, ``underflow_share``
@@ -137,8 +158,13 @@ def stopped_in_probe(trial_dir: Path, outcome: str, detail: str, run_s: float,
         return None
     reason = detail.splitlines()[0] if detail else outcome
     metrics["underflow_note"] = f"{PROBE_UNFINISHED}: stopped by its launcher ({outcome}: {reason})"
-    return Result("diverged" if metrics.get("diverged") else "ok", metrics,
-                  detail=metrics["underflow_note"], run_s=run_s, stop_s=stop_s)
+    return Result(
+        "diverged" if metrics.get("diverged") else "ok",
+        metrics,
+        detail=metrics["underflow_note"],
+        run_s=run_s,
+        stop_s=stop_s,
+    )
 
 
 class CandidateStart:
@@ -171,9 +197,10 @@ class CandidateStart:
 def _candidate_ran(log_dir: Path) -> bool:
     """Whether any rank got to run the candidate: it said it started it, or gave a verdict
     that is not a failed launch (config errors are the candidate's too)."""
-    for log, lines in _logs(log_dir).items():
+    for lines in _logs(log_dir).values():
         for line in lines:
-            if line.startswith(CANDIDATE_STARTED) or (line.startswith(VERDICT)
-                                                      and not line.startswith(LAUNCH_FAILED)):
+            if line.startswith(CANDIDATE_STARTED) or (
+                line.startswith(VERDICT) and not line.startswith(LAUNCH_FAILED)
+            ):
                 return True
     return False

@@ -73,7 +73,7 @@ class _Pool:
     devices: int
     trial: int | None = None
     layout: tuple | None = None  # (dp, tp, pp) of the trial it ran last
-    used: float = 0.0   # when it last took a trial (the idle pool used longest ago goes first)
+    used: float = 0.0  # when it last took a trial (the idle pool used longest ago goes first)
 
 
 @dataclass
@@ -83,22 +83,28 @@ class _Trial:
     number: int
     submitted: float
     refs: list
-    group: object = None                          # its placement group, if it spans nodes
+    group: object = None  # its placement group, if it spans nodes
     bundles: list = field(default_factory=list)
-    results: dict = field(default_factory=dict)   # node index → (started, Result)
-    pool: _Pool | None = None                     # the warm workers running it, if any
+    results: dict = field(default_factory=dict)  # node index → (started, Result)
+    pool: _Pool | None = None  # the warm workers running it, if any
 
 
 class Dispatcher:
     """Submits trials to Ray and waits for them. Use as a context manager."""
 
-    def __init__(self, backend: Backend, devices_per_node: int, pool_devices: int,
-                 address: str | None = None, warm_root: Path | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        devices_per_node: int,
+        pool_devices: int,
+        address: str | None = None,
+        warm_root: Path | None = None,
+    ):
         self.backend, self.devices_per_node = backend, devices_per_node
         self.pool_devices, self.address = pool_devices, address
         self.warm_root = warm_root  # where warm workers keep their files; None: fresh launches
         self._pools: list[_Pool] = []
-        self._made = 0                                  # pools made so far (their folder names)
+        self._made = 0  # pools made so far (their folder names)
         self._pool_prefix = f"{socket.gethostname()}-{os.getpid()}-"
         self._trials: dict[int, _Trial] = {}
         # cancelled: (tasks still running, group, when they were asked to stop)
@@ -106,7 +112,7 @@ class Dispatcher:
         self._temp_dir: str | None = None
         self._guard: Guard | None = None
 
-    def __enter__(self) -> "Dispatcher":
+    def __enter__(self) -> Dispatcher:
         # Ray reads these at import and init: no auth-token file or warning, no log spam.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -186,21 +192,33 @@ class Dispatcher:
             raise SpecError(
                 f"cluster.backend: {name} trials need Ray resource {kind} and {self._where()} has "
                 f"none: start each Ray node with `ray start {self.backend.ray_start_flag}` "
-                "(N: the node's devices) and pass --ray-address")
+                "(N: the node's devices) and pass --ray-address"
+            )
         bundles = self._bundles(devices)
         reason = unplaceable(bundles, self._alive_nodes())
         if reason:
-            spans = (f"spans {len(bundles)} nodes of {self.devices_per_node} devices"
-                     if len(bundles) > 1 else "needs one node")
+            spans = (
+                f"spans {len(bundles)} nodes of {self.devices_per_node} devices"
+                if len(bundles) > 1
+                else "needs one node"
+            )
             raise SpecError(
                 f"cluster.devices: a trial of {devices} devices {spans}: {reason} in "
                 f"{self._where()}; start more nodes (`ray start --address=HEAD:PORT "
                 f"{self.backend.ray_start_flag}`) and pass --ray-address, or lower "
-                "cluster.devices")
+                "cluster.devices"
+            )
 
-    def submit(self, number: int, config: dict, trial_dir: Path, devices: int,
-               timeout_s: float, memory_limit_mb: float | None,
-               memory_mb: float | None = None) -> None:
+    def submit(
+        self,
+        number: int,
+        config: dict,
+        trial_dir: Path,
+        devices: int,
+        timeout_s: float,
+        memory_limit_mb: float | None,
+        memory_mb: float | None = None,
+    ) -> None:
         """Run trial ``number``: in a warm pool of its size on one node (``memory_mb``: the cost
         model's estimate of its memory per device, which a pool runs one size of:
         `autotune.execution.warm`), else fresh on as many nodes as it spans."""
@@ -219,13 +237,15 @@ class Dispatcher:
             layout = (knobs["dp"], knobs["tp"], knobs["pp"])
             pool = self._pool_for(devices, layout)
             pool.trial, pool.used, pool.layout = number, time.monotonic(), layout
-            ref = pool.actor.run.remote(config, str(trial_dir), timeout_s, memory_limit_mb,
-                                        memory_mb)
+            ref = pool.actor.run.remote(
+                config, str(trial_dir), timeout_s, memory_limit_mb, memory_mb
+            )
             self._trials[number] = _Trial(number, time.time(), [ref], pool=pool)
             return
         if len(plan) == 1:
             ref = self._remote.options(max_retries=0, **self.backend.task_options(devices)).remote(
-                *args, None, None, *devices_env)
+                *args, None, None, *devices_env
+            )
             self._trials[number] = _Trial(number, time.time(), [ref])
             return
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -236,12 +256,17 @@ class Dispatcher:
             return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
 
         # rank 0's node picks msrun's master address and port; each node task waits for it
-        master = self._address_task.options(num_cpus=0, max_retries=0,
-                                            scheduling_strategy=in_bundle(0)).remote()
-        refs = [self._remote.options(max_retries=0, scheduling_strategy=in_bundle(launch.index),
-                                     **self.backend.task_options(launch.local_workers)).remote(
-                    *args, launch, master, *devices_env)
-                for launch in plan]
+        master = self._address_task.options(
+            num_cpus=0, max_retries=0, scheduling_strategy=in_bundle(0)
+        ).remote()
+        refs = [
+            self._remote.options(
+                max_retries=0,
+                scheduling_strategy=in_bundle(launch.index),
+                **self.backend.task_options(launch.local_workers),
+            ).remote(*args, launch, master, *devices_env)
+            for launch in plan
+        ]
         self._trials[number] = _Trial(number, time.time(), refs, group, bundles)
 
     def _pool_for(self, devices: int, layout: tuple) -> _Pool:
@@ -263,8 +288,9 @@ class Dispatcher:
         self._made += 1
         # a folder of this driver's own: several drivers may share the artifacts folder
         root = self.warm_root / f"{self._pool_prefix}{self._made}"
-        actor = self._pool_actor.options(max_restarts=0, **self.backend.task_options(devices)).remote(
-            str(root), devices, self.backend.visible_devices, self.backend.ray_resource)
+        actor = self._pool_actor.options(
+            max_restarts=0, **self.backend.task_options(devices)
+        ).remote(str(root), devices, self.backend.visible_devices, self.backend.ray_resource)
         pool = _Pool(actor, devices)
         self._pools.append(pool)
         return pool
@@ -281,8 +307,12 @@ class Dispatcher:
         self._reap()
         if not self._trials:
             return []
-        owner = {ref: trial for trial in self._trials.values()
-                 for index, ref in enumerate(trial.refs) if index not in trial.results}
+        owner = {
+            ref: trial
+            for trial in self._trials.values()
+            for index, ref in enumerate(trial.refs)
+            if index not in trial.results
+        }
         ready, _ = self._ray.wait(list(owner), num_returns=1, timeout=timeout_s)
         done = []
         for ref in ready:
@@ -300,16 +330,20 @@ class Dispatcher:
         try:
             return self._ray.get(ref)
         except self._ray.exceptions.LocalRayletDiedError as exc:  # cancel_all names the trial
-            raise ClusterLost(f"the Ray cluster is gone ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+            raise ClusterLost(
+                f"the Ray cluster is gone ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''})"
+            ) from None
         except Exception as exc:  # Ray lost the task: its worker or node died, ...
             if trial.pool is not None and trial.pool in self._pools:  # the actor is gone too
                 self._retire(trial.pool)
                 trial.pool = None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return trial.submitted, Result(
-                "error", detail=f"infrastructure: Ray: {type(exc).__name__}: {first}",
-                infrastructure=True)
+                "error",
+                detail=f"infrastructure: Ray: {type(exc).__name__}: {first}",
+                infrastructure=True,
+            )
 
     def _result(self, trial: _Trial) -> tuple[int, Result] | None:
         """The trial's result once every node is back, or one failed (the others are then
@@ -355,8 +389,9 @@ class Dispatcher:
         still = []
         for running, group, since in self._stopping:
             if running:
-                _, running = self._ray.wait(running, num_returns=len(running),
-                                               timeout=CANCEL_WAIT_S if block else 0)
+                _, running = self._ray.wait(
+                    running, num_returns=len(running), timeout=CANCEL_WAIT_S if block else 0
+                )
             if running and (block or time.monotonic() - since > CANCEL_WAIT_S):
                 for ref in running:
                     self._ray.cancel(ref, force=True)
@@ -371,8 +406,11 @@ class Dispatcher:
         """A trial still waiting for its placement that the nodes alive cannot hold any more
         would wait forever: say so (:class:`Unplaceable`)."""
         table = self._ray.util.placement_group_table
-        waiting = [t for t in self._trials.values() if t.group is not None and not t.results
-                   and table(t.group).get("state") != "CREATED"]
+        waiting = [
+            t
+            for t in self._trials.values()
+            if t.group is not None and not t.results and table(t.group).get("state") != "CREATED"
+        ]
         if not waiting:
             return
         nodes = self._alive_nodes()
@@ -395,6 +433,6 @@ class Dispatcher:
                 self._end(trial)
             self._reap(block=True)
         except Exception:  # noqa: BLE001  (a cluster that is gone cancels nothing: the
-            pass           # trials' processes died with their raylet's workers)
+            pass  # trials' processes died with their raylet's workers)
         self._trials.clear()
         return numbers

@@ -42,9 +42,12 @@ COMPILE_CACHE = "AUTOTUNE_COMPILE_CACHE"  # "0": every trial compiles all of its
 
 def simulated_metrics(estimate) -> dict:
     """A simulate-backend trial: the cost model's estimate stored as the trial's metrics."""
-    return {"goodput": estimate.samples_per_s, "throughput": estimate.samples_per_s,
-            "step_time_ms": estimate.step_time_s * 1000,
-            "peak_memory_mb": estimate.memory_gb_per_device * 1024}
+    return {
+        "goodput": estimate.samples_per_s,
+        "throughput": estimate.samples_per_s,
+        "step_time_ms": estimate.step_time_s * 1000,
+        "peak_memory_mb": estimate.memory_gb_per_device * 1024,
+    }
 
 
 class InstantExecutor:
@@ -115,8 +118,8 @@ class ReplayExecutor(InstantExecutor):
         super().__init__(spec)
         self.table = table
         self.noisy = table.varies
-        self.runs: dict = {}      # candidate → its runs so far in this study (its next row)
-        self.clock = 0.0          # virtual seconds since the session started
+        self.runs: dict = {}  # candidate → its runs so far in this study (its next row)
+        self.clock = 0.0  # virtual seconds since the session started
         self._running: list = []  # heap of (ends at, order, number, result)
         self._order = itertools.count()
 
@@ -133,13 +136,16 @@ class ReplayExecutor(InstantExecutor):
         taken = self.runs.get(candidate, 0)
         self.runs[candidate] = taken + 1
         row = rows[taken % len(rows)]
-        return Result(row.outcome, dict(row.metrics), row.detail, row.infrastructure,
-                      run_s=row.run_s)
+        return Result(
+            row.outcome, dict(row.metrics), row.detail, row.infrastructure, run_s=row.run_s
+        )
 
     def submit(self, job: Job) -> None:
         result = self.evaluate(job.candidate, job.estimate)
-        heapq.heappush(self._running, (self.clock + (result.run_s or 0.0), next(self._order),
-                                       job.number, result))
+        heapq.heappush(
+            self._running,
+            (self.clock + (result.run_s or 0.0), next(self._order), job.number, result),
+        )
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
         """The trials that end first on the virtual clock (every one that ends then)."""
@@ -178,8 +184,11 @@ class DispatchedExecutor:
         self.device_memory = costmodel.device_memory_cap(spec.cluster)
         # compiled graphs, reused by trials of the same graph (autotune.train.runtime.compile_cache):
         # beside the studies, so studies of one model share them
-        self.compile_cache = (None if os.environ.get(COMPILE_CACHE) == "0"
-                              else (study_dir.parent / ".compile-cache").resolve())
+        self.compile_cache = (
+            None
+            if os.environ.get(COMPILE_CACHE) == "0"
+            else (study_dir.parent / ".compile-cache").resolve()
+        )
         self._dispatcher = None
 
     def __enter__(self):
@@ -189,8 +198,13 @@ class DispatchedExecutor:
         # trials of one size run one after another in workers that stay up (execution.warm),
         # unless AUTOTUNE_FRESH_TRIALS=1 asks for a fresh launch per trial
         warm = None if os.environ.get(FRESH_TRIALS) == "1" else self.study_dir.parent / ".pools"
-        self._dispatcher = Dispatcher(backend_of(cluster.backend), cluster.devices_per_node,
-                                      cluster.devices, self.ray_address, warm).__enter__()
+        self._dispatcher = Dispatcher(
+            backend_of(cluster.backend),
+            cluster.devices_per_node,
+            cluster.devices,
+            self.ray_address,
+            warm,
+        ).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -210,19 +224,32 @@ class DispatchedExecutor:
 
         trial_dir = self.steps_dir(job.number)
         fresh_trial_dir(trial_dir)  # before the loop watches its steps.jsonl
-        config = trial_config(self.spec, job.candidate, study=self.spec.study, number=job.number,
-                              out_dir=trial_dir.resolve(), steps=self.spec.trial.steps,
-                              measure_after=self.spec.trial.measure_after,
-                              stop_rule=self.spec.stop_rule(), device_memory=self.device_memory,
-                              compile_cache=self.compile_cache)
+        config = trial_config(
+            self.spec,
+            job.candidate,
+            study=self.spec.study,
+            number=job.number,
+            out_dir=trial_dir.resolve(),
+            steps=self.spec.trial.steps,
+            measure_after=self.spec.trial.measure_after,
+            stop_rule=self.spec.stop_rule(),
+            device_memory=self.device_memory,
+            compile_cache=self.compile_cache,
+        )
         # a warm pool runs one size of trial: by the cost model's own estimate, which the
         # study's calibration (refit after every measurement) would move between trials
         from autotune import costmodel
 
         estimated = costmodel.estimate(self.spec, job.candidate).memory_gb_per_device * 1024
-        self._dispatcher.submit(job.number, config, trial_dir, job.candidate.devices,
-                                self.spec.trial.timeout_s, self.memory_mb,
-                                estimated if math.isfinite(estimated) else None)
+        self._dispatcher.submit(
+            job.number,
+            config,
+            trial_dir,
+            job.candidate.devices,
+            self.spec.trial.timeout_s,
+            self.memory_mb,
+            estimated if math.isfinite(estimated) else None,
+        )
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
         return self._dispatcher.wait(timeout_s=timeout_s)

@@ -40,8 +40,10 @@ def node_plan(devices: int, devices_per_node: int) -> list[NodeLaunch]:
         # node has same process number": mindspore/parallel/cluster/process_entity/_api.py), so
         # a smaller last node gets the node rank that makes that product its first rank.
         if first % local:
-            raise ValueError(f"{devices} ranks in nodes of {devices_per_node}: msrun cannot number "
-                             f"a last node of {local} ranks from rank {first}")
+            raise ValueError(
+                f"{devices} ranks in nodes of {devices_per_node}: msrun cannot number "
+                f"a last node of {local} ranks from rank {first}"
+            )
         plan.append(NodeLaunch(index, local, first, first // local))
         first += local
     return plan
@@ -60,8 +62,10 @@ def unplaceable(bundles: list[dict], nodes: list[dict]) -> str | None:
         if not fitting:
             holding = sum(_fits(bundle, n) for n in nodes)
             needed = sum(_fits(bundle, b) for b in bundles)
-            return (f"{needed} node(s) each holding {_show(bundle)} are needed, and the Ray "
-                    f"cluster has {holding} such node(s) of {len(nodes)} alive")
+            return (
+                f"{needed} node(s) each holding {_show(bundle)} are needed, and the Ray "
+                f"cluster has {holding} such node(s) of {len(nodes)} alive"
+            )
         free.remove(min(fitting, key=lambda n: sum(n.get(k, 0) for k in bundle)))
     return None
 

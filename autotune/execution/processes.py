@@ -66,7 +66,7 @@ class ProcessTree:
         self.root = root
         self.include_root = include_root
         self.ignore = set(ignore)
-        self.known: dict[int, int] = {root: info.start} if info else {}   # pid → start time
+        self.known: dict[int, int] = {root: info.start} if info else {}  # pid → start time
         self.live: dict[int, Stat] = {}
 
     def refresh(self) -> dict[int, Stat]:
@@ -76,8 +76,9 @@ class ProcessTree:
         for pid, info in procs.items():
             children.setdefault(info.ppid, []).append(pid)
         # still the processes we know (same start time), then everything below them
-        alive = [pid for pid, start in self.known.items()
-                 if pid in procs and procs[pid].start == start]
+        alive = [
+            pid for pid, start in self.known.items() if pid in procs and procs[pid].start == start
+        ]
         stack = list(alive)
         while stack:
             parent = stack.pop()
@@ -90,8 +91,11 @@ class ProcessTree:
                 self.known[child] = info.start
                 alive.append(child)
                 stack.append(child)
-        self.live = {pid: procs[pid] for pid in alive if not procs[pid].zombie
-                     and (self.include_root or pid != self.root)}
+        self.live = {
+            pid: procs[pid]
+            for pid in alive
+            if not procs[pid].zombie and (self.include_root or pid != self.root)
+        }
         return self.live
 
     def largest_rss(self, exclude: int | None = None) -> tuple[int, float]:
@@ -113,7 +117,9 @@ class ProcessTree:
         """End every process of the tree: SIGTERM and up to ``grace_s`` to exit (none when 0),
         then SIGKILL. ``reap`` (e.g. ``Popen.poll``) is called while waiting so a child of the
         caller does not linger as a zombie. True when none is left."""
-        phases = ([(signal.SIGTERM, grace_s)] if grace_s > 0 else []) + [(signal.SIGKILL, kill_wait_s)]
+        phases = ([(signal.SIGTERM, grace_s)] if grace_s > 0 else []) + [
+            (signal.SIGKILL, kill_wait_s)
+        ]
         for sig, wait_s in phases:
             deadline = time.monotonic() + wait_s
             signalled: set = set()
@@ -142,14 +148,20 @@ class Guard:
         self.remove = list(remove or [])
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Guard":
+    def __enter__(self) -> Guard:
         if stat("self") is None:  # no /proc: nothing to follow
             return self
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "autotune.execution.processes", str(os.getpid()), *self.remove],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self.proc.stdout.readline()  # "ready": it has taken its first look
         return self
 

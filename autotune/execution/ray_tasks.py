@@ -27,25 +27,41 @@ class PoolActor:
     """A `autotune.execution.warm.WarmPool` inside a Ray actor: the actor holds the pool's
     devices for as long as it lives, and its processes die with it."""
 
-    def __init__(self, root: str, workers: int, visible_devices: str | None,
-                 resource: str | None):
+    def __init__(self, root: str, workers: int, visible_devices: str | None, resource: str | None):
         from autotune.execution.warm import WarmPool
 
         self.pool = WarmPool(Path(root), workers, _assigned_devices(visible_devices, resource))
 
     def run(self, config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, memory_mb):
         started = time.time()
-        return started, self.pool.run(config, Path(trial_dir), timeout_s, memory_limit_mb,
-                                      memory_mb)
+        return started, self.pool.run(
+            config, Path(trial_dir), timeout_s, memory_limit_mb, memory_mb
+        )
 
 
-def node_task(config: dict, trial_dir: str, timeout_s: float, memory_limit_mb, workers: int,
-              launch, master, visible_devices: str | None, resource: str | None):
+def node_task(
+    config: dict,
+    trial_dir: str,
+    timeout_s: float,
+    memory_limit_mb,
+    workers: int,
+    launch,
+    master,
+    visible_devices: str | None,
+    resource: str | None,
+):
     """One node's share of a trial (all of it on one node), inside Ray."""
     started = time.time()
     node = NodeRun(launch, *master) if launch is not None else None
-    return started, run_trial(config, Path(trial_dir), timeout_s, memory_limit_mb, workers,
-                              node=node, env=_assigned_devices(visible_devices, resource))
+    return started, run_trial(
+        config,
+        Path(trial_dir),
+        timeout_s,
+        memory_limit_mb,
+        workers,
+        node=node,
+        env=_assigned_devices(visible_devices, resource),
+    )
 
 
 def master_address() -> tuple[str, int]:

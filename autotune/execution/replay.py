@@ -87,8 +87,11 @@ def _allowed(space, spec) -> dict:
     """knob → the values a candidate of ``space`` can have for it (where the knob acts)."""
     allowed = {name: set(space.domains[name]) for name in KNOB_NAMES}
     if space.domains["dp"] == ("auto",):
-        allowed["dp"] = {max(1, spec.cluster.devices // (tp * pp))
-                         for tp in space.domains["tp"] for pp in space.domains["pp"]}
+        allowed["dp"] = {
+            max(1, spec.cluster.devices // (tp * pp))
+            for tp in space.domains["tp"]
+            for pp in space.domains["pp"]
+        }
     return allowed
 
 
@@ -140,8 +143,10 @@ class _Reader:
         outcome = (record.get("outcome") or "").strip() or "ok"
         if outcome not in OUTCOMES:
             self.fail(row, "outcome", f"{outcome!r} is not one of {', '.join(OUTCOMES)}")
-        marked = any((record.get(m) or "").strip().lower() not in ("", "nan", "none") + FALSE
-                     for m in SKIP_MARKERS)
+        marked = any(
+            (record.get(m) or "").strip().lower() not in ("", "nan", "none") + FALSE
+            for m in SKIP_MARKERS
+        )
         if outcome == "interrupted" or marked:
             return None
         values = {}
@@ -152,8 +157,11 @@ class _Reader:
                 values[name] = KNOBS[name].default  # does not act here: as a candidate resolves it
             else:
                 values[name] = self.knob(row, name, record[name])
-        metrics = {name: self.metric(row, name, record[name]) for name in METRICS
-                   if name in record and (record[name] or "").strip()}
+        metrics = {
+            name: self.metric(row, name, record[name])
+            for name in METRICS
+            if name in record and (record[name] or "").strip()
+        }
         if outcome == "ok":
             for objective in self.spec.search.objectives:
                 name = OBJECTIVES[objective].metric
@@ -167,9 +175,12 @@ class _Reader:
         detail = "" if outcome == "ok" else (record.get("detail") or "").strip()
         infrastructure = self.flag(row, "infrastructure", record.get("infrastructure"))
         if infrastructure and outcome != "error":
-            self.fail(row, "infrastructure", f"only an error is the infrastructure's, not {outcome!r}")
-        return tuple(values[name] for name in knobs), Row(outcome, metrics, detail, run_s, row,
-                                                          infrastructure)
+            self.fail(
+                row, "infrastructure", f"only an error is the infrastructure's, not {outcome!r}"
+            )
+        return tuple(values[name] for name in knobs), Row(
+            outcome, metrics, detail, run_s, row, infrastructure
+        )
 
     def flag(self, row: int, name: str, text: str | None) -> bool:
         text = (text or "").strip().lower()
@@ -195,8 +206,10 @@ def load_table(spec, space) -> ReplayTable:
             rows, skipped = {}, 0
             for number, record in enumerate(reader, start=1):
                 if None in record:  # more cells than the header has columns
-                    raise SpecError(f"{path}: row {number}: {len(header) + len(record[None])} "
-                                    f"cells for {len(header)} columns")
+                    raise SpecError(
+                        f"{path}: row {number}: {len(header) + len(record[None])} "
+                        f"cells for {len(header)} columns"
+                    )
                 read = table.read(record, number, knobs)
                 if read is None:
                     skipped += 1
@@ -214,15 +227,18 @@ def load_table(spec, space) -> ReplayTable:
 
 def _notes(path: Path, header, knobs: tuple, rows: dict, skipped: int, space) -> list[str]:
     runs = sum(map(len, rows.values()))
-    notes = [f"replay: {len(rows)} measured candidates in {path.name}"
-             + (f" ({runs} rows: a candidate's runs take its rows in turn)" if runs > len(rows)
-                else "")]
+    notes = [
+        f"replay: {len(rows)} measured candidates in {path.name}"
+        + (f" ({runs} rows: a candidate's runs take its rows in turn)" if runs > len(rows) else "")
+    ]
     ignored = [c for c in header if c not in (*KNOB_NAMES, *METRICS, *KEPT, *SKIP_MARKERS)]
     if ignored:
         notes.append(f"replay: columns ignored: {', '.join(ignored)}")
     if skipped:
-        notes.append(f"replay: {skipped} rows skipped (interrupted runs and repeats: no run of "
-                     "their candidate)")
+        notes.append(
+            f"replay: {skipped} rows skipped (interrupted runs and repeats: no run of "
+            "their candidate)"
+        )
     unmatched = [name for name in space.searched() if name not in knobs]
     if unmatched:
         notes.append(f"replay: no column for {', '.join(unmatched)}: a row matches any value")

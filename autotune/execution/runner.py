@@ -34,17 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.execution.classify import CandidateStart, classify, stopped_in_probe
+from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree
 from autotune.execution.warmup import jit_environment, warm_up
-from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.files import write_json
 from autotune.jobs import Result
 from autotune.spec import entry as entry_loader
 from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
-from autotune.train.runtime.lifetime import die_with_parent_hook
 from autotune.train.msrun import msrun_args
+from autotune.train.runtime.lifetime import die_with_parent_hook
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.25
@@ -71,13 +71,17 @@ def trial_clock(log_dir: Path, timeout_s: float):
             started_at.append(elapsed)
         if not started_at:
             if elapsed > launch_limit:
-                return "error", (f"infrastructure: the launch did not start the candidate within "
-                                 f"{launch_limit:.0f} s (no rank said "
-                                 f"'autotune.train running the candidate')")
+                return "error", (
+                    f"infrastructure: the launch did not start the candidate within "
+                    f"{launch_limit:.0f} s (no rank said "
+                    f"'autotune.train running the candidate')"
+                )
             return "", ""
         if elapsed - started_at[0] > timeout_s:
-            return "timeout", (f"killed after {timeout_s:.0f} s of the candidate's run "
-                               f"(trial.timeout_s; its launch took {started_at[0]:.1f} s before)")
+            return "timeout", (
+                f"killed after {timeout_s:.0f} s of the candidate's run "
+                f"(trial.timeout_s; its launch took {started_at[0]:.1f} s before)"
+            )
         return "", ""
 
     return check
@@ -105,8 +109,7 @@ class NodeRun:
     master_port: int
 
 
-def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None,
-                    outputs: bool = True) -> None:
+def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None, outputs: bool = True) -> None:
     """Clear what an earlier trial of the same folder left. Without ``log_dir`` the whole folder
     (the driver, before it dispatches the trial: nothing of it runs yet); with it, that node's
     log folder and — ``outputs``, on rank 0's node — the files the program writes
@@ -122,26 +125,41 @@ def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None,
         (trial_dir / name).unlink(missing_ok=True)
 
 
-def command(program_args, workers: int, log_dir: Path, port: int,
-            bind_cores: bool = False, node: NodeRun | None = None) -> list[str]:
+def command(
+    program_args,
+    workers: int,
+    log_dir: Path,
+    port: int,
+    bind_cores: bool = False,
+    node: NodeRun | None = None,
+) -> list[str]:
     """The argument list that runs the trial program with ``program_args`` (a config path, or
     ``["--serve", POOL_DIR]``: `autotune.train.runtime.serve`) and ``workers`` ranks, under msrun
     (`autotune.train.msrun`, the builder exported launch scripts use too) when there are several —
     this node's share of them with ``node``. ``bind_cores`` pins each msrun worker to its own
     cores: measured on the 2-core CPU, unpinned dp = 2 step times jump between ~46 and ~75 ms
     from run to run; pinned they stay within 44–47 ms."""
-    program = [str(PROGRAM_PATH), *map(str, program_args if isinstance(program_args, list)
-                                       else [program_args])]
+    program = [
+        str(PROGRAM_PATH),
+        *map(str, program_args if isinstance(program_args, list) else [program_args]),
+    ]
     if workers == 1:
         return [sys.executable, *program]
     msrun = Path(sys.executable).with_name("msrun")
     if node is None:
-        args = msrun_args(workers, workers, master_port=port, log_dir=str(log_dir),
-                          bind_core=bind_cores)
+        args = msrun_args(
+            workers, workers, master_port=port, log_dir=str(log_dir), bind_core=bind_cores
+        )
     else:
-        args = msrun_args(workers, node.launch.local_workers, master_port=node.master_port,
-                          master_addr=node.master_addr, node_rank=node.launch.msrun_node_rank,
-                          log_dir=str(log_dir), bind_core=bind_cores)
+        args = msrun_args(
+            workers,
+            node.launch.local_workers,
+            master_port=node.master_port,
+            master_addr=node.master_addr,
+            node_rank=node.launch.msrun_node_rank,
+            log_dir=str(log_dir),
+            bind_core=bind_cores,
+        )
     return [str(msrun), *args, *program]
 
 
@@ -158,8 +176,9 @@ def host_threads(local_workers: int) -> int:
     return max(1, cores // max(1, local_workers))
 
 
-def environment(extra: dict | None = None, config: dict | None = None,
-                 local_workers: int = 1) -> dict:
+def environment(
+    extra: dict | None = None, config: dict | None = None, local_workers: int = 1
+) -> dict:
     """The trial program's environment: ours plus ``extra``, the project and an entry model's
     folders on PYTHONPATH, this interpreter first on PATH, the backend's own variables
     (``Backend.environment``, and its kernel JIT cache's unless set:
@@ -173,16 +192,24 @@ def environment(extra: dict | None = None, config: dict | None = None,
     # an entry model imports from model.yaml's folder (and its file's): `autotune.spec.entry`
     entry = (config or {}).get("model", {}).get("entry")
     imports = entry_loader.import_dirs(entry, config.get("model_dir")) if entry else []
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), *imports,
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(PROJECT_ROOT), *imports, env.get("PYTHONPATH")])
+    )
     # msrun starts its workers with the `python` on PATH: make it this interpreter.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("GLOG_v", "3")  # MindSpore C++ logs: errors only
     return env
 
 
-def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: float | None,
-              workers: int, node: NodeRun | None = None, env: dict | None = None) -> Result:
+def run_trial(
+    config: dict,
+    trial_dir: Path,
+    timeout_s: float,
+    memory_limit_mb: float | None,
+    workers: int,
+    node: NodeRun | None = None,
+    env: dict | None = None,
+) -> Result:
     """Run the trial program for ``config`` in ``trial_dir`` with ``workers`` ranks — only this
     node's share of them with ``node`` (its logs under ``logs/node<i>``; rank 0's node returns
     the metrics, the others ``ok`` without). ``env``: variables to add (the devices Ray gave)."""
@@ -195,8 +222,14 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     fresh_trial_dir(trial_dir, log_dir, outputs=node is None or node.launch.index == 0)
     # Pinning starts from core 0 on every msrun: nodes of one trial may share a host (as Ray
     # nodes on one machine do), so only a single-node trial pins.
-    argv = command(config_path, workers, log_dir, free_port(),
-                   bind_cores=backend.pins_cores and node is None, node=node)
+    argv = command(
+        config_path,
+        workers,
+        log_dir,
+        free_port(),
+        bind_cores=backend.pins_cores and node is None,
+        node=node,
+    )
     if node is not None:
         env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
     full_env = environment(env, config, node.launch.local_workers if node else workers)
@@ -209,14 +242,25 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         out.flush()
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=trial_dir,
-                                env=full_env, start_new_session=True,
-                                preexec_fn=die_with_parent_hook())
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=trial_dir,
+            env=full_env,
+            start_new_session=True,
+            preexec_fn=die_with_parent_hook(),
+        )
         tree = ProcessTree(proc.pid)
         try:
-            outcome, detail, stop_s = _supervise(proc, tree, started,
-                                                 trial_clock(log_dir, timeout_s), memory_limit_mb,
-                                                 launcher=proc.pid if workers > 1 else None)
+            outcome, detail, stop_s = _supervise(
+                proc,
+                tree,
+                started,
+                trial_clock(log_dir, timeout_s),
+                memory_limit_mb,
+                launcher=proc.pid if workers > 1 else None,
+            )
         except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
             tree.stop(STOP_GRACE_S, reap=proc.poll)
             proc.wait()
@@ -227,8 +271,9 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
         if trained is not None and (node is None or node.launch.index == 0):
             trained.metrics = with_launch_and_teardown(trained.metrics, handed_over, ended)
             return trained
-        return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
-                      infrastructure=outcome == "error")
+        return Result(
+            outcome, detail=detail, run_s=run_s, stop_s=stop_s, infrastructure=outcome == "error"
+        )
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
     result = classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
@@ -236,8 +281,14 @@ def run_trial(config: dict, trial_dir: Path, timeout_s: float, memory_limit_mb: 
     return result
 
 
-def _supervise(proc, tree: ProcessTree, started: float, clock, memory_limit_mb: float | None,
-               launcher: int | None) -> tuple[str, str, float | None]:
+def _supervise(
+    proc,
+    tree: ProcessTree,
+    started: float,
+    clock,
+    memory_limit_mb: float | None,
+    launcher: int | None,
+) -> tuple[str, str, float | None]:
     """Wait for exit; stop the tree when the trial's ``clock`` (:func:`trial_clock`) says so or
     a worker exceeds the memory budget. Returns (outcome, detail, seconds from launch to the
     decision) for a stopped trial."""
@@ -257,12 +308,16 @@ def _supervise(proc, tree: ProcessTree, started: float, clock, memory_limit_mb: 
             if rss > memory_limit_mb:
                 tree.stop(0, reap=proc.poll)  # over its memory: no grace
                 proc.wait()
-                return "oom", (f"a worker reached {rss:.0f} MB, over the "
-                               f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
-                               f"{now:.1f} s in)"), now
+                return (
+                    "oom",
+                    (
+                        f"a worker reached {rss:.0f} MB, over the "
+                        f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
+                        f"{now:.1f} s in)"
+                    ),
+                    now,
+                )
         time.sleep(POLL_S)
     # Processes msrun left behind (it exits when the scheduler does) must not outlive the trial.
     tree.stop(STOP_GRACE_S)
     return "", "", None
-
-

@@ -48,10 +48,18 @@ import time
 from pathlib import Path
 
 from autotune.execution.classify import classify, stopped_in_probe
-from autotune.execution.processes import ProcessTree
-from autotune.execution.runner import (POLL_S, PROJECT_ROOT, STOP_GRACE_S, command, environment,
-                                       free_port, fresh_trial_dir, trial_clock)
 from autotune.execution.launch_time import with_launch_and_teardown
+from autotune.execution.processes import ProcessTree
+from autotune.execution.runner import (
+    POLL_S,
+    PROJECT_ROOT,
+    STOP_GRACE_S,
+    command,
+    environment,
+    free_port,
+    fresh_trial_dir,
+    trial_clock,
+)
 from autotune.execution.warmup import warm_up
 from autotune.files import write_json
 from autotune.jobs import Result
@@ -59,7 +67,7 @@ from autotune.spec.backends import DEFAULT_BACKEND, backend_of
 from autotune.train.runtime.lifetime import die_with_parent_hook
 
 FAILED_RANKS_GRACE_S = 1.0  # after a rank's failure, for the others to say how they ended
-CLOSE_WAIT_S = 5.0          # a pool told to stop gets this long before it is stopped
+CLOSE_WAIT_S = 5.0  # a pool told to stop gets this long before it is stopped
 # A pool whose workers keep more than this share of the memory budget resident beyond what they
 # held after its first trial (MindSpore keeps some of every trial: `autotune.train.runtime.serve`)
 # retires after the trial.
@@ -83,13 +91,13 @@ class WarmPool:
         self.root, self.workers, self.env = Path(root), workers, dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.tree: ProcessTree | None = None
-        self.trials = 0            # trials handed to the processes running now
+        self.trials = 0  # trials handed to the processes running now
         self.argv: list[str] = []
         self.started_at = 0.0
         self.size_mb: float | None = None  # the estimated memory of the trials they run
-        self.layout: tuple | None = None   # (dp, tp, pp) of the trials they run
-        self.warmed = ""           # the warm-up's line for the next trial's log
-        self.leftover_mb = 0.0     # what they keep beyond their state after their first trial
+        self.layout: tuple | None = None  # (dp, tp, pp) of the trials they run
+        self.warmed = ""  # the warm-up's line for the next trial's log
+        self.leftover_mb = 0.0  # what they keep beyond their state after their first trial
 
     @property
     def up(self) -> bool:
@@ -103,16 +111,26 @@ class WarmPool:
         backend = backend_of(config.get("backend", DEFAULT_BACKEND))
         env = environment(self.env, config, self.workers)
         self.warmed = warm_up(backend, env, str(PROJECT_ROOT))
-        self.argv = command(["--serve", self.root], self.workers, self.root / "logs",
-                            free_port(), bind_cores=backend.pins_cores)
+        self.argv = command(
+            ["--serve", self.root],
+            self.workers,
+            self.root / "logs",
+            free_port(),
+            bind_cores=backend.pins_cores,
+        )
         started = threading.Event()
 
         def launch_and_wait():
             with open(self.root / "logs" / "launcher.log", "w") as out:
                 self.proc = subprocess.Popen(
-                    self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.root,
-                    env=env, start_new_session=True,
-                    preexec_fn=die_with_parent_hook())
+                    self.argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.root,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent_hook(),
+                )
                 started.set()
                 self.proc.wait()
 
@@ -133,19 +151,32 @@ class WarmPool:
         if not self._same_size(memory_mb):
             held = "an unknown size" if self.size_mb is None else f"~{self.size_mb:.0f} MB"
             this = "not estimated" if memory_mb is None else f"estimated at {memory_mb:.0f} MB"
-            return (f"fresh workers: the pool's processes ran trials of {held} a device, this "
-                    f"one is {this} (a trial after one of another size would reuse, unseen, "
-                    "the memory MindSpore kept of it)\n")
+            return (
+                f"fresh workers: the pool's processes ran trials of {held} a device, this "
+                f"one is {this} (a trial after one of another size would reuse, unseen, "
+                "the memory MindSpore kept of it)\n"
+            )
         layout = _layout(config)
-        if backend_of(config.get("backend", DEFAULT_BACKEND)).pool_per_layout and layout != self.layout:
-            return (f"fresh workers: the pool's processes ran the layout dp·tp·pp = "
-                    f"{'·'.join(map(str, self.layout or ()))}, this trial is "
-                    f"{'·'.join(map(str, layout))} (their process groups hold device memory "
-                    "outside the pool, which another layout's trial would carry)\n")
+        if (
+            backend_of(config.get("backend", DEFAULT_BACKEND)).pool_per_layout
+            and layout != self.layout
+        ):
+            return (
+                f"fresh workers: the pool's processes ran the layout dp·tp·pp = "
+                f"{'·'.join(map(str, self.layout or ()))}, this trial is "
+                f"{'·'.join(map(str, layout))} (their process groups hold device memory "
+                "outside the pool, which another layout's trial would carry)\n"
+            )
         return ""
 
-    def run(self, config: dict, trial_dir: Path, timeout_s: float,
-            memory_limit_mb: float | None, memory_mb: float | None = None) -> Result:
+    def run(
+        self,
+        config: dict,
+        trial_dir: Path,
+        timeout_s: float,
+        memory_limit_mb: float | None,
+        memory_mb: float | None = None,
+    ) -> Result:
         """Run the trial of ``config`` in ``trial_dir`` (see the module doc); ``memory_mb``: the
         cost model's estimate of its memory per device (None: not known, so of no size the
         running processes run)."""
@@ -169,16 +200,20 @@ class WarmPool:
             out.write(f"launched: {' '.join(given + [shlex.join(self.argv)])}\n")
             out.write(retired + self.warmed)
             self.warmed = ""
-            out.write(f"warm workers: trial {self.trials} of the processes started "
-                      f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n")
+            out.write(
+                f"warm workers: trial {self.trials} of the processes started "
+                f"{time.time() - self.started_at:.1f} s ago (pid {self.proc.pid})\n"
+            )
         number = self.trials
-        write_json(self.root / f"trial.{number}.json",
-                     {"config": str(config_path), "log_dir": str(log_dir)})
+        write_json(
+            self.root / f"trial.{number}.json",
+            {"config": str(config_path), "log_dir": str(log_dir)},
+        )
         self.trials += 1
         try:
-            outcome, detail, stop_s, said = self._supervise(number, started,
-                                                            trial_clock(log_dir, timeout_s),
-                                                            memory_limit_mb)
+            outcome, detail, stop_s, said = self._supervise(
+                number, started, trial_clock(log_dir, timeout_s), memory_limit_mb
+            )
         except BaseException:  # cancelled (Ctrl-C, a prune): leave nothing running
             self.close(grace_s=0)
             raise
@@ -189,14 +224,21 @@ class WarmPool:
             if trained is not None:
                 trained.metrics = with_launch_and_teardown(trained.metrics, handed_over, ended)
                 return trained
-            return Result(outcome, detail=detail, run_s=run_s, stop_s=stop_s,
-                          infrastructure=outcome == "error")
+            return Result(
+                outcome,
+                detail=detail,
+                run_s=run_s,
+                stop_s=stop_s,
+                infrastructure=outcome == "error",
+            )
         code = max((s["code"] for s in said.values()), default=None)
         if code == 0 and len(said) == self.workers:
             result = classify(0, trial_dir, log_dir, run_s, backend, dict(self.tree.known))
             if result.outcome in ("ok", "diverged"):
-                for path in [self.root / f"trial.{number}.json",
-                             *(self.root / f"done.{number}.{r}" for r in range(self.workers))]:
+                for path in [
+                    self.root / f"trial.{number}.json",
+                    *(self.root / f"done.{number}.{r}" for r in range(self.workers)),
+                ]:
                     path.unlink(missing_ok=True)
                 result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
                 leftovers = [s.get("leftover_mb", 0.0) for s in said.values()]
@@ -209,8 +251,14 @@ class WarmPool:
         self.close(grace_s=0)
         if not said:  # no rank got to the trial: what the pool said is the trial's evidence
             shutil.copytree(self.root / "logs", log_dir / "pool", dirs_exist_ok=True)
-        return classify(returncode if returncode is not None else 1, trial_dir, log_dir,
-                        time.monotonic() - started, backend, known)
+        return classify(
+            returncode if returncode is not None else 1,
+            trial_dir,
+            log_dir,
+            time.monotonic() - started,
+            backend,
+            known,
+        )
 
     def _said(self, number: int) -> dict:
         """rank → how trial ``number`` ended there (``code``, ``leftover_mb``), for the ranks
@@ -249,11 +297,21 @@ class WarmPool:
             if memory_limit_mb:
                 pid, rss = self.tree.largest_rss(exclude=launcher)
                 if rss - self.leftover_mb > memory_limit_mb:  # the trial's own memory
-                    kept = (f", {self.leftover_mb:.0f} MB of it kept from earlier trials"
-                            if self.leftover_mb else "")
-                    return "oom", (f"a worker reached {rss:.0f} MB{kept}, over the "
-                                   f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
-                                   f"{now:.1f} s in)"), now, said
+                    kept = (
+                        f", {self.leftover_mb:.0f} MB of it kept from earlier trials"
+                        if self.leftover_mb
+                        else ""
+                    )
+                    return (
+                        "oom",
+                        (
+                            f"a worker reached {rss:.0f} MB{kept}, over the "
+                            f"{memory_limit_mb:.0f} MB device budget (pid {pid}, "
+                            f"{now:.1f} s in)"
+                        ),
+                        now,
+                        said,
+                    )
             time.sleep(POLL_S / 5)
 
     def close(self, grace_s: float = CLOSE_WAIT_S) -> None:

@@ -71,21 +71,33 @@ def warm_up(backend, env: dict, project_root: str) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another trial of this node may be warming it now
         waited = time.monotonic() - waited
         if marker.exists():
-            return (f"warm-up: this node's JIT cache was warmed by another trial meanwhile "
-                    f"(waited {waited:.1f} s; {folder})\n")
+            return (
+                f"warm-up: this node's JIT cache was warmed by another trial meanwhile "
+                f"(waited {waited:.1f} s; {folder})\n"
+            )
         argv = [sys.executable, "-m", "autotune.train", "--warm-up", backend.name]
         started = time.monotonic()
         try:
-            done = subprocess.run(argv, env=env, cwd=project_root, capture_output=True, text=True,
-                                  timeout=WARM_UP_LIMIT_S)
+            done = subprocess.run(
+                argv,
+                env=env,
+                cwd=project_root,
+                capture_output=True,
+                text=True,
+                timeout=WARM_UP_LIMIT_S,
+            )
         except subprocess.TimeoutExpired:
-            return (f"warm-up: no first op within {WARM_UP_LIMIT_S:.0f} s ({folder}); the trial "
-                    "runs without it\n")
+            return (
+                f"warm-up: no first op within {WARM_UP_LIMIT_S:.0f} s ({folder}); the trial "
+                "runs without it\n"
+            )
         took = time.monotonic() - started
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or [""])[-1]
-            return (f"warm-up: failed after {took:.1f} s (exit code {done.returncode}: {last}); "
-                    "the trial runs without it\n")
+            return (
+                f"warm-up: failed after {took:.1f} s (exit code {done.returncode}: {last}); "
+                "the trial runs without it\n"
+            )
         marker.write_text(f"{time.time():.0f} {took:.1f}\n")
         said = (done.stdout.strip().splitlines() or [""])[-1]
         return f"warm-up: {said} ({took:.1f} s in all; {folder} holds its kernels now)\n"
@@ -95,12 +107,13 @@ def kernel_targets(library: Path) -> tuple[int, dict]:
     """The CUDA kernel modules an ELF shared library carries (its ``.nv_fatbin`` section: one
     fat binary per module) and the targets they hold: ``{"sass": [sm…], "ptx": [compute…]}``."""
     data = library.read_bytes()
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     entsize, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * entsize) for i in range(count)]
     names = headers[names_index][4]
-    sections = {data[names + h[0]:data.index(b"\0", names + h[0])].decode(): (h[4], h[5])
-                for h in headers}
+    sections = {
+        data[names + h[0] : data.index(b"\0", names + h[0])].decode(): (h[4], h[5]) for h in headers
+    }
     offset, size = sections.get(".nv_fatbin", (0, 0))
     end, modules, targets = offset + size, 0, {"sass": set(), "ptx": set()}
     while offset + 16 <= end:
@@ -112,7 +125,7 @@ def kernel_targets(library: Path) -> tuple[int, dict]:
         entry, stop = offset + header, offset + header + body
         while entry < stop:
             kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
-            arch, = struct.unpack_from("<I", data, entry + 28)
+            (arch,) = struct.unpack_from("<I", data, entry + 28)
             targets["ptx" if kind == 1 else "sass"].add(arch)
             entry += entry_header + payload
         offset = stop

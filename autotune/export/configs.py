@@ -62,31 +62,47 @@ def export_reasons(spec: Spec, c: Candidate) -> list[str]:
     """Why no exported config could run ``c`` (docs/export.md, "What MindSpore refuses")."""
     reasons = []
     if c.jit_level == "pynative" and (c.tp > 1 or c.pp > 1):
-        reasons.append(f"jit_level = pynative with tp = {c.tp}, pp = {c.pp}: MindSpore's PyNative "
-                       "mode runs only stand-alone and data-parallel jobs, not the semi-auto "
-                       "parallel a tp/pp layout is configured as; export a graph-mode trial "
-                       "(--trial N)")
+        reasons.append(
+            f"jit_level = pynative with tp = {c.tp}, pp = {c.pp}: MindSpore's PyNative "
+            "mode runs only stand-alone and data-parallel jobs, not the semi-auto "
+            "parallel a tp/pp layout is configured as; export a graph-mode trial "
+            "(--trial N)"
+        )
     if c.jit_level == "pynative" and c.tp == c.pp == 1 and c.grad_accum > 1:
-        reasons.append(f"jit_level = pynative with grad_accum = {c.grad_accum}: MindFormers "
-                       "accumulates gradients only in semi-auto parallel, which PyNative cannot "
-                       "run, so mindformers.yaml could not keep the tuned global batch; export a "
-                       "graph-mode trial (--trial N)")
+        reasons.append(
+            f"jit_level = pynative with grad_accum = {c.grad_accum}: MindFormers "
+            "accumulates gradients only in semi-auto parallel, which PyNative cannot "
+            "run, so mindformers.yaml could not keep the tuned global batch; export a "
+            "graph-mode trial (--trial N)"
+        )
     if not run_backend(spec).executes("jit_level", c.jit_level):
-        reasons.append(f"jit_level = {c.jit_level} on {run_backend(spec).name}: "
-                       f"{run_backend(spec).why_not('jit_level')}; export an O0/O1 trial (--trial N)")
+        reasons.append(
+            f"jit_level = {c.jit_level} on {run_backend(spec).name}: "
+            f"{run_backend(spec).why_not('jit_level')}; export an O0/O1 trial (--trial N)"
+        )
     return reasons
 
 
 def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     steps = spec.train.total_steps
-    config = trial_config(spec, c, study=trial["study"], number=trial["number"], out_dir=RUN_DIR,
-                          steps=steps, measure_after=min(spec.trial.measure_after, steps - 1),
-                          backend=run_backend(spec).name,
-                          device_memory=device_memory_cap(
-                              replace(spec.cluster, backend=run_backend(spec).name)))
+    config = trial_config(
+        spec,
+        c,
+        study=trial["study"],
+        number=trial["number"],
+        out_dir=RUN_DIR,
+        steps=steps,
+        measure_after=min(spec.trial.measure_after, steps - 1),
+        backend=run_backend(spec).name,
+        device_memory=device_memory_cap(replace(spec.cluster, backend=run_backend(spec).name)),
+    )
     config["trial"]["schedule"] = "full"
-    config["checkpoint"] = {"dir": f"{RUN_DIR}/checkpoint", "save_every": spec.train.save_every,
-                            "resume": False, "init_from": None}
+    config["checkpoint"] = {
+        "dir": f"{RUN_DIR}/checkpoint",
+        "save_every": spec.train.save_every,
+        "resume": False,
+        "init_from": None,
+    }
     return config
 
 
@@ -95,14 +111,19 @@ def parallel_optimizer(c: Candidate) -> dict:
     section has the same): on with the threshold the trials ran (MindSpore's default), or off."""
     keys = {"enable_parallel_optimizer": c.parallel_optimizer}
     if c.parallel_optimizer:
-        keys["parallel_optimizer_config"] = {"parallel_optimizer_threshold": OPTIMIZER_SHARD_THRESHOLD_KB}
+        keys["parallel_optimizer_config"] = {
+            "parallel_optimizer_threshold": OPTIMIZER_SHARD_THRESHOLD_KB
+        }
     return keys
 
 
 def loss_scale_cell(c: Candidate) -> dict:
     """``DynamicLossScaleUpdateCell``'s arguments for the tuned initial scale."""
-    return {"loss_scale_value": c.loss_scale, "scale_factor": SCALE_FACTOR,
-            "scale_window": SCALE_WINDOW}
+    return {
+        "loss_scale_value": c.loss_scale,
+        "scale_factor": SCALE_FACTOR,
+        "scale_window": SCALE_WINDOW,
+    }
 
 
 def loss_scaled(spec: Spec) -> bool:
@@ -113,24 +134,31 @@ def loss_scaled(spec: Spec) -> bool:
 def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
     mode = parallel_mode(c)
     # Semi-auto computes the loss over the global batch, so its gradients are already means.
-    parallel = {"parallel_mode": mode, "device_num": c.devices,
-                "gradients_mean": mode == "data_parallel",
-                **parallel_optimizer(c),
-                "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}}}
+    parallel = {
+        "parallel_mode": mode,
+        "device_num": c.devices,
+        "gradients_mean": mode == "data_parallel",
+        **parallel_optimizer(c),
+        "comm_fusion": {"allreduce": {"mode": "size", "config": c.fusion_mb}},
+    }
     if mode == "semi_auto_parallel":
         parallel.update(pipeline_stages=c.pp, full_batch=True)
     # None: a section a knob's writer fills or removes (`autotune.export.knob_writers`)
     doc = {
         "study": trial["study"],
         "trial": trial["number"],
-        "knobs": {name: {"value": value, "mindspore": KNOBS[name].mindspore}
-                  for name, value in c.as_dict().items()},
+        "knobs": {
+            name: {"value": value, "mindspore": KNOBS[name].mindspore}
+            for name, value in c.as_dict().items()
+        },
         "device": {"device_target": run_backend(spec).device_target},
         "context": None,
         "jit_config": None,
         "auto_parallel_context": parallel,
-        "batch": {"global_batch_size": spec.train.global_batch_size,
-                  "micro_batch_size": micro_batch_size(spec, c)},
+        "batch": {
+            "global_batch_size": spec.train.global_batch_size,
+            "micro_batch_size": micro_batch_size(spec, c),
+        },
         "gradient_accumulation": None,
         "loss_scale": None,
         "lr_schedule": None,
@@ -141,17 +169,28 @@ def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
     return doc
 
 
-LAUNCH_YAML.in_place("dp", "autotune.export.configs:micro_batch_size",
-                     "the layout: auto_parallel_context.device_num (dp·tp·pp), the per-device "
-                     "batch.micro_batch_size, and strategy.ckpt")
-LAUNCH_YAML.in_place("tp", "autotune.export.configs:parallel_mode",
-                     "the layout: auto_parallel_context.parallel_mode, and strategy.ckpt")
-for _name, _section in (("pp", "pipeline_stages"),
-                        ("fusion_mb", "comm_fusion"),
-                        ("parallel_optimizer", "enable_parallel_optimizer")):
-    LAUNCH_YAML.in_place(_name, "autotune.export.configs:launch_yaml",
-                         f"auto_parallel_context.{_section}: an argument of the one "
-                         "set_auto_parallel_context call the layout decides")
+LAUNCH_YAML.in_place(
+    "dp",
+    "autotune.export.configs:micro_batch_size",
+    "the layout: auto_parallel_context.device_num (dp·tp·pp), the per-device "
+    "batch.micro_batch_size, and strategy.ckpt",
+)
+LAUNCH_YAML.in_place(
+    "tp",
+    "autotune.export.configs:parallel_mode",
+    "the layout: auto_parallel_context.parallel_mode, and strategy.ckpt",
+)
+for _name, _section in (
+    ("pp", "pipeline_stages"),
+    ("fusion_mb", "comm_fusion"),
+    ("parallel_optimizer", "enable_parallel_optimizer"),
+):
+    LAUNCH_YAML.in_place(
+        _name,
+        "autotune.export.configs:launch_yaml",
+        f"auto_parallel_context.{_section}: an argument of the one "
+        "set_auto_parallel_context call the layout decides",
+    )
 
 
 @LAUNCH_YAML.register("jit_level")
@@ -179,14 +218,19 @@ def _launch_grad_accum(value, spec: Spec, c: Candidate, doc: dict) -> None:
 @LAUNCH_YAML.register("loss_scale")
 def _launch_loss_scale(value, spec: Spec, c: Candidate, doc: dict) -> None:
     # null: float32 and bfloat16 runs are not loss-scaled
-    doc["loss_scale"] = {"DynamicLossScaleUpdateCell": loss_scale_cell(c)} if loss_scaled(spec) else None
+    doc["loss_scale"] = (
+        {"DynamicLossScaleUpdateCell": loss_scale_cell(c)} if loss_scaled(spec) else None
+    )
 
 
 @LAUNCH_YAML.register("warmup_steps")
 def _launch_warmup_steps(value, spec: Spec, c: Candidate, doc: dict) -> None:
-    doc["lr_schedule"] = {"schedule": "linear warmup, then cosine decay to 0",
-                          "learning_rate": spec.train.learning_rate,
-                          "warmup_steps": value, "total_steps": spec.train.total_steps}
+    doc["lr_schedule"] = {
+        "schedule": "linear warmup, then cosine decay to 0",
+        "learning_rate": spec.train.learning_rate,
+        "warmup_steps": value,
+        "total_steps": spec.train.total_steps,
+    }
 
 
 @LAUNCH_YAML.register("recompute")
@@ -198,14 +242,16 @@ def summary(spec: Spec, c: Candidate, trial: dict, layouts: dict, extra: dict) -
     def entry(p: ParamLayout) -> dict:
         return {"shape": list(p.shape), "stage": p.stage, "split_dim": p.split_dim}
 
-    return json_safe({
-        "study": trial["study"],
-        "trial": trial["number"],
-        "knobs": c.as_dict(),
-        "metrics": trial.get("metrics") or {},
-        "estimate": trial.get("estimate"),
-        "devices": c.devices,
-        "rank_order": "rank = stage·(dp·tp) + dp_index·tp + tp_index",
-        "parameters": {p.name: entry(p) for p in layouts.values()},
-        **extra,
-    })
+    return json_safe(
+        {
+            "study": trial["study"],
+            "trial": trial["number"],
+            "knobs": c.as_dict(),
+            "metrics": trial.get("metrics") or {},
+            "estimate": trial.get("estimate"),
+            "devices": c.devices,
+            "rank_order": "rank = stage·(dp·tp) + dp_index·tp + tp_index",
+            "parameters": {p.name: entry(p) for p in layouts.values()},
+            **extra,
+        }
+    )

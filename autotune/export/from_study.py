@@ -44,23 +44,43 @@ def select_trial(study: optuna.Study, number: int | None = None):
     return best[0]
 
 
-def export_study(name: str, storage: str | None, out: Path, number: int | None = None,
-                 reshard_from: str | None = None, overwrite: bool = False,
-                 mindformers_base: str | None = None) -> tuple:
+def export_study(
+    name: str,
+    storage: str | None,
+    out: Path,
+    number: int | None = None,
+    reshard_from: str | None = None,
+    overwrite: bool = False,
+    mindformers_base: str | None = None,
+) -> tuple:
     """Export trial ``number`` (default: :func:`select_trial`'s) of study ``name`` to ``out``;
     returns (the trial, the files written)."""
     study = load_study(name, storage)
     trial = select_trial(study, number)
-    spec = parse_spec(study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]),
-                      stored=True)  # the stored copy: nothing read at the original path
+    spec = parse_spec(
+        study.user_attrs["model_yaml"], Path(study.user_attrs["model_yaml_path"]), stored=True
+    )  # the stored copy: nothing read at the original path
     if mindformers_base is None and spec.mindformers_base is not None:
         mindformers_base = spec.mindformers_base
         if not Path(mindformers_base).is_file():
-            raise SpecError(f"{spec.source}: export.mindformers_base: {mindformers_base}: no such "
-                            "file (the MindFormers config to merge into); pass --mindformers-base "
-                            "PATH.yaml")
-    record = {"number": trial.number, "study": study.study_name, "metrics": metrics_of(trial),
-              "estimate": trial.user_attrs.get("estimate")}
-    files = write_export(spec, Candidate(**knobs_of(trial)), record, out, reshard_from=reshard_from,
-                         overwrite=overwrite, mindformers_base=mindformers_base)
+            raise SpecError(
+                f"{spec.source}: export.mindformers_base: {mindformers_base}: no such "
+                "file (the MindFormers config to merge into); pass --mindformers-base "
+                "PATH.yaml"
+            )
+    record = {
+        "number": trial.number,
+        "study": study.study_name,
+        "metrics": metrics_of(trial),
+        "estimate": trial.user_attrs.get("estimate"),
+    }
+    files = write_export(
+        spec,
+        Candidate(**knobs_of(trial)),
+        record,
+        out,
+        reshard_from=reshard_from,
+        overwrite=overwrite,
+        mindformers_base=mindformers_base,
+    )
     return trial, files

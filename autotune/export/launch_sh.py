@@ -159,30 +159,44 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
     workers = c.devices
     local = min(spec.cluster.devices_per_node, workers)
     nodes = node_count(workers, local)
-    cluster = (_SINGLE_NODE if nodes == 1
-               else _MULTI_NODE.format(nodes=nodes, last=nodes - 1))
+    cluster = _SINGLE_NODE if nodes == 1 else _MULTI_NODE.format(nodes=nodes, last=nodes - 1)
     # Pinning each worker to its cores keeps CPU step times steady (docs/export.md, "msrun");
     # worker 0's log goes to the console of node 0; nodes started minutes apart still join
     # (msrun's own cluster timeout, not the trials' shorter one).
     backend = run_backend(spec)
-    options = msrun_args(workers, local, master_addr="$MASTER_ADDR", master_port="$MASTER_PORT",
-                         node_rank="$NODE_RANK", log_dir="$LOG_DIR",
-                         cluster_time_out=MSRUN_DEFAULT_CLUSTER_TIME_OUT_S,
-                         bind_core=backend.pins_cores, tail_worker=0)
+    options = msrun_args(
+        workers,
+        local,
+        master_addr="$MASTER_ADDR",
+        master_port="$MASTER_PORT",
+        node_rank="$NODE_RANK",
+        log_dir="$LOG_DIR",
+        cluster_time_out=MSRUN_DEFAULT_CLUSTER_TIME_OUT_S,
+        bind_core=backend.pins_cores,
+        tail_worker=0,
+    )
     msrun = _shell_words(options)
     refusal = backend.no_mindformers
     if backend.mindformers_cpu_form and cpu_refusals(c):
         refusal = "MindFormers cannot run this export on CPU: " + "; ".join(cpu_refusals(c))
     script = _HEADER.format(
-        study=json.dumps(str(trial["study"])), number=trial["number"], dp=c.dp, tp=c.tp, pp=c.pp,
-        workers=workers, nodes_note=f" on {nodes} nodes" if nodes > 1 else "",
+        study=json.dumps(str(trial["study"])),
+        number=trial["number"],
+        dp=c.dp,
+        tp=c.tp,
+        pp=c.pp,
+        workers=workers,
+        nodes_note=f" on {nodes} nodes" if nodes > 1 else "",
         addr_note="node 0's address, required" if nodes > 1 else "default 127.0.0.1",
         rank_note=f"0..{nodes - 1}, required" if nodes > 1 else "0",
-        unset_base=UNSET_BASE, cluster=cluster, msrun=msrun,
+        unset_base=UNSET_BASE,
+        cluster=cluster,
+        msrun=msrun,
         environment="".join(f"export {name}={value}\n" for name, value in backend.environment),
         no_mindformers=f'  fail "--mindformers: {refusal}"\n' if refusal else "",
         # autotune's CPU training step, beside mindformers.yaml (autotune.export.mindformers)
-        register='  ARGS+=(--register_path "$HERE")\n' if on_cpu(spec, c) else "")
+        register='  ARGS+=(--register_path "$HERE")\n' if on_cpu(spec, c) else "",
+    )
     if workers == 1:
         return script + 'exec python -m autotune.train "$CONFIG"\n'
     return script + "exec msrun \\\n" + msrun + '    python -m autotune.train "$CONFIG"\n'

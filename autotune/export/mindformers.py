@@ -32,8 +32,15 @@ from pathlib import Path
 
 import yaml
 
-from autotune.export.configs import (GRAPH_MODE, PYNATIVE_MODE, loss_scale_cell,
-                                     loss_scaled, micro_batch_size, parallel_optimizer, run_backend)
+from autotune.export.configs import (
+    GRAPH_MODE,
+    PYNATIVE_MODE,
+    loss_scale_cell,
+    loss_scaled,
+    micro_batch_size,
+    parallel_optimizer,
+    run_backend,
+)
 from autotune.export.knob_writers import MINDFORMERS_YAML
 from autotune.export.mindformers_base import kept, stage_lists
 from autotune.families.llama import LLAMA_EMBEDDING
@@ -62,11 +69,14 @@ def cpu_refusals(c: Candidate) -> list[str]:
     """Why MindFormers cannot run ``c`` on CPU (measured: docs/mindformers.md, "On CPU")."""
     reasons = []
     if c.tp > 1 or c.pp > 1:
-        reasons.append(f"tp = {c.tp}, pp = {c.pp} is semi-auto parallel, which MindSpore refuses "
-                       "on CPU ('Invalid backend: CPU')")
+        reasons.append(
+            f"tp = {c.tp}, pp = {c.pp} is semi-auto parallel, which MindSpore refuses "
+            "on CPU ('Invalid backend: CPU')"
+        )
     if c.parallel_optimizer:
-        reasons.append("the parallel optimizer: MindSpore runs it in data-parallel mode on Ascend "
-                       "only")
+        reasons.append(
+            "the parallel optimizer: MindSpore runs it in data-parallel mode on Ascend only"
+        )
     return reasons
 
 
@@ -78,13 +88,17 @@ def overlay(spec: Spec, c: Candidate) -> dict:
     cpu = on_cpu(spec, c)
     semi = c.jit_level != "pynative" and not cpu
     pp = c.pp > 1
-    context = {"mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE,
-               "device_target": run_backend(spec).device_target}
+    context = {
+        "mode": PYNATIVE_MODE if c.jit_level == "pynative" else GRAPH_MODE,
+        "device_target": run_backend(spec).device_target,
+    }
     if c.jit_level != "pynative":
         context["jit_config"] = {"jit_level": c.jit_level}
     fusion = {"mode": "size", "config": c.fusion_mb}
     # With the parallel optimizer MindSpore also buckets its all-gathers and reduce-scatters.
-    buckets = ("allreduce", "allgather", "reducescatter") if c.parallel_optimizer else ("allreduce",)
+    buckets = (
+        ("allreduce", "allgather", "reducescatter") if c.parallel_optimizer else ("allreduce",)
+    )
     document = {
         "run_mode": "train",
         "use_parallel": True,
@@ -92,28 +106,37 @@ def overlay(spec: Spec, c: Candidate) -> dict:
         "context": context,
         "parallel": {
             "parallel_mode": 1 if semi else 0,  # MindFormers' codes: 0 data, 1 semi-auto parallel
-            "gradients_mean": not semi,         # semi-auto's loss is already the global mean
+            "gradients_mean": not semi,  # semi-auto's loss is already the global mean
             "full_batch": semi,
             **parallel_optimizer(c),
             "comm_fusion": {bucket: dict(fusion) for bucket in buckets},
         },
         "parallel_config": {
-            "data_parallel": c.dp, "model_parallel": c.tp, "pipeline_stage": c.pp,
+            "data_parallel": c.dp,
+            "model_parallel": c.tp,
+            "pipeline_stage": c.pp,
             "context_parallel": 1,
             "micro_batch_num": c.micro_batches if pp else 1,
             "vocab_emb_dp": c.tp == 1,  # tp > 1: vocab-parallel embedding, as strategy.ckpt has it
             "use_seq_parallel": spec.model.sequence_parallel,
         },
-        "runner_config": {"batch_size": micro_batch_size(spec, c),
-                          "gradient_accumulation_steps": 1 if pp else c.grad_accum},
+        "runner_config": {
+            "batch_size": micro_batch_size(spec, c),
+            "gradient_accumulation_steps": 1 if pp else c.grad_accum,
+        },
         # None: filled by the knob's writer (`autotune.export.knob_writers`)
         "runner_wrapper": {"type": "MFTrainOneStepCell", "scale_sense": None},
         "lr_schedule": None,
         "recompute_config": None,
         # layers split evenly over the stages, as strategy.ckpt places them; the legacy llama
         # shards its embedding with the parallel optimizer only when its model_config says so
-        "model": {"model_config": {"offset": 0, "parallel_optimizer": c.parallel_optimizer and (
-            LLAMA_EMBEDDING not in optimizer_whole(spec.model.as_config()))}},
+        "model": {
+            "model_config": {
+                "offset": 0,
+                "parallel_optimizer": c.parallel_optimizer
+                and (LLAMA_EMBEDDING not in optimizer_whole(spec.model.as_config())),
+            }
+        },
     }
     MINDFORMERS_YAML.call(c.as_dict(), spec, c, document)
     if cpu:
@@ -121,11 +144,22 @@ def overlay(spec: Spec, c: Candidate) -> dict:
     return document
 
 
-for _name in ("dp", "tp", "pp", "micro_batches", "grad_accum", "fusion_mb", "parallel_optimizer",
-              "jit_level"):
-    MINDFORMERS_YAML.in_place(_name, "autotune.export.mindformers:overlay",
-                              "parallel_mode, parallel_config, runner_config and context follow "
-                              "from the layout, the jit level and the device together")
+for _name in (
+    "dp",
+    "tp",
+    "pp",
+    "micro_batches",
+    "grad_accum",
+    "fusion_mb",
+    "parallel_optimizer",
+    "jit_level",
+):
+    MINDFORMERS_YAML.in_place(
+        _name,
+        "autotune.export.mindformers:overlay",
+        "parallel_mode, parallel_config, runner_config and context follow "
+        "from the layout, the jit level and the device together",
+    )
 
 
 @MINDFORMERS_YAML.register("loss_scale")
@@ -136,11 +170,18 @@ def _mindformers_loss_scale(value, spec: Spec, c: Candidate, document: dict) -> 
 
 @MINDFORMERS_YAML.register("warmup_steps")
 def _mindformers_warmup_steps(value, spec: Spec, c: Candidate, document: dict) -> None:
-    document["lr_schedule"] = {"type": "CosineWithWarmUpLR", "learning_rate": spec.train.learning_rate,
-                               "warmup_steps": value, "warmup_ratio": None,
-                               "total_steps": spec.train.total_steps, "lr_end": 0.0,
-                               "warmup_lr_init": 0.0, "num_cycles": 0.5,
-                               "decay_steps": None, "decay_ratio": None}
+    document["lr_schedule"] = {
+        "type": "CosineWithWarmUpLR",
+        "learning_rate": spec.train.learning_rate,
+        "warmup_steps": value,
+        "warmup_ratio": None,
+        "total_steps": spec.train.total_steps,
+        "lr_end": 0.0,
+        "warmup_lr_init": 0.0,
+        "num_cycles": 0.5,
+        "decay_steps": None,
+        "decay_ratio": None,
+    }
 
 
 @MINDFORMERS_YAML.register("recompute")
@@ -160,10 +201,15 @@ def recompute_lists(spec: Spec, c: Candidate, interleave: int = 1) -> dict:
         value = marks.get(key)
         return on and (True if value in (None, True) else per_stage(value, layout))
 
-    lists = {"recompute": listed("recompute", c.recompute == "full"),
-             # under full recompute, the layers its list leaves out may be selective
-             "select_recompute": listed("select_recompute", c.recompute == "selective" or (
-                 c.recompute == "full" and "recompute" in marks and "select_recompute" in marks))}
+    lists = {
+        "recompute": listed("recompute", c.recompute == "full"),
+        # under full recompute, the layers its list leaves out may be selective
+        "select_recompute": listed(
+            "select_recompute",
+            c.recompute == "selective"
+            or (c.recompute == "full" and "recompute" in marks and "select_recompute" in marks),
+        ),
+    }
     if "select_comm_recompute" in marks:
         lists["select_comm_recompute"] = listed("select_comm_recompute", True)
     return lists
@@ -174,13 +220,18 @@ def _for_cpu(document: dict, c: Candidate) -> None:
     semi-auto parallel, so the K accumulated micro-batches become one K-fold batch per rank (the
     same global batch and updates, more activation memory)."""
     runner = document["runner_config"]
-    runner.update(batch_size=runner["batch_size"] * runner["gradient_accumulation_steps"],
-                  gradient_accumulation_steps=1, sink_mode=False)  # sink: steps × sink_size
-    document["runner_wrapper"].update(type=CPU_WRAPPER,
-                                      auto_register=f"{Path(CPU_WRAPPER_FILE).stem}.{CPU_WRAPPER}")
+    runner.update(
+        batch_size=runner["batch_size"] * runner["gradient_accumulation_steps"],
+        gradient_accumulation_steps=1,
+        sink_mode=False,
+    )  # sink: steps × sink_size
+    document["runner_wrapper"].update(
+        type=CPU_WRAPPER, auto_register=f"{Path(CPU_WRAPPER_FILE).stem}.{CPU_WRAPPER}"
+    )
     # no RmsNorm or fused attention kernel on CPU; rope without slicing fails to broadcast
-    document["model"]["model_config"].update(use_rope_slice=True, fused_rms_norm=False,
-                                             use_flash_attention=False)
+    document["model"]["model_config"].update(
+        use_rope_slice=True, fused_rms_norm=False, use_flash_attention=False
+    )
 
 
 def _check_base(spec: Spec, base: dict, where: str) -> None:
@@ -188,9 +239,11 @@ def _check_base(spec: Spec, base: dict, where: str) -> None:
     model_config = model.get("model_config") if isinstance(model, dict) else None
     dtype = model_config.get("compute_dtype") if isinstance(model_config, dict) else None
     if dtype is not None and dtype != spec.model.dtype:
-        raise SpecError(f"{where}: model.model_config.compute_dtype is {dtype!r} but the study "
-                        f"tuned model.dtype {spec.model.dtype!r} (the loss scale and batch were "
-                        "tuned for that)")
+        raise SpecError(
+            f"{where}: model.model_config.compute_dtype is {dtype!r} but the study "
+            f"tuned model.dtype {spec.model.dtype!r} (the loss scale and batch were "
+            "tuned for that)"
+        )
 
 
 def _dump(document: dict) -> str:
@@ -204,30 +257,43 @@ def _value(value) -> str:
 def _notes(spec: Spec, c: Candidate) -> str:
     """Header lines on how MindFormers runs this file where it differs by device."""
     if on_cpu(spec, c):
-        return ("# On CPU: data parallel, accumulation folded into the per-rank batch, and autotune's\n"
-                f"# {CPU_WRAPPER} ({CPU_WRAPPER_FILE} beside this file), which launch.sh\n"
-                "# --mindformers registers through run_mindformer.py --register_path.\n")
+        return (
+            "# On CPU: data parallel, accumulation folded into the per-rank batch, and autotune's\n"
+            f"# {CPU_WRAPPER} ({CPU_WRAPPER_FILE} beside this file), which launch.sh\n"
+            "# --mindformers registers through run_mindformer.py --register_path.\n"
+        )
     if run_backend(spec).mindformers_cpu_form:
-        return ("# MindFormers cannot run this on CPU: " + "; ".join(cpu_refusals(c))
-                + ".\n# It is the config for Ascend; launch.sh --mindformers refuses it here.\n")
+        return (
+            "# MindFormers cannot run this on CPU: "
+            + "; ".join(cpu_refusals(c))
+            + ".\n# It is the config for Ascend; launch.sh --mindformers refuses it here.\n"
+        )
     return ""
 
 
-def document(spec: Spec, c: Candidate, trial: dict,
-             base_path: str | None = None) -> tuple[str, list]:
+def document(
+    spec: Spec, c: Candidate, trial: dict, base_path: str | None = None
+) -> tuple[str, list]:
     """``(mindformers.yaml text, changes)``; ``changes`` is empty without a base."""
-    title = (f"# autotune export of study {json.dumps(trial['study'])}, trial {trial['number']}: "
-             "MindFormers config")
+    title = (
+        f"# autotune export of study {json.dumps(trial['study'])}, trial {trial['number']}: "
+        "MindFormers config"
+    )
     tuned = overlay(spec, c)
     if base_path is None:
-        knob_lines = "".join(f"#   {name:<13} -> {knob.mindformers}\n" for name, knob in KNOBS.items())
-        header = (f"{title} overlay.\n"
-                  "# Set base_config to your model's MindFormers config (absolute, or relative to this\n"
-                  "# file's folder): MindFormers merges this file over it. Or export again with\n"
-                  "# --mindformers-base YOUR.yaml to get the complete config, in which recompute lists\n"
-                  f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
-                  + _notes(spec, c) +
-                  "# docs/mindformers.md says why each key is set. Knobs map to:\n" + knob_lines)
+        knob_lines = "".join(
+            f"#   {name:<13} -> {knob.mindformers}\n" for name, knob in KNOBS.items()
+        )
+        header = (
+            f"{title} overlay.\n"
+            "# Set base_config to your model's MindFormers config (absolute, or relative to this\n"
+            "# file's folder): MindFormers merges this file over it. Or export again with\n"
+            "# --mindformers-base YOUR.yaml to get the complete config, in which recompute lists\n"
+            f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
+            + _notes(spec, c)
+            + "# docs/mindformers.md says why each key is set. Knobs map to:\n"
+            + knob_lines
+        )
         return header + _dump({BASE_CONFIG: UNSET_BASE, **tuned}), []
     base = load_config(base_path)
     _check_base(spec, base, str(base_path))
@@ -238,26 +304,45 @@ def document(spec: Spec, c: Candidate, trial: dict,
     interleave = ((base.get("model") or {}).get("model_config") or {}).get("pp_interleave_num") or 1
     if interleave > 1:  # the tuned lists per (interleave, stage) chunk, as the base's
         tuned["recompute_config"].update(recompute_lists(spec, c, interleave))
-    rederived = {key: value for key, value in stage_lists(base, spec.model.num_layers, c.pp).items()
-                 if key.split(".", 1)[1] not in tuned["recompute_config"]}  # the model.yaml's win
+    rederived = {
+        key: value
+        for key, value in stage_lists(base, spec.model.num_layers, c.pp).items()
+        if key.split(".", 1)[1] not in tuned["recompute_config"]
+    }  # the model.yaml's win
     for key, value in rederived.items():
         tuned["recompute_config"][key.split(".", 1)[1]] = value
     merged, changes = merge(tuned, base, replace=True)
-    lines = "".join(f"#   {ch['key']}: {_value(ch['old']) if 'old' in ch else '(absent)'} -> "
-                    f"{_value(ch['new'])}\n" for ch in changes)
-    header = (f"{title}:\n#   {Path(base_path).resolve()}\n"
-              "# with the tuned settings merged in by MindFormers' own rule (docs/mindformers.md).\n"
-              + _notes(spec, c) + "# Changed, old -> new:\n" + lines)
+    lines = "".join(
+        f"#   {ch['key']}: {_value(ch['old']) if 'old' in ch else '(absent)'} -> "
+        f"{_value(ch['new'])}\n"
+        for ch in changes
+    )
+    header = (
+        f"{title}:\n#   {Path(base_path).resolve()}\n"
+        "# with the tuned settings merged in by MindFormers' own rule (docs/mindformers.md).\n"
+        + _notes(spec, c)
+        + "# Changed, old -> new:\n"
+        + lines
+    )
     if rederived:
-        header += (f"# Re-derived for pp = {c.pp} (each stage recomputes the base's layers of its span):"
-                   f" {', '.join(rederived)}\n")
-    staged = [f"recompute_config.{key}" for key, value in recompute_lists(spec, c).items()
-              if isinstance(value, list)]
+        header += (
+            f"# Re-derived for pp = {c.pp} (each stage recomputes the base's layers of its span):"
+            f" {', '.join(rederived)}\n"
+        )
+    staged = [
+        f"recompute_config.{key}"
+        for key, value in recompute_lists(spec, c).items()
+        if isinstance(value, list)
+    ]
     if staged:
-        header += (f"# Per stage of pp = {c.pp}, the layers model.recompute_layers marks (what the "
-                   f"study priced): {', '.join(staged)}\n")
+        header += (
+            f"# Per stage of pp = {c.pp}, the layers model.recompute_layers marks (what the "
+            f"study priced): {', '.join(staged)}\n"
+        )
     held = kept(merged, tuned)
     if held:
-        header += ("# Kept from the base, not tuned (they change layout, memory or schedule):\n"
-                   + "".join(f"#   {key}: {_value(value)}\n" for key, value in held))
+        header += (
+            "# Kept from the base, not tuned (they change layout, memory or schedule):\n"
+            + "".join(f"#   {key}: {_value(value)}\n" for key, value in held)
+        )
     return header + _dump(merged), changes

@@ -24,14 +24,25 @@ from autotune.spec.mindformers_layers import chunks, marked_layers, per_stage
 # and select_recompute, and select_comm_recompute where the model.yaml marks layers: those win).
 STAGE_KEYED = ("select_comm_recompute", "select_recompute_exclude", "select_comm_recompute_exclude")
 # Keys that change layout, memory or schedule and that the overlay does not set.
-KEPT = ("parallel_config.use_seq_parallel", "parallel_config.gradient_aggregation_group",
-        "parallel_config.seq_split_num", "model.model_config.fine_grain_interleave",
-        "model.model_config.pp_interleave_num", "model.model_config.use_ring_attention",
-        "model.model_config.use_attn_mask_compression", "recompute_config.select_comm_recompute",
-        "recompute_config.select_recompute_exclude", "recompute_config.select_comm_recompute_exclude",
-        "recompute_config.mp_comm_recompute", "recompute_config.parallel_optimizer_comm_recompute",
-        "recompute_config.recompute_slice_activation", "swap_config", "parallel.pipeline_config",
-        "parallel.parallel_optimizer_config", "context.memory_optimize_level")
+KEPT = (
+    "parallel_config.use_seq_parallel",
+    "parallel_config.gradient_aggregation_group",
+    "parallel_config.seq_split_num",
+    "model.model_config.fine_grain_interleave",
+    "model.model_config.pp_interleave_num",
+    "model.model_config.use_ring_attention",
+    "model.model_config.use_attn_mask_compression",
+    "recompute_config.select_comm_recompute",
+    "recompute_config.select_recompute_exclude",
+    "recompute_config.select_comm_recompute_exclude",
+    "recompute_config.mp_comm_recompute",
+    "recompute_config.parallel_optimizer_comm_recompute",
+    "recompute_config.recompute_slice_activation",
+    "swap_config",
+    "parallel.pipeline_config",
+    "parallel.parallel_optimizer_config",
+    "context.memory_optimize_level",
+)
 
 
 def _get(config: dict, dotted: str):
@@ -72,8 +83,12 @@ def stage_lists(base: dict, layers: int, pp: int) -> dict:
 
 def kept(merged: dict, overlay: dict) -> list[tuple[str, object]]:
     """``(key, value)`` of each :data:`KEPT` key the merged config has and the overlay sets not."""
+
     def default(value) -> bool:  # off, absent, or 1 (no interleave, no split)
         return value is None or value is False or type(value) is int and value == 1
 
-    return [(key, _get(merged, key)) for key in KEPT
-            if not default(_get(merged, key)) and _get(overlay, key) is None]
+    return [
+        (key, _get(merged, key))
+        for key in KEPT
+        if not default(_get(merged, key)) and _get(overlay, key) is None
+    ]

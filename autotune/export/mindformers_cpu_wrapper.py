@@ -12,8 +12,8 @@ path, uses ``FloatStatus`` — neither has a CPU kernel. This check tests every 
 """
 
 import mindspore.common.dtype as mstype
-from mindspore import ops
 from mindformers.wrapper.wrapper import MFTrainOneStepCell
+from mindspore import ops
 
 _overflow = ops.MultitypeFuncGraph("overflow")
 

@@ -54,7 +54,9 @@ def _entry_parameters(spec: Spec, run_config: dict) -> dict:
         with no_init_parameters():
             result = build(run_config)
     except Exception as exc:
-        raise SpecError(f"{where}: building the network failed: {type(exc).__name__}: {exc}") from None
+        raise SpecError(
+            f"{where}: building the network failed: {type(exc).__name__}: {exc}"
+        ) from None
     options = [result]
     if isinstance(result, dict):
         options.append(result.get("network"))
@@ -62,8 +64,10 @@ def _entry_parameters(spec: Spec, run_config: dict) -> dict:
         options.append(result[0])
     network = next((o for o in options if isinstance(o, nn.Cell)), None)
     if network is None:
-        raise SpecError(f"{where}: returned {type(result).__name__}, expected a Cell, "
-                        "(network, ...) or {'network': Cell}")
+        raise SpecError(
+            f"{where}: returned {type(result).__name__}, expected a Cell, "
+            "(network, ...) or {'network': Cell}"
+        )
     shapes = {}
     for param in network.get_parameters():
         shapes.setdefault(param.name, tuple(param.shape))

@@ -32,15 +32,18 @@ class ReshardPlan:
     copied_whole: tuple[str, ...]
 
     def describe(self) -> dict:
-        return {"source": str(self.source), "tensors_laid_out": len(self.layouts),
-                "copied_whole": list(self.copied_whole)}
+        return {
+            "source": str(self.source),
+            "tensors_laid_out": len(self.layouts),
+            "copied_whole": list(self.copied_whole),
+        }
 
 
 def _owner(name: str, layouts: dict) -> str | None:
     """The parameter an optimizer-state name ``<prefix>.<parameter>`` belongs to, if any."""
     for i, char in enumerate(name):
-        if char == "." and name[i + 1:] in layouts:
-            return name[i + 1:]
+        if char == "." and name[i + 1 :] in layouts:
+            return name[i + 1 :]
     return None
 
 
@@ -56,11 +59,17 @@ def plan_reshard(source: str | os.PathLike, layouts: dict) -> ReshardPlan:
         raise SpecError(f"--reshard {source}: cannot load: {type(exc).__name__}: {exc}") from None
     shapes = {name: tuple(value.shape) for name, value in tensors.items()}
     missing = [n for n in layouts if n not in shapes]
-    wrong = [f"{n} {shapes[n]} (model: {p.shape})" for n, p in layouts.items()
-             if n in shapes and shapes[n] != p.shape]
+    wrong = [
+        f"{n} {shapes[n]} (model: {p.shape})"
+        for n, p in layouts.items()
+        if n in shapes and shapes[n] != p.shape
+    ]
     if missing or wrong:
-        problems = ([f"missing {', '.join(missing[:5])}" + (" …" if len(missing) > 5 else "")]
-                    if missing else []) + [f"shape of {w}" for w in wrong[:5]]
+        problems = (
+            [f"missing {', '.join(missing[:5])}" + (" …" if len(missing) > 5 else "")]
+            if missing
+            else []
+        ) + [f"shape of {w}" for w in wrong[:5]]
         raise SpecError(f"--reshard {source}: does not match the model: {'; '.join(problems)}")
     planned, whole = dict(layouts), []
     for name, shape in shapes.items():
@@ -89,5 +98,6 @@ def reshard(plan: ReshardPlan, dp: int, tp: int, pp: int, dest: Path) -> None:
         transform_checkpoints(str(scratch / "src"), str(dest), CKPT_PREFIX, None, str(strategy))
     made = sorted(p.name for p in dest.glob("rank_*"))
     if len(made) != dp * tp * pp:
-        raise RuntimeError(f"transform_checkpoints wrote {len(made)} rank folders, "
-                           f"expected {dp * tp * pp}")
+        raise RuntimeError(
+            f"transform_checkpoints wrote {len(made)} rank folders, expected {dp * tp * pp}"
+        )

@@ -40,7 +40,8 @@ def _stage_map(layouts: list[ParamLayout], stage: int, dp: int, tp: int):
         item.node_name = p.name
         item.parallel_strategys.stage = stage
         item.parallel_strategys.parallel_strategy.add().dim.extend(
-            [tp if i == p.split_dim else 1 for i in range(len(p.shape))])
+            [tp if i == p.split_dim else 1 for i in range(len(p.shape))]
+        )
         layout_item = strategy_map.parallel_layout_item.add()
         layout_item.param_name = p.name
         parallel = layout_item.parallel_layouts
@@ -90,5 +91,6 @@ def check_coverage(path: Path, layouts: dict, pp: int) -> None:
     expected = strategy_names(layouts, pp)
     if loaded != expected:
         missing, extra = sorted(expected - loaded), sorted(loaded - expected)
-        raise RuntimeError(f"{path} does not cover the model: missing {missing[:5]}, "
-                           f"unexpected {extra[:5]}")
+        raise RuntimeError(
+            f"{path} does not cover the model: missing {missing[:5]}, unexpected {extra[:5]}"
+        )

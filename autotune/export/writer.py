@@ -27,8 +27,13 @@ from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
 from autotune.files import staged_folder
-from autotune.layout import (DTYPE_BYTES, optimizer_whole, plan_layout, with_optimizer_shards,
-                             with_optimizer_states)
+from autotune.layout import (
+    DTYPE_BYTES,
+    optimizer_whole,
+    plan_layout,
+    with_optimizer_shards,
+    with_optimizer_states,
+)
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
@@ -39,11 +44,17 @@ _SHOWN_REASONS = 6
 
 
 def _check_trial(trial: dict) -> None:
-    if not (isinstance(trial, dict) and isinstance(trial.get("number"), int)
-            and isinstance(trial.get("study"), str) and isinstance(trial.get("metrics"), dict)
-            and isinstance(trial.get("estimate"), (dict, type(None)))):
-        raise ValueError("trial must be {'number': int, 'study': str, 'metrics': dict, "
-                         f"'estimate': dict | None}}, got {trial!r}")
+    if not (
+        isinstance(trial, dict)
+        and isinstance(trial.get("number"), int)
+        and isinstance(trial.get("study"), str)
+        and isinstance(trial.get("metrics"), dict)
+        and isinstance(trial.get("estimate"), (dict, type(None)))
+    ):
+        raise ValueError(
+            "trial must be {'number': int, 'study': str, 'metrics': dict, "
+            f"'estimate': dict | None}}, got {trial!r}"
+        )
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
@@ -54,35 +65,46 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def _launch_header(study: str, number: int) -> str:
-    return (f"# autotune export of study {json.dumps(study)}, trial {number}: every setting as the\n"
-            "# MindSpore 2.10 call it becomes, each section that call's keyword arguments:\n"
-            "#   device                -> mindspore.set_device(**device)\n"
-            "#   context               -> mindspore.set_context(**context)  (mode 0 = GRAPH_MODE,\n"
-            "#                            1 = PYNATIVE_MODE)\n"
-            "#   jit_config            -> cell.set_jit_config(mindspore.JitConfig(**jit_config)) on the\n"
-            "#                            training cell (graph mode only)\n"
-            "#   auto_parallel_context -> mindspore.set_auto_parallel_context(**auto_parallel_context)\n"
-            "# loss_scale null: the dtype is not loss-scaled. strategy.ckpt is not a strategy to\n"
-            "# load: it describes the run's checkpoints for mindspore.parallel.transform_checkpoints.\n")
+    return (
+        f"# autotune export of study {json.dumps(study)}, trial {number}: every setting as the\n"
+        "# MindSpore 2.10 call it becomes, each section that call's keyword arguments:\n"
+        "#   device                -> mindspore.set_device(**device)\n"
+        "#   context               -> mindspore.set_context(**context)  (mode 0 = GRAPH_MODE,\n"
+        "#                            1 = PYNATIVE_MODE)\n"
+        "#   jit_config            -> cell.set_jit_config(mindspore.JitConfig(**jit_config)) on the\n"
+        "#                            training cell (graph mode only)\n"
+        "#   auto_parallel_context -> mindspore.set_auto_parallel_context(**auto_parallel_context)\n"
+        "# loss_scale null: the dtype is not loss-scaled. strategy.ckpt is not a strategy to\n"
+        "# load: it describes the run's checkpoints for mindspore.parallel.transform_checkpoints.\n"
+    )
 
 
 def _yaml(document: dict) -> str:
     return yaml.safe_dump(document, sort_keys=False, width=100, allow_unicode=True)
 
 
-def _write_documents(folder: Path, spec: Spec, c: Candidate, trial: dict, run_config: dict,
-                     layouts: dict, extra: dict, mindformers_yaml: str | None) -> None:
+def _write_documents(
+    folder: Path,
+    spec: Spec,
+    c: Candidate,
+    trial: dict,
+    run_config: dict,
+    layouts: dict,
+    extra: dict,
+    mindformers_yaml: str | None,
+) -> None:
     summary = configs.summary(spec, c, trial, layouts, extra)
     documents = {
         "train_config.json": json.dumps(run_config, indent=2),
         "launch.yaml": _launch_header(trial["study"], trial["number"])
-                       + _yaml(configs.launch_yaml(spec, c, trial)),
+        + _yaml(configs.launch_yaml(spec, c, trial)),
         **({"mindformers.yaml": mindformers_yaml} if mindformers_yaml is not None else {}),
         "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
     }
     if mindformers_yaml is not None and mindformers.on_cpu(spec, c):
         documents[mindformers.CPU_WRAPPER_FILE] = (
-            resources.files(mindformers.__package__) / mindformers.CPU_WRAPPER_FILE).read_text()
+            resources.files(mindformers.__package__) / mindformers.CPU_WRAPPER_FILE
+        ).read_text()
     for name, text in documents.items():
         (folder / name).write_text(text.rstrip("\n") + "\n", encoding="utf-8")
     script = folder / "launch.sh"
@@ -94,13 +116,24 @@ def saved_layouts(spec: Spec, c: Candidate, layouts: dict) -> dict:
     """``layouts`` as the run saves them: with the parallel optimizer's shards when it is on."""
     if not c.parallel_optimizer:
         return layouts
-    return with_optimizer_shards(layouts, c.dp, c.tp, DTYPE_BYTES[spec.model.param_dtype],
-                                 whole=optimizer_whole(spec.model.as_config()))
+    return with_optimizer_shards(
+        layouts,
+        c.dp,
+        c.tp,
+        DTYPE_BYTES[spec.model.param_dtype],
+        whole=optimizer_whole(spec.model.as_config()),
+    )
 
 
-def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | os.PathLike,
-                 reshard_from: str | None = None, overwrite: bool = False,
-                 mindformers_base: str | None = None) -> list[Path]:
+def write_export(
+    spec: Spec,
+    candidate: Candidate,
+    trial: dict,
+    out_dir: str | os.PathLike,
+    reshard_from: str | None = None,
+    overwrite: bool = False,
+    mindformers_base: str | None = None,
+) -> list[Path]:
     """Write the export folder for ``candidate`` (the knobs of ``trial``) to ``out_dir``.
 
     ``trial`` is ``{"number": int, "study": str, "metrics": dict, "estimate": dict | None}``.
@@ -118,14 +151,17 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
     reasons += violations(spec, c) + configs.export_reasons(spec, c)
     if reasons:
         shown = "; ".join(reasons[:_SHOWN_REASONS])
-        more = f" (and {len(reasons) - _SHOWN_REASONS} more)" if len(reasons) > _SHOWN_REASONS else ""
+        more = (
+            f" (and {len(reasons) - _SHOWN_REASONS} more)" if len(reasons) > _SHOWN_REASONS else ""
+        )
         raise SpecError(f"cannot export trial {trial['number']} of {trial['study']}: {shown}{more}")
     refusal = configs.run_backend(spec).no_mindformers
     if mindformers_base and refusal:
         raise SpecError(f"--mindformers-base: {refusal}")
     plan = plan_reshard(reshard_from, layouts) if reshard_from else None
-    mindformers_yaml, changes = (None, []) if refusal else mindformers.document(
-        spec, c, trial, mindformers_base)
+    mindformers_yaml, changes = (
+        (None, []) if refusal else mindformers.document(spec, c, trial, mindformers_base)
+    )
 
     with staged_folder(out_dir) as staged:
         # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments,
@@ -135,7 +171,10 @@ def write_export(spec: Spec, candidate: Candidate, trial: dict, out_dir: str | o
         check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}
         if mindformers_base:
-            extra["mindformers"] = {"base": str(Path(mindformers_base).resolve()), "changes": changes}
+            extra["mindformers"] = {
+                "base": str(Path(mindformers_base).resolve()),
+                "changes": changes,
+            }
         _write_documents(staged, spec, c, trial, run_config, layouts, extra, mindformers_yaml)
         if plan:
             reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)

@@ -11,8 +11,15 @@ base the cost model prices (`workload`). Imports nothing of autotune above it.
 """
 
 from autotune.families import llama, mlp, transformer
-from autotune.families.base import (FAMILIES, Family, family, owners, parameter_shapes, register,
-                                     takes_tokens)
+from autotune.families.base import (
+    FAMILIES,
+    Family,
+    family,
+    owners,
+    parameter_shapes,
+    register,
+    takes_tokens,
+)
 
 for _module in (transformer, mlp, llama):
     register(_module.FAMILY)

@@ -11,8 +11,8 @@ registers it under the same name (`autotune.train.models`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 def four_times(hidden: int) -> int:
@@ -37,10 +37,10 @@ class Family:
     # parameter-name globs (fnmatch, first match wins) → column | row | replicated
     # (`autotune.layout`); unmatched parameters are replicated
     tp_rules: dict
-    workload: type                      # its `autotune.families.workload.Workload` subclass
-    token_input: bool = True            # a sample is a sequence of token ids, not a feature row
+    workload: type  # its `autotune.families.workload.Workload` subclass
+    token_input: bool = True  # a sample is a sequence of token ids, not a feature row
     default_ffn: Callable[[int], int] = four_times  # ffn_hidden_size when model.yaml omits it
-    fields: tuple = ()                  # model.yaml fields it takes beyond the common ones
+    fields: tuple = ()  # model.yaml fields it takes beyond the common ones
     # globs of parameters it creates with parallel_optimizer=False, given its ``model`` section
     optimizer_whole: Callable[[dict], tuple] = nothing_whole
     # the MindFormers configs `autotune init --mindformers` reads as this family: legacy
@@ -65,8 +65,10 @@ def family(name: str) -> Family:
     try:
         return FAMILIES[name]
     except KeyError:
-        raise ValueError(f"model.family: unknown built-in family {name!r} (expected one of "
-                         f"{', '.join(FAMILIES)})") from None
+        raise ValueError(
+            f"model.family: unknown built-in family {name!r} (expected one of "
+            f"{', '.join(FAMILIES)})"
+        ) from None
 
 
 def parameter_shapes(model_cfg: dict) -> dict:

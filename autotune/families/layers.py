@@ -30,6 +30,7 @@ def layer_recompute(knob: str, layer: int, marks: dict) -> tuple[str, bool]:
     which of them the run has (``full``: both lists, ``selective``: the second, ``none``: neither),
     and a list the marks leave out means every layer. ``select_comm_recompute`` is the base
     config's, kept whatever the knob."""
+
     def marked(key: str, default: bool) -> bool:
         value = marks.get(key)
         return default if value is None else value is True or layer in value

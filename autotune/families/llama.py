@@ -44,9 +44,13 @@ MINDFORMERS_RULES = {
 }
 # The built-in llama family is named as MindFormers' legacy llama (unfused: no qkv_concat) and
 # split as MindFormers splits it.
-LLAMA_RULES = {glob: split for glob, split in MINDFORMERS_RULES.items()
-               if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
-               and "w_qkv" not in glob and "w_gate_hidden" not in glob}
+LLAMA_RULES = {
+    glob: split
+    for glob, split in MINDFORMERS_RULES.items()
+    if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
+    and "w_qkv" not in glob
+    and "w_gate_hidden" not in glob
+}
 # Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
 # SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
 # table unless model_config.parallel_optimizer (LlamaEmbedding; its default False).
@@ -84,9 +88,9 @@ def shapes(cfg: dict) -> dict:
         out[f"{b}.attention.wv.weight"] = (kv_dim, h)
         out[f"{b}.attention.wo.weight"] = (h, h)
         out[f"{b}.ffn_norm.weight"] = (h,)
-        out[f"{b}.feed_forward.w1.weight"] = (ffn, h)   # gate
-        out[f"{b}.feed_forward.w2.weight"] = (h, ffn)   # down
-        out[f"{b}.feed_forward.w3.weight"] = (ffn, h)   # up
+        out[f"{b}.feed_forward.w1.weight"] = (ffn, h)  # gate
+        out[f"{b}.feed_forward.w2.weight"] = (h, ffn)  # down
+        out[f"{b}.feed_forward.w3.weight"] = (ffn, h)  # up
     out["model.norm_out.weight"] = (h,)
     out["lm_head.weight"] = (vocab, h)
     return out
@@ -95,7 +99,9 @@ def shapes(cfg: dict) -> dict:
 def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
     """The norms always, and the token table unless ``embedding_parallel_optimizer``
     (see :data:`LLAMA_NORMS`)."""
-    return LLAMA_NORMS + (() if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,))
+    return LLAMA_NORMS + (
+        () if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,)
+    )
 
 
 @dataclass(frozen=True)
@@ -112,11 +118,20 @@ class Llama(Transformer):
 
     @classmethod
     def of(cls, model, fused_attention: bool = False, sequence_parallel: bool = False):
-        marks = tuple(sorted((key, value if value is True else tuple(value))
-                             for key, value in model.recompute_layers.items()))
-        return cls(*dimensions(model), fused_attention, sequence_parallel, marks,
-                   model.embedding_parallel_optimizer,
-                   kv_heads=model.num_kv_heads or model.num_heads)
+        marks = tuple(
+            sorted(
+                (key, value if value is True else tuple(value))
+                for key, value in model.recompute_layers.items()
+            )
+        )
+        return cls(
+            *dimensions(model),
+            fused_attention,
+            sequence_parallel,
+            marks,
+            model.embedding_parallel_optimizer,
+            kv_heads=model.num_kv_heads or model.num_heads,
+        )
 
     def layout_config(self) -> dict:
         return {**super().layout_config(), "num_kv_heads": self.kv_heads}
@@ -152,11 +167,20 @@ class Llama(Transformer):
 
 
 FAMILY = Family(
-    "llama", "MindFormers' legacy LLaMA decoder", shapes, LLAMA_RULES, Llama,
+    "llama",
+    "MindFormers' legacy LLaMA decoder",
+    shapes,
+    LLAMA_RULES,
+    Llama,
     default_ffn=llama_ffn,
-    fields=("num_kv_heads", "sequence_parallel", "embedding_parallel_optimizer",
-            "recompute_layers"),
+    fields=(
+        "num_kv_heads",
+        "sequence_parallel",
+        "embedding_parallel_optimizer",
+        "recompute_layers",
+    ),
     optimizer_whole=optimizer_whole,
     # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM
     mindformers_architectures=("LlamaForCausalLM",),
-    mindformers_model_types=("llama", "qwen2", "qwen3"))
+    mindformers_model_types=("llama", "qwen2", "qwen3"),
+)

@@ -15,20 +15,22 @@ from autotune.families.base import Family, dense, layer_norm
 from autotune.families.workload import Workload
 
 TP_RULES = {
-    "embed.tok.*": "column",          # vocab-parallel token table; the position table stays whole
+    "embed.tok.*": "column",  # vocab-parallel token table; the position table stays whole
     "blocks.*.attn.qkv.*": "column",
     "blocks.*.attn.proj.*": "row",
     "blocks.*.mlp.fc_in.*": "column",
     "blocks.*.mlp.fc_out.*": "row",
-    "head.*": "column",               # vocab-parallel logits
+    "head.*": "column",  # vocab-parallel logits
 }
 
 
 def shapes(cfg: dict) -> dict:
     """The decoder's parameters (see `autotune.families.base.Family.shapes`)."""
     h, ffn, vocab = cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["vocab_size"]
-    out = {"embed.tok.embedding_table": (vocab, h),
-           "embed.pos.embedding_table": (cfg["seq_length"], h)}
+    out = {
+        "embed.tok.embedding_table": (vocab, h),
+        "embed.pos.embedding_table": (cfg["seq_length"], h),
+    }
     for i in range(cfg["num_layers"]):
         b = f"blocks.{i}"
         out.update(layer_norm(f"{b}.ln1", h))

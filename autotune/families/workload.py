@@ -54,6 +54,7 @@ from ``ffn = 4h`` to any ``ffn_hidden_size``:
   vocab-parallel head all-reduces its input gradient in backward and the vocab-parallel
   cross-entropy runs 3 small all-reduces (the timing model prices those).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -68,8 +69,14 @@ from autotune.families.layers import layer_recompute, stage_layers
 def dimensions(model) -> tuple:
     """(layers, hidden, heads, ffn, seq, vocab) of a spec's ``model`` section (None where not
     given)."""
-    return (model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size,
-            model.seq_length, model.vocab_size)
+    return (
+        model.num_layers,
+        model.hidden_size,
+        model.num_heads,
+        model.ffn_hidden_size,
+        model.seq_length,
+        model.vocab_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,16 @@ class Workload(ABC):
 
     def layout_config(self) -> dict:
         """The ``model`` section :func:`autotune.layout.builtin_layout` lays out."""
-        return {"family": self.family, "num_layers": self.layers, "hidden_size": self.hidden,
-                "num_heads": self.heads, "ffn_hidden_size": self.ffn,
-                "seq_length": self.seq, "vocab_size": self.vocab,
-                "embedding_parallel_optimizer": self.embedding_parallel_optimizer}
+        return {
+            "family": self.family,
+            "num_layers": self.layers,
+            "hidden_size": self.hidden,
+            "num_heads": self.heads,
+            "ffn_hidden_size": self.ffn,
+            "seq_length": self.seq,
+            "vocab_size": self.vocab,
+            "embedding_parallel_optimizer": self.embedding_parallel_optimizer,
+        }
 
     def stage_modes(self, knob: str, pp: int, stage: int) -> tuple:
         """``(((mode, comm), layers), ...)`` of a stage's layers under recompute ``knob``."""
@@ -141,8 +154,7 @@ class Workload(ABC):
     def last_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         """Bytes of the output head's activations: Korthikanti et al.'s output-layer term
         4·s·b·h/t·(1 + V/h) at 16-bit (final norm output and fp32 logits for the loss)."""
-        return (4 * self.tokens * self.hidden / tp * (1 + self.vocab / self.hidden)
-                * dtype_bytes / 2)
+        return 4 * self.tokens * self.hidden / tp * (1 + self.vocab / self.hidden) * dtype_bytes / 2
 
     def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         return 0.0
@@ -165,6 +177,7 @@ class Workload(ABC):
 
 @lru_cache(maxsize=4096)
 def _stage_modes(marks: tuple, layers: int, knob: str, pp: int, stage: int) -> tuple:
-    counts = Counter(layer_recompute(knob, layer, dict(marks))
-                     for layer in stage_layers(layers, pp, stage))
+    counts = Counter(
+        layer_recompute(knob, layer, dict(marks)) for layer in stage_layers(layers, pp, stage)
+    )
     return tuple(sorted(counts.items()))

@@ -49,11 +49,11 @@ PIPELINE = tuple(MECHANISMS).index("pipeline")
 # Standard deviations in log space. SIGMA_LAYOUT and SIGMA_MEMORY were chosen on
 # benchmarks/search_efficiency.py's seeds 100-109 (docs/search.md, "How sure the prior is", has
 # the sweep); the others are the benchmark's own sizes, which it reports on seeds 0-9.
-SIGMA_COMMON = 1.0      # the pool against the profile: a factor e either way is plausible
+SIGMA_COMMON = 1.0  # the pool against the profile: a factor e either way is plausible
 SIGMA_MECHANISM = 0.35  # one mechanism mispriced: 0.6× or 1.6× is 1.4 σ
-SIGMA_LAYOUT = 0.02     # what a layout does that no mechanism explains
+SIGMA_LAYOUT = 0.02  # what a layout does that no mechanism explains
 SIGMA_CANDIDATE = 0.10  # one measurement against its candidate's estimate, all else known
-SIGMA_MEMORY = 0.15     # the memory model's factor
+SIGMA_MEMORY = 0.15  # the memory model's factor
 SIGMA_MEMORY_RUN = 0.05  # one measured peak against its estimate × that factor
 ITERATIONS = 6
 
@@ -73,20 +73,26 @@ MASK = _mask()
 class Belief:
     """The posterior over the cost model's errors (see the module doc)."""
 
-    def __init__(self, parts: np.ndarray, pipelined: np.ndarray, layout: np.ndarray,
-                 memory_gb: np.ndarray, limit_gb: float):
-        self.parts = parts                    # candidates × PARTS, seconds
+    def __init__(
+        self,
+        parts: np.ndarray,
+        pipelined: np.ndarray,
+        layout: np.ndarray,
+        memory_gb: np.ndarray,
+        limit_gb: float,
+    ):
+        self.parts = parts  # candidates × PARTS, seconds
         self.pipelined = pipelined.astype(bool)
-        self.layout = layout                  # candidates → layout id
+        self.layout = layout  # candidates → layout id
         self.memory_gb, self.limit_gb = memory_gb, limit_gb
         self.theta = np.zeros(1 + len(MECHANISMS))  # γ, δ...
         self.cov = np.diag([SIGMA_COMMON**2] + [SIGMA_MECHANISM**2] * len(MECHANISMS))
-        self.layouts: list[int] = []           # layout ids with an effect fitted, in column order
+        self.layouts: list[int] = []  # layout ids with an effect fitted, in column order
         self.layout_effect = np.zeros(0)
         self.cross = np.zeros((1 + len(MECHANISMS), 0))  # cov(θ, ε_L)
         self.layout_cov = np.zeros((0, 0))
         self.memory_mean, self.memory_sd = 0.0, SIGMA_MEMORY
-        self.oom_from = math.inf               # estimated GiB from which nothing fits
+        self.oom_from = math.inf  # estimated GiB from which nothing fits
 
     def add(self, parts: np.ndarray, pipelined: bool, layout: int, memory_gb: float) -> None:
         """One more candidate, the last row (as the constructor's rows). What was fitted
@@ -101,8 +107,10 @@ class Belief:
     def _shares(self, rows: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(log step time without ε_L, ∂/∂(γ, δ)) of candidates ``rows`` at ``theta``."""
         delta = theta[1:]
-        scale_flat = np.exp(MASK[:, [m for m in range(len(MECHANISMS)) if m != PIPELINE]]
-                            @ np.delete(delta, PIPELINE))
+        scale_flat = np.exp(
+            MASK[:, [m for m in range(len(MECHANISMS)) if m != PIPELINE]]
+            @ np.delete(delta, PIPELINE)
+        )
         scale_pipe = scale_flat * np.exp(MASK[:, PIPELINE] * delta[PIPELINE])
         piped = self.pipelined[rows][:, None]
         scaled = self.parts[rows] * np.where(piped, scale_pipe, scale_flat)
@@ -118,8 +126,11 @@ class Belief:
         times = sorted((i, s) for i, s in times if s and s > 0)  # order-free: resume-proof
         self.layouts = sorted({int(self.layout[i]) for i, _ in times})
         n_theta, n_layouts = 1 + len(MECHANISMS), len(self.layouts)
-        prior_precision = np.diag([1 / SIGMA_COMMON**2] + [1 / SIGMA_MECHANISM**2] * len(MECHANISMS)
-                                  + [1 / SIGMA_LAYOUT**2] * n_layouts)
+        prior_precision = np.diag(
+            [1 / SIGMA_COMMON**2]
+            + [1 / SIGMA_MECHANISM**2] * len(MECHANISMS)
+            + [1 / SIGMA_LAYOUT**2] * n_layouts
+        )
         column = {layout: n_theta + j for j, layout in enumerate(self.layouts)}
         rows = np.array([i for i, _ in times], dtype=int)
         y = np.log([s for _, s in times])
@@ -144,8 +155,9 @@ class Belief:
         self.layout_cov = cov[n_theta:, n_theta:]
         self._fit_memory(peaks, ooms)
 
-    def predict(self, rows: np.ndarray | None = None,
-                common: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def predict(
+        self, rows: np.ndarray | None = None, common: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance) of the log step time of candidates ``rows`` (all when None), as
         sure as the belief is of what their layout and mechanisms cost (:meth:`run_sd`: of one
         run of a candidate). Without ``common`` the variance
@@ -163,8 +175,9 @@ class Belief:
         if known.any():
             k = cols[known]
             mean[known] += self.layout_effect[k]
-            var[known] += (2 * np.einsum("ij,ji->i", jac[known], self.cross[:, k])
-                           + self.layout_cov[k, k])
+            var[known] += (
+                2 * np.einsum("ij,ji->i", jac[known], self.cross[:, k]) + self.layout_cov[k, k]
+            )
         var[~known] += SIGMA_LAYOUT**2
         return mean, np.maximum(var, 1e-12)
 
@@ -176,14 +189,16 @@ class Belief:
 
     def mechanism_sd(self) -> dict:
         """Each mechanism's posterior standard deviation of its log factor δ_m."""
-        return {name: float(math.sqrt(self.cov[1 + m, 1 + m]))
-                for m, name in enumerate(MECHANISMS)}
+        return {name: float(math.sqrt(self.cov[1 + m, 1 + m])) for m, name in enumerate(MECHANISMS)}
 
     # -- memory ----------------------------------------------------------------------------
 
     def _fit_memory(self, peaks: list, ooms) -> None:
-        ratios = [math.log(gb / self.memory_gb[i]) for i, gb in peaks
-                  if gb and gb > 0 and self.memory_gb[i] > 0]
+        ratios = [
+            math.log(gb / self.memory_gb[i])
+            for i, gb in peaks
+            if gb and gb > 0 and self.memory_gb[i] > 0
+        ]
         precision = 1 / SIGMA_MEMORY**2 + len(ratios) / SIGMA_MEMORY_RUN**2
         self.memory_mean = sum(ratios) / SIGMA_MEMORY_RUN**2 / precision
         self.memory_sd = math.sqrt(1 / precision)
@@ -208,8 +223,25 @@ def normal_cdf(z) -> np.ndarray:
     """Φ(z), elementwise, to 1.2e-7 (Numerical Recipes' erfc: numpy has no erf)."""
     x = -np.asarray(z, dtype=float) / math.sqrt(2)
     t = 1.0 / (1.0 + 0.5 * np.abs(x))
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277))))))))
+    poly = -1.26551223 + t * (
+        1.00002368
+        + t
+        * (
+            0.37409196
+            + t
+            * (
+                0.09678418
+                + t
+                * (
+                    -0.18628806
+                    + t
+                    * (
+                        0.27886807
+                        + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
+                    )
+                )
+            )
+        )
+    )
     erfc = t * np.exp(-x * x + poly)
     return 0.5 * np.where(x >= 0, erfc, 2.0 - erfc)

@@ -48,16 +48,17 @@ from autotune.spec.knobs import KNOB_NAMES, KNOBS, micro_steps
 PRIOR_LIMIT = 20_000  # candidates estimated at most (≈0.2 ms each)
 ESTIMATED = ("goodput", "peak_memory")
 # OPTIMISM was chosen on benchmarks/search_efficiency.py's seeds 100-109 (docs/search.md).
-OPTIMISM = 0.5         # standard deviations above the mean a layout's optimistic value is taken
-MEMORY_REACH = 2.0     # candidates estimated up to this × the limit may still fit
-FIT_AT_LEAST = 0.05    # a candidate less likely than this to fit is not proposed
+OPTIMISM = 0.5  # standard deviations above the mean a layout's optimistic value is taken
+MEMORY_REACH = 2.0  # candidates estimated up to this × the limit may still fit
+FIT_AT_LEAST = 0.05  # a candidate less likely than this to fit is not proposed
 NOT_RUN = ("infeasible",)
 
 
 def usable(spec) -> bool:
     """Whether the cost model can rank this study's candidates (see the module doc)."""
-    return (any(o in ESTIMATED for o in spec.search.objectives)
-            and workload_for(spec.model) is not None)
+    return (
+        any(o in ESTIMATED for o in spec.search.objectives) and workload_for(spec.model) is not None
+    )
 
 
 def raw_parts(estimate) -> np.ndarray:
@@ -68,8 +69,9 @@ def raw_parts(estimate) -> np.ndarray:
 
 def layout_of(candidate) -> tuple:
     """(dp, tp, pp, micro-batches per step) of ``candidate``."""
-    split = micro_steps(pp=candidate.pp, micro_batches=candidate.micro_batches,
-                        grad_accum=candidate.grad_accum)
+    split = micro_steps(
+        pp=candidate.pp, micro_batches=candidate.micro_batches, grad_accum=candidate.grad_accum
+    )
     return candidate.dp, candidate.tp, candidate.pp, split
 
 
@@ -82,11 +84,17 @@ class Prior:
         self.estimated = backend_of(spec.cluster.backend).kind == "estimate"
         self.left_to_sampler = tuple(n for n in space.searched() if not KNOBS[n].estimable)
         self.base = space.baseline()
-        self.projected = replace(space, domains={**space.domains, **{
-            n: (getattr(self.base, n),) for n in self.left_to_sampler}})
-        self.limit_gb = (spec.cluster.max_device_memory_gb
-                         or costmodel.resolve_profile(spec.cluster).memory_gb
-                         * costmodel.SAFETY_MARGIN)
+        self.projected = replace(
+            space,
+            domains={
+                **space.domains,
+                **{n: (getattr(self.base, n),) for n in self.left_to_sampler},
+            },
+        )
+        self.limit_gb = (
+            spec.cluster.max_device_memory_gb
+            or costmodel.resolve_profile(spec.cluster).memory_gb * costmodel.SAFETY_MARGIN
+        )
         self.candidates, self.index, self.layout_ids = [], {}, {}
         rows = []
         for c in _candidates(self.projected, limit, seed):
@@ -95,10 +103,13 @@ class Prior:
                 rows.append(row)
                 self._add(c)
         rows = [(parts, piped, self.layout_ids[key], memory) for parts, piped, key, memory in rows]
-        self.belief = Belief(np.array([r[0] for r in rows]).reshape(len(rows), len(PARTS)),
-                             np.array([r[1] for r in rows], dtype=bool),
-                             np.array([r[2] for r in rows], dtype=int),
-                             np.array([r[3] for r in rows]), self.limit_gb)
+        self.belief = Belief(
+            np.array([r[0] for r in rows]).reshape(len(rows), len(PARTS)),
+            np.array([r[1] for r in rows], dtype=bool),
+            np.array([r[2] for r in rows], dtype=int),
+            np.array([r[3] for r in rows]),
+            self.limit_gb,
+        )
         self.tried = np.zeros(len(self.candidates), dtype=bool)
         self.ran_layouts: dict = {}  # layout id → how many of its candidates ran
         self.ooms: set = set()
@@ -152,8 +163,11 @@ class Prior:
     def params(self, candidate, fixed: bool = False) -> dict:
         """The params to enqueue for ``candidate``: all but the knobs left to the sampler
         (``fixed``: all)."""
-        mine = set() if fixed else {p.name for n, p in self.space.params.items()
-                                    if n in self.left_to_sampler}
+        mine = (
+            set()
+            if fixed
+            else {p.name for n, p in self.space.params.items() if n in self.left_to_sampler}
+        )
         return {k: v for k, v in self.space.params_of(candidate).items() if k not in mine}
 
     # -- choosing --------------------------------------------------------------------------
@@ -204,8 +218,11 @@ class Prior:
         """(best measured log goodput, each candidate's probability to fit, which may be
         proposed) after refitting the belief."""
         best = self._fit(measurements)
-        fits = (self.belief.memory_gb <= self.limit_gb).astype(float) if self.estimated \
+        fits = (
+            (self.belief.memory_gb <= self.limit_gb).astype(float)
+            if self.estimated
             else self.belief.fit_probability()
+        )
         return best, fits, ~self.tried & (fits >= FIT_AT_LEAST)
 
     def _values(self):
@@ -238,12 +255,15 @@ class Prior:
         out = []
         for key, layout in sorted(self.layout_ids.items()):
             rows = self.belief.layout == layout
-            entry = {"layout": "dp{}·tp{}·pp{}·m{}".format(*key),
-                     "ran": self.ran_layouts.get(layout, 0)}
+            entry = {
+                "layout": "dp{}·tp{}·pp{}·m{}".format(*key),
+                "ran": self.ran_layouts.get(layout, 0),
+            }
             if not entry["ran"]:
                 entry["why"] = self._why_not(rows, fits, open_, gain, optimistic, best, remaining)
-                entry["reach"] = (float(np.exp(optimistic[rows & open_].max()))
-                                  if (rows & open_).any() else None)
+                entry["reach"] = (
+                    float(np.exp(optimistic[rows & open_].max())) if (rows & open_).any() else None
+                )
             out.append(entry)
         return out
 
@@ -253,17 +273,25 @@ class Prior:
             if any(self.belief.layout[i] == self.belief.layout[rows][0] for i in self.ooms):
                 return "ran out of memory"
             smallest = float(self.belief.memory_gb[rows].min())
-            return (f"predicted out of memory: {smallest:.3g} GB estimated against "
-                    f"{self.limit_gb:.3g} GB, fits with p = {float(fits[rows].max()):.2g}")
+            return (
+                f"predicted out of memory: {smallest:.3g} GB estimated against "
+                f"{self.limit_gb:.3g} GB, fits with p = {float(fits[rows].max()):.2g}"
+            )
         if self.estimated:
-            return (f"its best estimate, {math.exp(float(gain[rows & open_].max())):.4g} "
-                    "samples/s, ranked below the candidates that ran")
+            return (
+                f"its best estimate, {math.exp(float(gain[rows & open_].max())):.4g} "
+                "samples/s, ranked below the candidates that ran"
+            )
         value = float(optimistic[rows & open_].max())
         if value <= best:
-            return (f"at best {math.exp(value):.4g} samples/s (mean + {OPTIMISM:g} sd), below "
-                    f"the best measured {math.exp(best):.4g}")
-        reach = (f"could reach {math.exp(value):.4g} samples/s (mean "
-                 f"{math.exp(float(gain[rows & open_].max())):.4g})")
+            return (
+                f"at best {math.exp(value):.4g} samples/s (mean + {OPTIMISM:g} sd), below "
+                f"the best measured {math.exp(best):.4g}"
+            )
+        reach = (
+            f"could reach {math.exp(value):.4g} samples/s (mean "
+            f"{math.exp(float(gain[rows & open_].max())):.4g})"
+        )
         return reach + (": no trials left" if remaining == 0 else ": not measured yet")
 
 
@@ -300,21 +328,29 @@ def prior_for(spec, space, note, n_trials: int | None = None) -> Prior | None:
     if spec.search.sampler != "auto":
         return None
     if not usable(spec):
-        note(f"auto: the cost model cannot rank by {', '.join(spec.search.objectives)} "
-             "for this model: TPE after the baseline and the layout openers")
+        note(
+            f"auto: the cost model cannot rank by {', '.join(spec.search.objectives)} "
+            "for this model: TPE after the baseline and the layout openers"
+        )
         return None
     prior = Prior(spec, space, spec.search.seed)
     if not prior.candidates:  # then the baseline and the layout openers say why, recorded
-        note("auto: the cost model predicts no candidate fits: the baseline and one "
-             "trial per layout run as with any sampler")
+        note(
+            "auto: the cost model predicts no candidate fits: the baseline and one "
+            "trial per layout run as with any sampler"
+        )
         return None
     promising = prior.promising()
-    note(f"auto: the cost model ranks {len(prior.candidates)} candidates in "
-         f"{len(prior.layout_ids)} layouts; the baseline runs first, then each layout that "
-         "could beat the best measurement, then the best variants under the estimate "
-         "corrected by every measurement")
+    note(
+        f"auto: the cost model ranks {len(prior.candidates)} candidates in "
+        f"{len(prior.layout_ids)} layouts; the baseline runs first, then each layout that "
+        "could beat the best measurement, then the best variants under the estimate "
+        "corrected by every measurement"
+    )
     if n_trials is not None and promising > n_trials - 1:
-        note(f"auto: {promising} layouts could be the best before anything is measured, and "
-             f"{n_trials - 1} trials follow the baseline: the rest are judged by what the "
-             "measured ones teach about their mechanisms (autotune show lists them)")
+        note(
+            f"auto: {promising} layouts could be the best before anything is measured, and "
+            f"{n_trials - 1} trials follow the baseline: the rest are judged by what the "
+            "measured ones teach about their mechanisms (autotune show lists them)"
+        )
     return prior

@@ -50,10 +50,13 @@ from autotune.storage.writes import batched
 class Proposer:
     """Asks the study's sampler for candidates and screens them (see the module doc)."""
 
-    def __init__(self, spec, space: SearchSpace, study, prior=None, measurements=None,
-                 drivers=None):
+    def __init__(
+        self, spec, space: SearchSpace, study, prior=None, measurements=None, drivers=None
+    ):
         self.spec, self.space, self.study = spec, space, study
-        self.drivers = drivers  # autotune.storage.drivers.Drivers: marks each asked trial as its own
+        self.drivers = (
+            drivers  # autotune.storage.drivers.Drivers: marks each asked trial as its own
+        )
         self.calibration = None
         self.prior = prior
         # (candidate, peak MB, step ms) of the measured trials: the recorder appends to it
@@ -79,8 +82,9 @@ class Proposer:
         """Queue every candidate of the space not tried yet, the baseline first (so the study
         has the ratio every gain is printed against); returns how many."""
         baseline = self.space.baseline()
-        todo = sorted((c for c in self.space.candidates() if c not in self.seen),
-                      key=lambda c: c != baseline)  # stable: the space's order otherwise
+        todo = sorted(
+            (c for c in self.space.candidates() if c not in self.seen), key=lambda c: c != baseline
+        )  # stable: the space's order otherwise
         self.grid = deque((c, self.space.params_of(c)) for c in todo)
         return len(self.grid)
 
@@ -117,8 +121,9 @@ class Proposer:
         """What ``study.enqueue_trial(params)`` and the ``study.ask()`` that pops it do, in one
         write instead of two and no read of the queue: a RUNNING trial whose params are fixed
         as Optuna's queue fixes them (system attr ``fixed_params``)."""
-        template = optuna.trial.create_trial(state=TrialState.RUNNING,
-                                             system_attrs={"fixed_params": params})
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING, system_attrs={"fixed_params": params}
+        )
         self.study._thread_local.cached_all_trials = None  # as ask: the sampler reads afresh
         trial_id = self.study._storage.create_new_trial(self.study._study_id, template)
         return optuna.Trial(self.study, trial_id)
@@ -128,8 +133,9 @@ class Proposer:
         storage = self.study._storage
         for frozen in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             try:
-                if match(frozen) and storage.set_trial_state_values(frozen._trial_id,
-                                                                    TrialState.RUNNING):
+                if match(frozen) and storage.set_trial_state_values(
+                    frozen._trial_id, TrialState.RUNNING
+                ):
                     return optuna.Trial(self.study, frozen._trial_id)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # withdrawn meanwhile
@@ -145,18 +151,19 @@ class Proposer:
             baseline = candidate == self.space.baseline()
             self.study.enqueue_trial(params, user_attrs={"baseline": True} if baseline else None)
         # what is queued (the baseline, a retry, a re-run) runs first
-        fixed = (self._from_prior() if not self.grid and self.prior is not None
-                 and not self._queued_any(trials) else None)
+        fixed = (
+            self._from_prior()
+            if not self.grid and self.prior is not None and not self._queued_any(trials)
+            else None
+        )
         trial, candidate = self._ask(fixed=fixed)
         if self.prior is not None:
             self.prior.mark(candidate)
         if candidate in self.seen:
             number, outcome, metrics, detail = self.seen[candidate]
-            return Job(trial, candidate, settled=Result(outcome, metrics, detail,
-                                                        repeat_of=number))
+            return Job(trial, candidate, settled=Result(outcome, metrics, detail, repeat_of=number))
         if candidate in self.running:  # its outcome is known once that trial ends
-            return Job(trial, candidate, settled=Result(RUNNING,
-                                                        repeat_of=self.running[candidate]))
+            return Job(trial, candidate, settled=Result(RUNNING, repeat_of=self.running[candidate]))
         estimate, reason = self.verdict(candidate, memory=fixed is None)
         driver_s = time.perf_counter() - started
         if reason:

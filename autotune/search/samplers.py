@@ -14,6 +14,7 @@ import importlib.util
 import optuna
 
 from autotune.spec.errors import SpecError
+
 # The names, defined where the model.yaml's search.sampler and the CLI's --sampler are checked
 # (the spec, which never imports search); tests/e2e/test_search.py builds one sampler per name.
 from autotune.spec.model_yaml import SAMPLERS
@@ -27,8 +28,12 @@ def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.
         # benchmarks/search_efficiency.py: few random startup trials (≈ n/6, 2 to 10) reach the
         # optimum in far fewer trials than Optuna's default 10; `group` made it worse. The
         # constant liar keeps concurrent trials apart.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                          n_startup_trials=min(10, max(2, n_trials // 6)))
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            constant_liar=True,
+            n_startup_trials=min(10, max(2, n_trials // 6)),
+        )
     if name in ("random", "grid"):  # grid: the loop enqueues every candidate itself
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
@@ -38,8 +43,10 @@ def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.
     needs = {"cmaes": ("cmaes",), "gp": ("torch", "scipy")}[name]
     missing = [pkg for pkg in needs if importlib.util.find_spec(pkg) is None]
     if missing:
-        raise SpecError(f"search.sampler: {name} needs {', '.join(missing)}; install it with: "
-                        f"pip install 'autotune[{name}]'")
+        raise SpecError(
+            f"search.sampler: {name} needs {', '.join(missing)}; install it with: "
+            f"pip install 'autotune[{name}]'"
+        )
     if name == "cmaes":
         # CMA-ES searches the numeric knobs (integer params, `autotune.spec.encoding`) jointly; it
         # leaves the categorical ones (jit_level, recompute) and the conditional ones

@@ -27,6 +27,8 @@ def fused_refusal(model) -> str:
         return f"the fused operator computes in {' or '.join(FUSED_DTYPES)}, not {model.dtype}"
     head_dim = model.hidden_size // model.num_heads
     if head_dim % HEAD_DIM_MULTIPLE:
-        return (f"the head dimension {head_dim} (hidden_size / num_heads) is not a multiple of "
-                f"{HEAD_DIM_MULTIPLE}")
+        return (
+            f"the head dimension {head_dim} (hidden_size / num_heads) is not a multiple of "
+            f"{HEAD_DIM_MULTIPLE}"
+        )
     return ""

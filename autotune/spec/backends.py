@@ -34,14 +34,28 @@ from autotune.spec.knobs import DTYPES
 # GPU plugin), Ascend's allocator "Malloc device memory failed, size[" and "MallocAlign32 device
 # memory failed, size[" (plugin/ascend/libmindspore_ascend_res_manager.so; docs/accelerators.md). Recorded lines: tests/fixtures/oom_lines.txt,
 # tests/execution/test_accelerators.py.
-HOST_OOM = ("memoryerror", "std::bad_alloc", "out of memory", "memory not enough",
-            "memory is not enough", "allocate memory failed")
-DEVICE_OOM = HOST_OOM + ("memory isn't enough", "alloc device mem failed",
-                         "allocate device memory failed", "failed to allocate memory",
-                         "more than total mem size", "somas allocate failed",
-                         "cublas_status_alloc_failed")
-ASCEND_OOM = DEVICE_OOM + ("el0004", "malloc device memory failed",
-                           "mallocalign32 device memory failed")
+HOST_OOM = (
+    "memoryerror",
+    "std::bad_alloc",
+    "out of memory",
+    "memory not enough",
+    "memory is not enough",
+    "allocate memory failed",
+)
+DEVICE_OOM = HOST_OOM + (
+    "memory isn't enough",
+    "alloc device mem failed",
+    "allocate device memory failed",
+    "failed to allocate memory",
+    "more than total mem size",
+    "somas allocate failed",
+    "cublas_status_alloc_failed",
+)
+ASCEND_OOM = DEVICE_OOM + (
+    "el0004",
+    "malloc device memory failed",
+    "mallocalign32 device memory failed",
+)
 # The vendor tools' per-process readings of device memory (`autotune.train.runtime.device_smi`).
 NVIDIA_SMI = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
 NPU_SMI = ("npu-smi", "info")
@@ -63,20 +77,20 @@ class Backend:
     executes (knobs not listed: every value) and the reason printed when others are dropped."""
 
     name: str
-    kind: str                               # "program", "estimate" or "table"
+    kind: str  # "program", "estimate" or "table"
     compute_dtypes: tuple = DTYPES
     limits: dict = field(default_factory=dict)
-    device_target: str | None = None        # MindSpore's set_device
-    ray_resource: str | None = None         # what one device is to Ray
-    ray_start_flag: str = ""                # how a Ray node advertises N of them
-    visible_devices: str | None = None      # the variable Ray sets to a task's devices
-    device_memory: bool = False             # peak memory from MindSpore's pool, not host RSS
+    device_target: str | None = None  # MindSpore's set_device
+    ray_resource: str | None = None  # what one device is to Ray
+    ray_start_flag: str = ""  # how a Ray node advertises N of them
+    visible_devices: str | None = None  # the variable Ray sets to a task's devices
+    device_memory: bool = False  # peak memory from MindSpore's pool, not host RSS
     oom_markers: tuple = HOST_OOM
     # msrun pins each worker to its own cores: on CPU a trial has its node's cores to itself;
     # on a GPU/Ascend node several trials may share the host's cores, and pinning would collide.
     pins_cores: bool = False
-    default_profile: str = "a100-80g"       # the cost model's device when cluster.device is unset
-    fused_attention: bool = False           # runs flash_attention_score (`autotune.spec.attention`)
+    default_profile: str = "a100-80g"  # the cost model's device when cluster.device is unset
+    fused_attention: bool = False  # runs flash_attention_score (`autotune.spec.attention`)
     # Whether a worker makes its first MindSpore op before communication.init(). MindSpore asks
     # for init() before any Tensor or op (its init() doc, Ascend; on GPU an op opens the device's
     # context and pool first): accelerators do. On CPU the first eager op is numpy 2's throw-away
@@ -184,69 +198,117 @@ class Backend:
 # deprecated from version 2.9.0"; JitConfig lists O0/O1 and maps O2 to the GE backend, Ascend's
 # graph engine): no real backend runs it, Ascend included. It stays a known value, so studies
 # that hold O2 trials still load (docs/accelerators.md).
-_O2 = (("O0", "O1", "pynative"), "O2 is deprecated since MindSpore 2.9 (it selects the GE "
-       "backend, Ascend only)")
+_O2 = (
+    ("O0", "O1", "pynative"),
+    "O2 is deprecated since MindSpore 2.9 (it selects the GE backend, Ascend only)",
+)
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    # bfloat16 on CPU: MindSpore 2.10 has no bfloat16 MatMul kernel ("Select CPU operator[MatMul]
-    # fail! Unsupported data type!"), measured by tests/train/test_program.py::
-    # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
-    Backend("cpu", "program", ("float16", "float32"), {"jit_level": _O2}, device_target="CPU",
-            ray_resource="CPU", ray_start_flag="--num-cpus=N", pins_cores=True, default_profile="cpu",
-            first_op_before_init=True, mindformers_cpu_form=True),
-    # bfloat16 on GPU: MindSpore 2.10's GPU plugin (CUDA 11) carries no bfloat16 kernel — its
-    # kernel library plugin/gpu/libcuda_ops.so.11 names `__half` (float16) instantiations 115,727
-    # times and `__nv_bfloat16` none, nor does plugin/libmindspore_gpu.so.11.* (docs/accelerators.md).
-    Backend("gpu", "program", ("float16", "float32"), limits={"jit_level": _O2}, device_target="GPU",
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        # bfloat16 on CPU: MindSpore 2.10 has no bfloat16 MatMul kernel ("Select CPU operator[MatMul]
+        # fail! Unsupported data type!"), measured by tests/train/test_program.py::
+        # test_bfloat16_follows_the_backend_rule, which also keeps this entry honest.
+        Backend(
+            "cpu",
+            "program",
+            ("float16", "float32"),
+            {"jit_level": _O2},
+            device_target="CPU",
+            ray_resource="CPU",
+            ray_start_flag="--num-cpus=N",
+            pins_cores=True,
+            default_profile="cpu",
+            first_op_before_init=True,
+            mindformers_cpu_form=True,
+        ),
+        # bfloat16 on GPU: MindSpore 2.10's GPU plugin (CUDA 11) carries no bfloat16 kernel — its
+        # kernel library plugin/gpu/libcuda_ops.so.11 names `__half` (float16) instantiations 115,727
+        # times and `__nv_bfloat16` none, nor does plugin/libmindspore_gpu.so.11.* (docs/accelerators.md).
+        Backend(
+            "gpu",
+            "program",
+            ("float16", "float32"),
+            limits={"jit_level": _O2},
+            device_target="GPU",
             ray_resource="GPU",
             no_mindformers="MindFormers supports Atlas 800T A2 (Ascend) only (its README); on GPU "
-                           "run autotune's trainer (launch.sh without --mindformers)",
-            ray_start_flag="--num-gpus=N", visible_devices="CUDA_VISIBLE_DEVICES",
-            device_memory=True, oom_markers=DEVICE_OOM, accelerator=True,
-            memory_tool=NVIDIA_SMI, memory_tool_format="csv", pool_increase=POOL_INCREASE,
+            "run autotune's trainer (launch.sh without --mindformers)",
+            ray_start_flag="--num-gpus=N",
+            visible_devices="CUDA_VISIBLE_DEVICES",
+            device_memory=True,
+            oom_markers=DEVICE_OOM,
+            accelerator=True,
+            memory_tool=NVIDIA_SMI,
+            memory_tool_format="csv",
+            pool_increase=POOL_INCREASE,
             pool_per_layout=True,
             # The GPU plugin's kernels (plugin/gpu/libcuda_ops.so.11) carry SASS for sm_60-80 and
             # PTX for compute_60/86 only, under a static pre-11.7 CUDA runtime: on Hopper every
             # fresh process JIT-compiles all 407 kernel modules at context creation unless the
             # driver's cache holds them (docs/accelerators.md, "Kernel JIT on Hopper").
-            jit_cache="CUDA_CACHE_PATH", jit_settings=(("CUDA_CACHE_MAXSIZE", "4294967296"),),
+            jit_cache="CUDA_CACHE_PATH",
+            jit_settings=(("CUDA_CACHE_MAXSIZE", "4294967296"),),
             warm_up_per_node=True,
             # the libraries plugin/libmindspore_gpu.so.11.6 needs (readelf -d: NEEDED) but the
             # wheel does not carry: CUDA 11's runtime, cuBLAS, cuRAND, cuFFT, cuSOLVER, cuSPARSE,
             # NVRTC and cuDNN 8 (MindSpore's run_check: CUDA 11.6 with cuDNN 8.5); libcuda.so.1
             # is the driver's
-            packages=("nvidia-cuda-runtime-cu11", "nvidia-cublas-cu11", "nvidia-curand-cu11",
-                      "nvidia-cufft-cu11", "nvidia-cusolver-cu11", "nvidia-cusparse-cu11",
-                      "nvidia-cuda-nvrtc-cu11", "nvidia-cudnn-cu11>=8.5,<9")),
-    # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
-    Backend("ascend", "program", limits={"jit_level": _O2}, device_target="Ascend", ray_resource="NPU",
-            ray_start_flag="--resources '{\"NPU\": N}'", visible_devices="ASCEND_RT_VISIBLE_DEVICES",
-            device_memory=True, oom_markers=ASCEND_OOM, default_profile="ascend-910b",
+            packages=(
+                "nvidia-cuda-runtime-cu11",
+                "nvidia-cublas-cu11",
+                "nvidia-curand-cu11",
+                "nvidia-cufft-cu11",
+                "nvidia-cusolver-cu11",
+                "nvidia-cusparse-cu11",
+                "nvidia-cuda-nvrtc-cu11",
+                "nvidia-cudnn-cu11>=8.5,<9",
+            ),
+        ),
+        # Ray's registered accelerator name for Ascend is NPU; Ray sets ASCEND_RT_VISIBLE_DEVICES.
+        Backend(
+            "ascend",
+            "program",
+            limits={"jit_level": _O2},
+            device_target="Ascend",
+            ray_resource="NPU",
+            ray_start_flag="--resources '{\"NPU\": N}'",
+            visible_devices="ASCEND_RT_VISIBLE_DEVICES",
+            device_memory=True,
+            oom_markers=ASCEND_OOM,
+            default_profile="ascend-910b",
             # The loss scaler sees an overflow through isfinite, which only INF/NaN mode makes
             # visible (saturation mode clamps to the largest finite value; MindSpore then reads
             # the chip's float-status registers instead): docs/accelerators.md.
             environment=(("MS_ASCEND_CHECK_OVERFLOW_MODE", "INFNAN_MODE"),),
-            fused_attention=True, graph_engine=True, accelerator=True, memory_tool=NPU_SMI,
-            memory_tool_format="table", pool_increase=POOL_INCREASE, empties_pool=True,
+            fused_attention=True,
+            graph_engine=True,
+            accelerator=True,
+            memory_tool=NPU_SMI,
+            memory_tool_format="table",
+            pool_increase=POOL_INCREASE,
+            empties_pool=True,
             pool_per_layout=True,
             # Only 910B and 910_93 take INFNAN mode; other chips stay in saturation mode, where
             # isfinite never sees an overflow (MindSpore's amp._all_finite reads their
             # float-status registers instead): docs/accelerators.md.
             chips=("ascend910b", "ascend910_93"),
             chip_refusal="only Ascend 910B and 910_93 run the INFNAN overflow mode this trial "
-                         "program's loss scaler needs (isfinite); this chip stays in saturation "
-                         "mode, where an overflow is clamped and never seen",
+            "program's loss scaler needs (isfinite); this chip stays in saturation "
+            "mode, where an overflow is clamped and never seen",
             # HCCL's host ports (CANN 8.0, HCCL_IF_BASE_PORT: 16 from 60000 by default, which
             # the OS must reserve); a margin to 60031 costs nothing (docs/cluster.md).
             host_ports=(60000, 60031),
             # CANN (driver, firmware, toolkit) is installed by the host's administrator; its
             # set_env.sh puts its libraries and Python packages where MindSpore finds them
-            host_setup="source /usr/local/Ascend/ascend-toolkit/set_env.sh"),
-    # simulate and replay run no graph: every value is theirs (the device profile decides, and
-    # the cost model rejects O2 off Ascend).
-    Backend("simulate", "estimate"),
-    Backend("replay", "table"),
-)}
+            host_setup="source /usr/local/Ascend/ascend-toolkit/set_env.sh",
+        ),
+        # simulate and replay run no graph: every value is theirs (the device profile decides, and
+        # the cost model rejects O2 off Ascend).
+        Backend("simulate", "estimate"),
+        Backend("replay", "table"),
+    )
+}
 
 
 def backend_of(name: str) -> Backend:
@@ -264,11 +326,15 @@ def register(backend: Backend) -> Backend:
     if backend.name in BACKENDS:
         raise ValueError(f"backend {backend.name!r} is already registered; choose another name")
     if backend.kind not in KINDS:
-        raise ValueError(f"backend {backend.name!r}: kind must be one of {', '.join(KINDS)}, "
-                         f"got {backend.kind!r}")
+        raise ValueError(
+            f"backend {backend.name!r}: kind must be one of {', '.join(KINDS)}, "
+            f"got {backend.kind!r}"
+        )
     if backend.runs_program and not (backend.device_target and backend.ray_resource):
-        raise ValueError(f"backend {backend.name!r}: a program backend needs device_target "
-                         "(MindSpore's set_device) and ray_resource (what a device is to Ray)")
+        raise ValueError(
+            f"backend {backend.name!r}: a program backend needs device_target "
+            "(MindSpore's set_device) and ray_resource (what a device is to Ray)"
+        )
     BACKENDS[backend.name] = backend
     return backend
 
@@ -282,8 +348,7 @@ def device_backends() -> tuple[Backend, ...]:
 def for_device_target(target: str) -> Backend | None:
     """The first device backend whose MindSpore device target is ``target`` (any case), None
     when there is none."""
-    return next((b for b in device_backends() if b.device_target.lower() == target.lower()),
-                None)
+    return next((b for b in device_backends() if b.device_target.lower() == target.lower()), None)
 
 
 def reserved_ports() -> list[tuple[int, int]]:

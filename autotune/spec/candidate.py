@@ -24,13 +24,15 @@ class Candidate:
         unknown = [name for name in values if name not in KNOBS]
         if unknown:
             raise TypeError(f"Candidate: unknown knob(s) {', '.join(unknown)}")
-        missing = [name for name, knob in KNOBS.items()
-                   if name not in values and not knob.added_later]
+        missing = [
+            name for name, knob in KNOBS.items() if name not in values and not knob.added_later
+        ]
         if missing:
             raise TypeError(f"Candidate: missing knob(s) {', '.join(missing)}")
         # the values as instance attributes, in KNOBS order: read as fast as a dataclass's
-        self.__dict__.update((name, values[name] if name in values else knob.default)
-                             for name, knob in KNOBS.items())
+        self.__dict__.update(
+            (name, values[name] if name in values else knob.default) for name, knob in KNOBS.items()
+        )
 
     def __setattr__(self, name, value):
         raise AttributeError("Candidate is immutable")
@@ -62,8 +64,9 @@ class Candidate:
         """The same run with every knob that cannot act on it at its default
         (`autotune.spec.knobs.is_active`): a candidate stored before a knob was known not to
         act (fusion_mb with dp = 1) is the one the space proposes now."""
-        return self.replace(**{name: KNOBS[name].default for name in KNOBS
-                               if not is_active(name, self.dp, self.pp)})
+        return self.replace(
+            **{name: KNOBS[name].default for name in KNOBS if not is_active(name, self.dp, self.pp)}
+        )
 
 
 def _rebuild(values: dict) -> Candidate:

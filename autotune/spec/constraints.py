@@ -7,8 +7,14 @@ cluster's devices from the spec, and the candidate's knobs; nothing is run or es
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from autotune.layout import builtin_layout_reasons
 from autotune.spec.knobs import batch_split_problems
+
+if TYPE_CHECKING:
+    from autotune.spec.candidate import Candidate
+    from autotune.spec.specs import Spec
 
 
 def violations(spec: Spec, c: Candidate) -> list[str]:
@@ -30,9 +36,16 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
         reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
     if c.pp > 1 and m.num_layers is not None and m.num_layers % c.pp:
         reasons.append(f"pp = {c.pp} does not divide num_layers = {m.num_layers}")
-    reasons += [reason for _, reason in batch_split_problems(
-        global_batch_size=batch, dp=c.dp, pp=c.pp, micro_batches=c.micro_batches,
-        grad_accum=c.grad_accum)]
+    reasons += [
+        reason
+        for _, reason in batch_split_problems(
+            global_batch_size=batch,
+            dp=c.dp,
+            pp=c.pp,
+            micro_batches=c.micro_batches,
+            grad_accum=c.grad_accum,
+        )
+    ]
     if not reasons and m.family is not None and (c.tp > 1 or c.pp > 1):
         # the rest of what the layout needs: the vocabulary and the FFN width split too
         reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp)

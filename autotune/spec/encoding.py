@@ -83,10 +83,14 @@ def param_for(knob: str, domain: tuple, encoding: str) -> Param:
         exponents = [v.bit_length() - 1 for v in values]
         step = _even_step(exponents)
         if step is not None:
-            return Param(knob, f"log2_{knob}", IntDistribution(exponents[0], exponents[-1],
-                                                               step=step), values, "log2")
+            return Param(
+                knob,
+                f"log2_{knob}",
+                IntDistribution(exponents[0], exponents[-1], step=step),
+                values,
+                "log2",
+            )
     step = _even_step(list(values))
     if step is not None:
-        return Param(knob, knob, IntDistribution(values[0], values[-1], step=step), values,
-                     "value")
+        return Param(knob, knob, IntDistribution(values[0], values[-1], step=step), values, "value")
     return Param(knob, f"{knob}_index", IntDistribution(0, len(values) - 1), values, "index")

@@ -33,8 +33,9 @@ class EntryError(ValueError):
 def _split(entry: str) -> tuple[str, str]:
     module, sep, function = str(entry).rpartition(":")
     if not sep or not module or not function:
-        raise EntryError(f"model.entry: {entry!r} is not 'pkg.module:function' or "
-                         "'path/file.py:function'")
+        raise EntryError(
+            f"model.entry: {entry!r} is not 'pkg.module:function' or 'path/file.py:function'"
+        )
     return module, function
 
 
@@ -78,8 +79,9 @@ def load(entry: str, base: str | Path | None):
     except EntryError:
         raise
     except Exception as exc:  # the user's code: any failure is their input error
-        raise EntryError(f"model.entry: importing {module_name} failed: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise EntryError(
+            f"model.entry: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from None
     found = getattr(module, function, None)
     if not callable(found):
         raise EntryError(f"model.entry: {module_name} has no callable {function!r}")

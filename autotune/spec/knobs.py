@@ -74,63 +74,132 @@ _NUMERICS = "the cost model cannot tell its values apart (they change numerics, 
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("dp", int, "data-parallel replicas (devices / (tp·pp) when 'auto')",
-             "set_auto_parallel_context(parallel_mode=DATA_PARALLEL|SEMI_AUTO_PARALLEL, device_num)",
-             "parallel_config.data_parallel", default=1, default_space="auto"),
-        Knob("tp", int, "tensor parallel ways (Megatron-style: column/row-parallel layers, "
-             "vocab-parallel embedding and head)",
-             "explicit collectives in the tp group (trial program); operator shard strategies "
-             "under SEMI_AUTO_PARALLEL",
-             "parallel_config.model_parallel", default=1, default_space=[1, 2, 4, 8]),
-        Knob("pp", int, "pipeline stages",
-             "layers split into stages, 1F1B over micro-batches (trial program); "
-             "set_auto_parallel_context(pipeline_stages=pp)",
-             "parallel_config.pipeline_stage", default=1, default_space=[1, 2, 4]),
-        Knob("micro_batches", int, "pipeline micro-batches (used when pp > 1)",
-             "1F1B micro-batches per step (trial program); nn.PipelineCell(net, micro_size=micro_batches)",
-             "parallel_config.micro_batch_num", default=1,
-             default_space=[1, 2, 4, 8]),
-        Knob("fusion_mb", int, "AllReduce fusion bucket threshold in MB",
-             'set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})',
-             "parallel.comm_fusion", default=64, graphs="none",
-             default_space={"low": 1, "high": 512, "log": True}),
-        Knob("grad_accum", int, "gradient accumulation steps (used when pp == 1)",
-             "accumulate grads/K over K micro-steps, one AllReduce and one update per step",
-             "runner_config.gradient_accumulation_steps", default=1,
-             default_space=[1, 2, 4, 8]),
-        Knob("loss_scale", int, "initial value of the dynamic loss scaler (power of two)",
-             "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
-             "runner_wrapper.scale_sense.loss_scale_value", default=2**16, estimable=False,
-             unestimated_because=_NUMERICS, graphs="none", pow2=True,
-             default_space={"pow2": [8, 24]}),
-        Knob("warmup_steps", int, "linear warmup steps before cosine decay",
-             "LearningRateSchedule: linear warmup then cosine over train.total_steps",
-             "lr_schedule.warmup_steps (CosineWithWarmUpLR)", default=0, estimable=False,
-             unestimated_because=_NUMERICS, graphs="none", minimum=0,
-             default_space={"low": 0, "high": 2000, "step": 100}),
-        Knob("jit_level", str, "graph compile level, or PyNative execution",
-             "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
-             "or set_context(mode=PYNATIVE_MODE)",
-             "context.jit_config.jit_level", default="O1", choices=JIT_LEVELS,
-             default_space=["O0", "O1", "pynative"],
-             estimable=False, unestimated_because="the cost model's jit-level factors on "
-             "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)"),
-        Knob("recompute", str, "activation recomputation",
-             "Cell.recompute() on each block (full); selective per family: llama — MindFormers' "
-             "select_recompute patterns (the SwiGLU's SiLU and product; the attention core when "
-             "not fused), transformer — the attention core, mlp — the GeLU; on the layers "
-             "model.recompute_layers marks where it marks some",
-             "recompute_config.recompute / select_recompute", default="none",
-             choices=RECOMPUTE_MODES, default_space=list(RECOMPUTE_MODES)),
-        Knob("parallel_optimizer", bool,
-             "shard the optimizer over the data-parallel group (MindSpore's parallel optimizer, "
-             "level1: weights and optimizer states; acts with dp > 1)",
-             "set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config="
-             "{'parallel_optimizer_threshold': 64}); the trial program updates each rank's dim-0 "
-             "shard of every parameter of 64 KB or more and gathers the shards back with explicit "
-             "collectives (docs/parallel.md)",
-             "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)", default=False,
-             added_later=True, graphs="update", default_space=[False, True]),
+        Knob(
+            "dp",
+            int,
+            "data-parallel replicas (devices / (tp·pp) when 'auto')",
+            "set_auto_parallel_context(parallel_mode=DATA_PARALLEL|SEMI_AUTO_PARALLEL, device_num)",
+            "parallel_config.data_parallel",
+            default=1,
+            default_space="auto",
+        ),
+        Knob(
+            "tp",
+            int,
+            "tensor parallel ways (Megatron-style: column/row-parallel layers, "
+            "vocab-parallel embedding and head)",
+            "explicit collectives in the tp group (trial program); operator shard strategies "
+            "under SEMI_AUTO_PARALLEL",
+            "parallel_config.model_parallel",
+            default=1,
+            default_space=[1, 2, 4, 8],
+        ),
+        Knob(
+            "pp",
+            int,
+            "pipeline stages",
+            "layers split into stages, 1F1B over micro-batches (trial program); "
+            "set_auto_parallel_context(pipeline_stages=pp)",
+            "parallel_config.pipeline_stage",
+            default=1,
+            default_space=[1, 2, 4],
+        ),
+        Knob(
+            "micro_batches",
+            int,
+            "pipeline micro-batches (used when pp > 1)",
+            "1F1B micro-batches per step (trial program); nn.PipelineCell(net, micro_size=micro_batches)",
+            "parallel_config.micro_batch_num",
+            default=1,
+            default_space=[1, 2, 4, 8],
+        ),
+        Knob(
+            "fusion_mb",
+            int,
+            "AllReduce fusion bucket threshold in MB",
+            'set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})',
+            "parallel.comm_fusion",
+            default=64,
+            graphs="none",
+            default_space={"low": 1, "high": 512, "log": True},
+        ),
+        Knob(
+            "grad_accum",
+            int,
+            "gradient accumulation steps (used when pp == 1)",
+            "accumulate grads/K over K micro-steps, one AllReduce and one update per step",
+            "runner_config.gradient_accumulation_steps",
+            default=1,
+            default_space=[1, 2, 4, 8],
+        ),
+        Knob(
+            "loss_scale",
+            int,
+            "initial value of the dynamic loss scaler (power of two)",
+            "DynamicLossScaleUpdateCell(loss_scale_value, scale_factor=2, scale_window)",
+            "runner_wrapper.scale_sense.loss_scale_value",
+            default=2**16,
+            estimable=False,
+            unestimated_because=_NUMERICS,
+            graphs="none",
+            pow2=True,
+            default_space={"pow2": [8, 24]},
+        ),
+        Knob(
+            "warmup_steps",
+            int,
+            "linear warmup steps before cosine decay",
+            "LearningRateSchedule: linear warmup then cosine over train.total_steps",
+            "lr_schedule.warmup_steps (CosineWithWarmUpLR)",
+            default=0,
+            estimable=False,
+            unestimated_because=_NUMERICS,
+            graphs="none",
+            minimum=0,
+            default_space={"low": 0, "high": 2000, "step": 100},
+        ),
+        Knob(
+            "jit_level",
+            str,
+            "graph compile level, or PyNative execution",
+            "set_context(mode=GRAPH_MODE) and cell.set_jit_config(JitConfig(jit_level=L)), "
+            "or set_context(mode=PYNATIVE_MODE)",
+            "context.jit_config.jit_level",
+            default="O1",
+            choices=JIT_LEVELS,
+            default_space=["O0", "O1", "pynative"],
+            estimable=False,
+            unestimated_because="the cost model's jit-level factors on "
+            "accelerators are guesses, not measurements (autotune/costmodel/profiles.py)",
+        ),
+        Knob(
+            "recompute",
+            str,
+            "activation recomputation",
+            "Cell.recompute() on each block (full); selective per family: llama — MindFormers' "
+            "select_recompute patterns (the SwiGLU's SiLU and product; the attention core when "
+            "not fused), transformer — the attention core, mlp — the GeLU; on the layers "
+            "model.recompute_layers marks where it marks some",
+            "recompute_config.recompute / select_recompute",
+            default="none",
+            choices=RECOMPUTE_MODES,
+            default_space=list(RECOMPUTE_MODES),
+        ),
+        Knob(
+            "parallel_optimizer",
+            bool,
+            "shard the optimizer over the data-parallel group (MindSpore's parallel optimizer, "
+            "level1: weights and optimizer states; acts with dp > 1)",
+            "set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config="
+            "{'parallel_optimizer_threshold': 64}); the trial program updates each rank's dim-0 "
+            "shard of every parameter of 64 KB or more and gathers the shards back with explicit "
+            "collectives (docs/parallel.md)",
+            "parallel.enable_parallel_optimizer (+ parallel_optimizer_config)",
+            default=False,
+            added_later=True,
+            graphs="update",
+            default_space=[False, True],
+        ),
     )
 }
 
@@ -180,6 +249,7 @@ class KnobHooks:
             self._unclaimed(name)
             self.hooks[name] = function
             return function
+
         return decorate
 
     def in_place(self, name: str, where: str, why: str) -> None:
@@ -235,8 +305,9 @@ def micro_steps(*, pp: int, micro_batches: int, grad_accum: int) -> int:
     return micro_batches if pp > 1 else grad_accum
 
 
-def batch_split_problems(*, global_batch_size: int, dp: int, pp: int, micro_batches: int,
-                         grad_accum: int) -> list[tuple[str, str]]:
+def batch_split_problems(
+    *, global_batch_size: int, dp: int, pp: int, micro_batches: int, grad_accum: int
+) -> list[tuple[str, str]]:
     """Why a global batch of ``global_batch_size`` cannot be split into equal micro-batches over
     ``dp`` replicas and the :func:`micro_steps` of one optimizer step, as (field, reason) pairs
     (empty: it can): the batch divides by dp·grad_accum (pp = 1) or dp·micro_batches (pp > 1),
@@ -244,11 +315,21 @@ def batch_split_problems(*, global_batch_size: int, dp: int, pp: int, micro_batc
     trial program's config check both apply."""
     problems = []
     if pp == 1 and global_batch_size % (dp * grad_accum):
-        problems.append(("train.global_batch_size", f"global_batch_size = {global_batch_size} "
-                         f"is not divisible by dp·grad_accum = {dp * grad_accum}"))
+        problems.append(
+            (
+                "train.global_batch_size",
+                f"global_batch_size = {global_batch_size} "
+                f"is not divisible by dp·grad_accum = {dp * grad_accum}",
+            )
+        )
     if pp > 1 and global_batch_size % (dp * micro_batches):
-        problems.append(("train.global_batch_size", f"global_batch_size = {global_batch_size} "
-                         f"is not divisible by dp·micro_batches = {dp * micro_batches}"))
+        problems.append(
+            (
+                "train.global_batch_size",
+                f"global_batch_size = {global_batch_size} "
+                f"is not divisible by dp·micro_batches = {dp * micro_batches}",
+            )
+        )
     if pp > 1 and micro_batches < pp:
         problems.append(("knobs.micro_batches", f"micro_batches = {micro_batches} < pp = {pp}"))
     return problems

@@ -98,8 +98,9 @@ class _Config:
         if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-            self.fail(dotted, f"must be {'a number' if kind is float else 'an integer'}, "
-                              f"got {value!r}")
+            self.fail(
+                dotted, f"must be {'a number' if kind is float else 'an integer'}, got {value!r}"
+            )
         if minimum is not None and value < minimum:
             self.fail(dotted, f"must be ≥ {minimum}, got {value}")
         return value
@@ -115,8 +116,13 @@ class _Config:
         return None, default
 
 
-def read_config(path, devices: int | None = None, devices_per_node: int | None = None,
-                backend: str | None = None, total_steps: int | None = None) -> Reading:
+def read_config(
+    path,
+    devices: int | None = None,
+    devices_per_node: int | None = None,
+    backend: str | None = None,
+    total_steps: int | None = None,
+) -> Reading:
     """Read the MindFormers config at ``path`` (see the module doc)."""
     path = Path(path)
     cfg = _Config(load_config(path), str(path))
@@ -127,15 +133,28 @@ def read_config(path, devices: int | None = None, devices_per_node: int | None =
     devices = own if devices is None else devices
     if devices != own:
         if devices % (runs.tp * runs.pp):
-            raise SpecError(f"--devices {devices}: not a multiple of the config's model_parallel × "
-                            f"pipeline_stage = {runs.tp * runs.pp} (dp is scaled, tp and pp kept)")
-        reading.notes.append(f"--devices {devices}, not the config's {own}: the global batch is "
-                             f"kept and dp scaled from {runs.dp} to {devices // (runs.tp * runs.pp)}")
+            raise SpecError(
+                f"--devices {devices}: not a multiple of the config's model_parallel × "
+                f"pipeline_stage = {runs.tp * runs.pp} (dp is scaled, tp and pp kept)"
+            )
+        reading.notes.append(
+            f"--devices {devices}, not the config's {own}: the global batch is "
+            f"kept and dp scaled from {runs.dp} to {devices // (runs.tp * runs.pp)}"
+        )
     _read_train(cfg, reading, runs, total_steps)
-    where = ("parallel_config: data_parallel × model_parallel × pipeline_stage"
-             if runs.source == "parallel_config" else runs.source)
-    _read_cluster(cfg, reading, devices, where if devices == own else "--devices (dp scaled)",
-                  devices_per_node, backend)
+    where = (
+        "parallel_config: data_parallel × model_parallel × pipeline_stage"
+        if runs.source == "parallel_config"
+        else runs.source
+    )
+    _read_cluster(
+        cfg,
+        reading,
+        devices,
+        where if devices == own else "--devices (dp scaled)",
+        devices_per_node,
+        backend,
+    )
     recompute = read_run(cfg, reading, runs.pp)
     _read_baseline(cfg, reading, runs, devices // (runs.tp * runs.pp), recompute)
     reading.space = _space(dict((k, v) for k, v, _ in reading.baseline))
@@ -147,24 +166,32 @@ def _layout(cfg: _Config, r: Reading) -> _Layout:
     stand-alone; a mode other than semi-auto/auto parallel resets ``parallel_config`` and the
     accumulation to 1, with every launched device a data-parallel rank (the config's
     dp·mp·pp); semi-auto resets the accumulation under pipeline stages."""
-    dp, tp, pp = (cfg.number(f"parallel_config.{k}", default=1, minimum=1)
-                  for k in ("data_parallel", "model_parallel", "pipeline_stage"))
+    dp, tp, pp = (
+        cfg.number(f"parallel_config.{k}", default=1, minimum=1)
+        for k in ("data_parallel", "model_parallel", "pipeline_stage")
+    )
     stages = pp > 1
-    key = "parallel_config.micro_batch_num" if stages else "runner_config.gradient_accumulation_steps"
+    key = (
+        "parallel_config.micro_batch_num" if stages else "runner_config.gradient_accumulation_steps"
+    )
     split = cfg.number(key, default=1, minimum=1)
     interleave = cfg.number("micro_batch_interleave_num", default=1, minimum=1)
     mode = cfg.get("parallel.parallel_mode", 1)
     if cfg.get("use_parallel", False) is not True:
-        r.notes.append(f"use_parallel: {cfg.get('use_parallel', False)}: MindFormers runs it "
-                       "stand-alone on one device (parallel_config and "
-                       "gradient_accumulation_steps reset to 1)")
+        r.notes.append(
+            f"use_parallel: {cfg.get('use_parallel', False)}: MindFormers runs it "
+            "stand-alone on one device (parallel_config and "
+            "gradient_accumulation_steps reset to 1)"
+        )
         why = "use_parallel: False (stand-alone)"
         return _Layout(1, 1, 1, 1, why, 1, why)
     if mode not in _SEMI_AUTO:
         if (tp, pp, split) != (1, 1, 1):
-            r.notes.append(f"parallel.parallel_mode: {mode}: MindFormers runs data parallel over "
-                           f"the {dp * tp * pp} devices, resetting model_parallel {tp}, "
-                           f"pipeline_stage {pp} and {key.rsplit('.', 1)[1]} {split} to 1")
+            r.notes.append(
+                f"parallel.parallel_mode: {mode}: MindFormers runs data parallel over "
+                f"the {dp * tp * pp} devices, resetting model_parallel {tp}, "
+                f"pipeline_stage {pp} and {key.rsplit('.', 1)[1]} {split} to 1"
+            )
         why = f"parallel.parallel_mode {mode} (data parallel)"
         return _Layout(dp * tp * pp, 1, 1, 1, why, 1, why)
     return _Layout(dp, tp, pp, split, key, interleave)
@@ -175,13 +202,18 @@ def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> N
     if cfg.get(batch_key) is None:  # runner_config's wins over a dataset's
         batch_key = "train_dataset.batch_size"
     batch = cfg.number(batch_key, minimum=1)
-    how = (f"{batch_key} {batch} × data_parallel {runs.dp} × {runs.split_key.rsplit('.', 1)[1]} "
-           f"{runs.split} × micro_batch_interleave_num {runs.interleave}"
-           if runs.source == "parallel_config" else
-           f"{batch_key} {batch} × {runs.dp} device(s): {runs.source}")
+    how = (
+        f"{batch_key} {batch} × data_parallel {runs.dp} × {runs.split_key.rsplit('.', 1)[1]} "
+        f"{runs.split} × micro_batch_interleave_num {runs.interleave}"
+        if runs.source == "parallel_config"
+        else f"{batch_key} {batch} × {runs.dp} device(s): {runs.source}"
+    )
     r.train.append(("global_batch_size", batch * runs.dp * runs.split * runs.interleave, how))
-    lr_key = "lr_schedule.learning_rate" if cfg.get("lr_schedule.learning_rate") is not None \
+    lr_key = (
+        "lr_schedule.learning_rate"
+        if cfg.get("lr_schedule.learning_rate") is not None
         else "optimizer.learning_rate"
+    )
     r.train.append(("learning_rate", float(cfg.number(lr_key, float)), lr_key))
     steps_key = "lr_schedule.total_steps"
     config_total = cfg.get(steps_key, -1)
@@ -195,16 +227,34 @@ def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> N
     ratio = cfg.get("lr_schedule.warmup_ratio")
     if ratio is not None:
         ratio = cfg.number("lr_schedule.warmup_ratio", float)
-        r.baseline.append(("warmup_steps", int(total * ratio),
-                           f"lr_schedule.warmup_ratio {ratio} × total steps {total}"))
+        r.baseline.append(
+            (
+                "warmup_steps",
+                int(total * ratio),
+                f"lr_schedule.warmup_ratio {ratio} × total steps {total}",
+            )
+        )
     else:
-        r.baseline.append(("warmup_steps", cfg.number("lr_schedule.warmup_steps", default=0,
-                                                      minimum=0), "lr_schedule.warmup_steps"))
+        r.baseline.append(
+            (
+                "warmup_steps",
+                cfg.number("lr_schedule.warmup_steps", default=0, minimum=0),
+                "lr_schedule.warmup_steps",
+            )
+        )
     for callback in cfg.get("callbacks", []) or []:
-        if isinstance(callback, dict) and callback.get("type") == "CheckpointMonitor" \
-                and isinstance(callback.get("save_checkpoint_steps"), int):
-            r.train.append(("save_every", callback["save_checkpoint_steps"],
-                            "callbacks: CheckpointMonitor.save_checkpoint_steps"))
+        if (
+            isinstance(callback, dict)
+            and callback.get("type") == "CheckpointMonitor"
+            and isinstance(callback.get("save_checkpoint_steps"), int)
+        ):
+            r.train.append(
+                (
+                    "save_every",
+                    callback["save_checkpoint_steps"],
+                    "callbacks: CheckpointMonitor.save_checkpoint_steps",
+                )
+            )
 
 
 def _memory_gb(cfg: _Config, key: str) -> float | None:
@@ -213,23 +263,28 @@ def _memory_gb(cfg: _Config, key: str) -> float | None:
         return None
     match = re.fullmatch(r"\s*([0-9.]+)\s*(GB|MB)\s*", str(value), re.IGNORECASE)
     if not match:
-        cfg.fail(key, f"expected a size such as \"58GB\", got {value!r}")
+        cfg.fail(key, f'expected a size such as "58GB", got {value!r}')
     number = float(match.group(1))
     return number / 1024 if match.group(2).upper() == "MB" else number
 
 
-def _read_cluster(cfg: _Config, r: Reading, devices: int, where: str, per_node: int | None,
-                  backend: str | None) -> None:
+def _read_cluster(
+    cfg: _Config, r: Reading, devices: int, where: str, per_node: int | None, backend: str | None
+) -> None:
     target = str(cfg.get("context.device_target", "Ascend")).lower()
     device = for_device_target(target)  # the backend whose MindSpore device target it is
     if device is None:
         cfg.fail("context.device_target", f"unknown device {target!r}")
     chosen = backend_of(backend or device.name)
-    r.cluster += [("backend", chosen.name, "--backend" if chosen is not device
-                   else "context.device_target"),
-                  ("devices", devices, where),
-                  ("devices_per_node", per_node or min(devices, 8),
-                   "--devices-per-node" if per_node else "8 per node (Atlas 800T A2)")]
+    r.cluster += [
+        ("backend", chosen.name, "--backend" if chosen is not device else "context.device_target"),
+        ("devices", devices, where),
+        (
+            "devices_per_node",
+            per_node or min(devices, 8),
+            "--devices-per-node" if per_node else "8 per node (Atlas 800T A2)",
+        ),
+    ]
     # The profile: the config's device where the study stands for it (its own backend or a
     # simulation), else the backend's own: a CPU study is priced as the CPU it runs on. The
     # device's own profile is its backend's default (the published configs' "Atlas 800T A2":
@@ -238,32 +293,55 @@ def _read_cluster(cfg: _Config, r: Reading, devices: int, where: str, per_node: 
         r.cluster.append(("device", device.default_profile, f"context.device_target {target}"))
         cap = _memory_gb(cfg, "context.max_device_memory") if device.accelerator else None
         if cap is not None:
-            r.cluster.append(("max_device_memory_gb", cap,
-                              "context.max_device_memory: the cap the estimate screens against"))
+            r.cluster.append(
+                (
+                    "max_device_memory_gb",
+                    cap,
+                    "context.max_device_memory: the cap the estimate screens against",
+                )
+            )
     else:
         r.cluster.append(("device", chosen.default_profile, f"--backend {chosen.name}"))
 
 
 def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: str) -> None:
-    where = {name: f"parallel_config.{name}" if runs.source == "parallel_config" else runs.source
-             for name in ("data_parallel", "model_parallel", "pipeline_stage")}
-    rows = [("dp", dp, where["data_parallel"] if dp == runs.dp else "scaled to --devices"),
-            ("tp", runs.tp, where["model_parallel"]),
-            ("pp", runs.pp, where["pipeline_stage"])]
+    where = {
+        name: f"parallel_config.{name}" if runs.source == "parallel_config" else runs.source
+        for name in ("data_parallel", "model_parallel", "pipeline_stage")
+    }
+    rows = [
+        ("dp", dp, where["data_parallel"] if dp == runs.dp else "scaled to --devices"),
+        ("tp", runs.tp, where["model_parallel"]),
+        ("pp", runs.pp, where["pipeline_stage"]),
+    ]
     knob = "micro_batches" if runs.pp > 1 else "grad_accum"
     n, key = runs.split, runs.split_key
     if dp != runs.dp and n * runs.dp % dp == 0:  # the same global batch over the scaled dp
-        r.notes.append(f"{knob}: {n} × {runs.dp} / {dp} = {n * runs.dp // dp} ({key} scaled "
-                       "with dp, so the global batch stays)")
+        r.notes.append(
+            f"{knob}: {n} × {runs.dp} / {dp} = {n * runs.dp // dp} ({key} scaled "
+            "with dp, so the global batch stays)"
+        )
         n, key = n * runs.dp // dp, f"{key} scaled with dp"
     rows.append((knob, n, key))
-    rows.append(("recompute", recompute, "recompute_config (by layer: model.recompute_layers)"
-                 if any(k == "recompute_layers" for k, _, _ in r.model) else "recompute_config"))
+    rows.append(
+        (
+            "recompute",
+            recompute,
+            "recompute_config (by layer: model.recompute_layers)"
+            if any(k == "recompute_layers" for k, _, _ in r.model)
+            else "recompute_config",
+        )
+    )
     if runs.source.startswith("use_parallel"):  # no parallel context is set stand-alone
         rows.append(("parallel_optimizer", False, runs.source))
     else:
-        rows.append(("parallel_optimizer", cfg.get("parallel.enable_parallel_optimizer") is True,
-                     "parallel.enable_parallel_optimizer"))
+        rows.append(
+            (
+                "parallel_optimizer",
+                cfg.get("parallel.enable_parallel_optimizer") is True,
+                "parallel.enable_parallel_optimizer",
+            )
+        )
     dtype = next(v for k, v, _ in r.model if k == "dtype")
     scale = cfg.get("runner_wrapper.scale_sense")
     if dtype in LOSS_SCALED_DTYPES and isinstance(scale, dict):
@@ -273,8 +351,10 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: 
             cfg.fail(key, f"{value} is not a power of two (the loss_scale knob's values are)")
         rows.append(("loss_scale", value, key))
     elif dtype in LOSS_SCALED_DTYPES and scale is not None:
-        r.warnings.append(f"runner_wrapper.scale_sense: {scale}: a fixed scale; the baseline "
-                          "uses a dynamic one from the knob's default")
+        r.warnings.append(
+            f"runner_wrapper.scale_sense: {scale}: a fixed scale; the baseline "
+            "uses a dynamic one from the knob's default"
+        )
     rows += _jit_level(cfg, r)
     r.baseline[:0] = rows
 
@@ -290,25 +370,35 @@ def _jit_level(cfg: _Config, r: Reading) -> list:
     if jit not in JIT_LEVELS:
         cfg.fail(key, f"must be one of {', '.join(JIT_LEVELS)}, got {jit!r}")
     if jit == "O2":  # docs/export.md, "What MindSpore refuses"
-        r.warnings.append(f"{key}: O2: the GE backend, deprecated since MindSpore 2.9 and run on "
-                          "no backend autotune has; the baseline uses O1")
+        r.warnings.append(
+            f"{key}: O2: the GE backend, deprecated since MindSpore 2.9 and run on "
+            "no backend autotune has; the baseline uses O1"
+        )
         return [("jit_level", "O1", f"{key} O2, deprecated: O1")]
     return [("jit_level", jit, key)]
 
 
 def _space(base: dict) -> dict:
     """The search space init writes: the default space's values plus the baseline's."""
-    def powers(top: int) -> list:
-        return [2 ** e for e in range(int(math.log2(max(top, 8))) + 1)]
 
-    space = {"tp": sorted({1, 2, 4, 8, base["tp"]}), "pp": sorted({1, 2, 4, base["pp"]}),
-             "micro_batches": sorted(set(powers(base.get("micro_batches", 8)))
-                                     | {base.get("micro_batches", 1)}),
-             "grad_accum": sorted({1, 2, 4, 8, base.get("grad_accum", 1)})}
+    def powers(top: int) -> list:
+        return [2**e for e in range(int(math.log2(max(top, 8))) + 1)]
+
+    space = {
+        "tp": sorted({1, 2, 4, 8, base["tp"]}),
+        "pp": sorted({1, 2, 4, base["pp"]}),
+        "micro_batches": sorted(
+            set(powers(base.get("micro_batches", 8))) | {base.get("micro_batches", 1)}
+        ),
+        "grad_accum": sorted({1, 2, 4, 8, base.get("grad_accum", 1)}),
+    }
     if "loss_scale" in base:
         exponent = int(math.log2(base["loss_scale"]))
         space["loss_scale"] = {"pow2": [min(8, exponent), max(24, exponent)]}
     warmup = base["warmup_steps"]
-    space["warmup_steps"] = sorted({0, warmup // 2, warmup, 2 * warmup}) if warmup else \
-        {"low": 0, "high": 2000, "step": 100}
+    space["warmup_steps"] = (
+        sorted({0, warmup // 2, warmup, 2 * warmup})
+        if warmup
+        else {"low": 0, "high": 2000, "step": 100}
+    )
     return space

@@ -55,8 +55,9 @@ def merge(a: dict, b: dict | None, replace: bool = False, _path: str = "") -> tu
         old = b.get(key, _ABSENT) if b is not None else _ABSENT
         if isinstance(value, dict) and key in merged:
             if b is None or isinstance(old, dict):
-                merged[key], inner = merge(value, old if isinstance(old, dict) else None, replace,
-                                           f"{dotted}.")
+                merged[key], inner = merge(
+                    value, old if isinstance(old, dict) else None, replace, f"{dotted}."
+                )
                 changes += inner
                 continue
             if old is not None and not replace:  # MindFormers: `old.copy()[k] = …` fails
@@ -89,4 +90,6 @@ def load_config(path: str | os.PathLike, _seen: tuple = ()) -> dict:
     try:
         return merge(data, combined)[0]
     except MergeConflict as exc:
-        raise SpecError(f"{path}: MindFormers cannot merge it over its base_config: {exc}") from None
+        raise SpecError(
+            f"{path}: MindFormers cannot merge it over its base_config: {exc}"
+        ) from None

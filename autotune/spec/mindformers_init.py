@@ -25,8 +25,13 @@ from autotune.spec.space import build_space
 
 
 def _flow(value) -> str:
-    return yaml.safe_dump(value, default_flow_style=True, width=1000, sort_keys=False).strip().removesuffix("\n...")\
-        .removesuffix("...").strip()
+    return (
+        yaml.safe_dump(value, default_flow_style=True, width=1000, sort_keys=False)
+        .strip()
+        .removesuffix("\n...")
+        .removesuffix("...")
+        .strip()
+    )
 
 
 COMMENT_COLUMN = 48  # a longer value (a list of layers) puts its comment right after it
@@ -41,29 +46,38 @@ def _section(name: str, rows: list) -> list[str]:
     return lines
 
 
-def init_text(config: str | os.PathLike, out: str | os.PathLike, devices: int | None = None,
-              devices_per_node: int | None = None, backend: str | None = None,
-              total_steps: int | None = None) -> tuple[str, list[str]]:
+def init_text(
+    config: str | os.PathLike,
+    out: str | os.PathLike,
+    devices: int | None = None,
+    devices_per_node: int | None = None,
+    backend: str | None = None,
+    total_steps: int | None = None,
+) -> tuple[str, list[str]]:
     """(model.yaml text, warnings) for MindFormers config ``config`` written to ``out``."""
     config, out = Path(config), Path(out)
     r = read_config(config, devices, devices_per_node, backend, total_steps)
     relative = os.path.relpath(config.resolve(), out.resolve().parent)
     if relative.startswith(".."):  # outside out's folder: the absolute path says more
         relative = str(config.resolve())
-    header = [f"# autotune init --mindformers {config}",
-              "# Written from that MindFormers config (its base_config chain merged); each value",
-              "# names the key it came from. docs/mindformers.md decides each key. baseline: is",
-              "# the config's own settings: the study runs it first (trial 0) and prints every gain",
-              "# against it. autotune export merges the tuned settings into export.mindformers_base."]
+    header = [
+        f"# autotune init --mindformers {config}",
+        "# Written from that MindFormers config (its base_config chain merged); each value",
+        "# names the key it came from. docs/mindformers.md decides each key. baseline: is",
+        "# the config's own settings: the study runs it first (trial 0) and prints every gain",
+        "# against it. autotune export merges the tuned settings into export.mindformers_base.",
+    ]
     header += [f"# NOTE: {note}" for note in r.notes]
     header += [f"# WARNING: {warning}" for warning in r.warnings]
     lines = header + [f"study: {_flow(r.study)}"]
     for name in ("model", "train", "cluster", "baseline"):
         lines += _section(name, getattr(r, name))
-    lines += ["search:",
-              "  # the default space (search_spaces/default.yaml) for knobs not named here; these",
-              "  # hold the baseline's values",
-              "  space:"]
+    lines += [
+        "search:",
+        "  # the default space (search_spaces/default.yaml) for knobs not named here; these",
+        "  # hold the baseline's values",
+        "  space:",
+    ]
     lines += [f"    {knob}: {_flow(domain)}" for knob, domain in r.space.items()]
     lines += ["export:", f"  mindformers_base: {_flow(relative)}"]
     text = "\n".join(lines) + "\n"
@@ -71,6 +85,7 @@ def init_text(config: str | os.PathLike, out: str | os.PathLike, devices: int | 
     try:
         build_space(parse_spec(data, out))
     except SpecError as exc:
-        raise SpecError(f"{config}: the model.yaml it gives is not valid: "
-                        f"{str(exc).removeprefix(f'{out}: ')}") from None
+        raise SpecError(
+            f"{config}: the model.yaml it gives is not valid: {str(exc).removeprefix(f'{out}: ')}"
+        ) from None
     return text, r.warnings

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from autotune.spec.errors import SpecError
 
-ALL = 2 ** 31 - 1  # MindFormers' MAX_INT32: True in a per-stage list, every layer of the stage
+ALL = 2**31 - 1  # MindFormers' MAX_INT32: True in a per-stage list, every layer of the stage
 
 
 def chunks(layers: int, pp: int, interleave: int, offset) -> list[list[int]]:
@@ -36,8 +36,10 @@ def chunks(layers: int, pp: int, interleave: int, offset) -> list[list[int]]:
     else:
         rows = [offset] * interleave
     if len(rows) != interleave or any(len(row) != pp for row in rows):
-        raise SpecError(f"model.model_config.offset: {offset} does not match pipeline_stage {pp} "
-                        f"× pp_interleave_num {interleave}")
+        raise SpecError(
+            f"model.model_config.offset: {offset} does not match pipeline_stage {pp} "
+            f"× pp_interleave_num {interleave}"
+        )
     average = layers // (pp * interleave)
     return [[average + rows[i][j] for j in range(pp)] for i in range(interleave)]
 
@@ -47,8 +49,9 @@ def _counts(value, layout: list[list[int]], key: str) -> list[list[int]]:
     interleave, pp = len(layout), len(layout[0])
     if all(isinstance(v, (int, bool)) for v in value):  # one number per stage
         if len(value) != pp:
-            raise SpecError(f"{key}: {value} has {len(value)} entries for the config's "
-                            f"pipeline_stage {pp}")
+            raise SpecError(
+                f"{key}: {value} has {len(value)} entries for the config's pipeline_stage {pp}"
+            )
         res = [[0] * pp for _ in range(interleave)]
         for j, n in enumerate(value):
             n = min(ALL if n is True else int(n), sum(layout[i][j] for i in range(interleave)))
@@ -58,11 +61,19 @@ def _counts(value, layout: list[list[int]], key: str) -> list[list[int]]:
                         res[i][j] += 1
                         n -= 1
         return res
-    if len(value) != interleave or any(not isinstance(row, list) or len(row) != pp for row in value):
-        raise SpecError(f"{key}: {value} does not match pipeline_stage {pp} × "
-                        f"pp_interleave_num {interleave}")
-    return [[layout[i][j] if v is True else 0 if v is False else min(int(v), layout[i][j])
-             for j, v in enumerate(row)] for i, row in enumerate(value)]
+    if len(value) != interleave or any(
+        not isinstance(row, list) or len(row) != pp for row in value
+    ):
+        raise SpecError(
+            f"{key}: {value} does not match pipeline_stage {pp} × pp_interleave_num {interleave}"
+        )
+    return [
+        [
+            layout[i][j] if v is True else 0 if v is False else min(int(v), layout[i][j])
+            for j, v in enumerate(row)
+        ]
+        for i, row in enumerate(value)
+    ]
 
 
 def marked_layers(value: list, layout: list[list[int]], key: str) -> list[int]:
@@ -106,5 +117,6 @@ def layer_marks(value, layout: list[list[int]], key: str):
         return sorted(union) or None, list(value)
     if isinstance(value, list):
         return marked_layers(value, layout, key) or None, None
-    raise SpecError(f"{key}: {value!r}: expected a boolean, a per-stage list, patterns or a "
-                    "mapping of them")
+    raise SpecError(
+        f"{key}: {value!r}: expected a boolean, a per-stage list, patterns or a mapping of them"
+    )

@@ -25,8 +25,16 @@ from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
 from autotune.spec.objectives import OBJECTIVES
-from autotune.spec.specs import (DEFAULT_MIN_STEPS, DEFAULT_PRECISION, ClusterSpec, ModelSpec,
-                                 SearchSpec, Spec, TrainSpec, TrialSpec)
+from autotune.spec.specs import (
+    DEFAULT_MIN_STEPS,
+    DEFAULT_PRECISION,
+    ClusterSpec,
+    ModelSpec,
+    SearchSpec,
+    Spec,
+    TrainSpec,
+    TrialSpec,
+)
 from autotune.spec.yaml_file import load_yaml
 
 # search.sampler's names, the CLI's --sampler choices: `autotune.search.samplers.make_sampler`
@@ -113,11 +121,15 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
     runs = BACKENDS[cluster.backend].compute_dtypes
     for name in ("dtype", "param_dtype", "optimizer_dtype"):
         if getattr(model, name) not in runs:
-            raise SpecError(f"{source}: model.{name}: {getattr(model, name)} does not run on "
-                            f"backend {cluster.backend} (it runs {', '.join(runs)})")
+            raise SpecError(
+                f"{source}: model.{name}: {getattr(model, name)} does not run on "
+                f"backend {cluster.backend} (it runs {', '.join(runs)})"
+            )
     if model.flash_attention and BACKENDS[cluster.backend].fused_attention and fused_refusal(model):
-        raise SpecError(f"{source}: model.flash_attention: {fused_refusal(model)} (backend "
-                        f"{cluster.backend} runs the fused operator)")
+        raise SpecError(
+            f"{source}: model.flash_attention: {fused_refusal(model)} (backend "
+            f"{cluster.backend} runs the fused operator)"
+        )
     search = _parse_search(_Section(data.get("search"), "search", source), path.parent, stored)
     top.used.add("search")
     trial = _parse_trial(_Section(data.get("trial"), "trial", source))
@@ -131,8 +143,18 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
     unknown = sorted(set(data) - top.used)
     if unknown:
         raise SpecError(f"{source}: {unknown[0]}: unknown field")
-    return Spec(study, model, train, cluster, search, trial, source, data, baseline,
-                str((path.parent / base).resolve()) if base else None)
+    return Spec(
+        study,
+        model,
+        train,
+        cluster,
+        search,
+        trial,
+        source,
+        data,
+        baseline,
+        str((path.parent / base).resolve()) if base else None,
+    )
 
 
 def _parse_baseline(s: _Section) -> dict:
@@ -141,49 +163,71 @@ def _parse_baseline(s: _Section) -> dict:
     for name in s.data:
         if name not in KNOBS:
             s.fail(name, f"unknown knob (known: {', '.join(KNOBS)})")
-    return {name: s.get(name, knob.kind, choices=choices.get(name),
-                        minimum=None if knob.kind is not int else 0)
-            for name, knob in KNOBS.items() if name in s.data}
+    return {
+        name: s.get(
+            name, knob.kind, choices=choices.get(name), minimum=None if knob.kind is not int else 0
+        )
+        for name, knob in KNOBS.items()
+        if name in s.data
+    }
 
 
 # Model fields added after studies were first stored: at these values a study's fingerprint
 # leaves them out, so a study made before them still resumes (`autotune.study.opening`).
-LATER_MODEL_FIELDS = {"num_kv_heads": None, "param_dtype": "float32", "optimizer_dtype": "float32",
-                      "flash_attention": False, "sequence_parallel": False,
-                      "embedding_parallel_optimizer": False, "recompute_layers": {}}
+LATER_MODEL_FIELDS = {
+    "num_kv_heads": None,
+    "param_dtype": "float32",
+    "optimizer_dtype": "float32",
+    "flash_attention": False,
+    "sequence_parallel": False,
+    "embedding_parallel_optimizer": False,
+    "recompute_layers": {},
+}
 
 
 def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
     family = s.get("family", str, default=None, choices=tuple(FAMILIES))
     entry = s.get("entry", str, default=None)
     if (family is None) == (entry is None):
-        s.fail("family", f"give exactly one of model.family ({' | '.join(FAMILIES)}) or "
-                         "model.entry")
+        s.fail(
+            "family", f"give exactly one of model.family ({' | '.join(FAMILIES)}) or model.entry"
+        )
     if entry is not None:
         entry = entry_loader.resolve(entry, base) if stored else _check_entry(entry, base, s)
     # A built-in family needs its dimensions; an entry model may give them for the cost model.
     required = ... if family is not None else None
-    dims = {key: s.get(key, int, minimum=1, default=required)
-            for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")}
+    dims = {
+        key: s.get(key, int, minimum=1, default=required)
+        for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")
+    }
     if dims["hidden_size"] and dims["num_heads"] and dims["hidden_size"] % dims["num_heads"]:
-        s.fail("hidden_size", f"{dims['hidden_size']} is not a multiple of model.num_heads = "
-                              f"{dims['num_heads']} (each head gets hidden_size / num_heads)")
+        s.fail(
+            "hidden_size",
+            f"{dims['hidden_size']} is not a multiple of model.num_heads = "
+            f"{dims['num_heads']} (each head gets hidden_size / num_heads)",
+        )
     dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
     if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
         # the family's own width (llama: MindFormers' SwiGLU width); an entry model's 4·hidden
-        dims["ffn_hidden_size"] = (FAMILIES[family].default_ffn(dims["hidden_size"]) if family
-                                   else 4 * dims["hidden_size"])
+        dims["ffn_hidden_size"] = (
+            FAMILIES[family].default_ffn(dims["hidden_size"]) if family else 4 * dims["hidden_size"]
+        )
     kv = s.get("num_kv_heads", int, minimum=1, default=None)
     if kv is not None and family not in owners("num_kv_heads"):
         names, choice = _taking("num_kv_heads")
         s.fail("num_kv_heads", f"grouped-query attention is the {names} family's ({choice})")
     if kv is not None and dims["num_heads"] % kv:
-        s.fail("num_kv_heads", f"{kv} does not divide model.num_heads = {dims['num_heads']} "
-                               "(each key/value head serves a whole group of query heads)")
+        s.fail(
+            "num_kv_heads",
+            f"{kv} does not divide model.num_heads = {dims['num_heads']} "
+            "(each key/value head serves a whole group of query heads)",
+        )
     dtype = s.get("dtype", str, default="float32", choices=DTYPES)
-    precision = {"param_dtype": s.get("param_dtype", str, default="float32", choices=DTYPES),
-                 "optimizer_dtype": s.get("optimizer_dtype", str, default="float32", choices=DTYPES),
-                 "flash_attention": s.get("flash_attention", bool, default=False)}
+    precision = {
+        "param_dtype": s.get("param_dtype", str, default="float32", choices=DTYPES),
+        "optimizer_dtype": s.get("optimizer_dtype", str, default="float32", choices=DTYPES),
+        "flash_attention": s.get("flash_attention", bool, default=False),
+    }
     mindformers = _parse_mindformers_run(s, family, dims["num_layers"])
     tp_rules = s.get("tp_rules", dict, default={})
     for glob, split in tp_rules.items():
@@ -194,8 +238,17 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         s.reject_unknown()
     else:  # a user model may take settings of its own; they reach build(config) untouched
         extra = {k: v for k, v in s.data.items() if k not in s.used}
-    return ModelSpec(family, entry, dtype=dtype, **dims, num_kv_heads=kv, **precision,
-                     **mindformers, tp_rules=tp_rules, extra=extra)
+    return ModelSpec(
+        family,
+        entry,
+        dtype=dtype,
+        **dims,
+        num_kv_heads=kv,
+        **precision,
+        **mindformers,
+        tp_rules=tp_rules,
+        extra=extra,
+    )
 
 
 def _taking(field: str) -> tuple[str, str]:
@@ -208,10 +261,11 @@ def _taking(field: str) -> tuple[str, str]:
 def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) -> dict:
     """``sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``: how
     MindFormers runs a llama (its names; `autotune init --mindformers` writes them)."""
-    fields = {"sequence_parallel": s.get("sequence_parallel", bool, default=False),
-              "embedding_parallel_optimizer": s.get("embedding_parallel_optimizer", bool,
-                                                    default=False),
-              "recompute_layers": s.get("recompute_layers", dict, default={})}
+    fields = {
+        "sequence_parallel": s.get("sequence_parallel", bool, default=False),
+        "embedding_parallel_optimizer": s.get("embedding_parallel_optimizer", bool, default=False),
+        "recompute_layers": s.get("recompute_layers", dict, default={}),
+    }
     for name, value in fields.items():
         if value and family not in owners(name):
             names, choice = _taking(name)
@@ -222,9 +276,12 @@ def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) 
             s.fail(where, f"unknown key (known: {', '.join(RECOMPUTE_LAYER_KEYS)})")
         if value is True:
             continue
-        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int)
-                                              or not 0 <= i < layers for i in value):
-            s.fail(where, f"must be true or a list of layer indices 0 … {layers - 1}, got {value!r}")
+        if not isinstance(value, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in value
+        ):
+            s.fail(
+                where, f"must be true or a list of layer indices 0 … {layers - 1}, got {value!r}"
+            )
     return fields
 
 
@@ -239,10 +296,12 @@ def _check_entry(entry: str, base: Path, s: _Section) -> str:
 
 
 def _parse_train(s: _Section) -> TrainSpec:
-    t = TrainSpec(s.get("global_batch_size", int, minimum=1),
-                  s.get("learning_rate", float, default=1e-3),
-                  s.get("total_steps", int, default=10000, minimum=1),
-                  s.get("save_every", int, default=1000, minimum=1))
+    t = TrainSpec(
+        s.get("global_batch_size", int, minimum=1),
+        s.get("learning_rate", float, default=1e-3),
+        s.get("total_steps", int, default=10000, minimum=1),
+        s.get("save_every", int, default=1000, minimum=1),
+    )
     if not t.learning_rate > 0:
         s.fail("learning_rate", f"must be > 0, got {t.learning_rate}")
     s.reject_unknown()
@@ -272,8 +331,16 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
         if not reads_table and value is not None:
             s.fail(name, f"is read by backend replay only (backend is {backend})")
     s.reject_unknown()
-    return ClusterSpec(backend, devices, per_node, memory, device,
-                       str((base / replay).resolve()) if replay else None, pool, cap)
+    return ClusterSpec(
+        backend,
+        devices,
+        per_node,
+        memory,
+        device,
+        str((base / replay).resolve()) if replay else None,
+        pool,
+        cap,
+    )
 
 
 def _parse_search(s: _Section, base: Path, stored: bool = False) -> SearchSpec:
@@ -292,11 +359,14 @@ def _parse_search(s: _Section, base: Path, stored: bool = False) -> SearchSpec:
     for name in objectives:
         if name not in OBJECTIVES:
             s.fail("objectives", f"unknown objective {name!r} (use {', '.join(OBJECTIVES)})")
-    search = SearchSpec(space=space, space_source=source,
-                        n_trials=s.get("n_trials", int, default=12, minimum=1),
-                        sampler=s.get("sampler", str, default="auto", choices=SAMPLERS),
-                        objectives=tuple(objectives),
-                        seed=s.get("seed", int, default=None))
+    search = SearchSpec(
+        space=space,
+        space_source=source,
+        n_trials=s.get("n_trials", int, default=12, minimum=1),
+        sampler=s.get("sampler", str, default="auto", choices=SAMPLERS),
+        objectives=tuple(objectives),
+        seed=s.get("seed", int, default=None),
+    )
     s.reject_unknown()
     return search
 
@@ -311,14 +381,18 @@ def _parse_trial(s: _Section) -> TrialSpec:
         s.fail("timeout_s", f"must be > 0, got {timeout_s}")
     precision = s.get("precision", float, default=DEFAULT_PRECISION)
     if not 0 < precision < 1:
-        s.fail("precision", f"must be > 0 and < 1 (a share of the mean step time: 0.02 is "
-                            f"±2 %), got {precision}")
+        s.fail(
+            "precision",
+            f"must be > 0 and < 1 (a share of the mean step time: 0.02 is ±2 %), got {precision}",
+        )
     measured = steps - measure_after
     # an interval needs two steps; a trial shorter than the default measures every step
-    min_steps = s.get("min_steps", int, default=max(2, min(DEFAULT_MIN_STEPS, measured)),
-                      minimum=2)
+    min_steps = s.get("min_steps", int, default=max(2, min(DEFAULT_MIN_STEPS, measured)), minimum=2)
     if min_steps > max(2, measured):
-        s.fail("min_steps", f"must be ≤ {max(2, measured)} (trial.steps − trial.measure_after = "
-                            f"{measured} measured steps), got {min_steps}")
+        s.fail(
+            "min_steps",
+            f"must be ≤ {max(2, measured)} (trial.steps − trial.measure_after = "
+            f"{measured} measured steps), got {min_steps}",
+        )
     s.reject_unknown()
     return TrialSpec(steps, measure_after, timeout_s, precision, min_steps)

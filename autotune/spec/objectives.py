@@ -16,18 +16,21 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Objective:
     name: str
-    direction: str   # "maximize" or "minimize"
-    metric: str      # the trial metric it reads (`autotune.jobs.METRICS`)
+    direction: str  # "maximize" or "minimize"
+    metric: str  # the trial metric it reads (`autotune.jobs.METRICS`)
     # the value depends on how many steps the trial ran (not only on how precisely it measured)
     needs_full_trial: bool = False
 
 
-OBJECTIVES = {o.name: o for o in (
-    Objective("goodput", "maximize", "goodput"),
-    Objective("peak_memory", "minimize", "peak_memory_mb"),
-    # the loss after trial.steps updates: a trial stopped sooner reports a higher one
-    Objective("final_loss", "minimize", "loss_last", needs_full_trial=True),
-)}
+OBJECTIVES = {
+    o.name: o
+    for o in (
+        Objective("goodput", "maximize", "goodput"),
+        Objective("peak_memory", "minimize", "peak_memory_mb"),
+        # the loss after trial.steps updates: a trial stopped sooner reports a higher one
+        Objective("final_loss", "minimize", "loss_last", needs_full_trial=True),
+    )
+}
 
 
 def length_free(objectives) -> bool:
@@ -44,7 +47,11 @@ def objective_values(objectives, metrics: dict) -> list[float] | None:
     values = []
     for name in objectives:
         value = metrics.get(OBJECTIVES[name].metric)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             return None
         values.append(float(value))
     return values

@@ -28,8 +28,7 @@ from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import (KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active,
-                                 trial_warmup)
+from autotune.spec.knobs import KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active, trial_warmup
 from autotune.spec.model_yaml import DEFAULT_SPACE
 from autotune.spec.specs import Spec
 from autotune.spec.yaml_file import load_yaml
@@ -71,7 +70,9 @@ def parse_domain(name: str, raw, source: str) -> tuple:
 def _range_values(raw: dict, where: str) -> tuple:
     if set(raw) == {"pow2"}:
         bounds = raw["pow2"]
-        if not (isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int for b in bounds)):
+        if not (
+            isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int for b in bounds)
+        ):
             raise SpecError(f"{where}: pow2 takes [low_exponent, high_exponent]")
         if bounds[0] > bounds[1] or bounds[0] < 0:
             raise SpecError(f"{where}: pow2 range {bounds} is empty or inverted")
@@ -126,7 +127,9 @@ class SearchSpace:
     @cached_property
     def params(self) -> dict:
         """knob → its :class:`~autotune.spec.encoding.Param`, for every searched knob."""
-        return {name: param_for(name, self.domains[name], self.encoding) for name in self.searched()}
+        return {
+            name: param_for(name, self.domains[name], self.encoding) for name in self.searched()
+        }
 
     def sample(self, trial) -> tuple[Candidate, dict]:
         """Draw a candidate through ``trial`` (each active searched knob through its param).
@@ -149,14 +152,19 @@ class SearchSpace:
 
     def params_of(self, candidate: Candidate) -> dict:
         """The Optuna params a trial sampling ``candidate`` suggests (searched, active knobs)."""
-        return {param.name: param.encode(getattr(candidate, name))
-                for name, param in self.params.items()
-                if is_active(name, candidate.dp, candidate.pp)}
+        return {
+            param.name: param.encode(getattr(candidate, name))
+            for name, param in self.params.items()
+            if is_active(name, candidate.dp, candidate.pp)
+        }
 
     def attrs_of(self, candidate: Candidate) -> dict:
         """The knobs of ``candidate`` its trial stores as user attrs (see :meth:`sample`)."""
-        own = {name for name, param in self.params.items()
-               if param.holds_value and is_active(name, candidate.dp, candidate.pp)}
+        own = {
+            name
+            for name, param in self.params.items()
+            if param.holds_value and is_active(name, candidate.dp, candidate.pp)
+        }
         return {k: v for k, v in candidate.as_dict().items() if k not in own}
 
     def distributions(self) -> dict:
@@ -167,8 +175,12 @@ class SearchSpace:
         """Whether a trial of this space could have run ``candidate``."""
         values, auto = candidate.as_dict(), self.domains["dp"] == ("auto",)
         for name in KNOB_NAMES:
-            if not (name == "dp" and auto or not is_active(name, candidate.dp, candidate.pp)
-                    or values[name] in self.domains[name]):
+            if not (
+                name == "dp"
+                and auto
+                or not is_active(name, candidate.dp, candidate.pp)
+                or values[name] in self.domains[name]
+            ):
                 return False
         return self._resolve(values | ({"dp": "auto"} if auto else {})) == candidate
 
@@ -198,7 +210,12 @@ class SearchSpace:
             splits = "micro_batches" if pp > 1 else "grad_accum"
             options = sorted(self.domains[splits], key=lambda v: (v != getattr(base, splits), v))
             for value in options:
-                values = base.as_dict() | {"dp": self.domains["dp"][0], "tp": tp, "pp": pp, splits: value}
+                values = base.as_dict() | {
+                    "dp": self.domains["dp"][0],
+                    "tp": tp,
+                    "pp": pp,
+                    splits: value,
+                }
                 if "auto" not in self.domains["dp"] and len(self.domains["dp"]) > 1:
                     values["dp"] = spec.cluster.devices // (tp * pp)
                 candidate = self._resolve(values)
@@ -237,16 +254,21 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
         kept = tuple(v for v in values if v == "auto" or backend.executes(name, v))
         dropped = [v for v in values if v not in kept]
         if not kept:
-            raise SpecError(f"{source}: {name}: no value of {list(values)} runs on backend "
-                            f"{backend.name!r}: {backend.why_not(name)}")
+            raise SpecError(
+                f"{source}: {name}: no value of {list(values)} runs on backend "
+                f"{backend.name!r}: {backend.why_not(name)}"
+            )
         if dropped:
-            notes.append(f"{name}: {', '.join(map(str, dropped))} removed on {backend.name}: "
-                         f"{backend.why_not(name)}")
+            notes.append(
+                f"{name}: {', '.join(map(str, dropped))} removed on {backend.name}: "
+                f"{backend.why_not(name)}"
+            )
         if backend.kind == "estimate" and not KNOBS[name].estimable and len(kept) > 1:
             preferred = spec.baseline.get(name, KNOBS[name].default)
             kept = (preferred if preferred in kept else kept[0],)
-            notes.append(f"{name}: fixed to {kept[0]} on {backend.name}: "
-                         f"{KNOBS[name].unestimated_because}")
+            notes.append(
+                f"{name}: fixed to {kept[0]} on {backend.name}: {KNOBS[name].unestimated_because}"
+            )
         domains[name] = kept
     notes += _fix_for_model(spec, domains, source)
     if backend.runs_program:
@@ -258,8 +280,9 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
         domains["micro_batches"] = (1,)
     if 1 not in domains["pp"]:
         domains["grad_accum"] = (1,)
-    space = SearchSpace(domains, spec.cluster.devices, tuple(notes),
-                        preset=tuple(spec.baseline.items()))
+    space = SearchSpace(
+        domains, spec.cluster.devices, tuple(notes), preset=tuple(spec.baseline.items())
+    )
     _check_baseline(spec, space, set(overrides or ()))
     return space
 
@@ -281,8 +304,10 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
             if value != base.dp:
                 raise SpecError(f"{where}.dp: {value} is not devices / (tp·pp) = {base.dp}")
         elif value not in held:
-            raise SpecError(f"{where}.{name}: {value!r} is not in the search space "
-                            f"({', '.join(map(str, held))}); add it to search.space.{name}")
+            raise SpecError(
+                f"{where}.{name}: {value!r} is not in the search space "
+                f"({', '.join(map(str, held))}); add it to search.space.{name}"
+            )
     broken = violations(spec, base)
     if broken and not overridden:  # with --set the candidate is the user's to judge
         raise SpecError(f"{where}: {broken[0]}")
@@ -296,17 +321,25 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
             if domains[name] == (1,):
                 continue
             if 1 not in domains[name]:
-                raise SpecError(f"{source}: {name}: a model.entry network runs with {name} = 1 "
-                                "(see the user-model contract in autotune/train/models/entry.py)")
+                raise SpecError(
+                    f"{source}: {name}: a model.entry network runs with {name} = 1 "
+                    "(see the user-model contract in autotune/train/models/entry.py)"
+                )
             domains[name] = (1,)
-            notes.append(f"{name}: fixed to 1: a model.entry network is not written for tensor "
-                         "or pipeline parallelism")
+            notes.append(
+                f"{name}: fixed to 1: a model.entry network is not written for tensor "
+                "or pipeline parallelism"
+            )
     dtype = spec.model.dtype
     if dtype not in LOSS_SCALED_DTYPES and len(domains["loss_scale"]) > 1:
         default = spec.baseline.get("loss_scale", KNOBS["loss_scale"].default)
-        domains["loss_scale"] = (default if default in domains["loss_scale"] else domains["loss_scale"][0],)
-        notes.append(f"loss_scale: fixed to {domains['loss_scale'][0]}: {dtype} compute is not "
-                     "loss-scaled, so the value changes nothing")
+        domains["loss_scale"] = (
+            default if default in domains["loss_scale"] else domains["loss_scale"][0],
+        )
+        notes.append(
+            f"loss_scale: fixed to {domains['loss_scale'][0]}: {dtype} compute is not "
+            "loss-scaled, so the value changes nothing"
+        )
     return notes
 
 
@@ -323,15 +356,19 @@ def merge_warmups(spec: Spec, domains: dict) -> list[str]:
     kept, merged = [], []
     for compressed, values in groups.items():
         stands_for = compressed * total / steps
-        keep = baseline if baseline in values else min(values, key=lambda v: (abs(v - stands_for), v))
+        keep = (
+            baseline if baseline in values else min(values, key=lambda v: (abs(v - stands_for), v))
+        )
         kept.append(keep)
         if len(values) > 1:
             merged.append(f"{', '.join(str(v) for v in values if v != keep)} → {keep}")
     if not merged:
         return []
     domains["warmup_steps"] = tuple(kept)
-    return [f"warmup_steps: {'; '.join(merged)}: a {steps}-step trial of the {total}-step "
-            "schedule compresses them to the same warmup, so they would run alike"]
+    return [
+        f"warmup_steps: {'; '.join(merged)}: a {steps}-step trial of the {total}-step "
+        "schedule compresses them to the same warmup, so they would run alike"
+    ]
 
 
 def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
@@ -357,6 +394,8 @@ def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
         dropped = [v for v in domains[name] if v not in used[name]]
         if dropped:
             domains[name] = tuple(v for v in domains[name] if v in used[name])
-            notes.append(f"{name}: {', '.join(map(str, dropped))} removed: no feasible layout of "
-                         f"this model on {spec.cluster.devices} devices uses them")
+            notes.append(
+                f"{name}: {', '.join(map(str, dropped))} removed: no feasible layout of "
+                f"this model on {spec.cluster.devices} devices uses them"
+            )
     return notes

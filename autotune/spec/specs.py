@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from autotune.spec.objectives import length_free
 
 DEFAULT_PRECISION = 0.02  # trial.precision: the mean step time to ±2% (95%)
-DEFAULT_MIN_STEPS = 10    # trial.min_steps, or every measured step of a shorter trial
+DEFAULT_MIN_STEPS = 10  # trial.min_steps, or every measured step of a shorter trial
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,9 @@ class ModelSpec:
     vocab_size: int | None
     dtype: str
     num_kv_heads: int | None = None  # llama: grouped-query attention (None: every head)
-    param_dtype: str = "float32"     # parameters (and gradients) as the run keeps them
+    param_dtype: str = "float32"  # parameters (and gradients) as the run keeps them
     optimizer_dtype: str = "float32"  # the optimizer's moments
-    flash_attention: bool = False    # fused attention (no s² scores) where the backend has it
+    flash_attention: bool = False  # fused attention (no s² scores) where the backend has it
     # MindFormers' run of a llama (docs/mindformers.md): parallel_config.use_seq_parallel, the
     # token table under the parallel optimizer (model_config.parallel_optimizer), and the layers
     # its per-stage recompute lists mark ({key: layer indices or true}, layout.layer_recompute)

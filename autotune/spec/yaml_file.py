@@ -42,10 +42,13 @@ def _invalid(path: Path, text: str, exc: yaml.YAMLError) -> SpecError:
     """``path: not valid YAML (line L, column C): problem`` for any error PyYAML raises."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     if isinstance(exc, yaml.reader.ReaderError):  # a character: where, by its position
-        before = text[:exc.position]
+        before = text[: exc.position]
         line, column = before.count("\n"), exc.position - (before.rfind("\n") + 1)
-        problem = (f"unacceptable character #x{exc.character:04x}: special characters are not "
-                   "allowed" if isinstance(exc.character, int) else exc.reason)
+        problem = (
+            f"unacceptable character #x{exc.character:04x}: special characters are not allowed"
+            if isinstance(exc.character, int)
+            else exc.reason
+        )
     else:
         line, column = (mark.line, mark.column) if mark is not None else (None, None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -95,7 +98,7 @@ def _check_nodes(path: Path, root) -> None:
     key given twice in one mapping, a node that contains itself, and an expanded size over
     :data:`NODE_BUDGET`."""
     expanded: dict[int, int] = {}  # id(node) → nodes under it, aliases expanded (itself included)
-    open_nodes: set[int] = set()   # walked into, not finished: the ancestors of the current one
+    open_nodes: set[int] = set()  # walked into, not finished: the ancestors of the current one
     stack = [(root, False)]
     while stack:
         node, finished = stack.pop()
@@ -103,22 +106,28 @@ def _check_nodes(path: Path, root) -> None:
             open_nodes.discard(id(node))
             expanded[id(node)] = 1 + sum(expanded[id(child)] for child in _children(node))
             if expanded[id(node)] > NODE_BUDGET:
-                raise SpecError(f"{path}: its aliases expand it to more than {NODE_BUDGET:,} "
-                                "YAML nodes (the node budget; a model.yaml holds a few hundred)")
+                raise SpecError(
+                    f"{path}: its aliases expand it to more than {NODE_BUDGET:,} "
+                    "YAML nodes (the node budget; a model.yaml holds a few hundred)"
+                )
             continue
         if id(node) in expanded:
             continue
         if id(node) in open_nodes:
-            raise SpecError(f"{path}: line {node.start_mark.line + 1}: an alias refers to a node "
-                            "that contains it (the document would be infinite)")
+            raise SpecError(
+                f"{path}: line {node.start_mark.line + 1}: an alias refers to a node "
+                "that contains it (the document would be infinite)"
+            )
         if isinstance(node, yaml.MappingNode):
             seen = set()
             for key, _ in node.value:
                 if isinstance(key, yaml.ScalarNode):
                     if key.value in seen:
-                        raise SpecError(f"{path}: line {key.start_mark.line + 1}: {key.value!r} "
-                                        "is given twice in one mapping (YAML would silently "
-                                        "keep the last)")
+                        raise SpecError(
+                            f"{path}: line {key.start_mark.line + 1}: {key.value!r} "
+                            "is given twice in one mapping (YAML would silently "
+                            "keep the last)"
+                        )
                     seen.add(key.value)
         open_nodes.add(id(node))
         stack.append((node, True))

@@ -38,10 +38,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from autotune.spec.backends import backend_of
-from autotune.spec.errors import SpecError
 from optuna.trial import TrialState
 
+from autotune.spec.backends import backend_of
+from autotune.spec.errors import SpecError
 from autotune.storage.counting import counted
 from autotune.storage.schema import knobs_of, maximizes, outcome_of
 
@@ -53,7 +53,7 @@ FLAT_GAIN = 0.01
 
 @dataclass(frozen=True)
 class Budget:
-    kind: str       # "wall" (seconds of the study) or "device" (device-seconds)
+    kind: str  # "wall" (seconds of the study) or "device" (device-seconds)
     seconds: float
 
     def show(self, seconds: float) -> str:
@@ -66,8 +66,10 @@ def parse_budget(text: str) -> Budget:
     """``--budget`` (see the module doc)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(dh|h|m|s)\s*", text or "")
     if not match or not float(match[1]) > 0:
-        raise SpecError(f"--budget {text!r}: give a wall time of the study (90s, 30m, 2h) or "
-                        "device-hours (40dh: run time × devices, summed over trials), > 0")
+        raise SpecError(
+            f"--budget {text!r}: give a wall time of the study (90s, 30m, 2h) or "
+            "device-hours (40dh: run time × devices, summed over trials), > 0"
+        )
     number, unit = float(match[1]), match[2]
     if unit == "dh":
         return Budget("device", number * 3600)
@@ -88,23 +90,35 @@ class Stopper:
         self.wall_before = float(study.user_attrs.get("wall_s_used", 0.0))
         self.started = time.monotonic()
         self.session_runs_s = 0.0
-        self.costs: list[float] = []   # per finished run: run_s (wall) or run_s × devices
-        self.values: list = []         # first objective per run (None: not ok), in order
+        self.costs: list[float] = []  # per finished run: run_s (wall) or run_s × devices
+        self.values: list = []  # first objective per run (None: not ok), in order
         self.launch_failures: list[str] = []  # this session's infrastructure failures (reasons)
-        self.retry_failed = False      # ... a retry among them
-        self.ran = False               # whether a run of this session got to its candidate
+        self.retry_failed = False  # ... a retry among them
+        self.ran = False  # whether a run of this session got to its candidate
         self.maximize = maximizes(study)
         for t in study.get_trials(deepcopy=False):  # what earlier sessions ran
             if counted(t) and outcome_of(t) != "infeasible":
-                self._add(float(t.user_attrs.get("run_s") or 0.0), _devices(t),
-                          t.values[0] if t.values else None)
+                self._add(
+                    float(t.user_attrs.get("run_s") or 0.0),
+                    _devices(t),
+                    t.values[0] if t.values else None,
+                )
 
     def _add(self, run_s: float, devices: int, value) -> None:
-        self.costs.append(run_s * devices if self.budget and self.budget.kind == "device" else run_s)
+        self.costs.append(
+            run_s * devices if self.budget and self.budget.kind == "device" else run_s
+        )
         self.values.append(value)
 
-    def finished(self, run_s: float, devices: int, value, counted: bool,
-                 infrastructure: str | None = None, retry: bool = False) -> None:
+    def finished(
+        self,
+        run_s: float,
+        devices: int,
+        value,
+        counted: bool,
+        infrastructure: str | None = None,
+        retry: bool = False,
+    ) -> None:
         """A run ended (``counted``: it counts toward N; a retried failure or a re-run does
         not enter the flat rule but costs its time; ``infrastructure``: the reason it failed by
         the infrastructure before its candidate ran, None when it got to run it; ``retry``: it
@@ -143,17 +157,21 @@ class Stopper:
         if not self.budget:
             return ""
         used = self._used()
-        return (f"budget {self.budget.show(used)} of {self.budget.show(self.budget.seconds)} "
-                f"({used / self.budget.seconds:.0%})")
+        return (
+            f"budget {self.budget.show(used)} of {self.budget.show(self.budget.seconds)} "
+            f"({used / self.budget.seconds:.0%})"
+        )
 
     def reason(self, running: int, flat: bool = True) -> str | None:
         """Why no further run should be dispatched now (``running``: trials in flight;
         ``flat``: the flat rule applies too — not to confirm-phase re-runs)."""
         if self.retry_failed and not self.ran:
-            return (f"infrastructure: all {len(self.launch_failures)} runs of this session failed "
-                    f"before their candidate ran, a retry among them (the last: "
-                    f"{self.launch_failures[-1]}): stopping; the cluster cannot run trials as "
-                    "it is (docs/accelerators.md)")
+            return (
+                f"infrastructure: all {len(self.launch_failures)} runs of this session failed "
+                f"before their candidate ran, a retry among them (the last: "
+                f"{self.launch_failures[-1]}): stopping; the cluster cannot run trials as "
+                "it is (docs/accelerators.md)"
+            )
         if self.budget and self.costs:
             median = statistics.median(self.costs)
             used, ahead = self.wall_used(), median
@@ -161,16 +179,20 @@ class Stopper:
                 used, anywhere = self.device_use()
                 ahead = median * (max(running, anywhere) + 1)
             if used + ahead > self.budget.seconds:
-                return (f"budget: {self.used()} used; the next run would take about "
-                        f"{self.budget.show(median)}: stopping")
+                return (
+                    f"budget: {self.used()} used; the next run would take about "
+                    f"{self.budget.show(median)}: stopping"
+                )
         if flat and self.flat and len(self.values) >= FLAT_MIN_RUNS:
             window = max(FLAT_MIN_WINDOW, len(self.values) // 3)
             best = max if self.maximize else min
             before = [v for v in self.values[:-window] if v is not None]
             recent = [v for v in self.values[-window:] if v is not None]
             if before and (not recent or not self._gain(best(before), best(recent))):
-                return (f"flat: the last {window} runs did not improve the best by more than "
-                        f"{FLAT_GAIN:.0%}: stopping (--stop-when-flat)")
+                return (
+                    f"flat: the last {window} runs did not improve the best by more than "
+                    f"{FLAT_GAIN:.0%}: stopping (--stop-when-flat)"
+                )
         return None
 
     def _gain(self, best: float, new: float) -> bool:
@@ -185,9 +207,11 @@ def check_budget_backend(budget: Budget | None, spec, table) -> None:
     if budget is None:
         return
     if backend_of(spec.cluster.backend).kind == "estimate":
-        raise SpecError(f"--budget: {spec.cluster.backend} trials take no time; a budget needs a backend that "
-                        "runs trials, or a replay table with a run_s column")
+        raise SpecError(
+            f"--budget: {spec.cluster.backend} trials take no time; a budget needs a backend that "
+            "runs trials, or a replay table with a run_s column"
+        )
     if table is not None and not any(row.run_s for rows in table.rows.values() for row in rows):
-        raise SpecError(f"--budget: {table.path} has no run_s column: replayed runs would take "
-                        "no time")
-
+        raise SpecError(
+            f"--budget: {table.path} has no run_s column: replayed runs would take no time"
+        )

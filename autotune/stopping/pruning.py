@@ -73,8 +73,9 @@ def _record(line: bytes) -> dict | None:
 class StepWatcher:
     """Follows one running trial's ``steps.jsonl`` (written line by line by rank 0)."""
 
-    def __init__(self, trial: optuna.Trial, trial_dir: Path, samples_per_step: int,
-                 measure_after: int):
+    def __init__(
+        self, trial: optuna.Trial, trial_dir: Path, samples_per_step: int, measure_after: int
+    ):
         self.trial, self.path = trial, trial_dir / "steps.jsonl"
         self.samples_per_step, self.measure_after = samples_per_step, measure_after
         self._offset, self._head = 0, b""  # bytes read, and the first line they began with
@@ -85,15 +86,17 @@ class StepWatcher:
     def _start(self) -> None:
         self._seconds = 0.0
         self._times: list[float] = []  # the measured steps' times (ms)
-        self._settled = 0       # measured steps after the scaler's initial back-off
-        self._overflowed = 0    # ... of which overflowed
+        self._settled = 0  # measured steps after the scaler's initial back-off
+        self._overflowed = 0  # ... of which overflowed
         self._backing_off = True  # no update applied yet: overflows so far are the back-off
 
     def _new_steps(self) -> list[dict]:
         try:
             with open(self.path, "rb") as f:
-                if (os.fstat(f.fileno()).st_size < self._offset
-                        or f.read(len(self._head)) != self._head):  # written anew: start again
+                if (
+                    os.fstat(f.fileno()).st_size < self._offset
+                    or f.read(len(self._head)) != self._head
+                ):  # written anew: start again
                     self._offset, self._head = 0, b""
                     self._start()
                 f.seek(self._offset)

@@ -47,7 +47,9 @@ def open_storage(url: str, create: bool = False) -> optuna.storages.BaseStorage:
             return optuna.storages.get_storage(url)
         return optuna.storages.get_storage(_server_storage(url))
     except (ImportError, ValueError, RuntimeError, OSError, SQLAlchemyError) as exc:
-        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        reason = next(
+            (line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__
+        )
         raise SpecError(f"--storage: cannot open {url}: {reason}") from None
 
 
@@ -59,7 +61,8 @@ def _server_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:
             with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+                )
         except (IntegrityError, ProgrammingError):
             if attempt == attempts - 1:
                 raise
@@ -74,5 +77,6 @@ def load_study(name: str, storage: str | None = None) -> optuna.Study:
         return optuna.load_study(study_name=name, storage=opened)
     except KeyError:
         names = optuna.get_all_study_names(opened)
-        raise SpecError(f"study {name!r} not found in {url} "
-                        f"(studies: {', '.join(names) or 'none'})") from None
+        raise SpecError(
+            f"study {name!r} not found in {url} (studies: {', '.join(names) or 'none'})"
+        ) from None

@@ -35,8 +35,12 @@ def retried(frozen) -> bool:
 
 def counted(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial counts toward the study's N finished trials (see the module doc)."""
-    return (frozen.state.is_finished() and outcome_of(frozen) != "interrupted"
-            and not set(NOT_COUNTED) & set(frozen.user_attrs) and not retried(frozen))
+    return (
+        frozen.state.is_finished()
+        and outcome_of(frozen) != "interrupted"
+        and not set(NOT_COUNTED) & set(frozen.user_attrs)
+        and not retried(frozen)
+    )
 
 
 def will_count(t) -> bool:
@@ -57,8 +61,11 @@ def wanted(trials, n_trials: int) -> int:
 
 def ran(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial ran its candidate (see the module doc)."""
-    return (frozen.state.is_finished() and outcome_of(frozen) not in ("infeasible", "interrupted")
-            and not {"repeat_of", "warm_start"} & set(frozen.user_attrs))
+    return (
+        frozen.state.is_finished()
+        and outcome_of(frozen) not in ("infeasible", "interrupted")
+        and not {"repeat_of", "warm_start"} & set(frozen.user_attrs)
+    )
 
 
 def is_search_trial(frozen: optuna.trial.FrozenTrial) -> bool:

@@ -44,9 +44,9 @@ from optuna.trial import TrialState
 
 from autotune.procfs import start_ticks
 
-OWNER = "driver"    # trial user attr: the driver that asked it
-HEARTBEAT_S = 10    # how often a driver records the heartbeats of its trials
-GRACE_S = 60        # a trial (or a driver) silent this long is taken for dead
+OWNER = "driver"  # trial user attr: the driver that asked it
+HEARTBEAT_S = 10  # how often a driver records the heartbeats of its trials
+GRACE_S = 60  # a trial (or a driver) silent this long is taken for dead
 LOCK_CLASS = 0x4154  # first key of the advisory lock ("AT"); the study id is the second
 
 
@@ -68,8 +68,7 @@ def driver_id(pid: int | None = None) -> str:
     """The id of process ``pid`` (default: this one), which must share this process's pid
     namespace."""
     pid = pid or os.getpid()
-    return (f"{socket.gethostname()}/{_boot_id()}/{_pid_namespace()}/{pid}/"
-            f"{start_ticks(pid) or '-'}")
+    return f"{socket.gethostname()}/{_boot_id()}/{_pid_namespace()}/{pid}/{start_ticks(pid) or '-'}"
 
 
 def alive(driver: str) -> bool | None:
@@ -124,8 +123,9 @@ class Drivers:
     def __enter__(self):
         if self.shared:
             self._beat()
-            self._thread = threading.Thread(target=self._beating, name="autotune-heartbeat",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._beating, name="autotune-heartbeat", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -150,8 +150,9 @@ class Drivers:
                 print(f"autotune: heartbeat not recorded ({type(exc).__name__}: {exc})")
 
     def _beat(self) -> None:
-        for t in self.storage.get_all_trials(self.study._study_id, deepcopy=False,
-                                             states=(TrialState.RUNNING,)):
+        for t in self.storage.get_all_trials(
+            self.study._study_id, deepcopy=False, states=(TrialState.RUNNING,)
+        ):
             if t.user_attrs.get(OWNER) == self.me:
                 self.storage.record_heartbeat(t._trial_id)
         self.study.set_user_attr(f"driver:{self.me}", round(time.time(), 1))
@@ -178,8 +179,12 @@ class Drivers:
             attrs = self.study.user_attrs
             for key in attrs:
                 other = key.removeprefix("driver:")
-                if (key.startswith("driver:") and other != self.me
-                        and f"searched:{other}" not in attrs and self.live(other, attrs)):
+                if (
+                    key.startswith("driver:")
+                    and other != self.me
+                    and f"searched:{other}" not in attrs
+                    and self.live(other, attrs)
+                ):
                     return other
             claimed = attrs.get("confirm_by")
             if claimed and claimed != self.me and self.live(claimed, attrs):

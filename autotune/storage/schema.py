@@ -31,17 +31,22 @@ from optuna.trial import TrialState
 
 from autotune.files import json_safe
 from autotune.jobs import METRICS, OUTCOMES
-from autotune.storage.drivers import locked
-from autotune.storage.writes import batched
 from autotune.spec.knobs import KNOB_NAMES, KNOBS
 from autotune.spec.objectives import objective_values
+from autotune.storage.drivers import locked
+from autotune.storage.writes import batched
 
 PRUNED_OUTCOMES = ("infeasible", "oom", "diverged", "timeout", "pruned")
 ROLES = ("baseline", "confirm_of")  # user attrs that say what a trial is for, kept on a re-run
 
 
-def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = "",
-           extra: dict | None = None) -> tuple[TrialState, list[float] | None, dict]:
+def settle(
+    objectives,
+    outcome: str,
+    metrics: dict | None = None,
+    detail: str = "",
+    extra: dict | None = None,
+) -> tuple[TrialState, list[float] | None, dict]:
     """How a trial ends in storage: (state, objective values, user attrs). A ``repeat_of``
     copy (``extra``: a candidate answered from an earlier trial, not run) is stored PRUNED
     without values, whatever its outcome attr says (:func:`outcome_of` reads it from the attr):
@@ -66,9 +71,16 @@ def settle(objectives, outcome: str, metrics: dict | None = None, detail: str = 
     return (TrialState.PRUNED if outcome in PRUNED_OUTCOMES else TrialState.FAIL), None, attrs
 
 
-def record(study: optuna.Study, trial: optuna.Trial, objectives, outcome: str,
-           metrics: dict | None = None, detail: str = "", extra: dict | None = None,
-           study_attrs: dict | None = None) -> int | None:
+def record(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    objectives,
+    outcome: str,
+    metrics: dict | None = None,
+    detail: str = "",
+    extra: dict | None = None,
+    study_attrs: dict | None = None,
+) -> int | None:
     """Store a trial's outcome, metrics and extra attrs (and ``study_attrs``, user attrs of the
     study, in the same transaction), then tell the study how it ended. Returns the number of
     the trial that holds it: ``trial``'s, a new one for a late result, None for a late answer
@@ -95,14 +107,24 @@ def _record_late(study: optuna.Study, failed, state, values, attrs: dict) -> int
         return None
     kept = {k: v for k, v in failed.user_attrs.items() if k not in ("outcome", "detail")}
     storage = study._storage
-    number = storage.get_trial_number_from_id(storage.create_new_trial(
-        study._study_id, template_trial=optuna.trial.create_trial(
-            state=state, values=values, params=failed.params, distributions=failed.distributions,
-            user_attrs={**kept, **attrs, "late_of": failed.number})))
+    number = storage.get_trial_number_from_id(
+        storage.create_new_trial(
+            study._study_id,
+            template_trial=optuna.trial.create_trial(
+                state=state,
+                values=values,
+                params=failed.params,
+                distributions=failed.distributions,
+                user_attrs={**kept, **attrs, "late_of": failed.number},
+            ),
+        )
+    )
     with locked(storage, study._study_id):  # no driver asks the queued copy meanwhile
         for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            if (t.system_attrs.get("fixed_params") == failed.params  # recovery's copy only,
-                    and not {"retry_of", "confirm_of"} & set(t.user_attrs)):  # no other job
+            if (
+                t.system_attrs.get("fixed_params") == failed.params  # recovery's copy only,
+                and not {"retry_of", "confirm_of"} & set(t.user_attrs)
+            ):  # no other job
                 storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
                 storage.set_trial_user_attr(t._trial_id, "withdrawn_for", number)
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
@@ -144,9 +166,13 @@ def knobs_of(frozen: optuna.trial.FrozenTrial) -> dict:
     """Every knob value of a trial: sampled params, and the rest from user attrs; a knob added
     since the trial was stored (`autotune.spec.knobs.Knob.added_later`) at its default, the
     value the trial ran with."""
-    return {name: frozen.params.get(name, frozen.user_attrs.get(
-                name, KNOBS[name].default if KNOBS[name].added_later else None))
-            for name in KNOB_NAMES}
+    return {
+        name: frozen.params.get(
+            name,
+            frozen.user_attrs.get(name, KNOBS[name].default if KNOBS[name].added_later else None),
+        )
+        for name in KNOB_NAMES
+    }
 
 
 def maximizes(study: optuna.Study) -> bool:

@@ -34,8 +34,11 @@ import sqlite3
 from contextlib import contextmanager
 from datetime import datetime
 
-from optuna.distributions import (check_distribution_compatibility, distribution_to_json,
-                                  json_to_distribution)
+from optuna.distributions import (
+    check_distribution_compatibility,
+    distribution_to_json,
+    json_to_distribution,
+)
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
@@ -72,14 +75,13 @@ class _Held:
     def __init__(self, trial, study_attrs: dict | None):
         self.trial, self.storage, self.trial_id = trial, trial.storage, trial._trial_id
         self.params: list = []  # (name, internal value, distribution) in the order they came
-        self.attrs: dict = {}   # key → value: its first write's place, its last write's value
+        self.attrs: dict = {}  # key → value: its first write's place, its last write's value
         self.study_attrs = dict(study_attrs or {})
 
     def set_trial_param(self, trial_id, param_name, param_value_internal, distribution) -> None:
         if trial_id != self.trial_id:
             self.flush()
-            self.storage.set_trial_param(trial_id, param_name, param_value_internal,
-                                         distribution)
+            self.storage.set_trial_param(trial_id, param_name, param_value_internal, distribution)
         else:
             self.params.append((param_name, param_value_internal, distribution))
 
@@ -106,8 +108,9 @@ class _Held:
         try:
             if isinstance(backend, RDBStorage):
                 try:
-                    _in_one_transaction(self.storage, backend, self.trial, params, attrs,
-                                        study_attrs, end)
+                    _in_one_transaction(
+                        self.storage, backend, self.trial, params, attrs, study_attrs, end
+                    )
                     return
                 except IntegrityError:
                     pass  # as Optuna's own writes would meet it: one by one (each ignores it)
@@ -142,8 +145,15 @@ def _ending(trial, state: TrialState, values) -> tuple:
     return state, values
 
 
-def _in_one_transaction(storage, backend: RDBStorage, trial, params: list, attrs: dict,
-                        study_attrs: dict, end: tuple | None) -> None:
+def _in_one_transaction(
+    storage,
+    backend: RDBStorage,
+    trial,
+    params: list,
+    attrs: dict,
+    study_attrs: dict,
+    end: tuple | None,
+) -> None:
     """The held writes of one trial, committed together (rolled back together on an error):
     what `RDBStorage.set_trial_param`, ``set_trial_user_attr``, ``set_study_user_attr`` and
     ``set_trial_state_values`` write (Optuna 5.0, pinned) — the trial checked updatable (and
@@ -165,25 +175,45 @@ def _in_one_transaction(storage, backend: RDBStorage, trial, params: list, attrs
             if previous is not None:
                 check_distribution_compatibility(previous, distribution)
         if params:  # one statement, rows in this order: the order params are read back in
-            session.execute(insert(models.TrialParamModel.__table__), [
-                {"trial_id": trial_id, "param_name": name, "param_value": value,
-                 "distribution_json": distribution_to_json(distribution)}
-                for name, value, distribution in params])
+            session.execute(
+                insert(models.TrialParamModel.__table__),
+                [
+                    {
+                        "trial_id": trial_id,
+                        "param_name": name,
+                        "param_value": value,
+                        "distribution_json": distribution_to_json(distribution),
+                    }
+                    for name, value, distribution in params
+                ],
+            )
         if attrs:
             _upsert(session, backend, models.TrialUserAttributeModel, "trial_id", trial_id, attrs)
         if study_attrs:
-            _upsert(session, backend, models.StudyUserAttributeModel, "study_id", study_id,
-                    study_attrs)
+            _upsert(
+                session, backend, models.StudyUserAttributeModel, "study_id", study_id, study_attrs
+            )
         if end is not None:  # a running trial has no values yet: inserted, not upserted
             state, values = end
             stored = models.TrialValueModel.value_to_stored_repr
             if values:
-                session.execute(insert(models.TrialValueModel.__table__), [
-                    dict(zip(("trial_id", "objective", "value", "value_type"),
-                             (trial_id, objective, *stored(value))))
-                    for objective, value in enumerate(values)])
-            session.execute(update(trials).where(trials.c.trial_id == trial_id)
-                            .values(state=state, datetime_complete=datetime.now()))
+                session.execute(
+                    insert(models.TrialValueModel.__table__),
+                    [
+                        dict(
+                            zip(
+                                ("trial_id", "objective", "value", "value_type"),
+                                (trial_id, objective, *stored(value)),
+                            )
+                        )
+                        for objective, value in enumerate(values)
+                    ],
+                )
+            session.execute(
+                update(trials)
+                .where(trials.c.trial_id == trial_id)
+                .values(state=state, datetime_complete=datetime.now())
+            )
         session.commit()
     except IntegrityError:
         session.rollback()
@@ -212,9 +242,12 @@ def _known_distributions(storage, trial_id: int) -> dict:
 
 def _stored_distribution(session, study_id: int, name: str):
     """The distribution some trial of the study stored param ``name`` with, or None."""
-    record = (session.query(models.TrialParamModel).join(models.TrialModel)
-              .filter(models.TrialModel.study_id == study_id,
-                      models.TrialParamModel.param_name == name).first())
+    record = (
+        session.query(models.TrialParamModel)
+        .join(models.TrialModel)
+        .filter(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name == name)
+        .first()
+    )
     return json_to_distribution(record.distribution_json) if record is not None else None
 
 
@@ -224,10 +257,15 @@ def _upsert(session, backend: RDBStorage, model, owner: str, owner_id: int, attr
     name = backend.engine.name
     if name == "postgresql" or (name == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0)):
         upsert = (postgresql if name == "postgresql" else sqlite).insert(model.__table__)
-        session.execute(upsert.on_conflict_do_update(
-            index_elements=[owner, "key"], set_={"value_json": upsert.excluded.value_json}),
-            [{owner: owner_id, "key": key, "value_json": json.dumps(value)}
-             for key, value in attrs.items()])
+        session.execute(
+            upsert.on_conflict_do_update(
+                index_elements=[owner, "key"], set_={"value_json": upsert.excluded.value_json}
+            ),
+            [
+                {owner: owner_id, "key": key, "value_json": json.dumps(value)}
+                for key, value in attrs.items()
+            ],
+        )
         return
     for key, value in attrs.items():
         if model is models.TrialUserAttributeModel:

@@ -37,13 +37,20 @@ def run_bulk_grid(study, proposer, executor, recorder, progress, batch: int = 25
                 if result.outcome == "ok":
                     recorder.add_measurement(candidate, estimate, result.metrics)
                     proposer.calibration = recorder.calibration
-            state, values, attrs = settle(recorder.objectives, result.outcome, result.metrics,
-                                          result.detail, extra)
+            state, values, attrs = settle(
+                recorder.objectives, result.outcome, result.metrics, result.detail, extra
+            )
             if values:
                 ok_values.append((values[0], number + len(trials)))
-            trials.append(optuna.trial.create_trial(
-                state=state, values=values, params=params, user_attrs=attrs,
-                distributions={k: distributions[k] for k in params}))
+            trials.append(
+                optuna.trial.create_trial(
+                    state=state,
+                    values=values,
+                    params=params,
+                    user_attrs=attrs,
+                    distributions={k: distributions[k] for k in params},
+                )
+            )
         study.add_trials(trials)
         if recorder.calibration is not None:
             recorder.store_calibration()

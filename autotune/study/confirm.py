@@ -34,8 +34,17 @@ def plan(study: optuna.Study, top: int, runs: int) -> list:
         chosen.append(baseline)
     done = {}
     for t in study.get_trials(deepcopy=False):
-        if ("confirm_of" in t.user_attrs and "repeat_of" not in t.user_attrs
-                and t.state.is_finished() and outcome_of(t) != "interrupted" and not retried(t)):
+        if (
+            "confirm_of" in t.user_attrs
+            and "repeat_of" not in t.user_attrs
+            and t.state.is_finished()
+            and outcome_of(t) != "interrupted"
+            and not retried(t)
+        ):
             done[t.user_attrs["confirm_of"]] = done.get(t.user_attrs["confirm_of"], 0) + 1
-    return [t for round_ in range(runs) for t in (chosen[::-1] if round_ % 2 else chosen)
-            if done.get(t.number, 0) <= round_]
+    return [
+        t
+        for round_ in range(runs)
+        for t in (chosen[::-1] if round_ % 2 else chosen)
+        if done.get(t.number, 0) <= round_
+    ]

@@ -46,11 +46,10 @@ from autotune.study.progress import Progress
 from autotune.study.recorder import Recorder
 
 MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new to offer
-WAIT_S = 2.0       # how often a driver with nothing to ask looks at the others' trials
+WAIT_S = 2.0  # how often a driver with nothing to ask looks at the others' trials
 
 
-def load_history(spec, study, proposer: Proposer, recorder: Recorder,
-                  trials=None) -> set[int]:
+def load_history(spec, study, proposer: Proposer, recorder: Recorder, trials=None) -> set[int]:
     """What earlier sessions of this study (or, ``trials``, other drivers) tried: remembered by
     the proposer, and their measurements refit the calibration (estimates recomputed: the cost
     model is deterministic). Returns the numbers of the finished trials it read."""
@@ -62,8 +61,9 @@ def load_history(spec, study, proposer: Proposer, recorder: Recorder,
         if not retry.remembered_after_restart(t):
             continue
         candidate, metrics = Candidate(**schema.knobs_of(t)), schema.metrics_of(t)
-        proposer.remember(candidate, t.number, schema.outcome_of(t), metrics,
-                          t.user_attrs.get("detail", ""))
+        proposer.remember(
+            candidate, t.number, schema.outcome_of(t), metrics, t.user_attrs.get("detail", "")
+        )
         if schema.outcome_of(t) == "ok":
             recorder.add_measurement(candidate, costmodel.estimate(spec, candidate), metrics)
     proposer.calibration = recorder.calibration
@@ -73,22 +73,32 @@ def load_history(spec, study, proposer: Proposer, recorder: Recorder,
 class Loop:
     """Proposals → executor → recorder, while devices are free (see the module doc)."""
 
-    def __init__(self, spec, study, proposer: Proposer, executor, recorder: Recorder,
-                 progress: Progress, stopper: Stopper, drivers: Drivers, synced=()):
+    def __init__(
+        self,
+        spec,
+        study,
+        proposer: Proposer,
+        executor,
+        recorder: Recorder,
+        progress: Progress,
+        stopper: Stopper,
+        drivers: Drivers,
+        synced=(),
+    ):
         self.spec, self.study, self.progress = spec, study, progress
         self.proposer, self.executor, self.recorder = proposer, executor, recorder
         self.stopper, self.noted = stopper, set()
         self.drivers = drivers
         self.synced = set(synced)  # finished trials the proposer and the calibration know
-        self.parked: dict = {}     # number → settled Job repeating a trial running elsewhere
+        self.parked: dict = {}  # number → settled Job repeating a trial running elsewhere
         self.recovered = time.monotonic()
-        self.live: dict = {}      # number → Job running
-        self.submitted: dict = {} # number → the driver's clock when it was submitted
+        self.live: dict = {}  # number → Job running
+        self.submitted: dict = {}  # number → the driver's clock when it was submitted
         self.watchers: dict = {}  # number → StepWatcher of a running trial
-        self.repeats = 0          # consecutive re-sampled candidates
-        self.retries: list = []   # trials failed by infrastructure whose retry waits, unasked
+        self.repeats = 0  # consecutive re-sampled candidates
+        self.retries: list = []  # trials failed by infrastructure whose retry waits, unasked
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
-        self.paused = False       # a proposal was parked: ask again once a trial ended
+        self.paused = False  # a proposal was parked: ask again once a trial ended
 
     def _settle(self, job: Job) -> None:
         self.progress.driver_trials += 1
@@ -101,8 +111,10 @@ class Loop:
         if settled.repeat_of is not None:
             self.repeats += 1
             if self.repeats == MAX_REPEATS:
-                self.progress.note(f"the sampler proposed {MAX_REPEATS} tried candidates in a "
-                                   "row: the space looks exhausted, stopping")
+                self.progress.note(
+                    f"the sampler proposed {MAX_REPEATS} tried candidates in a "
+                    "row: the space looks exhausted, stopping"
+                )
             return
         self.repeats = 0
         self.proposer.remember(job.candidate, job.number, settled.outcome, detail=settled.detail)
@@ -119,6 +131,7 @@ class Loop:
     def run(self, n_trials: int) -> None:
         """Propose, run and record until the study has ``n_trials`` trials that count, finished
         (or running in another driver, which is then waited for)."""
+
         def next_job():
             # a retried failure did not count toward N: one more ask, even past MAX_REPEATS
             retrying, self.retries = bool(self.retries), []
@@ -152,14 +165,22 @@ class Loop:
                 if counting.wanted(trials, n_trials) > 0 and not (paused and shared):
                     continue  # a trial elsewhere ended without counting (or was interrupted)
                 running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not self.parked and not (paused and shared) and (
-                        not shared or not any(map(counting.will_count, running))):
+                if (
+                    not self.parked
+                    and not (paused and shared)
+                    and (not shared or not any(map(counting.will_count, running)))
+                ):
                     return  # one driver: nobody to wait for
                 time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
         finally:
             for job in self.parked.values():  # never ran: nothing to run again
-                schema.record(self.study, job.trial, self.recorder.objectives, "interrupted",
-                              extra={"repeat_of": job.settled.repeat_of})
+                schema.record(
+                    self.study,
+                    job.trial,
+                    self.recorder.objectives,
+                    "interrupted",
+                    extra={"repeat_of": job.settled.repeat_of},
+                )
             self.parked.clear()
 
     def _sync(self) -> list:
@@ -169,14 +190,18 @@ class Loop:
         calibration, and every ``HEARTBEAT_S`` the trials of a dead driver failed and queued
         again. Returns the study's trials as it read them, once (frozen)."""
         self.proposer.running = {job.candidate: number for number, job in self.live.items()}
-        trials = (self._sync_others() if self.drivers.shared
-                  else self.study.get_trials(deepcopy=False))
+        trials = (
+            self._sync_others() if self.drivers.shared else self.study.get_trials(deepcopy=False)
+        )
         for number, job in list(self.parked.items()):
             original = trials[job.settled.repeat_of]
             if original.state.is_finished():
-                job.settled = Result(schema.outcome_of(original), schema.metrics_of(original),
-                                     original.user_attrs.get("detail", ""),
-                                     repeat_of=original.number)
+                job.settled = Result(
+                    schema.outcome_of(original),
+                    schema.metrics_of(original),
+                    original.user_attrs.get("detail", ""),
+                    repeat_of=original.number,
+                )
                 self.recorder.settled(job)
                 del self.parked[number]
         return trials
@@ -191,8 +216,13 @@ class Loop:
         trials = self.study.get_trials(deepcopy=False)
         new = [t for t in trials if t.number not in self.synced]
         # this driver's own trials were remembered and measured when they ended
-        self.synced |= load_history(self.spec, self.study, self.proposer, self.recorder,
-                                    [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me])
+        self.synced |= load_history(
+            self.spec,
+            self.study,
+            self.proposer,
+            self.recorder,
+            [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me],
+        )
         self.synced |= {t.number for t in new if t.state.is_finished()}
         for t in filter(counting.will_count, trials):
             knobs = schema.knobs_of(t)
@@ -269,7 +299,8 @@ class Loop:
         if self.prunable and steps is not None and "confirm_of" not in job.trial.user_attrs:
             # a confirm re-run is measured whole
             self.watchers[job.number] = StepWatcher(
-                job.trial, steps, self.spec.train.global_batch_size, self.spec.trial.measure_after)
+                job.trial, steps, self.spec.train.global_batch_size, self.spec.trial.measure_after
+            )
         self.progress.trial_started(job.number, job.candidate)
 
     def _finished(self, number: int, result: Result) -> int:
@@ -280,18 +311,29 @@ class Loop:
         again = self.recorder.finished(job, result)
         values = objective_values(self.recorder.objectives, result.metrics)
         if result.outcome != "infeasible":  # a replay table without the candidate: no run
-            lost = (((result.detail.strip().splitlines() or [""])[0][:200] or "no reason given")
-                    if retry.attrs(result) else None)
-            self.stopper.finished(result.run_s or 0.0, job.candidate.devices,
-                                  values[0] if values and result.outcome == "ok" else None,
-                                  counted=not again and "confirm_of" not in job.trial.user_attrs,
-                                  infrastructure=lost,
-                                  retry=retry.RETRY_OF in job.trial.user_attrs)
+            lost = (
+                ((result.detail.strip().splitlines() or [""])[0][:200] or "no reason given")
+                if retry.attrs(result)
+                else None
+            )
+            self.stopper.finished(
+                result.run_s or 0.0,
+                job.candidate.devices,
+                values[0] if values and result.outcome == "ok" else None,
+                counted=not again and "confirm_of" not in job.trial.user_attrs,
+                infrastructure=lost,
+                retry=retry.RETRY_OF in job.trial.user_attrs,
+            )
         if again:
             self.retries.append(number)
         elif retry.remembered(job.trial, result):
-            self.proposer.remember(job.candidate, self.recorder.late.get(number, number),
-                                   result.outcome, result.metrics, result.detail)
+            self.proposer.remember(
+                job.candidate,
+                self.recorder.late.get(number, number),
+                result.outcome,
+                result.metrics,
+                result.detail,
+            )
         self.proposer.calibration = self.recorder.calibration
         return job.candidate.devices
 
@@ -306,8 +348,10 @@ class Loop:
                 step, goodput = watcher.last
                 pruner = self.study.pruner
                 upper = pruner.upper_bound(goodput, watcher.half_width)
-                detail = (f"goodput {goodput:.4g} after step {step} (at most {upper:.4g}, 95%) "
-                          f"is below {pruner.ratio:g}× the best finished trial's; stopped early")
+                detail = (
+                    f"goodput {goodput:.4g} after step {step} (at most {upper:.4g}, 95%) "
+                    f"is below {pruner.ratio:g}× the best finished trial's; stopped early"
+                )
                 run_s = time.monotonic() - self.submitted.pop(number)  # its devices were held
                 self.recorder.pruned(job, detail, run_s)
                 self.stopper.finished(run_s, job.candidate.devices, None, counted=True)

@@ -44,36 +44,48 @@ from autotune.spec.knobs import KNOBS
 from autotune.spec.model_yaml import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
 from autotune.spec.specs import Spec
-from autotune.storage.drivers import locked
 from autotune.storage.connection import open_storage
+from autotune.storage.drivers import locked
 
 
 def fingerprint(spec: Spec, space) -> dict:
     """The parts of a study that must not change when it is resumed, as plain JSON values."""
     c = spec.cluster
-    cluster = {"backend": c.backend, "devices": c.devices, "devices_per_node": c.devices_per_node,
-               "device": c.device, "device_memory_gb": c.device_memory_gb}
+    cluster = {
+        "backend": c.backend,
+        "devices": c.devices,
+        "devices_per_node": c.devices_per_node,
+        "device": c.device,
+        "device_memory_gb": c.device_memory_gb,
+    }
     if c.max_device_memory_gb is not None:  # a later field: absent from older fingerprints
         cluster["max_device_memory_gb"] = c.max_device_memory_gb
     if c.replay:  # another table is another world (only replay studies have the key)
         cluster["replay_sha256"] = hashlib.sha256(Path(c.replay).read_bytes()).hexdigest()
     # a field added later, at the value that means what studies before it ran, is left out
-    model = {k: v for k, v in asdict(spec.model).items()
-             if k not in LATER_MODEL_FIELDS or v != LATER_MODEL_FIELDS[k]}
+    model = {
+        k: v
+        for k, v in asdict(spec.model).items()
+        if k not in LATER_MODEL_FIELDS or v != LATER_MODEL_FIELDS[k]
+    }
     parts = {
         "model": model,
         "train": asdict(spec.train),
         "cluster": cluster,
-        "space": {name: list(values) for name, values in space.domains.items()
-                  if not (KNOBS[name].added_later and values == (KNOBS[name].default,))},
+        "space": {
+            name: list(values)
+            for name, values in space.domains.items()
+            if not (KNOBS[name].added_later and values == (KNOBS[name].default,))
+        },
         "objectives": list(spec.search.objectives),
         "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
     }
     return json.loads(json.dumps(parts, default=str))  # what storage gives back
 
 
-def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, sampler,
-               pruner=None) -> optuna.Study:
+def open_study(
+    spec: Spec, space, storage: str, study_name: str, resume: bool, sampler, pruner=None
+) -> optuna.Study:
     """Create the study, or load it when resuming (see the module doc)."""
     directions = objective_directions(spec.search.objectives)
     if isinstance(storage, str):  # else an Optuna storage object (benchmarks: in memory)
@@ -81,8 +93,9 @@ def open_study(spec: Spec, space, storage: str, study_name: str, resume: bool, s
     else:
         url = type(storage).__name__
     with locked(storage, 0):  # two drivers starting at once: one creates, the other resumes
-        study, exists = _create_or_load(spec, space, storage, url, study_name, resume, sampler,
-                                        pruner)
+        study, exists = _create_or_load(
+            spec, space, storage, url, study_name, resume, sampler, pruner
+        )
     if exists and [d.name.lower() for d in study.directions] != directions:
         raise SpecError(f"search.objectives: {study_name!r} was created with other objectives")
     return study
@@ -93,8 +106,10 @@ def _create_or_load(spec, space, storage, url, study_name, resume, sampler, prun
     directions = objective_directions(spec.search.objectives)
     exists = study_name in optuna.get_all_study_names(storage)
     if exists and not resume:
-        raise SpecError(f"--study: study {study_name!r} already exists in {url}; "
-                        "pass --resume to continue it or choose another name")
+        raise SpecError(
+            f"--study: study {study_name!r} already exists in {url}; "
+            "pass --resume to continue it or choose another name"
+        )
     mine = fingerprint(spec, space)
     if exists:
         old = optuna.load_study(study_name=study_name, storage=storage)
@@ -102,11 +117,19 @@ def _create_or_load(spec, space, storage, url, study_name, resume, sampler, prun
         mine = fingerprint(spec, as_created(old, space)[0])
         changed = [part for part in mine if stored is not None and stored.get(part) != mine[part]]
         if changed:
-            raise SpecError(f"--resume: {study_name!r} was run with other {', '.join(changed)} "
-                            f"({spec.source} changed since); resume it with the file it was "
-                            "created with, or start a new study")
-    study = optuna.create_study(storage=storage, study_name=study_name, sampler=sampler,
-                                directions=directions, load_if_exists=True, pruner=pruner)
+            raise SpecError(
+                f"--resume: {study_name!r} was run with other {', '.join(changed)} "
+                f"({spec.source} changed since); resume it with the file it was "
+                "created with, or start a new study"
+            )
+    study = optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        sampler=sampler,
+        directions=directions,
+        load_if_exists=True,
+        pruner=pruner,
+    )
     if not exists:
         study.set_user_attr("model_yaml", spec.raw)
         study.set_user_attr("model_yaml_path", spec.source)
@@ -123,20 +146,30 @@ def as_created(study: optuna.Study, space) -> tuple:
     notes, domains = [], dict(space.domains)
     stored = (study.user_attrs.get("fingerprint") or {}).get("space")
     for name, knob in KNOBS.items():
-        if stored is not None and knob.added_later and name not in stored \
-                and domains[name] != (knob.default,):
+        if (
+            stored is not None
+            and knob.added_later
+            and name not in stored
+            and domains[name] != (knob.default,)
+        ):
             domains[name] = (knob.default,)
-            notes.append(f"{name}: fixed to {knob.default}: {study.study_name!r} was created "
-                         "before the knob existed")
+            notes.append(
+                f"{name}: fixed to {knob.default}: {study.study_name!r} was created "
+                "before the knob existed"
+            )
     warmups = tuple((stored or {}).get("warmup_steps", domains["warmup_steps"]))
     if warmups != domains["warmup_steps"] and set(domains["warmup_steps"]) <= set(warmups):
         domains["warmup_steps"] = warmups  # created before warmups were merged: it keeps its own
-        notes.append(f"warmup_steps: {study.study_name!r} was created before warmups a trial "
-                     "cannot tell apart were merged: it keeps its own")
+        notes.append(
+            f"warmup_steps: {study.study_name!r} was created before warmups a trial "
+            "cannot tell apart were merged: it keeps its own"
+        )
     encoding = encoding_of(study)
     if encoding != space.encoding:
-        notes.append(f"{study.study_name!r} was created before ordered knobs: its knobs stay "
-                     f"{encoding} params")
+        notes.append(
+            f"{study.study_name!r} was created before ordered knobs: its knobs stay "
+            f"{encoding} params"
+        )
     return replace(space, domains=domains, encoding=encoding), notes
 
 
@@ -145,23 +178,30 @@ def older_measurements(study: optuna.Study, measurement: int) -> str | None:
     program's rules before ``measurement`` (`autotune.train.metrics.MEASUREMENT`; none recorded:
     1), else None: the trials a resume adds are measured by the new rules, and the two groups'
     numbers may differ by what changed (docs/search.md, "Old studies")."""
-    older = [t for t in study.get_trials(deepcopy=False)
-             if t.user_attrs.get("outcome") in ("ok", "diverged")
-             and t.user_attrs.get("measurement", 1) < measurement]
+    older = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("outcome") in ("ok", "diverged")
+        and t.user_attrs.get("measurement", 1) < measurement
+    ]
     if not older:
         return None
-    return (f"{len(older)} of {study.study_name!r}'s measured trials were measured by autotune's "
-            f"rules before measurement {measurement} (a warm pool's peak memory and budget, the "
-            "stop rule's estimate, the graph key, the timeout's clock, the underflow probe: "
-            "docs/search.md, \"Old studies\"); the trials this run adds are measured by the new "
-            "ones — differences between the two groups within those rules' effects are not findings")
+    return (
+        f"{len(older)} of {study.study_name!r}'s measured trials were measured by autotune's "
+        f"rules before measurement {measurement} (a warm pool's peak memory and budget, the "
+        "stop rule's estimate, the graph key, the timeout's clock, the underflow probe: "
+        'docs/search.md, "Old studies"); the trials this run adds are measured by the new '
+        "ones — differences between the two groups within those rules' effects are not findings"
+    )
 
 
 def encoding_of(study: optuna.Study) -> str:
     """How ``study`` samples its knobs (see the module doc)."""
     encoding = study.user_attrs.get("param_encoding", CATEGORICAL)
     if encoding not in ENCODINGS:
-        raise SpecError(f"--resume: {study.study_name!r} samples its knobs as {encoding!r}, which "
-                        f"this autotune does not know ({', '.join(ENCODINGS)}); resume it with "
-                        "the autotune that created it")
+        raise SpecError(
+            f"--resume: {study.study_name!r} samples its knobs as {encoding!r}, which "
+            f"this autotune does not know ({', '.join(ENCODINGS)}); resume it with "
+            "the autotune that created it"
+        )
     return encoding

@@ -15,8 +15,14 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from autotune.analysis.ranking import (baseline_of, best_confirmed, best_trials,
-                                       median_within_run, noise_floor, summarize)
+from autotune.analysis.ranking import (
+    baseline_of,
+    best_confirmed,
+    best_trials,
+    median_within_run,
+    noise_floor,
+    summarize,
+)
 from autotune.analysis.text import fmt
 from autotune.jobs import METRICS
 from autotune.spec.knobs import KNOB_NAMES
@@ -64,15 +70,23 @@ class Progress:
         best = best_trials(study)  # once; later trials update the best in memory
         self._best = (best[0].values[0], best[0].number) if best else None
         what = ", ".join(f"{o} ({d})" for o, d in zip(objectives, directions(objectives)))
-        self.console.print(f"study [bold]{study.study_name}[/bold]: {total - done} trials to run "
-                           f"({done} already done), objectives {what}")
+        self.console.print(
+            f"study [bold]{study.study_name}[/bold]: {total - done} trials to run "
+            f"({done} already done), objectives {what}"
+        )
 
     def trial_started(self, number: int, candidate) -> None:
         knobs = " ".join(f"{k}={v}" for k, v in candidate.as_dict().items() if k in self._searched)
         self.console.print(f"[dim]      #{number:<3} running: {knobs}[/dim]")
 
-    def trial_done(self, number: int, outcome: str, metrics: dict, detail: str = "",
-                   again_of: int | None = None) -> None:
+    def trial_done(
+        self,
+        number: int,
+        outcome: str,
+        metrics: dict,
+        detail: str = "",
+        again_of: int | None = None,
+    ) -> None:
         """A trial ended; ``again_of``: it was a confirm-phase re-run of that trial."""
         main = self._objectives[0]
         value = metrics.get(OBJECTIVES[main].metric) if outcome == "ok" else None
@@ -84,14 +98,15 @@ class Progress:
             self._confirm_done += 1
             elapsed = time.monotonic() - self._confirm_started
             eta = elapsed / self._confirm_done * (self._confirm_total - self._confirm_done)
-            self.console.print(f"confirm [{self._confirm_done}/{self._confirm_total}] #{number:<3} "
-                               f"again #{again_of:<3} [{colour}]{outcome:<10}[/{colour}] "
-                               f"{shown:<20} | {_clock(elapsed)}, ETA {_clock(eta)}")
+            self.console.print(
+                f"confirm [{self._confirm_done}/{self._confirm_total}] #{number:<3} "
+                f"again #{again_of:<3} [{colour}]{outcome:<10}[/{colour}] "
+                f"{shown:<20} | {_clock(elapsed)}, ETA {_clock(eta)}"
+            )
             return
         self._done += 1
         self._done_here += 1
-        if value is not None and (self._best is None or
-                                  (value > self._best[0]) == self._maximize):
+        if value is not None and (self._best is None or (value > self._best[0]) == self._maximize):
             self._best = (value, number)
         self._line(f"#{number:<3} [{colour}]{outcome:<10}[/{colour}] {shown:<20}")
 
@@ -99,8 +114,10 @@ class Progress:
         """The confirm phase begins: ``total`` re-runs of the top ``top`` and the baseline."""
         self._confirm_total, self._confirm_done = total, 0
         self._confirm_started = time.monotonic()
-        self.console.print(f"confirm phase: the top {top} and the baseline again, {runs} more "
-                           f"run{'s' if runs > 1 else ''} each, interleaved ({total} trials)")
+        self.console.print(
+            f"confirm phase: the top {top} and the baseline again, {runs} more "
+            f"run{'s' if runs > 1 else ''} each, interleaved ({total} trials)"
+        )
 
     def batch_done(self, count: int, ok_values: list[tuple[float, int]]) -> None:
         """Trials settled in bulk (a simulated grid): one line per batch, not per trial.
@@ -115,12 +132,12 @@ class Progress:
     def _line(self, what: str) -> None:
         elapsed = time.monotonic() - self._started
         eta = elapsed / self._done_here * max(0, self._total - self._done)
-        best = (f"best {fmt(self._best[0])} (#{self._best[1]})" if self._best
-                else "best: none yet")
+        best = f"best {fmt(self._best[0])} (#{self._best[1]})" if self._best else "best: none yet"
         status = self.status()
-        self.console.print(f"[{self._done:>{len(str(self._total))}}/{self._total}] {what} | "
-                           f"{best} | {_clock(elapsed)}, ETA {_clock(eta)}"
-                           + (f" | {status}" if status else ""))
+        self.console.print(
+            f"[{self._done:>{len(str(self._total))}}/{self._total}] {what} | "
+            f"{best} | {_clock(elapsed)}, ETA {_clock(eta)}" + (f" | {status}" if status else "")
+        )
 
     def finish(self, study: optuna.Study) -> None:
         counts: dict[str, int] = {}
@@ -130,12 +147,17 @@ class Progress:
                 queued += 1
                 continue
             counts[outcome_of(t)] = counts.get(outcome_of(t), 0) + 1
-        self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-                           + (f", queued to run again {queued}" if queued else ""))
+        self.console.print(
+            "outcomes: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            + (f", queued to run again {queued}" if queued else "")
+        )
         if self.driver_trials:
-            self.console.print(f"driver overhead (ask, feasibility, submit, tell, sync): "
-                               f"{self.driver_ms_per_trial():.0f} ms per trial "
-                               f"({self.driver_trials} trials)")
+            self.console.print(
+                f"driver overhead (ask, feasibility, submit, tell, sync): "
+                f"{self.driver_ms_per_trial():.0f} ms per trial "
+                f"({self.driver_trials} trials)"
+            )
         best = best_trials(study)
         if not best:
             self.console.print("[red]no trial finished ok[/red]")
@@ -162,13 +184,20 @@ def best_table(study: optuna.Study, best: list) -> Table:
         if any(cells):  # a simulated trial has no loss, overflow or compile time
             table.add_row(name, *cells)
     table.add_row("outcome", *(outcome_of(t) for t in shown))
-    if baseline is not None and baseline.values and best[0] is not baseline and not summarize(study):
+    if (
+        baseline is not None
+        and baseline.values
+        and best[0] is not baseline
+        and not summarize(study)
+    ):
         maximize = maximizes(study)
         ratio = best[0].values[0] / baseline.values[0] if baseline.values[0] else float("nan")
-        table.caption = (f"#{best[0].number} vs baseline #{baseline.number}: "
-                         f"{ratio:.2f}× {'higher' if maximize else 'of the'} "
-                         f"{study.user_attrs.get('objectives', ['objective'])[0]} (single runs, "
-                         "unconfirmed)")
+        table.caption = (
+            f"#{best[0].number} vs baseline #{baseline.number}: "
+            f"{ratio:.2f}× {'higher' if maximize else 'of the'} "
+            f"{study.user_attrs.get('objectives', ['objective'])[0]} (single runs, "
+            "unconfirmed)"
+        )
     return table
 
 
@@ -177,36 +206,51 @@ def confirmed_lines(study: optuna.Study, confirmed: list) -> str:
     how precisely one run knew its step time), the best against the baseline with its spread,
     and the noise floor set against that within-run precision."""
     objective = study.user_attrs.get("objectives", ["objective"])[0]
-    lines = [f"confirmed {objective} (mean ± sd over the confirm-phase re-runs only; the "
-             "original run that won the selection beside it, not in it):"]
+    lines = [
+        f"confirmed {objective} (mean ± sd over the confirm-phase re-runs only; the "
+        "original run that won the selection beside it, not in it):"
+    ]
     for c in confirmed:
         label = " baseline" if c.baseline else ""
         within = "" if c.within_run is None else f"; ±{c.within_run:.1%} within a run"
-        lines.append(f"  #{c.number}{label}: {fmt(c.mean)} ± {fmt(c.std)} (n={len(c.values)}; "
-                     f"original {fmt(c.original)}{within})")
+        lines.append(
+            f"  #{c.number}{label}: {fmt(c.mean)} ± {fmt(c.std)} (n={len(c.values)}; "
+            f"original {fmt(c.original)}{within})"
+        )
     best, baseline = best_confirmed(study), next((c for c in confirmed if c.baseline), None)
     label = "best confirmed"
     if best is not None and baseline is not None and best.number == baseline.number:
         lines.append(f"the baseline #{baseline.number} is the best confirmed configuration")
         # the ratio still says by how much the search's own best lost to it
         best, label = best_confirmed(study, include_baseline=False), "next best confirmed"
-    if best is not None and baseline is not None and best.number != baseline.number and baseline.mean:
+    if (
+        best is not None
+        and baseline is not None
+        and best.number != baseline.number
+        and baseline.mean
+    ):
         ratio = best.mean / baseline.mean
         spread = ratio * math.hypot(_relative_spread(best), _relative_spread(baseline))
-        lines.append(f"{label} #{best.number} vs baseline #{baseline.number}: "
-                     f"{ratio:.2f}× ± {spread:.2f}")
+        lines.append(
+            f"{label} #{best.number} vs baseline #{baseline.number}: {ratio:.2f}× ± {spread:.2f}"
+        )
     floor, within = noise_floor(confirmed), median_within_run(confirmed)
     if floor is not None:
         lines.append(f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}")
     if floor is not None and within is not None:
         # one sd between runs against a 95% half-width (≈ 2 standard errors) within one
-        lines.append(f"within a run the mean step time is known to ±{within:.1%} (median "
-                     "step_time_ci of the re-runs, 95%): " + (
-                         "the runs differ by more than their steps' noise explains, so more "
-                         "re-runs (--confirm-runs), not a tighter trial.precision, would lower "
-                         "the noise floor" if floor > within else
-                         "the steps' own noise accounts for the noise floor, so a tighter "
-                         "trial.precision would lower it"))
+        lines.append(
+            f"within a run the mean step time is known to ±{within:.1%} (median "
+            "step_time_ci of the re-runs, 95%): "
+            + (
+                "the runs differ by more than their steps' noise explains, so more "
+                "re-runs (--confirm-runs), not a tighter trial.precision, would lower "
+                "the noise floor"
+                if floor > within
+                else "the steps' own noise accounts for the noise floor, so a tighter "
+                "trial.precision would lower it"
+            )
+        )
     return "\n".join(lines)
 
 

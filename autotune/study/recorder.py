@@ -33,7 +33,7 @@ class Recorder:
         self.measured: list = []  # (candidate, measured peak MB, measured step ms): the prior
         self.calibration = None
         self.memory_gb = costmodel.resolve_profile(spec.cluster).memory_gb
-        self.late: dict = {}   # number → the trial holding its late result (another driver failed it)
+        self.late: dict = {}  # number → the trial holding its late result (another driver failed it)
 
     def add_measurement(self, candidate, estimate, metrics: dict) -> bool:
         """Refit the per-study correction of the cost model with one more measured trial of
@@ -60,17 +60,23 @@ class Recorder:
                 extra["diagnosis"] = found
         self._store(trial, result.outcome, result.metrics, result.detail, extra, study_attrs)
 
-    def _store(self, trial, outcome: str, metrics=None, detail: str = "", extra=None,
-               study_attrs=None) -> None:
+    def _store(
+        self, trial, outcome: str, metrics=None, detail: str = "", extra=None, study_attrs=None
+    ) -> None:
         """`autotune.storage.schema.record`, saying so when the result came late."""
-        stored = schema.record(self.study, trial, self.objectives, outcome, metrics, detail, extra,
-                               study_attrs)
+        stored = schema.record(
+            self.study, trial, self.objectives, outcome, metrics, detail, extra, study_attrs
+        )
         if stored != trial.number:
             self.late[trial.number] = stored
             self.progress.note(
                 f"#{trial.number} was failed by another driver that took this one for dead"
-                + (f": its {outcome} result is recorded as #{stored} (late_of {trial.number})"
-                   if stored is not None else ""))
+                + (
+                    f": its {outcome} result is recorded as #{stored} (late_of {trial.number})"
+                    if stored is not None
+                    else ""
+                )
+            )
 
     def settled(self, job: Job) -> None:
         """A trial answered without a run (infeasible, or a repeat of a tried candidate)."""
@@ -87,8 +93,9 @@ class Recorder:
         """Record a finished trial; True when its candidate must run once more (a first
         infrastructure failure, queued again here)."""
         trial, study_attrs = job.trial, {}
-        if result.outcome == "ok" and self.add_measurement(job.candidate, job.estimate,
-                                                                result.metrics):
+        if result.outcome == "ok" and self.add_measurement(
+            job.candidate, job.estimate, result.metrics
+        ):
             study_attrs["calibration"] = self.calibration.as_dict()  # stored with the trial
         timing = result.timing()
         extra = {"estimate": job.estimate.as_dict(), **timing, **retry.attrs(result)}
@@ -99,17 +106,29 @@ class Recorder:
             retry.retry(self.study, trial)
             self.progress.note(retry.retry_note(trial.number, result))
             return True
-        self.progress.trial_done(trial.number, result.outcome, result.metrics, result.detail,
-                                 again_of=trial.user_attrs.get("confirm_of"))
+        self.progress.trial_done(
+            trial.number,
+            result.outcome,
+            result.metrics,
+            result.detail,
+            again_of=trial.user_attrs.get("confirm_of"),
+        )
         return False
 
     def pruned(self, job: Job, detail: str, run_s: float) -> None:
         """A trial stopped while running as clearly slow, after ``run_s`` seconds on its
         devices (they count toward a budget)."""
         # its steps were read by the trial program's rules before the pruner judged them
-        self._store(job.trial, "pruned", detail=detail,
-                    extra={"estimate": job.estimate.as_dict(), "run_s": round(run_s, 3),
-                           "measurement": MEASUREMENT})
+        self._store(
+            job.trial,
+            "pruned",
+            detail=detail,
+            extra={
+                "estimate": job.estimate.as_dict(),
+                "run_s": round(run_s, 3),
+                "measurement": MEASUREMENT,
+            },
+        )
         self.progress.trial_done(job.number, "pruned", {}, detail)
 
     def interrupted(self, trial) -> None:

@@ -44,8 +44,11 @@ def needs_retry(trial, result) -> bool:
 def remembered(trial, result) -> bool:
     """Whether this run answers later proposals of ``trial``'s candidate with ``result``: its
     own result, not a confirm-phase re-run (that adds a sample), not a retried failure."""
-    return (result.outcome != "interrupted" and "confirm_of" not in trial.user_attrs
-            and not needs_retry(trial, result))
+    return (
+        result.outcome != "interrupted"
+        and "confirm_of" not in trial.user_attrs
+        and not needs_retry(trial, result)
+    )
 
 
 def remembered_after_restart(frozen: optuna.trial.FrozenTrial) -> bool:

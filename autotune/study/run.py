@@ -61,11 +61,23 @@ from autotune.train.metrics import MEASUREMENT
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, n_trials: int,
-              resume: bool, artifacts: Path, ray_address: str | None = None,
-              progress: Progress | None = None, confirm_top: int = 2,
-              confirm_runs: int = 2, budget: Budget | None = None,
-              stop_when_flat: bool = False, warm: tuple = ()) -> optuna.Study:
+def run_study(
+    spec: Spec,
+    space: SearchSpace,
+    *,
+    storage: str,
+    study_name: str,
+    n_trials: int,
+    resume: bool,
+    artifacts: Path,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+    confirm_top: int = 2,
+    confirm_runs: int = 2,
+    budget: Budget | None = None,
+    stop_when_flat: bool = False,
+    warm: tuple = (),
+) -> optuna.Study:
     """Run (or resume) the study to ``n_trials`` finished trials — fewer when ``budget`` or
     ``stop_when_flat`` stops it first — and return it (see the module doc). On a backend whose
     runs are noisy, then re-run the ``confirm_top`` best trials and the baseline
@@ -74,11 +86,16 @@ def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, 
     sampler = make_sampler(spec.search.sampler, spec.search.seed, n_trials)
     backend = backend_of(spec.cluster.backend)
     if backend.kind == "estimate" and "final_loss" in spec.search.objectives:
-        raise SpecError(f"search.objectives: final_loss cannot be estimated on backend {backend.name}")
+        raise SpecError(
+            f"search.objectives: final_loss cannot be estimated on backend {backend.name}"
+        )
     # Optuna prunes single-objective studies only; goodput is what a slow trial cannot hide. It
     # is judged on no fewer steps than a trial's own interval is (trial.min_steps).
-    pruner = (SlowTrialPruner(min_steps=spec.trial.min_steps)
-              if list(spec.search.objectives) == ["goodput"] else None)
+    pruner = (
+        SlowTrialPruner(min_steps=spec.trial.min_steps)
+        if list(spec.search.objectives) == ["goodput"]
+        else None
+    )
     # a bad replay table is an input error: read it before the study is created
     table = load_table(spec, space) if backend.kind == "table" else None
     check_budget_backend(budget, spec, table)
@@ -87,11 +104,24 @@ def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, 
     with make_executor(spec, artifacts / study_name, ray_address, table) as executor:
         # a pool that could never place a trial is refused before the study is written
         executor.check(spec.cluster.devices)
-        study = _run_study(spec, space, executor, progress, table, earlier, storage=storage,
-                           study_name=study_name, n_trials=n_trials, resume=resume,
-                           sampler=sampler, pruner=pruner, confirm_top=confirm_top,
-                           confirm_runs=confirm_runs, budget=budget,
-                           stop_when_flat=stop_when_flat)
+        study = _run_study(
+            spec,
+            space,
+            executor,
+            progress,
+            table,
+            earlier,
+            storage=storage,
+            study_name=study_name,
+            n_trials=n_trials,
+            resume=resume,
+            sampler=sampler,
+            pruner=pruner,
+            confirm_top=confirm_top,
+            confirm_runs=confirm_runs,
+            budget=budget,
+            stop_when_flat=stop_when_flat,
+        )
     if executor.noisy:
         floor = noise_floor(summarize(study))
         if floor is not None:
@@ -103,14 +133,33 @@ def run_study(spec: Spec, space: SearchSpace, *, storage: str, study_name: str, 
 def interrupted_note(study: optuna.Study, number: int, shared: bool) -> str:
     """The line naming one trial a resume took for interrupted, and whose it was."""
     owner = study.get_trials(deepcopy=False)[number].user_attrs.get(OWNER, "unknown")
-    why = ("its driver is gone" if shared else
-           "SQLite keeps one driver, so a trial this run did not start is not running")
+    why = (
+        "its driver is gone"
+        if shared
+        else "SQLite keeps one driver, so a trial this run did not start is not running"
+    )
     return f"resuming: trial #{number} (driver {owner}) was interrupted ({why}); its candidate runs again"
 
 
-def _run_study(spec, space, executor, progress, table, earlier, *, storage, study_name, n_trials,
-               resume, sampler, pruner, confirm_top, confirm_runs, budget,
-               stop_when_flat) -> optuna.Study:
+def _run_study(
+    spec,
+    space,
+    executor,
+    progress,
+    table,
+    earlier,
+    *,
+    storage,
+    study_name,
+    n_trials,
+    resume,
+    sampler,
+    pruner,
+    confirm_top,
+    confirm_runs,
+    budget,
+    stop_when_flat,
+) -> optuna.Study:
     """Open the study and run it on the entered ``executor`` (see :func:`run_study`)."""
     study = open_study(spec, space, storage, study_name, resume, sampler, pruner)
     space, kept = as_created(study, space)
@@ -123,8 +172,14 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
     for number in recover_interrupted(study, drivers.me):
         progress.note(interrupted_note(study, number, drivers.shared))
     recorder = Recorder(spec, study, progress, calibrates=executor.measures)
-    proposer = Proposer(spec, space, study, prior_for(spec, space, progress.note, n_trials),
-                        recorder.measured, drivers)
+    proposer = Proposer(
+        spec,
+        space,
+        study,
+        prior_for(spec, space, progress.note, n_trials),
+        recorder.measured,
+        drivers,
+    )
     with drivers.lock():  # another driver starting at once neither copies nor enqueues again
         for candidate, estimate, metrics in warm_start(spec, space, study, earlier):
             recorder.add_measurement(candidate, estimate, metrics)
@@ -134,24 +189,31 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
         already = sum(counted(t) for t in trials)
         if spec.search.sampler == "grid":
             n_trials = already + proposer.start_grid()
-        elif not any(counted(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)
-                     for t in trials):
+        elif not any(
+            counted(t) or t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials
+        ):
             study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
             # then one trial per other layout, as many as the budget holds: the sampler's
             # random start could miss a layout, and the layout is the knob that matters most
             # (the prior chooses its own first candidates, spread over layouts)
-            openers = [] if proposer.prior else space.layout_openers(spec)[:max(0, n_trials - 1)]
+            openers = [] if proposer.prior else space.layout_openers(spec)[: max(0, n_trials - 1)]
             for candidate in openers:
                 study.enqueue_trial(space.params_of(candidate))
     to_run = wanted(study.get_trials(deepcopy=False), n_trials)
     stopper = Stopper(study, budget, stop_when_flat, virtual_clock=executor.virtual_clock)
     progress.status = stopper.used
-    progress.start(study, done=already, total=already + to_run,
-                   objectives=spec.search.objectives, searched=space.searched())
+    progress.start(
+        study,
+        done=already,
+        total=already + to_run,
+        objectives=spec.search.objectives,
+        searched=space.searched(),
+    )
     with drivers:
         loop = Loop(spec, study, proposer, executor, recorder, progress, stopper, drivers, synced)
-        if (proposer.grid and executor.instant and budget is None
-                and not drivers.shared):  # bulk writes bypass the asking another driver sees
+        if (
+            proposer.grid and executor.instant and budget is None and not drivers.shared
+        ):  # bulk writes bypass the asking another driver sees
             run_bulk_grid(study, proposer, executor, recorder, progress)
         else:
             loop.run(n_trials)
@@ -161,12 +223,11 @@ def _run_study(spec, space, executor, progress, table, earlier, *, storage, stud
         if executor.noisy and confirm_top:
             runner = drivers.confirm_runner()
             if runner is not None:
-                progress.note(f"the confirm phase is left to driver {runner}, which searches "
-                              "this study too")
+                progress.note(
+                    f"the confirm phase is left to driver {runner}, which searches this study too"
+                )
             originals = confirm.plan(study, confirm_top, confirm_runs) if runner is None else []
             if originals:
                 progress.start_confirm(len(originals), confirm_top, confirm_runs)
                 loop.run_confirm(originals)
     return study
-
-

@@ -53,22 +53,32 @@ def comparability(mine: dict, theirs: dict) -> tuple[str, str]:
     trials, ``CALIBRATE`` only, or ``NOTHING``, and why (see the module doc); SpecError text
     when it is not comparable at all ("" when it is)."""
     ours, their = mine["cluster"], theirs.get("cluster", {})
-    mine_kind, their_kind = (backend_of(ours["backend"]).kind,
-                             backend_of(their.get("backend", DEFAULT_BACKEND)).kind)
+    mine_kind, their_kind = (
+        backend_of(ours["backend"]).kind,
+        backend_of(their.get("backend", DEFAULT_BACKEND)).kind,
+    )
     if their_kind == "estimate" and mine_kind != "estimate":
-        return NOTHING, (f"it is a {their.get('backend')} study: its values are the cost "
-                         "model's estimates, which the prior already ranks by, not "
-                         "measurements; nothing copied, nothing calibrated")
-    if (ours["backend"], ours.get("replay_sha256")) != (their.get("backend"),
-                                                        their.get("replay_sha256")):
+        return NOTHING, (
+            f"it is a {their.get('backend')} study: its values are the cost "
+            "model's estimates, which the prior already ranks by, not "
+            "measurements; nothing copied, nothing calibrated"
+        )
+    if (ours["backend"], ours.get("replay_sha256")) != (
+        their.get("backend"),
+        their.get("replay_sha256"),
+    ):
         what = "replay table" if ours["backend"] == their.get("backend") else "backend"
-        raise SpecError(f"it measured on another {what} ({their.get('backend')}, this study: "
-                        f"{ours['backend']}); a warm start takes measurements of the same "
-                        "backend")
+        raise SpecError(
+            f"it measured on another {what} ({their.get('backend')}, this study: "
+            f"{ours['backend']}); a warm start takes measurements of the same "
+            "backend"
+        )
     if mine["trial"] != theirs.get("trial"):
-        return CALIBRATE, (f"its trials were {_length(theirs.get('trial'))}, this study's "
-                           f"{_length(mine['trial'])}: their values are not comparable; their "
-                           "step times and memory calibrate the cost model only")
+        return CALIBRATE, (
+            f"its trials were {_length(theirs.get('trial'))}, this study's "
+            f"{_length(mine['trial'])}: their values are not comparable; their "
+            "step times and memory calibrate the cost model only"
+        )
     return COPY, ""
 
 
@@ -103,12 +113,16 @@ def earlier_studies(spec, space, study_name: str, names, storage) -> list:
             raise SpecError(f"--warm-start {name}: no such study in the storage") from None
         theirs = earlier.user_attrs.get("fingerprint")
         if theirs is None:
-            raise SpecError(f"--warm-start {name}: it has no fingerprint (created before "
-                            "fingerprints), so nothing says it measured the same model")
+            raise SpecError(
+                f"--warm-start {name}: it has no fingerprint (created before "
+                "fingerprints), so nothing says it measured the same model"
+            )
         differs = _same_world(mine, theirs)
         if differs:
-            raise SpecError(f"--warm-start {name}: it measured another {', '.join(differs)}; "
-                            "a warm start takes studies of the same model on the same cluster")
+            raise SpecError(
+                f"--warm-start {name}: it measured another {', '.join(differs)}; "
+                "a warm start takes studies of the same model on the same cluster"
+            )
         try:
             use, why = comparability(mine, theirs)
         except SpecError as e:
@@ -121,8 +135,11 @@ def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
     """Bring the measurements of the ``earlier`` studies (:func:`earlier_studies`) into
     ``study`` (see the module doc); returns those that only calibrate, as ``[(candidate,
     estimate, metrics)]``."""
-    done = {t.user_attrs["warm_start"] for t in study.get_trials(deepcopy=False)
-            if "warm_start" in t.user_attrs}
+    done = {
+        t.user_attrs["warm_start"]
+        for t in study.get_trials(deepcopy=False)
+        if "warm_start" in t.user_attrs
+    }
     distributions, baseline = space.distributions(), space.baseline()
     calibration_only, copies = [], []
     for source, use, _ in earlier:
@@ -137,8 +154,9 @@ def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
             scored = objective_values(spec.search.objectives, metrics) is not None
             if use == CALIBRATE or not space.contains(candidate) or outcome == "ok" and not scored:
                 if outcome == "ok":
-                    calibration_only.append((candidate, costmodel.estimate(spec, candidate),
-                                             metrics))
+                    calibration_only.append(
+                        (candidate, costmodel.estimate(spec, candidate), metrics)
+                    )
                 continue
             tag = f"{name}#{t.number}"
             if tag in done:
@@ -146,11 +164,18 @@ def warm_start(spec, space, study: optuna.Study, earlier: list) -> list:
             extra = {"warm_start": tag, **space.attrs_of(candidate)}
             if candidate == baseline:
                 extra["baseline"] = True
-            state, values, attrs = settle(spec.search.objectives, outcome, metrics,
-                                          t.user_attrs.get("detail", ""), extra)
+            state, values, attrs = settle(
+                spec.search.objectives, outcome, metrics, t.user_attrs.get("detail", ""), extra
+            )
             params = space.params_of(candidate)
-            copies.append(optuna.trial.create_trial(
-                state=state, values=values, params=params, user_attrs=attrs,
-                distributions={k: distributions[k] for k in params}))
+            copies.append(
+                optuna.trial.create_trial(
+                    state=state,
+                    values=values,
+                    params=params,
+                    user_attrs=attrs,
+                    distributions={k: distributions[k] for k in params},
+                )
+            )
     study.add_trials(copies)
     return calibration_only

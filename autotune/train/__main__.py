@@ -52,20 +52,28 @@ def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if os.environ.get("MS_ROLE") == "MS_SCHED" and os.environ.get(NODE_VARIABLE, "0") != "0":
         # not a verdict line (VERDICT): nothing was run
-        print(f"autotune.train scheduler of node {os.environ[NODE_VARIABLE]} stands down: "
-              "rank 0's node serves the job", flush=True)
+        print(
+            f"autotune.train scheduler of node {os.environ[NODE_VARIABLE]} stands down: "
+            "rank 0's node serves the job",
+            flush=True,
+        )
         return 0
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         from autotune.train.runtime.device import serve_cluster
+
         try:
             return serve_cluster()
         except Exception as exc:  # noqa: BLE001  (the cluster's failure, never the candidate's)
             traceback.print_exc()
-            print(f"{LAUNCH_FAILED} scheduler: {_fail(exc).removeprefix('autotune.train: ')}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{LAUNCH_FAILED} scheduler: {_fail(exc).removeprefix('autotune.train: ')}",
+                file=sys.stderr,
+                flush=True,
+            )
             return 3
     if len(args) == 2 and args[0] == "--warm-up":
         from autotune.train.runtime.session import LaunchError, warm_up
+
         try:
             print(f"autotune.train warm-up: {warm_up(args[1])}", flush=True)
             return 0
@@ -74,10 +82,13 @@ def main(argv=None) -> int:
             return 3
     if len(args) == 2 and args[0] == "--serve":
         from autotune.train.runtime.serve import serve
+
         return serve(args[1], started, _run_one)
     if len(args) != 1:
-        print("usage: python -m autotune.train CONFIG_JSON | --serve POOL_DIR | --warm-up BACKEND",
-              file=sys.stderr)
+        print(
+            "usage: python -m autotune.train CONFIG_JSON | --serve POOL_DIR | --warm-up BACKEND",
+            file=sys.stderr,
+        )
         return 2
     return _run_one(args[0], None, started)[0]
 
@@ -93,6 +104,7 @@ def _run_one(config_path: str, session, started: float, leftover_mb: float = 0.0
         return 2, session
     from autotune.spec.entry import EntryError
     from autotune.train import program
+
     try:
         if session is None:
             session = program.open_trial_session(config)

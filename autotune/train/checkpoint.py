@@ -30,7 +30,9 @@ import mindspore as ms
 from autotune.layout import OPTIMIZER_STATES
 
 STEP = "step"
-SHARD_PREFIX = "shard."  # the parallel optimizer's shard parameters (autotune.train.parallel.sharding)
+SHARD_PREFIX = (
+    "shard."  # the parallel optimizer's shard parameters (autotune.train.parallel.sharding)
+)
 
 
 class CheckpointError(ValueError):
@@ -49,10 +51,13 @@ def state_tensors(network, optimizer, state, step_counter) -> dict:
     tensors = {p.name: p for p in network.get_parameters()}
     for p in optimizer.get_parameters():
         # the moments strategy.ckpt lays out (one name rule: autotune.layout), and the step
-        if p.name.startswith(tuple(f"{prefix}." for prefix in OPTIMIZER_STATES)) or p.name == "global_step":
+        if (
+            p.name.startswith(tuple(f"{prefix}." for prefix in OPTIMIZER_STATES))
+            or p.name == "global_step"
+        ):
             tensors[p.name.replace(f".{SHARD_PREFIX}", ".", 1)] = p
         elif p.name.startswith(SHARD_PREFIX):
-            tensors[p.name[len(SHARD_PREFIX):]] = p
+            tensors[p.name[len(SHARD_PREFIX) :]] = p
     tensors["loss_scale"] = state.scale
     tensors["loss_scale.cur_iter"] = state.updater.cur_iter
     tensors["loss_scale.last_overflow_iter"] = state.updater.last_overflow_iter
@@ -86,10 +91,14 @@ def restore(path: Path, tensors: dict) -> None:
         raise CheckpointError(f"{path}: cannot load: {type(exc).__name__}: {exc}") from None
     missing = [n for n in tensors if n not in saved]
     if missing:
-        raise CheckpointError(f"{path}: lacks {', '.join(missing[:4])}" + (" …" if len(missing) > 4 else ""))
+        raise CheckpointError(
+            f"{path}: lacks {', '.join(missing[:4])}" + (" …" if len(missing) > 4 else "")
+        )
     for name, param in tensors.items():
         value = saved[name]
         if tuple(value.shape) != tuple(param.shape):
-            raise CheckpointError(f"{path}: {name} has shape {tuple(value.shape)}, this rank holds "
-                                  f"{tuple(param.shape)} (a checkpoint of another layout?)")
+            raise CheckpointError(
+                f"{path}: {name} has shape {tuple(value.shape)}, this rank holds "
+                f"{tuple(param.shape)} (a checkpoint of another layout?)"
+            )
         param.set_data(ms.Tensor(value.asnumpy().astype(ms.dtype_to_nptype(param.dtype))))

@@ -20,14 +20,25 @@ class ConfigError(ValueError):
 
 def micro_steps(knobs: dict) -> int:
     """Micro-batches per optimizer step: ``micro_batches`` with pipeline stages, else ``grad_accum``."""
-    return knobs_micro_steps(pp=knobs["pp"], micro_batches=knobs["micro_batches"],
-                             grad_accum=knobs["grad_accum"])
+    return knobs_micro_steps(
+        pp=knobs["pp"], micro_batches=knobs["micro_batches"], grad_accum=knobs["grad_accum"]
+    )
 
 
-def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Path,
-                 steps: int, measure_after: int, stop_rule: dict | None = None,
-                 backend: str | None = None, device_memory: dict | None = None,
-                 compile_cache: str | Path | None = None) -> dict:
+def trial_config(
+    spec,
+    candidate,
+    *,
+    study: str,
+    number: int,
+    out_dir: str | Path,
+    steps: int,
+    measure_after: int,
+    stop_rule: dict | None = None,
+    backend: str | None = None,
+    device_memory: dict | None = None,
+    compile_cache: str | Path | None = None,
+) -> dict:
     """``config.json`` for ``candidate`` of ``spec``: ``steps`` optimizer steps, timing after
     ``measure_after`` — with ``stop_rule`` (``precision``, ``min_steps``:
     `autotune.spec.model_yaml.Spec.stop_rule`) fewer, once the step time is known well enough
@@ -37,12 +48,17 @@ def trial_config(spec, candidate, *, study: str, number: int, out_dir: str | Pat
     ``max_size_gb``, `autotune.costmodel.device_memory_cap`) caps the device's memory pool
     (`autotune.train.runtime.device`). ``compile_cache``: the folder of compiled graphs trials may
     reuse (`autotune.train.runtime.compile_cache`)."""
-    config = {"study": study, "trial_number": number,
-              "backend": backend or spec.cluster.backend, "seed": spec.search.seed or 0,
-              "out_dir": str(out_dir),
-              "model": spec.model.as_config(), "train": asdict(spec.train),
-              "trial": {"steps": steps, "measure_after": measure_after, **(stop_rule or {})},
-              "knobs": candidate.as_dict()}
+    config = {
+        "study": study,
+        "trial_number": number,
+        "backend": backend or spec.cluster.backend,
+        "seed": spec.search.seed or 0,
+        "out_dir": str(out_dir),
+        "model": spec.model.as_config(),
+        "train": asdict(spec.train),
+        "trial": {"steps": steps, "measure_after": measure_after, **(stop_rule or {})},
+        "knobs": candidate.as_dict(),
+    }
     if device_memory:
         config["device_memory"] = dict(device_memory)
     if compile_cache:

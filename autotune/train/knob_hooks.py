@@ -20,24 +20,55 @@ from autotune.spec.knobs import KnobHooks
 APPLIES = KnobHooks("trial program")
 
 for _name, _where, _why in (
-        ("dp", "autotune.train.runtime.session:Session.place",
-         "the layout: the rank's groups and parallel context"),
-        ("tp", "autotune.train.runtime.session:Session.place",
-         "the layout: the rank's groups and its shard of every split layer"),
-        ("pp", "autotune.train.runtime.session:Session.place",
-         "the layout: the rank's groups and its stage's layers"),
-        ("fusion_mb", "autotune.train.runtime.session:Session.place",
-         "an argument of the parallel context the layout sets"),
-        ("micro_batches", "autotune.train.config:micro_steps",
-         "the step's micro-batch count (with pipeline stages)"),
-        ("grad_accum", "autotune.train.config:micro_steps",
-         "the step's micro-batch count (without pipeline stages)"),
-        ("loss_scale", "autotune.train.step.engine:build_engine",
-         "the initial value of the step's loss scaler"),
-        ("warmup_steps", "autotune.train.step.engine:build_engine",
-         "the optimizer's learning-rate schedule"),
-        ("jit_level", "autotune.train.step.engine:build_engine",
-         "the execution mode and each step cell's jit config"),
-        ("parallel_optimizer", "autotune.train.step.engine:build_engine",
-         "the optimizer's shards and the step's gathers")):
+    (
+        "dp",
+        "autotune.train.runtime.session:Session.place",
+        "the layout: the rank's groups and parallel context",
+    ),
+    (
+        "tp",
+        "autotune.train.runtime.session:Session.place",
+        "the layout: the rank's groups and its shard of every split layer",
+    ),
+    (
+        "pp",
+        "autotune.train.runtime.session:Session.place",
+        "the layout: the rank's groups and its stage's layers",
+    ),
+    (
+        "fusion_mb",
+        "autotune.train.runtime.session:Session.place",
+        "an argument of the parallel context the layout sets",
+    ),
+    (
+        "micro_batches",
+        "autotune.train.config:micro_steps",
+        "the step's micro-batch count (with pipeline stages)",
+    ),
+    (
+        "grad_accum",
+        "autotune.train.config:micro_steps",
+        "the step's micro-batch count (without pipeline stages)",
+    ),
+    (
+        "loss_scale",
+        "autotune.train.step.engine:build_engine",
+        "the initial value of the step's loss scaler",
+    ),
+    (
+        "warmup_steps",
+        "autotune.train.step.engine:build_engine",
+        "the optimizer's learning-rate schedule",
+    ),
+    (
+        "jit_level",
+        "autotune.train.step.engine:build_engine",
+        "the execution mode and each step cell's jit config",
+    ),
+    (
+        "parallel_optimizer",
+        "autotune.train.step.engine:build_engine",
+        "the optimizer's shards and the step's gathers",
+    ),
+):
     APPLIES.in_place(_name, _where, _why)

@@ -75,17 +75,41 @@ import math
 import statistics
 
 LAST_WINDOW = 5
-TREND_T = 3.0        # the slope's t-statistic above which a rise is not noise
-TREND_RISE = 0.05    # ... and the fitted rise over the window, relative to the fitted start
+TREND_T = 3.0  # the slope's t-statistic above which a rise is not noise
+TREND_RISE = 0.05  # ... and the fitted rise over the window, relative to the fitted start
 TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-finite loss diverges)
-CONFIDENCE = 0.95    # of step_time_ci
+CONFIDENCE = 0.95  # of step_time_ci
 
-METRIC_KEYS = ("goodput", "throughput", "step_time_ms", "peak_memory_mb", "overflow_steps", "loss_first",
-               "loss_last", "diverged", "compile_s", "steps", "samples_per_step", "applied_steps",
-               "final_loss_scale", "backoff_steps", "overflow_rate", "underflow_share",
-               "underflow_bound", "underflow_probed", "underflow_note", "init_s", "first_step_s",
-               "excluded_steps_s", "steps_s", "probe_s", "started_at", "finished_at",
-               "step_time_ci", "measurement")
+METRIC_KEYS = (
+    "goodput",
+    "throughput",
+    "step_time_ms",
+    "peak_memory_mb",
+    "overflow_steps",
+    "loss_first",
+    "loss_last",
+    "diverged",
+    "compile_s",
+    "steps",
+    "samples_per_step",
+    "applied_steps",
+    "final_loss_scale",
+    "backoff_steps",
+    "overflow_rate",
+    "underflow_share",
+    "underflow_bound",
+    "underflow_probed",
+    "underflow_note",
+    "init_s",
+    "first_step_s",
+    "excluded_steps_s",
+    "steps_s",
+    "probe_s",
+    "started_at",
+    "finished_at",
+    "step_time_ci",
+    "measurement",
+)
 # metrics.json's underflow_note while the probe runs (`autotune.train.program`)
 PROBE_UNFINISHED = "the underflow probe did not finish"
 # The rules a trial's numbers are measured by, recorded with them (``measurement``). 2 (issue 28):
@@ -156,14 +180,24 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
     if x > (a + 1.0) / (a + b + 2.0):
         return 1.0 - _incomplete_beta(b, a, 1.0 - x)
     tiny = 1e-300
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x)) / a
+    front = (
+        math.exp(
+            math.lgamma(a + b)
+            - math.lgamma(a)
+            - math.lgamma(b)
+            + a * math.log(x)
+            + b * math.log1p(-x)
+        )
+        / a
+    )
     c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
     d = 1.0 / (d if abs(d) > tiny else tiny)
     fraction = d
     for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -180,15 +214,14 @@ def student_t_cdf(t: float, df: int) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def student_t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile (0.5 ≤ p < 1) of Student's t with ``df`` ≥ 1 degrees of freedom, to
     1e-10 relative (this module stays pure Python, whose statistics has no t). Newton's method
     on :func:`student_t_cdf` from the normal quantile, which is below it: the CDF is concave
     there, so every step stays below the root and the iteration climbs to it."""
     t = statistics.NormalDist().inv_cdf(p)
-    log_density = (math.lgamma((df + 1) / 2.0) - math.lgamma(df / 2.0)
-                   - 0.5 * math.log(df * math.pi))
+    log_density = math.lgamma((df + 1) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
     for _ in range(200):
         density = math.exp(log_density - (df + 1) / 2.0 * math.log1p(t * t / df))
         step = (p - student_t_cdf(t, df)) / density
@@ -203,7 +236,9 @@ def mean_step_time(times, pilot: int | None = None, weight: float | None = None)
     (:class:`StepLog`) — ``weight · mean(times[:pilot]) + (1 − weight) · mean(times[pilot:])``."""
     if pilot is None or pilot >= len(times):
         return statistics.fmean(times)
-    return weight * statistics.fmean(times[:pilot]) + (1.0 - weight) * statistics.fmean(times[pilot:])
+    return weight * statistics.fmean(times[:pilot]) + (1.0 - weight) * statistics.fmean(
+        times[pilot:]
+    )
 
 
 def step_time_ci(times, pilot: int | None = None, weight: float | None = None) -> float | None:
@@ -223,7 +258,7 @@ def step_time_ci(times, pilot: int | None = None, weight: float | None = None) -
     if pilot is None or pilot >= n:
         spread = 1.0 / math.sqrt(n)
     else:
-        spread = math.sqrt(weight ** 2 / pilot + (1.0 - weight) ** 2 / (n - pilot))
+        spread = math.sqrt(weight**2 / pilot + (1.0 - weight) ** 2 / (n - pilot))
     return t * statistics.stdev(times) * spread / mean
 
 
@@ -257,18 +292,28 @@ class StepLog:
     steps that overflow after the pilot lengthen it (the weights stay as fixed).
     """
 
-    def __init__(self, path, measure_after, samples_per_step, total_steps, append=False,
-                 pilot_steps=None):
-        self.measure_after, self.samples_per_step, self.total_steps = measure_after, samples_per_step, total_steps
+    def __init__(
+        self, path, measure_after, samples_per_step, total_steps, append=False, pilot_steps=None
+    ):
+        self.measure_after, self.samples_per_step, self.total_steps = (
+            measure_after,
+            samples_per_step,
+            total_steps,
+        )
         self.pilot_steps = pilot_steps
         self.pilot_end = None  # the index of the first step after the pilot, once it ended
-        self.weight = None     # the pilot's weight in the estimate, once planned
+        self.weight = None  # the pilot's weight in the estimate, once planned
         self.records = []
         self._file = open(path, "a" if append else "w") if path else None
 
     def add(self, step, seconds, loss, overflow, loss_scale):
-        record = {"step": step, "step_time_ms": seconds * 1000.0, "loss": loss, "overflow": overflow,
-                  "loss_scale": loss_scale}
+        record = {
+            "step": step,
+            "step_time_ms": seconds * 1000.0,
+            "loss": loss,
+            "overflow": overflow,
+            "loss_scale": loss_scale,
+        }
         self.records.append(record)
         if self._file:
             self._file.write(json.dumps(record) + "\n")
@@ -294,7 +339,7 @@ class StepLog:
         """At the pilot's end, with at most ``steps_left`` steps to come: fix the pilot's weight
         (every rank alike) and return how many steps the block needs by this rank's pilot times
         (see the class doc; rank 0's decides)."""
-        pilot = [r["step_time_ms"] for r in self.records[self.measure_after:self.pilot_end]]
+        pilot = [r["step_time_ms"] for r in self.records[self.measure_after : self.pilot_end]]
         m = len(pilot)
         self.weight = m / (m + steps_left)
         if steps_left == 0:
@@ -307,8 +352,16 @@ class StepLog:
         need = math.ceil(((1.0 - self.weight) * spread) ** 2 / room)
         return min(steps_left, max(math.ceil(self.pilot_steps / 2), need))
 
-    def summary(self, timing: dict, peak_mb, final_loss_scale, underflow_share=0.0,
-                underflow_bound=0.0, underflow_probed=False, underflow_note=None) -> dict:
+    def summary(
+        self,
+        timing: dict,
+        peak_mb,
+        final_loss_scale,
+        underflow_share=0.0,
+        underflow_bound=0.0,
+        underflow_probed=False,
+        underflow_note=None,
+    ) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; the underflow metrics
         are `autotune.train.step.probe.measure`'s, 0 and false without float16. ``timing``:
         ``started_at``, ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them
@@ -323,7 +376,7 @@ class StepLog:
         throughput = self.samples_per_step / (mean_step_time(times, pilot, self.weight) / 1000.0)
         overflows = [r["overflow"] for r in self.records]
         k = backoff_steps(overflows)
-        settled = overflows[max(first, k):]  # the measured steps after the back-off
+        settled = overflows[max(first, k) :]  # the measured steps after the back-off
         rate = sum(settled) / len(settled) if settled else 1.0
         once = min(1.0, k / self.total_steps)
         losses = [r["loss"] for r in self.records]
@@ -334,7 +387,9 @@ class StepLog:
         finite = all(math.isfinite(x) for x in losses)
         return {
             # an unmeasured share (underflow_note): the bound, which it cannot exceed
-            "goodput": throughput * (1.0 - rate) * (1.0 - once)
+            "goodput": throughput
+            * (1.0 - rate)
+            * (1.0 - once)
             * (1.0 - (underflow_bound if underflow_share is None else underflow_share)),
             "throughput": throughput,
             "step_time_ms": statistics.median(r["step_time_ms"] for r in measured),

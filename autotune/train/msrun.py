@@ -30,10 +30,18 @@ def node_count(workers: int, local_workers: int) -> int:
     return -(-workers // local_workers)
 
 
-def msrun_args(workers: int, local_workers: int, *, master_port: int | str, log_dir: str,
-               master_addr: str = "127.0.0.1", node_rank: int | str | None = None,
-               cluster_time_out: int = CLUSTER_TIME_OUT_S, bind_core: bool = False,
-               tail_worker: int | None = None) -> list[str]:
+def msrun_args(
+    workers: int,
+    local_workers: int,
+    *,
+    master_port: int | str,
+    log_dir: str,
+    master_addr: str = "127.0.0.1",
+    node_rank: int | str | None = None,
+    cluster_time_out: int = CLUSTER_TIME_OUT_S,
+    bind_core: bool = False,
+    tail_worker: int | None = None,
+) -> list[str]:
     """msrun's options (see the module doc).
 
     ``node_rank=None`` leaves rank assignment to msrun (one node); an int node rank numbers this
@@ -46,19 +54,29 @@ def msrun_args(workers: int, local_workers: int, *, master_port: int | str, log_
         raise ValueError(f"msrun: need 1 ≤ local_workers ({local_workers}) ≤ workers ({workers})")
     if isinstance(node_rank, int):  # msrun numbers this node's ranks node_rank·local + i
         if not 0 <= node_rank * local_workers <= workers - local_workers:
-            raise ValueError(f"msrun: node_rank {node_rank} of {local_workers} workers holds "
-                             f"ranks beyond {workers}")
+            raise ValueError(
+                f"msrun: node_rank {node_rank} of {local_workers} workers holds "
+                f"ranks beyond {workers}"
+            )
     elif workers % local_workers:  # every node alike (a launch script's "$NODE_RANK")
-        raise ValueError(f"msrun: workers ({workers}) must be a multiple of local_workers "
-                         f"({local_workers})")
+        raise ValueError(
+            f"msrun: workers ({workers}) must be a multiple of local_workers ({local_workers})"
+        )
     if cluster_time_out < 1:
         raise ValueError(f"msrun: cluster_time_out must be ≥ 1 s, got {cluster_time_out}")
     if tail_worker is not None and not 0 <= tail_worker < workers:
         raise ValueError(f"msrun: tail_worker {tail_worker} is not a rank of {workers}")
     # msrun tails the workers whose rank is listed: a rank no worker has tails none.
     tail = workers if tail_worker is None else tail_worker
-    return [f"--worker_num={workers}", f"--local_worker_num={local_workers}",
-            f"--master_addr={master_addr}", f"--master_port={master_port}",
-            *([] if node_rank is None else [f"--node_rank={node_rank}"]),
-            f"--log_dir={log_dir}", "--join=True", f"--cluster_time_out={cluster_time_out}",
-            f"--tail_worker_log={tail}", *(["--bind_core=True"] if bind_core else [])]
+    return [
+        f"--worker_num={workers}",
+        f"--local_worker_num={local_workers}",
+        f"--master_addr={master_addr}",
+        f"--master_port={master_port}",
+        *([] if node_rank is None else [f"--node_rank={node_rank}"]),
+        f"--log_dir={log_dir}",
+        "--join=True",
+        f"--cluster_time_out={cluster_time_out}",
+        f"--tail_worker_log={tail}",
+        *(["--bind_core=True"] if bind_core else []),
+    ]

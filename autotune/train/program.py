@@ -84,11 +84,10 @@ from autotune.files import write_json
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.spec.knobs import KNOBS, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
-from autotune.train.runtime import compile_cache
 from autotune.train import metrics as metrics_mod
 from autotune.train.config import ConfigError
+from autotune.train.runtime import compile_cache
 from autotune.train.runtime.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
-
 
 UPDATE_CAP = 2  # a trial's steps, applied or skipped, stop at UPDATE_CAP × trial.steps
 
@@ -121,20 +120,25 @@ def check_config(cfg: dict) -> None:
         raise ConfigError(f"backend: {backend!r} cannot run a training program")
     for name, knob in KNOBS.items():
         if knob.choices and name in knobs and knobs[name] not in knob.choices:
-            raise ConfigError(f"knobs.{name}: {knobs[name]!r} is not one of "
-                              f"{', '.join(knob.choices)}")
+            raise ConfigError(
+                f"knobs.{name}: {knobs[name]!r} is not one of {', '.join(knob.choices)}"
+            )
     dtype = model.get("dtype", "float32")
     if dtype not in BACKENDS[backend].compute_dtypes:
-        raise ConfigError(f"model.dtype: {dtype!r} does not run on backend {backend!r} "
-                          f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})")
+        raise ConfigError(
+            f"model.dtype: {dtype!r} does not run on backend {backend!r} "
+            f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})"
+        )
     if (knobs["tp"] > 1 or knobs["pp"] > 1) and model.get("entry"):
         raise ConfigError("knobs.tp/pp: a model.entry network runs with tp = pp = 1")
     if model.get("entry") is None:
         reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"])
         if reasons:
             raise ConfigError(f"knobs: {reasons[0]}")
-    split = batch_split_problems(global_batch_size=train["global_batch_size"], **{
-        k: knobs[k] for k in ("dp", "pp", "micro_batches", "grad_accum")})
+    split = batch_split_problems(
+        global_batch_size=train["global_batch_size"],
+        **{k: knobs[k] for k in ("dp", "pp", "micro_batches", "grad_accum")},
+    )
     if split:
         field, reason = split[0]
         raise ConfigError(f"{field}: {reason}")
@@ -187,8 +191,9 @@ def _underflow_share(engine, placement, step: int, scale: float, backend, before
     def out_of_memory(exc: BaseException) -> bool:
         return isinstance(exc, MemoryError) or backend.oom_in(f"{type(exc).__name__}: {exc}")
 
-    return engine.underflow(inputs, labels, scale, summed, out_of_memory=out_of_memory,
-                            before_probe=before_probe)
+    return engine.underflow(
+        inputs, labels, scale, summed, out_of_memory=out_of_memory, before_probe=before_probe
+    )
 
 
 def _checkpoints(cfg, engine, placement, ms):
@@ -203,7 +208,9 @@ def _checkpoints(cfg, engine, placement, ms):
     if section.get("resume"):
         path = checkpoint.latest(folder, rank) if folder else None
         if path is None:
-            raise ConfigError(f"checkpoint.resume: no checkpoint in {checkpoint.rank_dir(folder, rank)}")
+            raise ConfigError(
+                f"checkpoint.resume: no checkpoint in {checkpoint.rank_dir(folder, rank)}"
+            )
         checkpoint.restore(path, tensors)
         if engine.sharding is not None:  # the shards were restored: rebuild the whole weights
             engine.sharding.rebuild()
@@ -211,8 +218,10 @@ def _checkpoints(cfg, engine, placement, ms):
     if section.get("init_from"):
         path = checkpoint.latest(section["init_from"], rank)
         if path is None:
-            raise ConfigError(f"checkpoint.init_from: no checkpoint in "
-                              f"{checkpoint.rank_dir(section['init_from'], rank)}")
+            raise ConfigError(
+                f"checkpoint.init_from: no checkpoint in "
+                f"{checkpoint.rank_dir(section['init_from'], rank)}"
+            )
         checkpoint.restore(path, {p.name: p for p in engine.network.get_parameters()})
         if engine.sharding is not None:  # whole weights were loaded: cut this rank's shards
             engine.sharding.refresh_shards()
@@ -261,16 +270,21 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     if session.memory is not None:
         session.memory.trial_starts()
     placement = session.place(cfg["knobs"])
-    print(f"{CANDIDATE_STARTED}: rank {placement.rank} of {placement.world}", file=sys.stderr,
-          flush=True)
+    print(
+        f"{CANDIDATE_STARTED}: rank {placement.rank} of {placement.world}",
+        file=sys.stderr,
+        flush=True,
+    )
     if session.cache is not None:
         session.cache.trial(_reusable(cfg))
     engine = build_engine(cfg, placement, SCALE_WINDOW)
     tensors, folder, save_every, first_step = _checkpoints(cfg, engine, placement, ms)
     train, trial, rank, dp = cfg["train"], cfg["trial"], placement.rank, placement.dp
     if first_step >= trial["steps"]:
-        raise ConfigError(f"trial.steps: the checkpoint is at step {first_step}, nothing left of "
-                          f"{trial['steps']} steps")
+        raise ConfigError(
+            f"trial.steps: the checkpoint is at step {first_step}, nothing left of "
+            f"{trial['steps']} steps"
+        )
     # the peak counts what training adds to the built model, not the full tensors drawn to slice
     # it (on a device the pool keeps what it reserved: its reserved peak includes the model)
     backend = session.backend
@@ -281,9 +295,14 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     out_dir = cfg["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     precision, min_steps = trial.get("precision"), trial.get("min_steps")
-    log = metrics_mod.StepLog(os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
-                              trial["measure_after"], train["global_batch_size"], train["total_steps"],
-                              append=first_step > 0, pilot_steps=min_steps)
+    log = metrics_mod.StepLog(
+        os.path.join(out_dir, "steps.jsonl") if rank == 0 else None,
+        trial["measure_after"],
+        train["global_batch_size"],
+        train["total_steps"],
+        append=first_step > 0,
+        pilot_steps=min_steps,
+    )
     shard_size = train["global_batch_size"] // dp
     built = time.time()
     first_done = None
@@ -299,8 +318,10 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     while steps_left() > 0 and (stop_at is None or i < stop_at):
         inputs, labels = engine.dataset(i, placement.dp_index, dp)
         if len(inputs) != shard_size or len(labels) != shard_size:
-            raise ValueError(f"dataset({i}, {placement.dp_index}, {dp}) returned {len(inputs)} samples, "
-                             f"expected {shard_size}")
+            raise ValueError(
+                f"dataset({i}, {placement.dp_index}, {dp}) returned {len(inputs)} samples, "
+                f"expected {shard_size}"
+            )
         # timed: the step's micro-batches and the host sync, not the dataset call (a real input
         # pipeline overlaps it)
         t0 = time.perf_counter()
@@ -316,8 +337,11 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
             block = _rank_zero_value(placement, log.plan(precision, steps_left()))
             stop_at = i + block if block < steps_left() else None  # else: to the end, as before
             planned_s = time.perf_counter() - asked
-        if folder and (steps_left() == 0 or (stop_at is not None and i >= stop_at)
-                       or (save_every and i % save_every == 0)):
+        if folder and (
+            steps_left() == 0
+            or (stop_at is not None and i >= stop_at)
+            or (save_every and i % save_every == 0)
+        ):
             tensors["step"].set_data(ms.Tensor(i, ms.int32))
             checkpoint.save(folder, rank, i, tensors)
     log.close()
@@ -335,9 +359,14 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
         while it probes (over the memory budget, past its timeout) keeps them
         (`autotune.execution.classify.stopped_in_probe`)."""
         if rank == 0:
-            pending = log.summary({**timing, "probe_s": 0.0}, peak, final_scale,
-                                  underflow_share=None, underflow_bound=bound,
-                                  underflow_note=metrics_mod.PROBE_UNFINISHED)
+            pending = log.summary(
+                {**timing, "probe_s": 0.0},
+                peak,
+                final_scale,
+                underflow_share=None,
+                underflow_bound=bound,
+                underflow_note=metrics_mod.PROBE_UNFINISHED,
+            )
             pending["finished_at"] = time.time()
             write_json(os.path.join(out_dir, "metrics.json"), pending, indent=1)
 
@@ -347,25 +376,51 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     result = log.summary({**timing, "probe_s": probe_s}, peak, final_scale, **underflow)
     if log.weight is not None and rank == 0:  # what the rule did, and what agreeing on it cost
         pilot = log.pilot_end - trial["measure_after"]
-        verdict = (f"stopped after {i} steps of {trial['steps']}" if stop_at is not None
-                   else f"needed every step: ran {i} steps")
-        print(f"autotune.train precision: a pilot of {pilot} measured steps planned "
-              f"{(stop_at or i) - log.pilot_end} more; {verdict}, step_time_ci "
-              f"{result['step_time_ci']:.2%} against {precision:.1%}; the plan took one "
-              f"all-reduce, {planned_s * 1000:.1f} ms", file=sys.stderr, flush=True)
+        verdict = (
+            f"stopped after {i} steps of {trial['steps']}"
+            if stop_at is not None
+            else f"needed every step: ran {i} steps"
+        )
+        print(
+            f"autotune.train precision: a pilot of {pilot} measured steps planned "
+            f"{(stop_at or i) - log.pilot_end} more; {verdict}, step_time_ci "
+            f"{result['step_time_ci']:.2%} against {precision:.1%}; the plan took one "
+            f"all-reduce, {planned_s * 1000:.1f} ms",
+            file=sys.stderr,
+            flush=True,
+        )
     from autotune.train.models.weights import digest
-    write_json(os.path.join(out_dir, f"metrics.rank{rank}.json"), indent=1, value={
-        "rank": rank, "stage": placement.stage, "dp_index": placement.dp_index, "tp_index": placement.tp_index,
-        "peak_memory_mb": own_peak, "leftover_mb": leftover_mb, "weights_sha256": digest(engine.network),
-        **{f"device_{k}" + ("" if k.endswith("_seen") else "_mb"): v
-           for k, v in held.items() if k != "peak"},
-        "loss_last": result["loss_last"], "overflow_steps": result["overflow_steps"], "probe_s": probe_s})
+
+    write_json(
+        os.path.join(out_dir, f"metrics.rank{rank}.json"),
+        indent=1,
+        value={
+            "rank": rank,
+            "stage": placement.stage,
+            "dp_index": placement.dp_index,
+            "tp_index": placement.tp_index,
+            "peak_memory_mb": own_peak,
+            "leftover_mb": leftover_mb,
+            "weights_sha256": digest(engine.network),
+            **{
+                f"device_{k}" + ("" if k.endswith("_seen") else "_mb"): v
+                for k, v in held.items()
+                if k != "peak"
+            },
+            "loss_last": result["loss_last"],
+            "overflow_steps": result["overflow_steps"],
+            "probe_s": probe_s,
+        },
+    )
     cache = session.cache
     if cache is not None and cache.key is not None:
-        print(f"{compile_cache.SAY} graph {cache.key}: {cache.hits} of {cache.ordinal} graphs "
-              f"loaded, {cache.stores} stored (for each graph not stored before, MindSpore "
-              f"logs 'Load MindIR file failed': the slot's placeholder)", file=sys.stderr,
-              flush=True)
+        print(
+            f"{compile_cache.SAY} graph {cache.key}: {cache.hits} of {cache.ordinal} graphs "
+            f"loaded, {cache.stores} stored (for each graph not stored before, MindSpore "
+            f"logs 'Load MindIR file failed': the slot's placeholder)",
+            file=sys.stderr,
+            flush=True,
+        )
     if rank == 0:
         result["finished_at"] = time.time()
         write_json(os.path.join(out_dir, "metrics.json"), result, indent=1)

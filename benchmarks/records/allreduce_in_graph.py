@@ -31,8 +31,8 @@ MATMULS = 13  # the tiny GPT transformer's tensor-parallel all-reduces per micro
 
 
 def worker(out: Path, rows: int) -> None:
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore import nn, ops
     from mindspore.communication import create_group, get_rank, init
 
@@ -48,9 +48,15 @@ def worker(out: Path, rows: int) -> None:
         def __init__(self, reduce: bool):
             super().__init__()
             rng = np.random.default_rng(0)
-            self.weights = ms.ParameterTuple([ms.Parameter(ms.Tensor(
-                0.05 * rng.standard_normal((128, 128)).astype(np.float32)), name=f"w{i}")
-                for i in range(MATMULS)])
+            self.weights = ms.ParameterTuple(
+                [
+                    ms.Parameter(
+                        ms.Tensor(0.05 * rng.standard_normal((128, 128)).astype(np.float32)),
+                        name=f"w{i}",
+                    )
+                    for i in range(MATMULS)
+                ]
+            )
             self.all_reduce = ops.AllReduce(group="pair") if reduce else None
 
         def construct(self, x):
@@ -74,9 +80,12 @@ def worker(out: Path, rows: int) -> None:
                 chain(x).asnumpy()
                 samples.append(time.perf_counter() - t0)
             times[reduce] = statistics.median(samples) * 1000
-        results[name] = {"plain_ms": times[False], "reduced_ms": times[True],
-                         "per_allreduce_ms": (times[True] - times[False]) / MATMULS,
-                         "message_kb": rows * 128 * (4 if name == "float32" else 2) / 1024}
+        results[name] = {
+            "plain_ms": times[False],
+            "reduced_ms": times[True],
+            "per_allreduce_ms": (times[True] - times[False]) / MATMULS,
+            "message_kb": rows * 128 * (4 if name == "float32" else 2) / 1024,
+        }
     if get_rank() == 0:
         out.write_text(json.dumps(results))
 
@@ -86,7 +95,9 @@ def main() -> int:
         worker(Path(sys.argv[2]), int(sys.argv[3]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1024, help="rows of the activation (batch × seq)")
+    parser.add_argument(
+        "--rows", type=int, default=1024, help="rows of the activation (batch × seq)"
+    )
     args = parser.parse_args()
     from autotune.costmodel import resolve_profile
     from autotune.costmodel.step_time import allreduce_time
@@ -95,28 +106,47 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="autotune-arig-"))
     try:
         msrun = Path(sys.executable).with_name("msrun")
-        cmd = [str(msrun), "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
-               f"--log_dir={work / 'logs'}", "--join=True", "--bind_core=True",
-               str(Path(__file__).resolve()), "worker", str(work / "out.json"), str(args.rows)]
+        cmd = [
+            str(msrun),
+            "--worker_num=2",
+            "--local_worker_num=2",
+            f"--master_port={free_port()}",
+            f"--log_dir={work / 'logs'}",
+            "--join=True",
+            "--bind_core=True",
+            str(Path(__file__).resolve()),
+            "worker",
+            str(work / "out.json"),
+            str(args.rows),
+        ]
         with open(work / "msrun.log", "w") as log:
-            done = subprocess.run(cmd, env=environment(), stdout=log, stderr=subprocess.STDOUT, timeout=600,
-                                  cwd=work)
+            done = subprocess.run(
+                cmd, env=environment(), stdout=log, stderr=subprocess.STDOUT, timeout=600, cwd=work
+            )
         if done.returncode or not (work / "out.json").exists():
-            print(f"msrun failed ({done.returncode}); logs kept in {work / 'logs'}", file=sys.stderr)
+            print(
+                f"msrun failed ({done.returncode}); logs kept in {work / 'logs'}", file=sys.stderr
+            )
             return 1
         results = json.loads((work / "out.json").read_text())
     finally:
         if (work / "out.json").exists():
             shutil.rmtree(work, ignore_errors=True)
     from types import SimpleNamespace
-    profile = resolve_profile(SimpleNamespace(backend="cpu", device_memory_gb=None, devices_per_node=2,
-                                              device=None))
+
+    profile = resolve_profile(
+        SimpleNamespace(backend="cpu", device_memory_gb=None, devices_per_node=2, device=None)
+    )
     print(f"{MATMULS} dependent ({args.rows} × 128) matmuls, 2 pinned workers")
-    print(f"{'dtype':<9}{'message':>10}{'plain ms':>10}{'+all-reduces ms':>17}{'per all-reduce':>16}{'priced':>9}")
+    print(
+        f"{'dtype':<9}{'message':>10}{'plain ms':>10}{'+all-reduces ms':>17}{'per all-reduce':>16}{'priced':>9}"
+    )
     for name, r in results.items():
         priced = allreduce_time(r["message_kb"] * 1024, 2, profile.intra_node_gbps, profile) * 1000
-        print(f"{name:<9}{r['message_kb']:>8.0f}KB{r['plain_ms']:>10.2f}{r['reduced_ms']:>17.2f}"
-              f"{r['per_allreduce_ms']:>14.2f}ms{priced:>7.2f}ms")
+        print(
+            f"{name:<9}{r['message_kb']:>8.0f}KB{r['plain_ms']:>10.2f}{r['reduced_ms']:>17.2f}"
+            f"{r['per_allreduce_ms']:>14.2f}ms{priced:>7.2f}ms"
+        )
     return 0
 
 

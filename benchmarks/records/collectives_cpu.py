@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-SIZES = [4 * 4**k for k in range(13)]   # 4 B … 64 MiB, ×4 apart
+SIZES = [4 * 4**k for k in range(13)]  # 4 B … 64 MiB, ×4 apart
 TRAINER_RANGE = (16 * 2**10, 4 * 2**20)  # the message sizes the trainer sends
 GROUP = "bench_pair"
 MIN_PAIRS, MAX_PAIRS, WARMUP = 5, 300, 3  # timed pairs per size; untimed pairs first
@@ -50,9 +50,8 @@ MIN_PAIRS, MAX_PAIRS, WARMUP = 5, 300, 3  # timed pairs per size; untimed pairs 
 
 def worker(out: Path, repeat: int, budget_s: float) -> None:
     """One msrun worker: time the all-reduces, rank 0 writes ``out`` (JSON rows)."""
-    import numpy as np
-
     import mindspore as ms
+    import numpy as np
     from mindspore import communication, nn, ops
 
     from autotune.train.runtime.session import numpy2_workaround
@@ -97,8 +96,13 @@ def worker(out: Path, repeat: int, budget_s: float) -> None:
             ones.append(timed(one, x))
             chains.append(timed(chain, x))
         per_op = statistics.median(c - o for c, o in zip(chains, ones)) / (repeat - 1)
-        return {"bytes": nbytes, "one_call_s": statistics.median(ones),
-                "chain_call_s": statistics.median(chains), "per_op_s": per_op, "pairs": pairs}
+        return {
+            "bytes": nbytes,
+            "one_call_s": statistics.median(ones),
+            "chain_call_s": statistics.median(chains),
+            "per_op_s": per_op,
+            "pairs": pairs,
+        }
 
     one, chain = Chain(1), Chain(repeat)
     rows = [measure_size(nbytes) for nbytes in SIZES]
@@ -128,15 +132,28 @@ def measure(repeat: int, budget_s: float) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="autotune-collectives-"))
     out = work / "rows.json"
     msrun = Path(sys.executable).with_name("msrun")
-    argv = [str(msrun), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}", f"--log_dir={work / 'logs'}", "--join=True",
-            "--bind_core=True", str(Path(__file__).resolve()),
-            # positional: msrun's own parser would take --worker… for an abbreviation of its flags
-            "worker", str(out), str(repeat), str(budget_s)]
+    argv = [
+        str(msrun),
+        "--worker_num=2",
+        "--local_worker_num=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        f"--log_dir={work / 'logs'}",
+        "--join=True",
+        "--bind_core=True",
+        str(Path(__file__).resolve()),
+        # positional: msrun's own parser would take --worker… for an abbreviation of its flags
+        "worker",
+        str(out),
+        str(repeat),
+        str(budget_s),
+    ]
     done = subprocess.run(argv, cwd=work, env=environment(), capture_output=True, text=True)
     if done.returncode or not out.exists():
-        sys.exit(f"msrun failed (exit {done.returncode}); worker logs in {work / 'logs'}\n"
-                 f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        sys.exit(
+            f"msrun failed (exit {done.returncode}); worker logs in {work / 'logs'}\n"
+            f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     rows = json.loads(out.read_text())
     shutil.rmtree(work)  # kept only when msrun failed, for its logs
     return rows
@@ -145,22 +162,30 @@ def measure(repeat: int, budget_s: float) -> list[dict]:
 def report(rows: list[dict]) -> None:
     from autotune.costmodel.profiles import CPU_BASE
 
-    fits = {"all sizes": fit(rows),
-            "16 KB-4 MB": fit([r for r in rows
-                               if TRAINER_RANGE[0] <= r["bytes"] <= TRAINER_RANGE[1]])}
-    print(f"{'bytes':>10}{'1-op graph ms':>15}{'per op ms':>11}{'GB/s':>8}"
-          + "".join(f"{'fit ' + name:>20}" for name in fits) + f"{'pairs':>7}")
+    fits = {
+        "all sizes": fit(rows),
+        "16 KB-4 MB": fit([r for r in rows if TRAINER_RANGE[0] <= r["bytes"] <= TRAINER_RANGE[1]]),
+    }
+    print(
+        f"{'bytes':>10}{'1-op graph ms':>15}{'per op ms':>11}{'GB/s':>8}"
+        + "".join(f"{'fit ' + name:>20}" for name in fits)
+        + f"{'pairs':>7}"
+    )
     for r in rows:
-        line = (f"{r['bytes']:>10}{r['one_call_s'] * 1e3:>15.4f}{r['per_op_s'] * 1e3:>11.4f}"
-                f"{r['bytes'] / r['per_op_s'] / 1e9:>8.2f}")
+        line = (
+            f"{r['bytes']:>10}{r['one_call_s'] * 1e3:>15.4f}{r['per_op_s'] * 1e3:>11.4f}"
+            f"{r['bytes'] / r['per_op_s'] / 1e9:>8.2f}"
+        )
         for alpha, bandwidth in fits.values():
             predicted = alpha + r["bytes"] / bandwidth
             line += f"{predicted / r['per_op_s'] - 1:>+20.1%}"
         print(line + f"{r['pairs']:>7}")
     for name, (alpha, bandwidth) in fits.items():
-        print(f"fit over {name}: α = {alpha * 1e6:.1f} µs, B_eff = {bandwidth / 1e9:.2f} GB/s "
-              f"(intra_node_gbps at link_efficiency {CPU_BASE.link_efficiency}: "
-              f"{bandwidth / 1e9 / CPU_BASE.link_efficiency:.2f})")
+        print(
+            f"fit over {name}: α = {alpha * 1e6:.1f} µs, B_eff = {bandwidth / 1e9:.2f} GB/s "
+            f"(intra_node_gbps at link_efficiency {CPU_BASE.link_efficiency}: "
+            f"{bandwidth / 1e9 / CPU_BASE.link_efficiency:.2f})"
+        )
 
 
 def main() -> None:

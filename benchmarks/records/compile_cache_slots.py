@@ -76,8 +76,13 @@ def run(script: Path, order: str, cache: Path | None) -> tuple[dict, int]:
     if cache is not None:
         env.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=f"{cache}/")
     graphs = [[name, GRAPHS[name]] for name in order]
-    done = subprocess.run([sys.executable, str(script), json.dumps(graphs)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), json.dumps(graphs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode:
         raise SystemExit(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr.count(LOADED)
@@ -94,11 +99,15 @@ def main() -> None:
         slots = filled / "rank_0" / "graph_cache"
         rows = []
         for what, order, prepare in (
-                ("the same order", "ABC", None),
-                ("B and A swapped", "BAC", None),
-                ("slot 1 without a file", "ABC", lambda d: (d / "compile_cache_1.mindir").unlink()),
-                ("slot 1 holding no graph", "ABC",
-                 lambda d: (d / "compile_cache_1.mindir").write_bytes(b"junk"))):
+            ("the same order", "ABC", None),
+            ("B and A swapped", "BAC", None),
+            ("slot 1 without a file", "ABC", lambda d: (d / "compile_cache_1.mindir").unlink()),
+            (
+                "slot 1 holding no graph",
+                "ABC",
+                lambda d: (d / "compile_cache_1.mindir").write_bytes(b"junk"),
+            ),
+        ):
             cache = work / what.replace(" ", "-")
             shutil.copytree(filled, cache)
             for f in (cache / "rank_0" / "graph_cache").iterdir():
@@ -106,7 +115,9 @@ def main() -> None:
             if prepare:
                 prepare(cache / "rank_0" / "graph_cache")
             sums, loaded = run(script, order, cache)
-            right = "".join(n for n in order if abs(sums[n] - truth[n]) <= 1e-4 * abs(truth[n]) + 1e-6)
+            right = "".join(
+                n for n in order if abs(sums[n] - truth[n]) <= 1e-4 * abs(truth[n]) + 1e-6
+            )
             rows.append((what, order, loaded, right))
         print(f"\nslots filled by one process: {sorted(p.name for p in slots.iterdir())}\n")
         print(f"{'cache':<26} | order | graphs loaded | graphs with their own sums")

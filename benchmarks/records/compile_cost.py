@@ -40,8 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.spec.model_yaml import load_spec  # noqa: E402
 
-WAYS = ("accum 1, count_nonzero list", "accum 1, HyperMap counts", "accum 1, no loss scaling",
-        "accum 2, update with a 2nd fwd+bwd", "accum 2, update graph of its own")
+WAYS = (
+    "accum 1, count_nonzero list",
+    "accum 1, HyperMap counts",
+    "accum 1, no loss scaling",
+    "accum 2, update with a 2nd fwd+bwd",
+    "accum 2, update graph of its own",
+)
 
 
 def main() -> None:
@@ -54,6 +59,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from mindspore.graph._parse import compile_config
+
     for setting in args.compile_config:
         name, _, value = setting.partition("=")
         setattr(compile_config, name, value)
@@ -63,8 +69,7 @@ def main() -> None:
     from mindspore.common.parameter import ParameterTuple
 
     from autotune.train import models
-    from autotune.train.models import transformer
-    from autotune.train.models import data, weights
+    from autotune.train.models import data, transformer, weights
     from autotune.train.parallel import tp_layers
     from autotune.train.runtime import session
     from autotune.train.step import train_step as step
@@ -93,19 +98,32 @@ def main() -> None:
         loss_fn = tp_layers.TokenCrossEntropy()
         accum = 2 if way.startswith("accum 2") else 1
         step.zero_counts = list_counts if "count_nonzero" in way else hyper_map_counts
-        accumulate, apply = step.build_steps(network, loss_fn, make_optimizer(list(params), 1e-3),
-                                             accum_steps=accum, scaling="no loss scaling" not in way,
-                                             loss_scale=2.0 ** 16, jit_level=args.jit_level, weights=params)
+        accumulate, apply = step.build_steps(
+            network,
+            loss_fn,
+            make_optimizer(list(params), 1e-3),
+            accum_steps=accum,
+            scaling="no loss scaling" not in way,
+            loss_scale=2.0**16,
+            jit_level=args.jit_level,
+            weights=params,
+        )
         n = shard // accum
-        xs = [ms.Tensor(x[j * n:(j + 1) * n]) for j in range(accum)]
-        ys = [ms.Tensor(y[j * n:(j + 1) * n]) for j in range(accum)]
+        xs = [ms.Tensor(x[j * n : (j + 1) * n]) for j in range(accum)]
+        ys = [ms.Tensor(y[j * n : (j + 1) * n]) for j in range(accum)]
         if accumulate is None:
             return lambda: apply(xs[0], ys[0])[0].asnumpy()
         if "2nd fwd+bwd" in way:
             # the apply call as it was: the last micro-batch's forward and backward under the update
-            state = step.TrainState(params, 1, 2.0 ** 16, step.SCALE_WINDOW, count_zeros=True)
-            last = step.TrainStep(step.NetWithLoss(network, loss_fn), make_optimizer(list(params), 1e-3),
-                                  state, scaling=True, parallel=step.Parallelism(), weights=params)
+            state = step.TrainState(params, 1, 2.0**16, step.SCALE_WINDOW, count_zeros=True)
+            last = step.TrainStep(
+                step.NetWithLoss(network, loss_fn),
+                make_optimizer(list(params), 1e-3),
+                state,
+                scaling=True,
+                parallel=step.Parallelism(),
+                weights=params,
+            )
             last.set_train()
             last.set_jit_config(ms.JitConfig(jit_level=args.jit_level))
             return lambda: (accumulate(xs[0], ys[0]), last(xs[1], ys[1])[0].asnumpy())
@@ -117,7 +135,7 @@ def main() -> None:
         build(WAYS[1])()  # the process's first compile pays one-off costs: not any way's
     except RuntimeError as exc:  # e.g. --lazy-inline on CPU: MindSpore's verdict, then stop
         print(f"MindSpore refused the step graph: {str(exc).strip().splitlines()[0]}")
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     for round_ in range(args.rounds):
         for way in WAYS:
             call = build(way)
@@ -127,14 +145,22 @@ def main() -> None:
             call()
             first[way].append(compiled - started)
             second[way].append(time.perf_counter() - compiled)
-            print(f"    round {round_} {way}: first call {first[way][-1]:.2f} s", file=sys.stderr, flush=True)
+            print(
+                f"    round {round_} {way}: first call {first[way][-1]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     step.zero_counts = hyper_map_counts
-    print(f"\nthe tiny GPT's step graphs ({model['num_layers']} layers, one dp2 shard, float16, "
-          f"{args.jit_level}), compiled in one process; median of {args.rounds} rounds\n")
+    print(
+        f"\nthe tiny GPT's step graphs ({model['num_layers']} layers, one dp2 shard, float16, "
+        f"{args.jit_level}), compiled in one process; median of {args.rounds} rounds\n"
+    )
     print(f"{'way':>36} | first call s (compile + step) | second call s (a step)")
     print("-" * 92)
     for way in WAYS:
-        print(f"{way:>36} | {statistics.median(first[way]):>29.2f} | {statistics.median(second[way]):>22.3f}")
+        print(
+            f"{way:>36} | {statistics.median(first[way]):>29.2f} | {statistics.median(second[way]):>22.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -54,14 +54,15 @@ SMALL_SIZE, SMALL_STEPS = 256 * 64, 100  # a model this small is timed over at l
 # The MLP the cost model's CPU profile was fitted to (tests/costmodel/test_costmodel.py): 64 × 256 rows.
 RECOMPUTE_ORIGINAL_ROWS = 64 * 256
 RSS_ROWS = (512, 2048, 8192)
-CACHE_ROWS = 2048                # recompute none vs full differ by ~130 MB of RSS here
-FUSION_MB = (1, 4, 16)           # comm_fusion "size" thresholds whose buckets are counted
-FUSION_LAYERS, FUSION_IN, FUSION_OUT = 80, 128, 256   # 80 weights of 128 KB = 10 MB of grads
-TINY_DP_LAYERS = 41              # Dense(16, 16) + bias: 82 small gradients
+CACHE_ROWS = 2048  # recompute none vs full differ by ~130 MB of RSS here
+FUSION_MB = (1, 4, 16)  # comm_fusion "size" thresholds whose buckets are counted
+FUSION_LAYERS, FUSION_IN, FUSION_OUT = 80, 128, 256  # 80 weights of 128 KB = 10 MB of grads
+TINY_DP_LAYERS = 41  # Dense(16, 16) + bias: 82 small gradients
 PAIR = "facts_pair"
 
 
 # -- probes: one fact, one fresh process, one JSON line on stdout ----------------------------
+
 
 def _peak_rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -72,10 +73,12 @@ def _peak_rss_mb() -> float:
 
 def _mindspore(mode: str = "graph", workaround: bool = True):
     import mindspore as ms
+
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE if mode == "pynative" else ms.GRAPH_MODE)
     if workaround:
         from autotune.train.runtime.session import numpy2_workaround
+
         numpy2_workaround(ms)
     return ms
 
@@ -139,15 +142,17 @@ def _train_step(ms, net, dtype: str, jit: str | None):
 
 def _data(ms, p: dict):
     import numpy as np
+
     rng = np.random.default_rng(0)
-    return (ms.Tensor(rng.standard_normal((p["rows"], p["hidden"]), np.float32)),
-            ms.Tensor(rng.integers(0, p["classes"], p["rows"]).astype(np.int32)))
+    return (
+        ms.Tensor(rng.standard_normal((p["rows"], p["hidden"]), np.float32)),
+        ms.Tensor(rng.integers(0, p["classes"], p["rows"]).astype(np.int32)),
+    )
 
 
 def _step_for(ms, p: dict, knobs: dict):
-    ms.set_seed(0)   # every variant starts from the same weights
-    net = _mlp(ms, p["layers"], p["hidden"], p["ffn"], p["classes"],
-               knobs.get("recompute", "none"))
+    ms.set_seed(0)  # every variant starts from the same weights
+    net = _mlp(ms, p["layers"], p["hidden"], p["ffn"], p["classes"], knobs.get("recompute", "none"))
     return _train_step(ms, net, knobs.get("dtype", "float32"), knobs.get("jit"))
 
 
@@ -161,14 +166,18 @@ def probe_train(p: dict) -> dict:
     x, y = _data(ms, p)
     times, losses = [], []
     steps = p["steps"]
-    for _ in range(steps + 1):   # the first call compiles
+    for _ in range(steps + 1):  # the first call compiles
         t0 = time.perf_counter()
         losses.append(float(step(x, y).asnumpy()))
         times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times[1:]) if steps else float("nan"),
-            "first_step_s": times[0],
-            "first_done_s": time.perf_counter() - started - sum(times[1:]),
-            "peak_rss_mb": _peak_rss_mb(), "rss_runtime_mb": rss_runtime, "loss": losses[-1]}
+    return {
+        "step_s": statistics.median(times[1:]) if steps else float("nan"),
+        "first_step_s": times[0],
+        "first_done_s": time.perf_counter() - started - sum(times[1:]),
+        "peak_rss_mb": _peak_rss_mb(),
+        "rss_runtime_mb": rss_runtime,
+        "loss": losses[-1],
+    }
 
 
 def probe_alternate(p: dict) -> dict:
@@ -178,8 +187,10 @@ def probe_alternate(p: dict) -> dict:
     ms = _mindspore()
     x, y = _data(ms, p)
     steps = {name: _step_for(ms, p, knobs) for name, knobs in p["variants"].items()}
-    out = {name: {"times": [], "loss": float(step(x, y).asnumpy())}   # compiles
-           for name, step in steps.items()}
+    out = {
+        name: {"times": [], "loss": float(step(x, y).asnumpy())}  # compiles
+        for name, step in steps.items()
+    }
     for _ in range(p["steps"]):
         for name, step in steps.items():
             t0 = time.perf_counter()
@@ -208,7 +219,7 @@ def probe_matmul(p: dict) -> dict:
     data = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     cells = {dtype: (MatMul(), ms.Tensor(data.astype(dtype))) for dtype in p["dtypes"]}
     best = {dtype: float("inf") for dtype in cells}
-    for i in range(p["rounds"] + 1):   # the first round compiles
+    for i in range(p["rounds"] + 1):  # the first round compiles
         for dtype, (cell, x) in cells.items():
             t0 = time.perf_counter()
             cell(x, x).asnumpy()
@@ -276,13 +287,19 @@ def probe_kernels(p: dict) -> dict:
     return ops
 
 
-PROBES = {"train": probe_train, "alternate": probe_alternate, "matmul": probe_matmul,
-          "kernels": probe_kernels, "bf16": probe_bf16, "numpy2": probe_numpy2}
+PROBES = {
+    "train": probe_train,
+    "alternate": probe_alternate,
+    "matmul": probe_matmul,
+    "kernels": probe_kernels,
+    "bf16": probe_bf16,
+    "numpy2": probe_numpy2,
+}
 
 
 def _first_line(exc: BaseException, keys=()) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for key in keys:   # the first key found wins: callers list the most telling first
+    for key in keys:  # the first key found wins: callers list the most telling first
         for line in lines:
             if key.lower() in line.lower():
                 return f"{type(exc).__name__}: {line[:160]}"
@@ -294,8 +311,14 @@ def run_probe(kind: str, params: dict | None = None, env: dict | None = None) ->
     from autotune.execution.runner import environment
 
     argv = [sys.executable, str(Path(__file__).resolve()), "probe", kind, json.dumps(params or {})]
-    done = subprocess.run(argv, cwd=ROOT, env={**environment(), **(env or {})},
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        argv,
+        cwd=ROOT,
+        env={**environment(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         return {"error": f"exit {done.returncode}: {done.stderr.strip()[-600:]}"}
@@ -320,9 +343,8 @@ def _allreduce_inputs(folder: Path, before: set) -> list[int]:
 
 def worker(out: Path, ir_dir: Path) -> None:
     """One msrun rank: the collective facts, then comm-fusion buckets; rank 0 writes ``out``."""
-    import numpy as np
-
     import mindspore as ms
+    import numpy as np
     from mindspore import communication, context, nn, ops
 
     from autotune.train.runtime.session import numpy2_workaround
@@ -354,31 +376,43 @@ def worker(out: Path, ir_dir: Path) -> None:
     mine = ms.Tensor(sent if rank == 0 else np.zeros_like(sent))
     got = One(ops.AllReduce(group=PAIR))(mine).asnumpy()
     facts["AllReduce on a 2-rank group, rank 1 contributes zeros"] = (
-        "rank 1 receives rank 0's tensor" if np.array_equal(got, sent)
-        else f"rank {rank} got {got.tolist()}")
+        "rank 1 receives rank 0's tensor"
+        if np.array_equal(got, sent)
+        else f"rank {rank} got {got.tolist()}"
+    )
     x = ms.Tensor(np.ones((2, 3), np.float32))
     attempt("AllGather on the world group", lambda: ops.AllGather(), x)
     attempt("AllGather on a created 2-rank group", lambda: ops.AllGather(group=PAIR), x)
-    attempt("ReduceScatter on the world group", lambda: ops.ReduceScatter(), ms.Tensor(np.ones((4, 3), np.float32)))
+    attempt(
+        "ReduceScatter on the world group",
+        lambda: ops.ReduceScatter(),
+        ms.Tensor(np.ones((4, 3), np.float32)),
+    )
     world = communication.GlobalComm.WORLD_COMM_GROUP
-    attempt("Send on the world group",
-            lambda: ops.Send(sr_tag=0, dest_rank=1 - rank, group=world), x)
+    attempt(
+        "Send on the world group", lambda: ops.Send(sr_tag=0, dest_rank=1 - rank, group=world), x
+    )
 
     def dp_step(net, rows, features):
-        step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()),
-                                   nn.Momentum(net.trainable_params(), 1e-3, 0.9))
+        step = nn.TrainOneStepCell(
+            nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 1e-3, 0.9)
+        )
         rng = np.random.default_rng(rank)
-        data = (ms.Tensor(rng.standard_normal((rows, features), np.float32)),
-                ms.Tensor(rng.standard_normal((rows, features), np.float32)))
+        data = (
+            ms.Tensor(rng.standard_normal((rows, features), np.float32)),
+            ms.Tensor(rng.standard_normal((rows, features), np.float32)),
+        )
         return step, data
 
     ir_rank = ir_dir / f"rank_{rank}"
 
     def fused(mb: int, net, rows, features, steps):
         context.reset_auto_parallel_context()
-        context.set_auto_parallel_context(parallel_mode=context.ParallelMode.DATA_PARALLEL,
-                                          gradients_mean=True,
-                                          comm_fusion={"allreduce": {"mode": "size", "config": mb}})
+        context.set_auto_parallel_context(
+            parallel_mode=context.ParallelMode.DATA_PARALLEL,
+            gradients_mean=True,
+            comm_fusion={"allreduce": {"mode": "size", "config": mb}},
+        )
         before = set(ir_rank.glob("graph_build_*.ir"))
         step, data = dp_step(net, rows, features)
         step(*data).asnumpy()
@@ -391,8 +425,12 @@ def worker(out: Path, ir_dir: Path) -> None:
         return buckets, statistics.median(times) if times else float("nan")
 
     def chain(layers, a, b, bias):
-        return nn.SequentialCell([nn.Dense(a if i % 2 == 0 else b, b if i % 2 == 0 else a,
-                                           has_bias=bias) for i in range(layers)])
+        return nn.SequentialCell(
+            [
+                nn.Dense(a if i % 2 == 0 else b, b if i % 2 == 0 else a, has_bias=bias)
+                for i in range(layers)
+            ]
+        )
 
     fusion = []
     for mb in FUSION_MB:
@@ -405,8 +443,9 @@ def worker(out: Path, ir_dir: Path) -> None:
 
     context.reset_auto_parallel_context()
     try:
-        context.set_auto_parallel_context(parallel_mode=context.ParallelMode.SEMI_AUTO_PARALLEL,
-                                          device_num=2)
+        context.set_auto_parallel_context(
+            parallel_mode=context.ParallelMode.SEMI_AUTO_PARALLEL, device_num=2
+        )
         net = nn.Dense(4, 4)
         net.matmul.shard(((2, 1), (1, 1)))
         One(net)(ms.Tensor(np.ones((4, 4), np.float32))).asnumpy()
@@ -420,8 +459,11 @@ def worker(out: Path, ir_dir: Path) -> None:
 def _ir_env(folder: Path) -> dict:
     """IR dumps into ``folder``, only the graph_build pass (the kernel graph the backend runs):
     without MS_DEV_DUMP_IR_PASSES every pass is dumped, ~2 GB for the fusion graphs."""
-    return {"MS_DEV_SAVE_GRAPHS": "1", "MS_DEV_SAVE_GRAPHS_PATH": str(folder),
-            "MS_DEV_DUMP_IR_PASSES": "graph_build"}
+    return {
+        "MS_DEV_SAVE_GRAPHS": "1",
+        "MS_DEV_SAVE_GRAPHS_PATH": str(folder),
+        "MS_DEV_DUMP_IR_PASSES": "graph_build",
+    }
 
 
 def measure_collectives() -> dict:
@@ -430,10 +472,21 @@ def measure_collectives() -> dict:
     work = Path(tempfile.mkdtemp(prefix="autotune-cpu-facts-"))
     out, ir_dir = work / "facts.json", work / "ir"
     msrun = Path(sys.executable).with_name("msrun")
-    argv = [str(msrun), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-            f"--master_port={free_port()}", f"--log_dir={work / 'logs'}", "--join=True",
-            "--cluster_time_out=120", "--bind_core=True", str(Path(__file__).resolve()),
-            "worker", str(out), str(ir_dir)]
+    argv = [
+        str(msrun),
+        "--worker_num=2",
+        "--local_worker_num=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        f"--log_dir={work / 'logs'}",
+        "--join=True",
+        "--cluster_time_out=120",
+        "--bind_core=True",
+        str(Path(__file__).resolve()),
+        "worker",
+        str(out),
+        str(ir_dir),
+    ]
     env = {**environment(), **_ir_env(ir_dir)}
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode or not out.exists():
@@ -445,7 +498,7 @@ def measure_collectives() -> dict:
 
 # -- the facts --------------------------------------------------------------------------------
 
-ROWS: list[tuple[str, str, str]] = []   # (fact, measured, note)
+ROWS: list[tuple[str, str, str]] = []  # (fact, measured, note)
 
 
 def row(fact: str, measured: str, note: str = "") -> None:
@@ -479,14 +532,18 @@ def _alternate(label: str, shape: dict, steps: int, base: str, variants: dict[st
             continue
         v = r[name]
         ratio = statistics.median(t / u for t, u in zip(v["times"], b["times"]))
-        row(f"{name} / {base} step time, {label} {_shape(shape)}", f"{ratio:.2f}×",
+        row(
+            f"{name} / {base} step time, {label} {_shape(shape)}",
+            f"{ratio:.2f}×",
             f"{statistics.median(v['times']) * 1e3:.1f} vs "
             f"{statistics.median(b['times']) * 1e3:.1f} ms; final loss "
-            + ("equal" if v["loss"] == b["loss"] else "different"))
+            + ("equal" if v["loss"] == b["loss"] else "different"),
+        )
 
 
-def _rounds(label: str, shape: dict, steps: int, rounds: int, base: str,
-            variants: dict[str, dict]) -> None:
+def _rounds(
+    label: str, shape: dict, steps: int, rounds: int, base: str, variants: dict[str, dict]
+) -> None:
     """Each variant in fresh processes started as the trainer starts them, the variants one after
     another for ``rounds`` rounds; a row per variant other than ``base``: the ratio of the best
     round of each (a neighbour's load only ever adds time), and each round's ratio."""
@@ -502,9 +559,12 @@ def _rounds(label: str, shape: dict, steps: int, rounds: int, base: str,
             continue
         best, best_base = min(times[name]), min(times[base])
         per_round = [t / u for t, u in zip(times[name], times[base])]
-        row(f"{name} / {base} step time, {label} {_shape(shape)}", f"{best / best_base:.2f}×",
+        row(
+            f"{name} / {base} step time, {label} {_shape(shape)}",
+            f"{best / best_base:.2f}×",
             f"best of {rounds}: {best * 1e3:.1f} vs {best_base * 1e3:.1f} ms; per round "
-            + ", ".join(f"{x:.2f}×" for x in per_round))
+            + ", ".join(f"{x:.2f}×" for x in per_round),
+        )
 
 
 def fact_fp16(steps: int, rounds: int) -> None:
@@ -513,19 +573,34 @@ def fact_fp16(steps: int, rounds: int) -> None:
     if _ok(r):
         flop = 2 * n**3
         for dtype, seconds in r.items():
-            row(f"MatMul {n}×{n}×{n} {dtype}, GRAPH_MODE, best of 20",
-                f"{flop / seconds / 1e9:.0f} GFLOP/s", f"{seconds * 1e3:.1f} ms")
+            row(
+                f"MatMul {n}×{n}×{n} {dtype}, GRAPH_MODE, best of 20",
+                f"{flop / seconds / 1e9:.0f} GFLOP/s",
+                f"{seconds * 1e3:.1f} ms",
+            )
         row(f"MatMul {n}³ fp16 / fp32 time", f"{r['float16'] / r['float32']:.2f}×")
     for label, shape in (("small", SMALL), ("medium", MEDIUM)):
-        _rounds(label, shape, steps, rounds, "fp32", {"fp32": {"dtype": "float32"},
-                                                      "fp16": {"dtype": "float16"}})
+        _rounds(
+            label,
+            shape,
+            steps,
+            rounds,
+            "fp32",
+            {"fp32": {"dtype": "float32"}, "fp16": {"dtype": "float16"}},
+        )
 
 
 def fact_pynative(steps: int, rounds: int) -> None:
     # Fresh processes: a process started in one mode runs the other one slower.
     for label, shape in (("small", SMALL), ("medium", MEDIUM)):
-        _rounds(label, shape, steps, rounds, "GRAPH_MODE", {"GRAPH_MODE": {"mode": "graph"},
-                                                            "PyNative": {"mode": "pynative"}})
+        _rounds(
+            label,
+            shape,
+            steps,
+            rounds,
+            "GRAPH_MODE",
+            {"GRAPH_MODE": {"mode": "graph"}, "PyNative": {"mode": "pynative"}},
+        )
 
 
 def fact_jit(steps: int) -> None:
@@ -540,10 +615,13 @@ def fact_jit(steps: int) -> None:
         o1 = kernels["O1"]
         for jit in ("O0", "O2"):
             same = kernels[jit] == o1
-            row(f"{jit} vs O1 kernel graph (graph_build IR, small {_shape(SMALL)})",
+            row(
+                f"{jit} vs O1 kernel graph (graph_build IR, small {_shape(SMALL)})",
                 "same operators and counts" if same else "different",
-                f"{sum(o1.values())} nodes" if same else
-                f"{jit}: {_histogram_diff(kernels[jit], o1)}")
+                f"{sum(o1.values())} nodes"
+                if same
+                else f"{jit}: {_histogram_diff(kernels[jit], o1)}",
+            )
     # Same kernels, so the time is only confirmed on the small model (stepped in turn in one
     # process; a process holding several large graphs slows them unevenly).
     _alternate("small", SMALL, steps, "O1", {jit: {"jit": jit} for jit in ("O1", "O0", "O2")})
@@ -551,8 +629,9 @@ def fact_jit(steps: int) -> None:
 
 def _histogram_diff(a: dict, b: dict) -> str:
     keys = sorted(set(a) | set(b))
-    return ", ".join(f"{k} {a.get(k, 0)} vs {b.get(k, 0)}" for k in keys
-                     if a.get(k, 0) != b.get(k, 0))
+    return ", ".join(
+        f"{k} {a.get(k, 0)} vs {b.get(k, 0)}" for k in keys if a.get(k, 0) != b.get(k, 0)
+    )
 
 
 def _estimate(shape: dict, recompute: str) -> tuple[float, float]:
@@ -561,13 +640,28 @@ def _estimate(shape: dict, recompute: str) -> tuple[float, float]:
     from autotune.spec.candidate import Candidate
     from autotune.spec.model_yaml import parse_spec
 
-    spec = parse_spec({"model": {"family": "mlp", "num_layers": shape["layers"],
-                                 "hidden_size": shape["hidden"], "num_heads": 1,
-                                 "ffn_hidden_size": shape["ffn"], "seq_length": 1,
-                                 "vocab_size": shape["classes"], "dtype": "float32"},
-                       "train": {"global_batch_size": shape["rows"]},
-                       "cluster": {"backend": "cpu", "devices": 1, "devices_per_node": 1,
-                                   "device_memory_gb": 1000}}, ROOT / "cpu_facts.yaml")
+    spec = parse_spec(
+        {
+            "model": {
+                "family": "mlp",
+                "num_layers": shape["layers"],
+                "hidden_size": shape["hidden"],
+                "num_heads": 1,
+                "ffn_hidden_size": shape["ffn"],
+                "seq_length": 1,
+                "vocab_size": shape["classes"],
+                "dtype": "float32",
+            },
+            "train": {"global_batch_size": shape["rows"]},
+            "cluster": {
+                "backend": "cpu",
+                "devices": 1,
+                "devices_per_node": 1,
+                "device_memory_gb": 1000,
+            },
+        },
+        ROOT / "cpu_facts.yaml",
+    )
     est = estimate(spec, Candidate(1, 1, 1, 1, 64, 1, 2**16, 0, "O1", recompute))
     return est.memory_gb_per_device * 1024, est.step_time_s
 
@@ -581,12 +675,17 @@ def fact_recompute(steps: int, rows: int) -> None:
     none = runs["none"]
     for mode, r in runs.items():
         mb, s = _estimate(shape, mode)
-        vs_none = ("" if mode == "none" else
-                   f"{r['peak_rss_mb'] / none['peak_rss_mb'] - 1:+.0%} memory, "
-                   f"{r['step_s'] / none['step_s'] - 1:+.0%} time vs none; ")
-        row(f"recompute {mode}, 8 residual MLP blocks d 256 ffn 1024, {rows} rows fp32",
+        vs_none = (
+            ""
+            if mode == "none"
+            else f"{r['peak_rss_mb'] / none['peak_rss_mb'] - 1:+.0%} memory, "
+            f"{r['step_s'] / none['step_s'] - 1:+.0%} time vs none; "
+        )
+        row(
+            f"recompute {mode}, 8 residual MLP blocks d 256 ffn 1024, {rows} rows fp32",
             f"{r['peak_rss_mb']:,.0f} MB, {r['step_s']:.2f} s/step",
-            vs_none + f"cost model {mb:,.0f} MB, {s:.2f} s")
+            vs_none + f"cost model {mb:,.0f} MB, {s:.2f} s",
+        )
 
 
 def fact_rss(steps: int) -> None:
@@ -597,15 +696,24 @@ def fact_rss(steps: int) -> None:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     for rows_, r in runs.items():
-        row(f"peak RSS, MLP 8×256 fp32 training step, {rows_} rows",
-            f"{r['peak_rss_mb']:,.0f} MB", f"after import + context: {r['rss_runtime_mb']:,.0f} MB")
-    row("peak RSS extrapolated to 0 rows (least squares over the rows above)",
-        f"{(my - slope * mx) / 1024:.2f} GB", f"+{slope * 1024:.0f} MB per 1024 rows")
+        row(
+            f"peak RSS, MLP 8×256 fp32 training step, {rows_} rows",
+            f"{r['peak_rss_mb']:,.0f} MB",
+            f"after import + context: {r['rss_runtime_mb']:,.0f} MB",
+        )
+    row(
+        "peak RSS extrapolated to 0 rows (least squares over the rows above)",
+        f"{(my - slope * mx) / 1024:.2f} GB",
+        f"+{slope * 1024:.0f} MB per 1024 rows",
+    )
     tiny = _train(SMALL, steps)
     if _ok(tiny):
-        row(f"peak RSS, small model {_shape(SMALL)}", f"{tiny['peak_rss_mb']:,.0f} MB",
+        row(
+            f"peak RSS, small model {_shape(SMALL)}",
+            f"{tiny['peak_rss_mb']:,.0f} MB",
             f"after import + context: {tiny['rss_runtime_mb']:,.0f} MB; first step done "
-            f"{tiny['first_done_s']:.1f} s after start, compile step {tiny['first_step_s']:.1f} s")
+            f"{tiny['first_done_s']:.1f} s after start, compile step {tiny['first_step_s']:.1f} s",
+        )
 
 
 def fact_cache(steps: int, rows: int) -> None:
@@ -622,12 +730,15 @@ def fact_cache(steps: int, rows: int) -> None:
         shutil.rmtree(cache, ignore_errors=True)
     fresh = {mode: _train(shape, steps, recompute=mode) for mode in ("none", "full")}
     if _ok(filled, cached, *fresh.values()):
-        row(f"compile cache: recompute=full compiled into it, then recompute=none run from it "
-            f"({rows} rows)", f"none ran at {cached['peak_rss_mb']:,.0f} MB",
+        row(
+            f"compile cache: recompute=full compiled into it, then recompute=none run from it "
+            f"({rows} rows)",
+            f"none ran at {cached['peak_rss_mb']:,.0f} MB",
             f"without the cache none {fresh['none']['peak_rss_mb']:,.0f} MB, full "
             f"{fresh['full']['peak_rss_mb']:,.0f} MB (full filling the cache "
             f"{filled['peak_rss_mb']:,.0f} MB); compile step {cached['first_step_s']:.1f} s from "
-            f"the cache vs {fresh['none']['first_step_s']:.1f} s")
+            f"the cache vs {fresh['none']['first_step_s']:.1f} s",
+        )
 
 
 def fact_bf16() -> None:
@@ -655,14 +766,19 @@ def fact_collectives() -> None:
             row(f"comm_fusion size {f['threshold_mb']} MB", "no graph_build IR found")
             continue
         full = max(buckets) * tensor_mb
-        row(f"comm_fusion size {f['threshold_mb']} MB, {FUSION_LAYERS} gradients of "
+        row(
+            f"comm_fusion size {f['threshold_mb']} MB, {FUSION_LAYERS} gradients of "
             f"{tensor_mb * 1024:.0f} KB: AllReduce nodes in graph_build IR",
             f"{len(buckets)}, full bucket {full:.3f} MB = "
             f"{full / f['threshold_mb']:.2f} × threshold",
-            f"tensors per bucket {_runs(buckets)}")
+            f"tensors per bucket {_runs(buckets)}",
+        )
     for t in r["tiny_dp"]:
-        row(f"tiny DP model ({2 * TINY_DP_LAYERS} grads), comm_fusion size {t['threshold_mb']} MB",
-            f"{t['step_ms']:.1f} ms/step", f"{t['allreduce']} AllReduce nodes")
+        row(
+            f"tiny DP model ({2 * TINY_DP_LAYERS} grads), comm_fusion size {t['threshold_mb']} MB",
+            f"{t['step_ms']:.1f} ms/step",
+            f"{t['allreduce']} AllReduce nodes",
+        )
 
 
 def _runs(values: list[int]) -> str:
@@ -682,35 +798,62 @@ def _shape(shape: dict) -> str:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["probe"]:        # probe KIND JSON
+    if sys.argv[1:2] == ["probe"]:  # probe KIND JSON
         print(json.dumps(PROBES[sys.argv[2]](json.loads(sys.argv[3]))), flush=True)
         return
-    if sys.argv[1:2] == ["worker"]:       # under msrun: worker OUT IR_DIR
+    if sys.argv[1:2] == ["worker"]:  # under msrun: worker OUT IR_DIR
         worker(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    names = ("fp16", "pynative", "jit", "recompute", "rss", "cache", "bf16", "numpy2",
-             "collectives")
+    names = (
+        "fp16",
+        "pynative",
+        "jit",
+        "recompute",
+        "rss",
+        "cache",
+        "bf16",
+        "numpy2",
+        "collectives",
+    )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=names, default=list(names))
-    parser.add_argument("--steps", type=int, default=4,
-                        help=f"timed steps per run, their median (small models: {SMALL_STEPS})")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="fresh-process rounds of the fp16 and PyNative comparisons")
-    parser.add_argument("--recompute-rows", type=int, default=4096,
-                        help=f"rows of the recompute runs ({RECOMPUTE_ORIGINAL_ROWS}: "
-                             "the size the cost model's CPU profile was fitted to, ~10 s a step)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=4,
+        help=f"timed steps per run, their median (small models: {SMALL_STEPS})",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="fresh-process rounds of the fp16 and PyNative comparisons",
+    )
+    parser.add_argument(
+        "--recompute-rows",
+        type=int,
+        default=4096,
+        help=f"rows of the recompute runs ({RECOMPUTE_ORIGINAL_ROWS}: "
+        "the size the cost model's CPU profile was fitted to, ~10 s a step)",
+    )
     args = parser.parse_args()
     started = time.time()
     print(f"{date.today()}, load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
     for name in args.only:
         print(f"[{name}]", flush=True)
         steps = {"rss": 2, "cache": 2, "recompute": min(args.steps, 3)}.get(name, args.steps)
-        {"fp16": lambda: fact_fp16(args.steps, args.rounds),
-         "pynative": lambda: fact_pynative(args.steps, args.rounds),
-         "jit": lambda: fact_jit(args.steps),
-         "recompute": lambda: fact_recompute(steps, args.recompute_rows),
-         "rss": lambda: fact_rss(steps), "cache": lambda: fact_cache(steps, CACHE_ROWS),
-         "bf16": fact_bf16, "numpy2": fact_numpy2, "collectives": fact_collectives}[name]()
+        {
+            "fp16": lambda: fact_fp16(args.steps, args.rounds),
+            "pynative": lambda: fact_pynative(args.steps, args.rounds),
+            "jit": lambda: fact_jit(args.steps),
+            # called below, in this iteration: `steps` is this fact's
+            "recompute": lambda: fact_recompute(steps, args.recompute_rows),  # noqa: B023
+            "rss": lambda: fact_rss(steps),  # noqa: B023
+            "cache": lambda: fact_cache(steps, CACHE_ROWS),  # noqa: B023
+            "bf16": fact_bf16,
+            "numpy2": fact_numpy2,
+            "collectives": fact_collectives,
+        }[name]()
     width = max(len(f) for f, _, _ in ROWS) if ROWS else 10
     print(f"\n{'fact':<{width}}  measured")
     for fact, measured, note in ROWS:

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from autotune.layout import builtin_layout, rank_elements  # noqa: E402
 from autotune.execution.runner import run_trial  # noqa: E402
+from autotune.layout import builtin_layout, rank_elements  # noqa: E402
 from autotune.spec.candidate import Candidate  # noqa: E402
 from autotune.spec.model_yaml import load_spec  # noqa: E402
 from autotune.train.config import trial_config  # noqa: E402
@@ -57,34 +57,59 @@ def main() -> int:
     parser.add_argument("--thresholds", type=int, nargs="+", default=[1, 4, 64])
     args = parser.parse_args()
     table = Table(title="gradient all-reduces per step after MindSpore's comm_fusion (rank 0)")
-    for column in ("layout", "reducer group", "grad MB (rank 0)",
-                   *(f"fusion {t} MB: all-reduces (MB each)" for t in args.thresholds)):
+    for column in (
+        "layout",
+        "reducer group",
+        "grad MB (rank 0)",
+        *(f"fusion {t} MB: all-reduces (MB each)" for t in args.thresholds),
+    ):
         table.add_column(column, justify="right")
     work = Path(tempfile.mkdtemp(prefix="autotune-fusion-"))
     try:
         for dp, tp, pp in LAYOUTS:
             devices = dp * tp * pp
-            spec = load_spec(args.model_yaml, {"cluster.devices": devices, "cluster.devices_per_node": devices})
+            spec = load_spec(
+                args.model_yaml, {"cluster.devices": devices, "cluster.devices_per_node": devices}
+            )
             layouts, _ = builtin_layout(spec.model.as_config(), tp, pp)
             grad_mb = rank_elements(layouts, tp, 0) * 4 / 2**20
             cells, groups = [], set()
             for threshold in args.thresholds:
-                c = Candidate(dp=dp, tp=tp, pp=pp, micro_batches=2 if pp > 1 else 1, fusion_mb=threshold,
-                              grad_accum=1, loss_scale=1024, warmup_steps=0, jit_level="O1", recompute="none")
+                c = Candidate(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    micro_batches=2 if pp > 1 else 1,
+                    fusion_mb=threshold,
+                    grad_accum=1,
+                    loss_scale=1024,
+                    warmup_steps=0,
+                    jit_level="O1",
+                    recompute="none",
+                )
                 folder = work / f"{dp}{tp}{pp}-{threshold}"
-                config = trial_config(spec, c, study="fusion", number=0, out_dir=folder, steps=2, measure_after=1)
-                os.environ.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=str(folder / "ir"))
+                config = trial_config(
+                    spec, c, study="fusion", number=0, out_dir=folder, steps=2, measure_after=1
+                )
+                os.environ.update(
+                    MS_DEV_SAVE_GRAPHS="1", MS_DEV_SAVE_GRAPHS_PATH=str(folder / "ir")
+                )
                 result = run_trial(config, folder, 600, None, c.devices)
                 if result.outcome != "ok":
-                    print(f"dp{dp} tp{tp} pp{pp} fusion {threshold}: {result.outcome}: "
-                          f"{result.detail.splitlines()[0] if result.detail else ''}", file=sys.stderr)
+                    print(
+                        f"dp{dp} tp{tp} pp{pp} fusion {threshold}: {result.outcome}: "
+                        f"{result.detail.splitlines()[0] if result.detail else ''}",
+                        file=sys.stderr,
+                    )
                     cells.append(result.outcome)
                     continue
                 count, found = count_reducer_allreduces(folder / "ir")
                 groups |= found
                 cells.append(f"{count} ({grad_mb / max(count, 1):.2f})")
                 shutil.rmtree(folder / "ir", ignore_errors=True)  # dumps are large
-            table.add_row(f"dp{dp} tp{tp} pp{pp}", ", ".join(sorted(groups)), f"{grad_mb:.2f}", *cells)
+            table.add_row(
+                f"dp{dp} tp{tp} pp{pp}", ", ".join(sorted(groups)), f"{grad_mb:.2f}", *cells
+            )
     finally:
         os.environ.pop("MS_DEV_SAVE_GRAPHS", None)
         shutil.rmtree(work, ignore_errors=True)

@@ -70,9 +70,16 @@ def launch(config: dict, folder: Path, workers: int, tree: Path) -> dict:
     path = folder / "config.json"
     path.write_text(json.dumps(config))
     argv = command(path, workers, folder / "logs", free_port(), bind_cores=True)
-    argv = [str(tree / Path(PROGRAM_PATH).relative_to(ROOT)) if a == str(PROGRAM_PATH) else a for a in argv]
-    env = {**os.environ, "PYTHONPATH": str(tree), "GLOG_v": "3",
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    argv = [
+        str(tree / Path(PROGRAM_PATH).relative_to(ROOT)) if a == str(PROGRAM_PATH) else a
+        for a in argv
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "GLOG_v": "3",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
     done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode:
         logs = "".join(p.read_text()[-2000:] for p in (folder / "logs").glob("worker_*.log"))
@@ -80,11 +87,15 @@ def launch(config: dict, folder: Path, workers: int, tree: Path) -> dict:
     metrics = json.loads((folder / "metrics.json").read_text())
     steps = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
     ranks = [json.loads(p.read_text()) for p in folder.glob("metrics.rank*.json")]
-    measured = steps[config["trial"]["measure_after"]:]
-    return {"steps_s": sum(s["step_time_ms"] for s in measured) / 1000.0,
-            "probe_s": max(r["probe_s"] for r in ranks), "u": metrics["underflow_share"],
-            "z": metrics.get("underflow_bound"), "probed": metrics.get("underflow_probed", True),
-            "loss_last": metrics["loss_last"]}
+    measured = steps[config["trial"]["measure_after"] :]
+    return {
+        "steps_s": sum(s["step_time_ms"] for s in measured) / 1000.0,
+        "probe_s": max(r["probe_s"] for r in ranks),
+        "u": metrics["underflow_share"],
+        "z": metrics.get("underflow_bound"),
+        "probed": metrics.get("underflow_probed", True),
+        "loss_last": metrics["loss_last"],
+    }
 
 
 def count_costs(spec, calls: int) -> list[tuple[str, float]]:
@@ -110,10 +121,15 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
     params = ParameterTuple(optimizer_order(network.trainable_params()))
     cells = {}
     for counted in (False, True):
-        state = step.TrainState(params, 1, 2.0 ** 16, 1000, count_zeros=counted)
-        cell = step.TrainStep(step.NetWithLoss(network, tp_layers.TokenCrossEntropy()),
-                              make_optimizer(list(params), 0.0), state, scaling=True,
-                              parallel=step.Parallelism(), weights=params)
+        state = step.TrainState(params, 1, 2.0**16, 1000, count_zeros=counted)
+        cell = step.TrainStep(
+            step.NetWithLoss(network, tp_layers.TokenCrossEntropy()),
+            make_optimizer(list(params), 0.0),
+            state,
+            scaling=True,
+            parallel=step.Parallelism(),
+            weights=params,
+        )
         cell.set_train()
         cell.set_jit_config(ms.JitConfig(jit_level="O1"))  # as the tiny GPT's trials run
         cells[f"training step, zero counts {'on' if counted else 'off'}"] = cell
@@ -126,14 +142,23 @@ def count_costs(spec, calls: int) -> list[tuple[str, float]]:
         def construct(self, grads):
             return ops.stack([ops.cast(ops.equal(g, 0), ms.int32).sum() for g in grads])
 
-    grads = tuple(ms.Tensor(np.random.default_rng(0).standard_normal(p.shape).astype(np.float32)) for p in params)
-    x, y = data.TokenChains(spec.train.global_batch_size // 2, model["seq_length"], model["vocab_size"])(0)
+    grads = tuple(
+        ms.Tensor(np.random.default_rng(0).standard_normal(p.shape).astype(np.float32))
+        for p in params
+    )
+    x, y = data.TokenChains(
+        spec.train.global_batch_size // 2, model["seq_length"], model["vocab_size"]
+    )(0)
     x, y = ms.Tensor(x), ms.Tensor(y)
     calls_of = {name: (lambda cell=cell: cell(x, y)[0].asnumpy()) for name, cell in cells.items()}
-    calls_of.update({f"count alone, {type(cell).__name__}": (lambda cell=cell: cell(grads).asnumpy())
-                     for cell in (ZeroCounts(), EqualCastSum())})
+    calls_of.update(
+        {
+            f"count alone, {type(cell).__name__}": (lambda cell=cell: cell(grads).asnumpy())
+            for cell in (ZeroCounts(), EqualCastSum())
+        }
+    )
     times = {name: [] for name in calls_of}
-    for name, call in calls_of.items():
+    for call in calls_of.values():
         call()  # compile
     order, shuffle = list(calls_of), random.Random(0).shuffle
     for _ in range(calls):
@@ -174,8 +199,10 @@ def allreduce_worker(out: Path, calls: int) -> None:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     session.numpy2_workaround(ms)
     ms.communication.init()
-    ways = {"compiled one-op cell, new each call": lambda: _cell_sum(ms, [1.0, 2.0]),
-            "eager AllReduce (parallel.world_sum)": lambda: parallel.world_sum([1.0, 2.0])}
+    ways = {
+        "compiled one-op cell, new each call": lambda: _cell_sum(ms, [1.0, 2.0]),
+        "eager AllReduce (parallel.world_sum)": lambda: parallel.world_sum([1.0, 2.0]),
+    }
     times = {name: [] for name in ways}
     for _ in range(calls):
         for name, way in ways.items():
@@ -183,7 +210,9 @@ def allreduce_worker(out: Path, calls: int) -> None:
             assert list(way()) == [2.0, 4.0]
             times[name].append((time.perf_counter() - started) * 1000.0)
     if ms.communication.get_rank() == 0:
-        out.write_text(json.dumps([(name, statistics.median(t), min(t)) for name, t in times.items()]))
+        out.write_text(
+            json.dumps([(name, statistics.median(t), min(t)) for name, t in times.items()])
+        )
 
 
 def allreduce_costs(calls: int) -> list[tuple[str, float]]:
@@ -191,9 +220,18 @@ def allreduce_costs(calls: int) -> list[tuple[str, float]]:
     work = Path(tempfile.mkdtemp(prefix="autotune-probe-ar-"))
     try:
         argv = command(work / "x", 2, work / "logs", free_port(), bind_cores=True)
-        argv = argv[:-2] + [str(Path(__file__).resolve()), "worker", str(work / "out.json"), str(calls)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3",
-               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        argv = argv[:-2] + [
+            str(Path(__file__).resolve()),
+            "worker",
+            str(work / "out.json"),
+            str(calls),
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "GLOG_v": "3",
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        }
         subprocess.run(argv, cwd=work, env=env, capture_output=True, timeout=600, check=True)
         return [tuple(row) for row in json.loads((work / "out.json").read_text())]
     finally:
@@ -208,27 +246,38 @@ def main() -> int:
     parser.add_argument("model_yaml", nargs="?", default=str(ROOT / "examples" / "tiny_gpt.yaml"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--old-tree", type=Path, help="a checkout of the program before the bound")
-    parser.add_argument("--low-scales", type=float, nargs="*", default=[1.0, 2.0 ** -4, 2.0 ** -8])
+    parser.add_argument("--low-scales", type=float, nargs="*", default=[1.0, 2.0**-4, 2.0**-8])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--no-trials", action="store_true", help="only the in-process count costs")
     args = parser.parse_args()
     spec = load_spec(args.model_yaml)
     space = build_space(spec)
     base = space.baseline()
-    trials = {f"dp{c.dp} tp{c.tp} pp{c.pp} @{c.loss_scale:g}": c for c in [base, *space.layout_openers(spec)]}
-    trials.update({f"dp{base.dp} tp{base.tp} pp{base.pp} @{s:g}": base.replace(loss_scale=s)
-                   for s in args.low_scales})
+    trials = {
+        f"dp{c.dp} tp{c.tp} pp{c.pp} @{c.loss_scale:g}": c
+        for c in [base, *space.layout_openers(spec)]
+    }
+    trials.update(
+        {
+            f"dp{base.dp} tp{base.tp} pp{base.pp} @{s:g}": base.replace(loss_scale=s)
+            for s in args.low_scales
+        }
+    )
     variants = {"always": (ROOT, "always"), "auto": (ROOT, "auto")}
     if args.old_tree:
         variants["old"] = (args.old_tree.resolve(), "always")
     if not args.no_trials:
         trial_table(spec, args, trials, variants)
-    table = Table(title="what the bound costs: summing over two msrun ranks, then the zero count in one "
-                        f"process ({args.calls} rounds of the calls in shuffled order)")
+    table = Table(
+        title="what the bound costs: summing over two msrun ranks, then the zero count in one "
+        f"process ({args.calls} rounds of the calls in shuffled order)"
+    )
     table.add_column("what")
     table.add_column("ms per call, median", justify="right")
     table.add_column("fastest", justify="right")
-    for name, median, fastest in allreduce_costs(max(3, args.calls // 10)) + count_costs(spec, args.calls):
+    for name, median, fastest in allreduce_costs(max(3, args.calls // 10)) + count_costs(
+        spec, args.calls
+    ):
         table.add_row(name, f"{median:.2f}", f"{fastest:.2f}")
     Console(width=160).print(table)
     return 0
@@ -243,28 +292,56 @@ def trial_table(spec, args, trials: dict, variants: dict) -> None:
             for t, candidate in trials.items():
                 for v, (tree, mode) in variants.items():
                     folder = work / f"{round_}-{len(runs)}-{v}-{t.replace(' ', '_')}"
-                    config = trial_config(spec, candidate, study="probe", number=0, out_dir=folder,
-                                          steps=spec.trial.steps, measure_after=spec.trial.measure_after)
+                    config = trial_config(
+                        spec,
+                        candidate,
+                        study="probe",
+                        number=0,
+                        out_dir=folder,
+                        steps=spec.trial.steps,
+                        measure_after=spec.trial.measure_after,
+                    )
                     config["trial"]["underflow_probe"] = mode
                     r = launch(config, folder, candidate.devices, tree)
                     runs[t, v].append(r)
-                    print(f"round {round_ + 1} {t} {v}: steps {r['steps_s']:.2f} s, probe {r['probe_s']:.2f} s, "
-                          f"u {r['u']:.3g}, z {r['z'] if r['z'] is None else format(r['z'], '.3g')}", flush=True)
+                    print(
+                        f"round {round_ + 1} {t} {v}: steps {r['steps_s']:.2f} s, probe {r['probe_s']:.2f} s, "
+                        f"u {r['u']:.3g}, z {r['z'] if r['z'] is None else format(r['z'], '.3g')}",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    table = Table(title=f"{Path(args.model_yaml).name}: {spec.trial.steps} steps ({spec.trial.measure_after} "
-                        f"unmeasured), {args.rounds} interleaved rounds, medians")
-    for column in ("trial", "variant", "steps_s", "probe_s", "probe / steps", "u", "z (bound)", "probe ran",
-                   "loss_last"):
+    table = Table(
+        title=f"{Path(args.model_yaml).name}: {spec.trial.steps} steps ({spec.trial.measure_after} "
+        f"unmeasured), {args.rounds} interleaved rounds, medians"
+    )
+    for column in (
+        "trial",
+        "variant",
+        "steps_s",
+        "probe_s",
+        "probe / steps",
+        "u",
+        "z (bound)",
+        "probe ran",
+        "loss_last",
+    ):
         table.add_column(column, justify="left" if column in ("trial", "variant") else "right")
     for (t, v), rs in runs.items():
         steps, probe = (statistics.median(r[k] for r in rs) for k in ("steps_s", "probe_s"))
         zs = [r["z"] for r in rs if r["z"] is not None]
-        table.add_row(t, v, f"{steps:.2f}", f"{probe:.2f}", f"{probe / steps:.0%}",
-                      " ".join(f"{r['u']:.3g}" for r in rs), " ".join(f"{z:.3g}" for z in zs) or "—",
-                      " ".join("yes" if r["probed"] else "no" for r in rs),
-                      " ".join(f"{r['loss_last']:.6f}" for r in rs))
+        table.add_row(
+            t,
+            v,
+            f"{steps:.2f}",
+            f"{probe:.2f}",
+            f"{probe / steps:.0%}",
+            " ".join(f"{r['u']:.3g}" for r in rs),
+            " ".join(f"{z:.3g}" for z in zs) or "—",
+            " ".join("yes" if r["probed"] else "no" for r in rs),
+            " ".join(f"{r['loss_last']:.6f}" for r in rs),
+        )
     Console(width=160).print(table)
 
 

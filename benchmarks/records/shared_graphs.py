@@ -85,18 +85,23 @@ def stored_graphs(cache: Path) -> dict:
 
 def allreduces(ir_dir: Path) -> int:
     """AllReduce nodes in rank 0's update graph as MindSpore's backend built it."""
-    return max(len(re.findall(r"AllReduce\(", p.read_text()))
-               for p in (ir_dir / "rank_0").glob("graph_build_*.ir"))
+    return max(
+        len(re.findall(r"AllReduce\(", p.read_text()))
+        for p in (ir_dir / "rank_0").glob("graph_build_*.ir")
+    )
 
 
 def main() -> None:
     spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml")
     reference = build_space(spec).baseline().replace(grad_accum=2)  # dp2, fusion 64
-    runs = {"reference (fusion 64)": (reference, 0), "reference again": (reference, 1),
-            "fusion 1": (reference.replace(fusion_mb=1), 2),
-            "parallel optimizer": (reference.replace(parallel_optimizer=True), 3),
-            "recompute full": (reference.replace(recompute="full"), 4),
-            "fusion 1, reference's cache": (reference.replace(fusion_mb=1), 0)}
+    runs = {
+        "reference (fusion 64)": (reference, 0),
+        "reference again": (reference, 1),
+        "fusion 1": (reference.replace(fusion_mb=1), 2),
+        "parallel optimizer": (reference.replace(parallel_optimizer=True), 3),
+        "recompute full": (reference.replace(recompute="full"), 4),
+        "fusion 1, reference's cache": (reference.replace(fusion_mb=1), 0),
+    }
     work = Path(tempfile.mkdtemp(prefix="autotune-shared-graphs-"))
     rows = {}
     os.environ.update(MS_DEV_SAVE_GRAPHS="1", MS_DEV_DUMP_IR_PASSES="graph_build")
@@ -105,26 +110,44 @@ def main() -> None:
             folder, cache, ir = work / f"trial-{i}", work / f"cache-{cache_of}", work / f"ir-{i}"
             stored_before = stored_graphs(cache) if cache.exists() else {}
             os.environ["MS_DEV_SAVE_GRAPHS_PATH"] = str(ir)
-            config = trial_config(spec, candidate, study="shared-graphs", number=i,
-                                  out_dir=folder.resolve(), steps=8, measure_after=2, compile_cache=cache)
+            config = trial_config(
+                spec,
+                candidate,
+                study="shared-graphs",
+                number=i,
+                out_dir=folder.resolve(),
+                steps=8,
+                measure_after=2,
+                compile_cache=cache,
+            )
             result = run_trial(config, folder, 600, None, candidate.devices)
             if result.outcome != "ok":
                 raise SystemExit(f"{name}: {result.outcome}: {result.detail[:2000]}")
             log = (folder / "logs" / "worker_0.log").read_text()
             loaded = re.search(r"compile cache: graph \w+: (\d+ of \d+) graphs loaded", log)[1]
-            rows[name] = (stored_before or stored_graphs(cache), allreduces(ir), loaded,
-                          result.metrics["loss_last"])
+            rows[name] = (
+                stored_before or stored_graphs(cache),
+                allreduces(ir),
+                loaded,
+                result.metrics["loss_last"],
+            )
             print(f"  {name}: ran, {loaded} graphs loaded", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     first = rows[next(iter(runs))][0]
-    print("\nthe tiny GPT's dp2 trial with accumulation 2 (8 steps), each graph against the "
-          "reference's (canonical MindIR: node counters out)\n")
-    print(f"{'run':>28} | accumulate graph | update graph | AllReduce nodes | graphs loaded | last loss")
+    print(
+        "\nthe tiny GPT's dp2 trial with accumulation 2 (8 steps), each graph against the "
+        "reference's (canonical MindIR: node counters out)\n"
+    )
+    print(
+        f"{'run':>28} | accumulate graph | update graph | AllReduce nodes | graphs loaded | last loss"
+    )
     print("-" * 104)
     for name, (stored, nodes, loaded, loss) in rows.items():
         same = ["same" if stored[g] == first[g] else "differs" for g in GRAPHS]
-        print(f"{name:>28} | {same[0]:>16} | {same[1]:>12} | {nodes:>15} | {loaded:>13} | {loss:.6f}")
+        print(
+            f"{name:>28} | {same[0]:>16} | {same[1]:>12} | {nodes:>15} | {loaded:>13} | {loss:.6f}"
+        )
 
 
 if __name__ == "__main__":

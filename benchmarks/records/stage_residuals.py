@@ -73,6 +73,7 @@ def worker(mode: str, out: Path) -> dict:
     dy = batch()
     add = ops.HyperMap()
     if mode == "graph":
+
         class Backward(nn.Cell):
             def __init__(self):
                 super().__init__()
@@ -134,8 +135,12 @@ def worker(mode: str, out: Path) -> dict:
         fifo = "yes"
     except RuntimeError as exc:
         fifo = "no: " + str(exc).split("\n")[0].removeprefix("Failure info [")[:60]
-    return {"forward_ms": 1000 * float(np.median(fwd[2:])),
-            "backward_ms": 1000 * float(np.median(bwd[2:])), "hold_mb": hold, "fifo": fifo}
+    return {
+        "forward_ms": 1000 * float(np.median(fwd[2:])),
+        "backward_ms": 1000 * float(np.median(bwd[2:])),
+        "hold_mb": hold,
+        "fifo": fifo,
+    }
 
 
 def _hwm_mb() -> float:
@@ -161,23 +166,33 @@ def main() -> None:
         for r in range(args.rounds):
             for mode in MODES:
                 out = Path(tmp) / f"{mode}.npy"
-                done = subprocess.run([sys.executable, __file__, "--worker", mode, "--out", str(out)],
-                                      capture_output=True, text=True, check=True)
+                done = subprocess.run(
+                    [sys.executable, __file__, "--worker", mode, "--out", str(out)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 row.update(round=r + 1, mode=mode, grads=np.load(out))
                 rows.append(row)
-        print(f"one micro-batch of a {LAYERS}-block stage, h {H}, {TOKENS} tokens, float32; "
-              f"{args.rounds} rounds")
-        print(f"{'round':>5} {'way':<9}{'forward ms':>11}{'backward ms':>12}{'per micro-batch':>16}"
-              f"{'vs graph':>9}{'held MB':>8}  {'grads = graph':<14}oldest first (1F1B)")
+        print(
+            f"one micro-batch of a {LAYERS}-block stage, h {H}, {TOKENS} tokens, float32; "
+            f"{args.rounds} rounds"
+        )
+        print(
+            f"{'round':>5} {'way':<9}{'forward ms':>11}{'backward ms':>12}{'per micro-batch':>16}"
+            f"{'vs graph':>9}{'held MB':>8}  {'grads = graph':<14}oldest first (1F1B)"
+        )
         for row in rows:
             graph = next(g for g in rows if g["round"] == row["round"] and g["mode"] == "graph")
             total = row["forward_ms"] + row["backward_ms"]
             ratio = total / (graph["forward_ms"] + graph["backward_ms"])
             same = float(np.abs(row["grads"] - graph["grads"]).max())
-            print(f"{row['round']:>5} {row['mode']:<9}{row['forward_ms']:>11.1f}{row['backward_ms']:>12.1f}"
-                  f"{total:>16.1f}{ratio:>8.2f}×{row['hold_mb']:>8.1f}  "
-                  f"{'max diff ' + format(same, '.1g'):<14}{row['fifo']}")
+            print(
+                f"{row['round']:>5} {row['mode']:<9}{row['forward_ms']:>11.1f}{row['backward_ms']:>12.1f}"
+                f"{total:>16.1f}{ratio:>8.2f}×{row['hold_mb']:>8.1f}  "
+                f"{'max diff ' + format(same, '.1g'):<14}{row['fifo']}"
+            )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ first step whose interval was narrow enough and averaged the same steps (kept he
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -66,16 +67,28 @@ def pilot_and_block(times, overflows, measure_after, precision, min_steps) -> tu
 RULES = {"first narrow (before)": first_narrow, "pilot + block (now)": pilot_and_block}
 
 
+def _normal(rng, cv):
+    return rng.gauss(100.0, 100.0 * cv)
+
+
 def simulated(precision: float, min_steps: int, measured: int, trials: int) -> None:
-    draws = {f"normal CV {cv:.0%}": ((lambda cv: lambda rng: rng.gauss(100.0, 100.0 * cv))(cv), 100.0)
-             for cv in (0.02, 0.03, 0.04, 0.06)}
+    draws = {
+        f"normal CV {cv:.0%}": (functools.partial(_normal, cv=cv), 100.0)
+        for cv in (0.02, 0.03, 0.04, 0.06)
+    }
     draws["N(100, 3) + 6 % at 300"] = (
-        lambda rng: 300.0 if rng.random() < 0.06 else rng.gauss(100.0, 3.0), 112.0)
+        lambda rng: 300.0 if rng.random() < 0.06 else rng.gauss(100.0, 3.0),
+        112.0,
+    )
     steps = measured + 5
-    print(f"simulated trials: {trials} per row, {steps} steps of which 5 excluded, min_steps "
-          f"{min_steps}, precision {precision:.0%}")
-    print(f"{'steps':<24} {'rule':<22} {'mean step vs truth':>18} {'stop early':>10} "
-          f"{'measured steps':>14}")
+    print(
+        f"simulated trials: {trials} per row, {steps} steps of which 5 excluded, min_steps "
+        f"{min_steps}, precision {precision:.0%}"
+    )
+    print(
+        f"{'steps':<24} {'rule':<22} {'mean step vs truth':>18} {'stop early':>10} "
+        f"{'measured steps':>14}"
+    )
     for name, (draw, truth) in draws.items():
         for rule_name, rule in RULES.items():
             rng = random.Random(28)
@@ -86,8 +99,10 @@ def simulated(precision: float, min_steps: int, measured: int, trials: int) -> N
                 means.append(mean)
                 ran.append(n - 5)
             early = sum(n < measured for n in ran) / trials
-            print(f"{name:<24} {rule_name:<22} {statistics.fmean(means) / truth - 1:>+17.2%} "
-                  f"{early:>10.0%} {statistics.fmean(ran):>14.1f}")
+            print(
+                f"{name:<24} {rule_name:<22} {statistics.fmean(means) / truth - 1:>+17.2%} "
+                f"{early:>10.0%} {statistics.fmean(ran):>14.1f}"
+            )
 
 
 def recorded(folders: list, precision: float, min_steps: int) -> None:
@@ -102,11 +117,18 @@ def recorded(folders: list, precision: float, min_steps: int) -> None:
             if metrics["applied_steps"] < trial["steps"]:
                 continue  # stopped early already: what it would have run is not on record
             records = [json.loads(line) for line in steps.read_text().splitlines()]
-            runs.append(([r["step_time_ms"] for r in records], [r["overflow"] for r in records],
-                         trial["measure_after"]))
-    print(f"\n{len(runs)} recorded trials that ran all their steps, replayed in order "
-          f"(min_steps {min_steps}, precision {precision:.0%}): each rule's mean step time against "
-          "the mean of all the trial's measured steps")
+            runs.append(
+                (
+                    [r["step_time_ms"] for r in records],
+                    [r["overflow"] for r in records],
+                    trial["measure_after"],
+                )
+            )
+    print(
+        f"\n{len(runs)} recorded trials that ran all their steps, replayed in order "
+        f"(min_steps {min_steps}, precision {precision:.0%}): each rule's mean step time against "
+        "the mean of all the trial's measured steps"
+    )
     for rule_name, rule in RULES.items():
         errors, ran, full = [], 0, 0
         for times, overflows, measure_after in runs:
@@ -114,8 +136,10 @@ def recorded(folders: list, precision: float, min_steps: int) -> None:
             errors.append(mean / statistics.fmean(times[measure_after:]) - 1)
             ran, full = ran + n, full + len(times)
         if errors:
-            print(f"  {rule_name:<22} mean {statistics.fmean(errors):+.2%}, from "
-                  f"{min(errors):+.2%} to {max(errors):+.2%}; {ran} of {full} steps run")
+            print(
+                f"  {rule_name:<22} mean {statistics.fmean(errors):+.2%}, from "
+                f"{min(errors):+.2%} to {max(errors):+.2%}; {ran} of {full} steps run"
+            )
 
 
 def main() -> None:

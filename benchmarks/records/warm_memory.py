@@ -41,15 +41,22 @@ def trials(accumulations: list[int], batch: int | None, folder: Path) -> list[di
     from autotune.train.metrics import resident_mb
     from autotune.train.runtime.serve import release
 
-    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
-                     {"train.global_batch_size": batch} if batch else None)
+    spec = load_spec(
+        ROOT / "examples" / "tiny_gpt.yaml", {"train.global_batch_size": batch} if batch else None
+    )
     candidate = build_space(spec).baseline().replace(dp=1)
     session, settled, rows = None, None, []
     for k, accumulation in enumerate(accumulations):
         out = folder / str(k)
-        config = trial_config(spec, candidate.replace(grad_accum=accumulation), study="m",
-                              number=k, out_dir=out, steps=spec.trial.steps,
-                              measure_after=spec.trial.measure_after)
+        config = trial_config(
+            spec,
+            candidate.replace(grad_accum=accumulation),
+            study="m",
+            number=k,
+            out_dir=out,
+            steps=spec.trial.steps,
+            measure_after=spec.trial.measure_after,
+        )
         session = session or program.open_trial_session(config)
         before = resident_mb()
         leftover = max(0.0, before - settled) if settled is not None else 0.0
@@ -59,8 +66,16 @@ def trials(accumulations: list[int], batch: int | None, folder: Path) -> list[di
         release(session)
         release_ms = (time.perf_counter() - released_at) * 1000
         settled = resident_mb() if settled is None else settled
-        rows.append({"accumulation": accumulation, "before": before, "raw_peak": raw,
-                     "released": resident_mb(), "peak": raw - leftover, "release_ms": release_ms})
+        rows.append(
+            {
+                "accumulation": accumulation,
+                "before": before,
+                "raw_peak": raw,
+                "released": resident_mb(),
+                "peak": raw - leftover,
+                "release_ms": release_ms,
+            }
+        )
     return rows
 
 
@@ -80,21 +95,34 @@ def main() -> None:
 
         def child(accumulations) -> list[dict]:
             run = [sys.executable, __file__, *batch, "--child", ",".join(map(str, accumulations))]
-            return json.loads(subprocess.run(run, capture_output=True, text=True,
-                                             check=True).stdout.splitlines()[-1])
+            return json.loads(
+                subprocess.run(run, capture_output=True, text=True, check=True).stdout.splitlines()[
+                    -1
+                ]
+            )
 
-        sequence = ([int(a) for a in args.accumulations.split(",")] if args.accumulations
-                    else [1] * args.trials)
+        sequence = (
+            [int(a) for a in args.accumulations.split(",")]
+            if args.accumulations
+            else [1] * args.trials
+        )
         fresh = {a: child([a])[0]["raw_peak"] for a in sorted(set(sequence))}
         warm = child(sequence)
-    print(f"\ntiny GPT model, one process (MB); a fresh process's trial peaks at "
-          + ", ".join(f"{peak:.0f} (accumulation {a})" for a, peak in fresh.items()) + "\n")
-    print(f"{'trial':>5} | {'accum':>5} | {'before':>6} | {'raw peak':>8} | {'released':>8} | "
-          f"{'peak less leftover':>18} | vs fresh | release ms")
+    print(
+        "\ntiny GPT model, one process (MB); a fresh process's trial peaks at "
+        + ", ".join(f"{peak:.0f} (accumulation {a})" for a, peak in fresh.items())
+        + "\n"
+    )
+    print(
+        f"{'trial':>5} | {'accum':>5} | {'before':>6} | {'raw peak':>8} | {'released':>8} | "
+        f"{'peak less leftover':>18} | vs fresh | release ms"
+    )
     for k, r in enumerate(warm):
-        print(f"{k:>5} | {r['accumulation']:>5} | {r['before']:6.0f} | {r['raw_peak']:8.0f} | "
-              f"{r['released']:8.0f} | {r['peak']:18.0f} | "
-              f"{r['peak'] / fresh[r['accumulation']] - 1:>+8.1%} | {r['release_ms']:10.0f}")
+        print(
+            f"{k:>5} | {r['accumulation']:>5} | {r['before']:6.0f} | {r['raw_peak']:8.0f} | "
+            f"{r['released']:8.0f} | {r['peak']:18.0f} | "
+            f"{r['peak'] / fresh[r['accumulation']] - 1:>+8.1%} | {r['release_ms']:10.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ import textwrap
 from autotune.cli import main
 from tests.conftest import SIM8_MODEL
 
-NONE_FITS = "study: none\n" + SIM8_MODEL + """\
+NONE_FITS = (
+    "study: none\n"
+    + SIM8_MODEL
+    + """\
 cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g,
           device_memory_gb: 0.01}
 search:
@@ -17,6 +20,7 @@ search:
           recompute: [none, full]}
   n_trials: 4
 """
+)
 WHY = "no trial finished ok (infeasible 4)"
 
 
@@ -34,8 +38,15 @@ def test_report_names_every_figure_it_cannot_draw(tmp_path, capsys):
     assert main(["report", "none", "--storage", storage, "--out", str(tmp_path / "r")]) == 0
     page = (tmp_path / "r" / "index.html").read_text()
     missing = re.findall(r"\(no figure (\w+): ([^)]*\))\)", page)
-    assert [name for name, _ in missing] == ["history", "importances", "parallel", "slice",
-                                             "memory", "estimate", "breakdown"]
+    assert [name for name, _ in missing] == [
+        "history",
+        "importances",
+        "parallel",
+        "slice",
+        "memory",
+        "estimate",
+        "breakdown",
+    ]
     assert all(why == WHY for _, why in missing)
     assert f"best: none: {WHY}" in page
     assert "baseline: #0 infeasible, no goodput" in page
@@ -54,7 +65,8 @@ def test_a_report_of_two_such_studies_names_the_shared_figure(tmp_path, capsys):
     storage = study(tmp_path, capsys)
     path = tmp_path / "model.yaml"
     assert main(["search", str(path), "--storage", storage, "--study", "again"]) == 0
-    assert main(["report", "none", "again", "--storage", storage,
-                 "--out", str(tmp_path / "r")]) == 0
+    assert (
+        main(["report", "none", "again", "--storage", storage, "--out", str(tmp_path / "r")]) == 0
+    )
     page = (tmp_path / "r" / "index.html").read_text()
     assert "(no figure studies-history: no study has a trial that finished ok)" in page

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 import autotune
-from autotune.storage import counting, schema
 from autotune.analysis import frames
-from autotune.costmodel import diagnosis
 from autotune.cli import main
+from autotune.costmodel import diagnosis
+from autotune.storage import schema
 from tests.conftest import SIM8_MODEL, TINY_GPT_MODEL
 
 DIAG = """
@@ -28,7 +28,10 @@ cluster: {backend: simulate, devices: 64, devices_per_node: 8, device: a100-80g}
 search: {n_trials: 1, seed: 0}
 """
 
-SIMULATE = "study: sim\n" + SIM8_MODEL + """\
+SIMULATE = (
+    "study: sim\n"
+    + SIM8_MODEL
+    + """\
 cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g}
 search:
   space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
@@ -38,9 +41,13 @@ search:
   objectives: [goodput, peak_memory]
   seed: 0
 """
+)
 
 # One worker, so a trial is one MindSpore process (no msrun): the cheapest real study there is.
-REAL_CPU = "study: cpu\n" + TINY_GPT_MODEL + """\
+REAL_CPU = (
+    "study: cpu\n"
+    + TINY_GPT_MODEL
+    + """\
 cluster: {backend: cpu, devices: 1, devices_per_node: 1, device_memory_gb: 8}
 search:
   space: {fusion_mb: 64, grad_accum: [1, 2], loss_scale: [1024, 65536], warmup_steps: 0,
@@ -50,6 +57,7 @@ search:
   seed: 1
 trial: {steps: 6, measure_after: 2, timeout_s: 240}
 """
+)
 
 NON_COMPUTE = ("recompute", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer", "host")
 
@@ -67,16 +75,36 @@ def ok_numbers(study, storage) -> list[int]:
     return sorted(int(n) for n in ran["number"])
 
 
-@pytest.mark.parametrize("name, knobs, part", [
-    ("bubble", ["dp=8", "tp=1", "pp=8", "micro_batches=8", "recompute=none"], "bubble"),
-    ("allreduce", ["dp=64", "tp=1", "pp=1", "fusion_mb=1", "grad_accum=1", "recompute=none"],
-     "dp_comm"),
-])
+@pytest.mark.parametrize(
+    "name, knobs, part",
+    [
+        ("bubble", ["dp=8", "tp=1", "pp=8", "micro_batches=8", "recompute=none"], "bubble"),
+        (
+            "allreduce",
+            ["dp=64", "tp=1", "pp=1", "fusion_mb=1", "grad_accum=1", "recompute=none"],
+            "dp_comm",
+        ),
+    ],
+)
 def test_show_names_the_largest_non_compute_part(tmp_path, capsys, name, knobs, part):
     storage = f"sqlite:///{tmp_path}/s.db"
     sets = [arg for knob in knobs for arg in ("--set", knob)]
-    assert main(["search", write(tmp_path, DIAG), "--storage", storage, "--study", name,
-                 "--trials", "1", *sets]) == 0
+    assert (
+        main(
+            [
+                "search",
+                write(tmp_path, DIAG),
+                "--storage",
+                storage,
+                "--study",
+                name,
+                "--trials",
+                "1",
+                *sets,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["show", name, "--storage", storage, "--trial", "0"]) == 0
     out = capsys.readouterr().out
@@ -91,9 +119,13 @@ def test_show_names_the_largest_non_compute_part(tmp_path, capsys, name, knobs, 
     assert f"{stored['shares'][part]:.0%}" in verdict
     # a trial recorded before diagnoses were stored gets the same one, computed on read
     older = {k: v for k, v in trial.user_attrs.items() if k != "diagnosis"}
-    frozen = optuna.trial.create_trial(state=trial.state, values=trial.values,
-                                       params=trial.params, distributions=trial.distributions,
-                                       user_attrs=older)
+    frozen = optuna.trial.create_trial(
+        state=trial.state,
+        values=trial.values,
+        params=trial.params,
+        distributions=trial.distributions,
+        user_attrs=older,
+    )
     study_attrs = optuna.load_study(study_name=name, storage=storage).user_attrs
     assert diagnosis.of_trial(frozen, schema.knobs_of(trial), study_attrs) == stored
     assert main(["show", name, "--storage", storage]) == 0
@@ -102,8 +134,12 @@ def test_show_names_the_largest_non_compute_part(tmp_path, capsys, name, knobs, 
 
 def test_verdict_puts_measured_alarms_first():
     breakdown = {"compute": 0.5, "bubble": 0.3, "host": 0.2}
-    found = diagnosis.diagnose(breakdown, {"step_time_ms": 2000.0, "overflow_rate": 0.25,
-                                           "peak_memory_mb": 7800.0}, {"pp": 2}, 8.0)
+    found = diagnosis.diagnose(
+        breakdown,
+        {"step_time_ms": 2000.0, "overflow_rate": 0.25, "peak_memory_mb": 7800.0},
+        {"pp": 2},
+        8.0,
+    )
     assert found["parts_ms"]["bubble"] == pytest.approx(600.0)  # 30% of the measured 2 s
     assert found["verdict"].startswith("peak memory 95% of the budget")
     assert "overflows 25%" in found["verdict"] and "bubble 30%" in found["verdict"]
@@ -136,8 +172,10 @@ def check_report(out, studies, storage, objective="goodput"):
     for study in studies:
         numbers = ok_numbers(study, storage)
         assert len(numbers) >= 2
-        traces = {f: figure_traces(out / f"{study}-{f}.html")
-                  for f in ("history", "parallel", "slice", "memory")}
+        traces = {
+            f: figure_traces(out / f"{study}-{f}.html")
+            for f in ("history", "parallel", "slice", "memory")
+        }
         history = next(t for t in traces["history"] if t.get("name") == objective)
         assert sorted(history["x"]) == numbers
         lines = [t for t in traces["parallel"] if t.get("mode") == "lines"]
@@ -154,8 +192,23 @@ def simulated(tmp_path_factory):
     storage = f"sqlite:///{folder}/s.db"
     path = write(folder, SIMULATE)
     assert main(["search", path, "--storage", storage]) == 0
-    assert main(["search", path, "--storage", storage, "--study", "sim2", "--sampler", "random",
-                 "--seed", "3"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                path,
+                "--storage",
+                storage,
+                "--study",
+                "sim2",
+                "--sampler",
+                "random",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     return folder, storage
 
 
@@ -165,8 +218,16 @@ def test_report_of_simulated_studies(simulated, tmp_path, capsys):
     assert main(["report", "sim", "sim2", "--storage", storage, "--out", str(out)]) == 0
     pngs = check_report(out, ["sim", "sim2"], storage)
     names = {p.stem for p in pngs}
-    assert {"sim-history", "sim-importances", "sim-parallel", "sim-slice", "sim-pareto",
-            "sim-memory", "sim-breakdown", "studies-history"} <= names
+    assert {
+        "sim-history",
+        "sim-importances",
+        "sim-parallel",
+        "sim-slice",
+        "sim-pareto",
+        "sim-memory",
+        "sim-breakdown",
+        "studies-history",
+    } <= names
     for study in ("sim", "sim2"):
         pareto = figure_traces(out / f"{study}-pareto.html")
         assert points(pareto) == len(ok_numbers(study, storage))
@@ -183,14 +244,17 @@ def test_report_of_simulated_studies(simulated, tmp_path, capsys):
     fresh = tmp_path / "fresh"
     assert main(["report", "sim", "nope", "--storage", storage, "--out", str(fresh)]) == 2
     assert "'nope' not found" in capsys.readouterr().err and not fresh.exists()
-    assert main(["report", "sim", "--storage", f"sqlite:///{tmp_path}/none.db", "--out",
-                 str(fresh)]) == 2
+    assert (
+        main(["report", "sim", "--storage", f"sqlite:///{tmp_path}/none.db", "--out", str(fresh)])
+        == 2
+    )
     assert "no such storage file" in capsys.readouterr().err and not fresh.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 
-def test_report_without_plotting_packages_names_the_install(simulated, tmp_path, capsys,
-                                                            monkeypatch):
+def test_report_without_plotting_packages_names_the_install(
+    simulated, tmp_path, capsys, monkeypatch
+):
     folder, storage = simulated
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly fails
     out = tmp_path / "report"
@@ -214,8 +278,14 @@ def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
         assert main(["compare", "sim", "sim2", "--storage", storage]) == 0
         out = capsys.readouterr().out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
-    for field in ("best_trial", "best_goodput", "trials_to_3pct", "ok", "infeasible",
-                  "device_hours"):
+    for field in (
+        "best_trial",
+        "best_goodput",
+        "trials_to_3pct",
+        "ok",
+        "infeasible",
+        "device_hours",
+    ):
         assert len(rows[field]) == 2, field
     assert rows["device_hours"] == ["0.0", "0.0"]  # nothing ran on a simulated pool
     frame = autotune.trials_frame("sim", storage).set_index("number")
@@ -231,8 +301,20 @@ def test_compare_prints_the_per_study_summary(simulated, tmp_path, capsys):
 @pytest.mark.slow
 def test_report_and_show_of_a_real_cpu_study(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path}/s.db"
-    assert main(["search", write(tmp_path, REAL_CPU), "--storage", storage, "--no-confirm",
-                 "--artifacts", str(tmp_path / "trials")]) == 0
+    assert (
+        main(
+            [
+                "search",
+                write(tmp_path, REAL_CPU),
+                "--storage",
+                storage,
+                "--no-confirm",
+                "--artifacts",
+                str(tmp_path / "trials"),
+            ]
+        )
+        == 0
+    )
     assert ok_numbers("cpu", storage) == [0, 1], autotune.trials_frame("cpu", storage)["detail"]
     out = tmp_path / "report"
     assert main(["report", "cpu", "--storage", storage, "--out", str(out)]) == 0

@@ -15,12 +15,15 @@ import optuna
 import pytest
 
 import autotune
-from autotune.storage import counting, schema
 from autotune.cli import main
 from autotune.spec.knobs import KNOB_NAMES
+from autotune.storage import counting
 from tests.conftest import SIM8_MODEL, TINY_GPT_MODEL
 
-TINY_CPU = "study: tiny\n" + TINY_GPT_MODEL + """\
+TINY_CPU = (
+    "study: tiny\n"
+    + TINY_GPT_MODEL
+    + """\
 cluster: {backend: cpu, devices: 2, devices_per_node: 2, device_memory_gb: 8}
 search:
   space: {fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],
@@ -30,8 +33,12 @@ search:
   seed: 1
 trial: {steps: 8, measure_after: 2, timeout_s: 240}
 """
+)
 
-SIMULATE = "study: sim\n" + SIM8_MODEL + """\
+SIMULATE = (
+    "study: sim\n"
+    + SIM8_MODEL
+    + """\
 cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g}
 search:
   space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
@@ -40,6 +47,7 @@ search:
   n_trials: 6
   seed: 0
 """
+)
 
 
 def ray_processes() -> list[str]:
@@ -47,8 +55,11 @@ def ray_processes() -> list[str]:
     the same machine are not ours to count)."""
     venv = str(Path(sys.executable).parent.parent)
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()
-            if ("raylet" in line or "gcs_server" in line) and line.startswith(venv)]
+    return [
+        line
+        for line in out.splitlines()
+        if ("raylet" in line or "gcs_server" in line) and line.startswith(venv)
+    ]
 
 
 def write(tmp_path, text):
@@ -83,11 +94,14 @@ def test_a_real_search_of_every_layout_into_sqlite_then_export(tmp_path, capsys,
     assert not ray_processes(), "embedded Ray left processes behind"
     # where each trial's time went; the three ran one after another in the same warm workers
     from autotune.jobs import TIME_PARTS
+
     for _, t in frame.iterrows():
         parts = [t[p] for p in TIME_PARTS]
         assert all(x >= 0 for x in parts) and t["steps_s"] > 0
         assert 0.8 * t["run_s"] <= sum(parts) <= t["run_s"] + 0.05, (parts, t["run_s"])
-        launched = (tmp_path / "trials" / "tiny" / str(t["number"]) / "logs" / "msrun.log").read_text()
+        launched = (
+            tmp_path / "trials" / "tiny" / str(t["number"]) / "logs" / "msrun.log"
+        ).read_text()
         assert launched.startswith("launched: ")
         assert f"warm workers: trial {t['number']} of the processes" in launched
     assert frame["init_s"].iloc[1:].max() < frame["init_s"].iloc[0] / 5  # the start paid once
@@ -100,6 +114,7 @@ def test_a_real_search_of_every_layout_into_sqlite_then_export(tmp_path, capsys,
     best = frame.set_index("number").loc[summary["trial"]]
     assert summary["knobs"] == {k: best[k] for k in KNOB_NAMES}
     import mindspore
+
     strategy = mindspore.parallel.build_searched_strategy(str(out / "strategy.ckpt"))
     assert len(strategy) == len(summary["parameters"]) * 3  # each parameter and its two moments
 
@@ -111,7 +126,9 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
     art = tmp_path / "trials"
-    assert main(["search", str(path), "--trials", "3", "--no-confirm"]) == 0  # confirm: its own test
+    assert (
+        main(["search", str(path), "--trials", "3", "--no-confirm"]) == 0
+    )  # confirm: its own test
     out = capsys.readouterr().out
     assert "[3/3]" in out and "best " in out and "ETA" in out
 
@@ -131,7 +148,10 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
         folder = art / "tiny" / str(number)
         config = json.loads((folder / "config.json").read_text())
         assert config["knobs"]["dp"] == frame.loc[number, "dp"]
-        assert sorted(p.name for p in (folder / "logs").glob("worker_*.log")) == ["worker_0.log", "worker_1.log"]
+        assert sorted(p.name for p in (folder / "logs").glob("worker_*.log")) == [
+            "worker_0.log",
+            "worker_1.log",
+        ]
         metrics = json.loads((folder / "metrics.json").read_text())
         assert metrics["goodput"] == pytest.approx(frame.loc[number, "goodput"])
         assert (folder / "logs").is_dir()
@@ -149,10 +169,19 @@ def test_real_search_on_cpu(tmp_path, capsys, monkeypatch):
     assert main(["export", "tiny", "--out", str(out), "--storage", storage]) == 0
     best = json.loads((out / "summary.json").read_text())
     from autotune.execution.runner import free_port
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "MASTER_PORT": str(free_port())}  # msrun's default 8118 may be taken on a shared machine
-    run = subprocess.run(["bash", str(out / "launch.sh"), "--steps", "3"], env=env,
-                         capture_output=True, text=True, timeout=300)
+
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "MASTER_PORT": str(free_port()),
+    }  # msrun's default 8118 may be taken on a shared machine
+    run = subprocess.run(
+        ["bash", str(out / "launch.sh"), "--steps", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     used = json.loads((out / "run" / "train_config.json").read_text())
     assert used["knobs"] == best["knobs"] and used["trial"]["steps"] == 3
@@ -175,7 +204,9 @@ def test_predicted_oom_is_infeasible_and_never_runs(tmp_path):
 
 
 def test_constraint_violations_are_recorded_with_reason(tmp_path, capsys):
-    text = SIMULATE.replace("n_trials: 6", "n_trials: 40").replace("tp: [1, 2, 4]", "tp: [1, 2, 4, 8]")
+    text = SIMULATE.replace("n_trials: 6", "n_trials: 40").replace(
+        "tp: [1, 2, 4]", "tp: [1, 2, 4, 8]"
+    )
     text = text.replace("pp: [1, 2]", "pp: [1, 2, 4]")
     # tp = 8 cannot divide 12 heads (hidden 1152 keeps 96 per head)
     text = text.replace("hidden_size: 1024, num_heads: 16", "hidden_size: 1152, num_heads: 12")
@@ -183,7 +214,10 @@ def test_constraint_violations_are_recorded_with_reason(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
     # a value no layout can use is removed from the space, with one line saying so ...
-    assert "tp: 8 removed: no feasible layout of this model on 8 devices uses them" in capsys.readouterr().out
+    assert (
+        "tp: 8 removed: no feasible layout of this model on 8 devices uses them"
+        in capsys.readouterr().out
+    )
     frame = autotune.trials_frame("sim", storage)
     assert 8 not in set(frame["tp"])
     # ... a combination that breaks a constraint is recorded with the reason and never runs
@@ -205,29 +239,79 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
     assert len(frame) == (3 * 2 * 2 * 2 * 2 - 8) * 2 + 4
 
     # TPE study; a driver that dies leaves a RUNNING trial; --resume reruns it and reaches N
-    assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "3",
-                 "--sampler", "tpe"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--study",
+                "tpe",
+                "--trials",
+                "3",
+                "--sampler",
+                "tpe",
+            ]
+        )
+        == 0
+    )
     study = optuna.load_study(study_name="tpe", storage=storage)
     # a driver that asked a candidate none of the 3 trials ran (the baseline and the layout
     # openers have recompute none), then died
     from autotune.spec.candidate import Candidate
-    from autotune.spec.space import build_space
     from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+
     space = build_space(load_spec(path))
-    study.enqueue_trial(space.params_of(Candidate(
-        dp=1, tp=4, pp=2, micro_batches=4, fusion_mb=256, grad_accum=1, loss_scale=65536,
-        warmup_steps=0, jit_level="O1", recompute="full")))
+    study.enqueue_trial(
+        space.params_of(
+            Candidate(
+                dp=1,
+                tp=4,
+                pp=2,
+                micro_batches=4,
+                fusion_mb=256,
+                grad_accum=1,
+                loss_scale=65536,
+                warmup_steps=0,
+                jit_level="O1",
+                recompute="full",
+            )
+        )
+    )
     orphan = study.ask()
     space.sample(orphan)
     orphan = study.trials[orphan.number]
-    assert main(["search", str(path), "--storage", storage, "--study", "tpe", "--trials", "5",
-                 "--resume", "--sampler", "tpe"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--study",
+                "tpe",
+                "--trials",
+                "5",
+                "--resume",
+                "--sampler",
+                "tpe",
+            ]
+        )
+        == 0
+    )
     frame = autotune.trials_frame("tpe", storage)
     assert frame.loc[orphan.number, "outcome"] == "interrupted"
     # the interrupted candidate ran again, under a new number, and was not just counted
     study = optuna.load_study(study_name="tpe", storage=storage)
-    rerun = [t for t in study.trials if t.params == orphan.params and t.number > orphan.number
-             and "repeat_of" not in t.user_attrs]
+    rerun = [
+        t
+        for t in study.trials
+        if t.params == orphan.params
+        and t.number > orphan.number
+        and "repeat_of" not in t.user_attrs
+    ]
     assert len(rerun) == 1 and rerun[0].user_attrs["outcome"] in ("ok", "infeasible")
     counted = frame[(frame["outcome"] != "interrupted") & frame["repeat_of"].isna()]
     assert len(counted) == 5
@@ -287,15 +371,40 @@ def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, mo
     ray = str(Path(sys.executable).with_name("ray"))
     port = free_port()
     temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
-    started = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2",
-                              "--node-ip-address=127.0.0.1", "--include-dashboard=false",
-                              f"--temp-dir={temp}"], capture_output=True, text=True)
+    started = subprocess.run(
+        [
+            ray,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert started.returncode == 0, started.stderr[-2000:]
     try:
         path = write(tmp_path, ONE_DEVICE)  # one-device trials: two fit side by side
         storage = f"sqlite:///{tmp_path}/s.db"
-        assert main(["search", str(path), "--storage", storage, "--artifacts",
-                     str(tmp_path / "art"), "--ray-address", f"127.0.0.1:{port}", "--no-confirm"]) == 0
+        assert (
+            main(
+                [
+                    "search",
+                    str(path),
+                    "--storage",
+                    storage,
+                    "--artifacts",
+                    str(tmp_path / "art"),
+                    "--ray-address",
+                    f"127.0.0.1:{port}",
+                    "--no-confirm",
+                ]
+            )
+            == 0
+        )
     finally:
         stop_cluster(temp)
         shutil.rmtree(temp, ignore_errors=True)
@@ -311,33 +420,53 @@ def test_clearly_slow_trial_is_pruned_while_running(tmp_path):
     # graph mode first (sets the best), then PyNative, which runs several times slower
     text = ONE_DEVICE.replace("objectives: [goodput, final_loss]", "objectives: [goodput]")
     text = text.replace("jit_level: [O0, O1]", "jit_level: [O1, pynative]")
-    text = text.replace("fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],\n"
-                        "          warmup_steps: [0, 20]",
-                        "fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0")
+    text = text.replace(
+        "fusion_mb: [1, 64], grad_accum: [1, 2], loss_scale: [1024, 65536],\n"
+        "          warmup_steps: [0, 20]",
+        "fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0",
+    )
     # a precision no run reaches: the PyNative trial must be stopped by the pruner, not end
     # early as an ok trial because its step time was known (trial.precision)
-    text = text.replace("steps: 8, measure_after: 2", "steps: 200, measure_after: 2, precision: 1.0e-6")
+    text = text.replace(
+        "steps: 8, measure_after: 2", "steps: 200, measure_after: 2, precision: 1.0e-6"
+    )
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
-    assert main(["search", str(path), "--storage", storage, "--sampler", "grid",
-                 "--artifacts", str(tmp_path / "art"), "--no-confirm"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--sampler",
+                "grid",
+                "--artifacts",
+                str(tmp_path / "art"),
+                "--no-confirm",
+            ]
+        )
+        == 0
+    )
     frame = autotune.trials_frame("tiny", storage).set_index("jit_level")
     assert frame.loc["O1", "outcome"] == "ok"
     assert frame.loc["pynative", "outcome"] == "pruned", frame.loc["pynative", "detail"]
     assert "below 0.5× the best" in frame.loc["pynative", "detail"]
-    steps = (tmp_path / "art" / "tiny" / str(frame.loc["pynative", "number"]) / "steps.jsonl")
+    steps = tmp_path / "art" / "tiny" / str(frame.loc["pynative", "number"]) / "steps.jsonl"
     assert 3 <= len(steps.read_text().splitlines()) < 200  # stopped early, not run to the end
     # its devices were held until it stopped: that time counts toward a budget
     assert frame.loc["pynative", "run_s"] > 0
     # the steps the pruner judged were read by the trial program's rules; the record says which
     from autotune.train.metrics import MEASUREMENT
+
     assert frame.loc["pynative", "measurement"] == MEASUREMENT
     assert not ray_processes()
 
 
 def test_two_objectives_give_a_pareto_front_and_export_takes_a_point_of_it(tmp_path):
-    text = SIMULATE.replace("n_trials: 6\n  seed: 0", "n_trials: 12\n  seed: 0\n"
-                            "  objectives: [goodput, peak_memory]")
+    text = SIMULATE.replace(
+        "n_trials: 6\n  seed: 0", "n_trials: 12\n  seed: 0\n  objectives: [goodput, peak_memory]"
+    )
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
@@ -356,12 +485,20 @@ def test_resume_refuses_a_changed_study_and_accepts_a_new_budget(tmp_path, capsy
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--trials", "2"]) == 0
     # more trials, another seed or sampler: the same study, continued
-    assert main(["search", str(path), "--storage", storage, "--trials", "3", "--seed", "5",
-                 "--resume"]) == 0
+    assert (
+        main(
+            ["search", str(path), "--storage", storage, "--trials", "3", "--seed", "5", "--resume"]
+        )
+        == 0
+    )
     capsys.readouterr()
     # another model or space is another study: refused, naming what changed, nothing run
-    changed = write(tmp_path, SIMULATE.replace("hidden_size: 1024", "hidden_size: 2048")
-                    .replace("recompute: [none, full]", "recompute: full"))
+    changed = write(
+        tmp_path,
+        SIMULATE.replace("hidden_size: 1024", "hidden_size: 2048").replace(
+            "recompute: [none, full]", "recompute: full"
+        ),
+    )
     before = len(autotune.trials_frame("sim", storage))
     assert main(["search", str(changed), "--storage", storage, "--trials", "5", "--resume"]) == 2
     err = capsys.readouterr().err
@@ -370,12 +507,31 @@ def test_resume_refuses_a_changed_study_and_accepts_a_new_budget(tmp_path, capsy
 
 
 @pytest.mark.slow
-def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_confirmed_best(tmp_path, capsys):
+def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_confirmed_best(
+    tmp_path, capsys
+):
     text = ONE_DEVICE.replace("objectives: [goodput, final_loss]", "objectives: [goodput]")
     path = write(tmp_path, text)
     storage = f"sqlite:///{tmp_path}/s.db"
-    assert main(["search", str(path), "--storage", storage, "--artifacts", str(tmp_path / "art"),
-                 "--trials", "3", "--confirm", "1", "--confirm-runs", "2"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--artifacts",
+                str(tmp_path / "art"),
+                "--trials",
+                "3",
+                "--confirm",
+                "1",
+                "--confirm-runs",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     study = optuna.load_study(study_name="tiny", storage=storage)
     trials = study.trials
@@ -388,19 +544,29 @@ def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_con
     # each confirmed trial ran twice more, with its own knobs; round by round
     assert sorted(t.user_attrs["confirm_of"] for t in reruns) == sorted(list(confirmed) * 2)
     assert all(t.params == study.trials[t.user_attrs["confirm_of"]].params for t in reruns)
-    assert len({t.user_attrs["confirm_of"] for t in reruns[:len(confirmed)]}) == len(confirmed)
+    assert len({t.user_attrs["confirm_of"] for t in reruns[: len(confirmed)]}) == len(confirmed)
     # mean ± sd printed, the noise floor stored and printed
     floor = study.user_attrs["noise_floor"]
-    assert 0 <= floor < 1 and f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}" in out
+    assert (
+        0 <= floor < 1
+        and f"noise floor (median sd/mean of confirmed configurations): {floor:.1%}" in out
+    )
     assert f"#{baseline.number} baseline: " in out and "(n=2; original " in out
     if best.number != baseline.number:  # the ratio of confirmed means, whichever won
-        mean = {n: statistics.mean([t.values[0] for t in reruns
-                                    if t.user_attrs["confirm_of"] == n]) for n in confirmed}
-        assert f"#{best.number} vs baseline #{baseline.number}: {mean[best.number] / mean[baseline.number]:.2f}× ± " in out
+        mean = {
+            n: statistics.mean([t.values[0] for t in reruns if t.user_attrs["confirm_of"] == n])
+            for n in confirmed
+        }
+        assert (
+            f"#{best.number} vs baseline #{baseline.number}: {mean[best.number] / mean[baseline.number]:.2f}× ± "
+            in out
+        )
     assert "confirm [1/" in out
     # export takes the best confirmed mean, not the best single run
-    values = {n: [t.values[0] for t in reruns if t.user_attrs["confirm_of"] == n and t.values]
-              for n in confirmed}
+    values = {
+        n: [t.values[0] for t in reruns if t.user_attrs["confirm_of"] == n and t.values]
+        for n in confirmed
+    }
     expected = max(values, key=lambda n: sum(values[n]) / len(values[n]))
     assert main(["export", "tiny", "--out", str(tmp_path / "export"), "--storage", storage]) == 0
     assert json.loads((tmp_path / "export" / "summary.json").read_text())["trial"] == expected
@@ -427,10 +593,10 @@ search:
 trial: {steps: 4, measure_after: 1, timeout_s: 120}
 """
 
-BROKEN_MODEL = '''
+BROKEN_MODEL = """
 def build(config):
     raise RuntimeError("this network does not build")
-'''
+"""
 
 
 def ran(study) -> list:
@@ -458,7 +624,9 @@ def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, 
     for t in repeats:
         original = study.trials[t.user_attrs["repeat_of"]]
         assert t.params == original.params and t.user_attrs["outcome"] == "error"
-    assert sorted(p.name for p in (art / "fail").iterdir()) == sorted(str(t.number) for t in ran(study))
+    assert sorted(p.name for p in (art / "fail").iterdir()) == sorted(
+        str(t.number) for t in ran(study)
+    )
 
     # a restart remembers them too: nothing runs again
     assert main(args + ["--trials", "5", "--resume"]) == 0
@@ -508,7 +676,12 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
             except OSError:
                 continue
             pool = argv[-2] if argv[-3:-2] == ["--serve"] else None  # cmdline ends with \0
-            if todo and pool and todo[0] in handed(Path(pool)) and descends_from_us(int(entry.name)):
+            if (
+                todo
+                and pool
+                and todo[0] in handed(Path(pool))
+                and descends_from_us(int(entry.name))
+            ):
                 worker = parent(int(entry.name))
                 os.kill(worker, signal.SIGKILL)
                 killed.append(worker)
@@ -518,17 +691,23 @@ def kill_runners_of(trial_dirs: list[Path], stop) -> list[int]:
 
 
 @pytest.mark.slow
-def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resume(tmp_path, capsys):
+def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resume(
+    tmp_path, capsys
+):
     import threading
 
-    path = write(tmp_path, USER_MODEL.replace("{entry}", str(ROOT / "examples" / "user_model.py")
-                                              + ":build"))
+    path = write(
+        tmp_path, USER_MODEL.replace("{entry}", str(ROOT / "examples" / "user_model.py") + ":build")
+    )
     storage, art = f"sqlite:///{tmp_path}/s.db", tmp_path.resolve() / "art"
     args = ["search", str(path), "--storage", storage, "--artifacts", str(art), "--no-confirm"]
     # the Ray worker running the baseline dies, and so does the one running its retry
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=lambda: killed.extend(
-        kill_runners_of([art / "fail" / "0", art / "fail" / "1"], stop)))
+    killer = threading.Thread(
+        target=lambda: killed.extend(
+            kill_runners_of([art / "fail" / "0", art / "fail" / "1"], stop)
+        )
+    )
     killer.start()
     try:
         assert main(args) == 0
@@ -542,7 +721,9 @@ def test_an_infrastructure_failure_is_retried_once_and_not_remembered_after_resu
     first, retry = study.trials[0], study.trials[1]
     # the failed attempt is on record, not counted; its params ran again once, as the baseline
     assert first.user_attrs["outcome"] == "error" and first.user_attrs["infrastructure"] is True
-    assert "WorkerCrashedError" in first.user_attrs["detail"] or "died" in first.user_attrs["detail"]
+    assert (
+        "WorkerCrashedError" in first.user_attrs["detail"] or "died" in first.user_attrs["detail"]
+    )
     assert not counting.counted(first)
     assert retry.params == first.params and retry.user_attrs["retry_of"] == 0
     assert retry.user_attrs["baseline"] is True
@@ -571,9 +752,12 @@ def test_which_failures_count_and_which_a_restart_remembers():
     from autotune.study import retry
 
     def stored(**attrs):
-        return create_trial(state=TrialState.FAIL, params={"jit_level": "O1"},
-                            distributions={"jit_level": CategoricalDistribution(["O0", "O1"])},
-                            user_attrs={"outcome": "error", **attrs})
+        return create_trial(
+            state=TrialState.FAIL,
+            params={"jit_level": "O1"},
+            distributions={"jit_level": CategoricalDistribution(["O0", "O1"])},
+            user_attrs={"outcome": "error", **attrs},
+        )
 
     own, lost = stored(detail="autotune.train: RuntimeError: ..."), stored(infrastructure=True)
     lost_twice = stored(infrastructure=True, retry_of=3)

@@ -14,11 +14,17 @@ from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED
 # string is printed)
 DEVICE_OOM_LINES = [
     ("ascend", "#umsg#Framework Error Message:#umsg#Malloc device memory failed, size[4294967296]"),
-    ("ascend", "[EXCEPTION] DEVICE(1,ff,python) MallocAlign32 device memory failed, size[2147483648]"),
+    (
+        "ascend",
+        "[EXCEPTION] DEVICE(1,ff,python) MallocAlign32 device memory failed, size[2147483648]",
+    ),
     ("ascend", "[EXCEPTION] PRE_ACT(1,ff,python) Somas allocate failed for graph 3"),
     ("gpu", "[EXCEPTION] PRE_ACT(1,7f,python) Somas allocate failed for graph 3"),
-    ("gpu", "CUBLAS_STATUS_ALLOC_FAILED: Resource allocation failed inside the cuBLAS library. "
-            "This is usually caused by a cudaMalloc() failure."),
+    (
+        "gpu",
+        "CUBLAS_STATUS_ALLOC_FAILED: Resource allocation failed inside the cuBLAS library. "
+        "This is usually caused by a cudaMalloc() failure.",
+    ),
 ]
 
 
@@ -46,13 +52,17 @@ def test_an_oom_before_the_candidate_ran_is_the_launchs(tmp_path):
 
 
 def test_an_oom_after_the_candidate_started_is_the_candidates(tmp_path):
-    logs = _logs(tmp_path, f"{CANDIDATE_STARTED}: rank 0 of 2\nSomas allocate failed for graph 1\n"
-                           "autotune.train: RuntimeError: Somas allocate failed for graph 1\n")
+    logs = _logs(
+        tmp_path,
+        f"{CANDIDATE_STARTED}: rank 0 of 2\nSomas allocate failed for graph 1\n"
+        "autotune.train: RuntimeError: Somas allocate failed for graph 1\n",
+    )
     result = classify(1, tmp_path, logs, 1.0, BACKENDS["ascend"])
     assert result.outcome == "oom", result
 
 
 # threads of accelerator workers, msrun's cluster timeout in exports
+
 
 def test_accelerator_workers_get_their_share_of_host_threads_not_rays_one(monkeypatch):
     from autotune.execution import runner
@@ -68,7 +78,11 @@ def test_accelerator_workers_get_their_share_of_host_threads_not_rays_one(monkey
 
 
 def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_one():
-    from autotune.train.msrun import CLUSTER_TIME_OUT_S, MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args
+    from autotune.train.msrun import (
+        CLUSTER_TIME_OUT_S,
+        MSRUN_DEFAULT_CLUSTER_TIME_OUT_S,
+        msrun_args,
+    )
 
     assert MSRUN_DEFAULT_CLUSTER_TIME_OUT_S == 600 and CLUSTER_TIME_OUT_S == 120
     assert "--cluster_time_out=120" in msrun_args(2, 2, master_port=1, log_dir="d")
@@ -76,6 +90,7 @@ def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_on
 
 # the order of a worker's first calls, the memory cap (call/value: a recording
 # stand-in for the mindspore module; the CPU order runs for real in test_launch_order_msrun.py)
+
 
 class _Recorder:
     """The parts of the ``mindspore`` module a trial's launch calls
@@ -98,6 +113,7 @@ class _Recorder:
                 record(("first op",))
 
         self.Tensor = Tensor
+
         def set_device(target, *a):
             record(("set_device", target, *a))
             if fail:  # what MindSpore 2.10 says when the device's plugin cannot load
@@ -106,13 +122,17 @@ class _Recorder:
         self.set_device = set_device
         self.set_context = lambda **kw: record(("set_context",))
         self.runtime = SimpleNamespace(set_memory=lambda **kw: record(("set_memory", kw)))
-        self.communication = SimpleNamespace(init=lambda *a: record(("init",)),
-                                             get_group_size=lambda: world, get_rank=lambda: 0)
+        self.communication = SimpleNamespace(
+            init=lambda *a: record(("init",)), get_group_size=lambda: world, get_rank=lambda: 0
+        )
         self.get_current_device = lambda: SimpleNamespace(device_id=0)
-        self.hal = SimpleNamespace(get_device_properties=lambda i: SimpleNamespace(
-            total_memory=int(total_gib * 2**30)))
+        self.hal = SimpleNamespace(
+            get_device_properties=lambda i: SimpleNamespace(total_memory=int(total_gib * 2**30))
+        )
         context = SimpleNamespace(get_ascend_soc_version=lambda: chip)
-        self._c_expression = SimpleNamespace(MSContext=SimpleNamespace(get_instance=lambda: context))
+        self._c_expression = SimpleNamespace(
+            MSContext=SimpleNamespace(get_instance=lambda: context)
+        )
         self.ParallelMode = SimpleNamespace(DATA_PARALLEL="data_parallel")
         self.set_auto_parallel_context = lambda **kw: record(("set_auto_parallel_context",))
         self.reset_auto_parallel_context = lambda: record(("reset_auto_parallel_context",))
@@ -131,15 +151,19 @@ def _setup(cfg, ms):
 
 
 def _setup_config(backend, dp=2, device_memory=None):
-    cfg = {"backend": backend, "knobs": {"dp": dp, "tp": 1, "pp": 1, "jit_level": "O1",
-                                         "fusion_mb": 64}}
+    cfg = {
+        "backend": backend,
+        "knobs": {"dp": dp, "tp": 1, "pp": 1, "jit_level": "O1", "fusion_mb": 64},
+    }
     if device_memory:
         cfg["device_memory"] = device_memory
     return cfg
 
 
 @pytest.mark.parametrize("backend,target", [("gpu", "GPU"), ("ascend", "Ascend")])
-def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, monkeypatch, capsys):
+def test_accelerator_workers_cap_memory_and_init_before_any_op(
+    backend, target, monkeypatch, capsys
+):
     from autotune.train.parallel import groups as parallel
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
@@ -150,9 +174,17 @@ def test_accelerator_workers_cap_memory_and_init_before_any_op(backend, target, 
     # the pool grows in 0.25 GB blocks, not MindSpore's default 2 GB
     assert ms.calls[2] == ("set_memory", {"max_size": "72GB", "increase_size": "0.25GB"})
     err = capsys.readouterr().err
-    order = [line.split(": ", 1)[1] for line in err.splitlines() if line.startswith("autotune.train launch:")]
-    assert order == [f"set_device({target})", "runtime.set_memory(max_size=72GB, increase_size=0.25GB)",
-                     "communication.init()", "first op"]
+    order = [
+        line.split(": ", 1)[1]
+        for line in err.splitlines()
+        if line.startswith("autotune.train launch:")
+    ]
+    assert order == [
+        f"set_device({target})",
+        "runtime.set_memory(max_size=72GB, increase_size=0.25GB)",
+        "communication.init()",
+        "first op",
+    ]
     assert "warning" not in err  # the device reports the profile's 80 GiB
 
 
@@ -160,8 +192,10 @@ def test_a_device_reporting_another_size_than_the_profile_is_warned(monkeypatch,
     from autotune.train.parallel import groups as parallel
 
     monkeypatch.setattr(parallel, "create_groups", lambda placement, made: None)
-    _setup(_setup_config("gpu", device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
-                   _Recorder(total_gib=40.0))
+    _setup(
+        _setup_config("gpu", device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
+        _Recorder(total_gib=40.0),
+    )
     err = capsys.readouterr().err
     assert "the device reports 40.0 GiB, the profile says 80 GiB" in err
 
@@ -180,7 +214,9 @@ def test_cpu_workers_keep_the_first_op_before_init_and_set_no_device_memory(monk
     assert not BACKENDS["gpu"].first_op_before_init and not BACKENDS["ascend"].first_op_before_init
 
 
-def test_the_scheduler_role_serves_without_reading_the_config_or_opening_the_device(monkeypatch, capsys):
+def test_the_scheduler_role_serves_without_reading_the_config_or_opening_the_device(
+    monkeypatch, capsys
+):
     import mindspore
 
     from autotune.train import __main__ as entry
@@ -200,11 +236,26 @@ def test_device_memory_cap_is_the_screens_budget():
     from autotune.costmodel import SAFETY_MARGIN, device_memory_cap
     from autotune.spec.model_yaml import parse_spec
 
-    spec = parse_spec({"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64,
-                                 "num_heads": 4, "seq_length": 32, "vocab_size": 256},
-                       "train": {"global_batch_size": 8},
-                       "cluster": {"backend": "gpu", "devices": 8, "devices_per_node": 8,
-                                   "device_memory_gb": 40}}, Path("t.yaml"))
+    spec = parse_spec(
+        {
+            "model": {
+                "family": "transformer",
+                "num_layers": 2,
+                "hidden_size": 64,
+                "num_heads": 4,
+                "seq_length": 32,
+                "vocab_size": 256,
+            },
+            "train": {"global_batch_size": 8},
+            "cluster": {
+                "backend": "gpu",
+                "devices": 8,
+                "devices_per_node": 8,
+                "device_memory_gb": 40,
+            },
+        },
+        Path("t.yaml"),
+    )
     assert device_memory_cap(spec.cluster) == {"size_gb": 40, "max_size_gb": 40 * SAFETY_MARGIN}
     ascend = replace(spec.cluster, backend="ascend", device_memory_gb=None)
     assert device_memory_cap(ascend) == {"size_gb": 64.0, "max_size_gb": 57.6}
@@ -212,6 +263,7 @@ def test_device_memory_cap_is_the_screens_budget():
 
 
 # what a trial's memory on a device is, read per trial (a warm pool's earlier trials do not count)
+
 
 class _Pool:
     """The parts of ``mindspore.runtime`` a device's memory readings call, as a GPU pool behaves:
@@ -260,7 +312,9 @@ def _device_session(monkeypatch, tool):
     monkeypatch.setattr(device_smi, "process_memory", lambda backend, pid: tool(pool))
     from autotune.train.runtime.session import open_session
 
-    session = open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80, "max_size_gb": 72}), 1, ms)
+    session = open_session(
+        _setup_config("gpu", dp=1, device_memory={"size_gb": 80, "max_size_gb": 72}), 1, ms
+    )
     return session, pool
 
 
@@ -277,7 +331,8 @@ def test_a_small_trial_after_a_big_one_in_a_warm_pool_reads_its_own_memory(monke
 
     # the device holds the pool and 1 GiB outside it (the CUDA context, communicators)
     session, pool = _device_session(
-        monkeypatch, lambda pool: Reading(pool.reserved / 2**20 + 1024, READ))
+        monkeypatch, lambda pool: Reading(pool.reserved / 2**20 + 1024, READ)
+    )
     big = _trial(session, pool, 6)
     small = _trial(session, pool, 1)
     assert big["peak"] == 6 * 1024 + 1024 and big["overhead"] == 1024
@@ -321,23 +376,35 @@ def test_vendor_tools_per_process_readings_are_parsed():
 
     assert parse_nvidia_smi("4242, 10240\n77, 5\n4242, 100\n", 4242) == 10340.0
     assert parse_nvidia_smi("No running processes found\n", 4242) is None
-    npu = ("+---------------------------+---------------+----------------------------------------------------+\n"
-           "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
-           "+===========================+===============+====================================================+\n"
-           "| 0       0                 | 4242          | python                   | 30912                   |\n"
-           "| 1       0                 | 99            | python                   | 1000                    |\n")
+    npu = (
+        "+---------------------------+---------------+----------------------------------------------------+\n"
+        "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
+        "+===========================+===============+====================================================+\n"
+        "| 0       0                 | 4242          | python                   | 30912                   |\n"
+        "| 1       0                 | 99            | python                   | 1000                    |\n"
+    )
     assert parse_npu_smi(npu, 4242) == 30912.0
     assert parse_npu_smi(npu, 5) is None
 
 
-
 # bfloat16 is refused on gpu as on cpu
 
+
 def _gpu_spec_text(dtype):
-    return {"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
-                      "seq_length": 32, "vocab_size": 256, "dtype": dtype, "param_dtype": "float32"},
-            "train": {"global_batch_size": 8},
-            "cluster": {"backend": "gpu", "devices": 8, "devices_per_node": 8}}
+    return {
+        "model": {
+            "family": "transformer",
+            "num_layers": 2,
+            "hidden_size": 64,
+            "num_heads": 4,
+            "seq_length": 32,
+            "vocab_size": 256,
+            "dtype": dtype,
+            "param_dtype": "float32",
+        },
+        "train": {"global_batch_size": 8},
+        "cluster": {"backend": "gpu", "devices": 8, "devices_per_node": 8},
+    }
 
 
 def test_bfloat16_on_gpu_is_refused_at_validation_naming_the_field():
@@ -364,15 +431,26 @@ def test_the_gpu_plugin_has_no_bfloat16_kernel():
 
 # jit_level O2 (deprecated since 2.9) leaves the search and the exports
 
+
 def _spec(backend="ascend", dtype="float32", **cluster):
     from autotune.spec.model_yaml import parse_spec
 
-    return parse_spec({"model": {"family": "transformer", "num_layers": 2, "hidden_size": 64,
-                                 "num_heads": 4, "seq_length": 32, "vocab_size": 256,
-                                 "dtype": dtype},
-                       "train": {"global_batch_size": 8},
-                       "cluster": {"backend": backend, "devices": 8, "devices_per_node": 8,
-                                   **cluster}}, Path("t.yaml"))
+    return parse_spec(
+        {
+            "model": {
+                "family": "transformer",
+                "num_layers": 2,
+                "hidden_size": 64,
+                "num_heads": 4,
+                "seq_length": 32,
+                "vocab_size": 256,
+                "dtype": dtype,
+            },
+            "train": {"global_batch_size": 8},
+            "cluster": {"backend": backend, "devices": 8, "devices_per_node": 8, **cluster},
+        },
+        Path("t.yaml"),
+    )
 
 
 def test_o2_is_not_searched_even_on_ascend_and_a_space_asking_for_it_is_told_why():
@@ -392,8 +470,12 @@ def test_an_o2_trial_of_an_old_study_is_not_exported(tmp_path):
 
     spec = _spec("simulate", device="ascend-910b")
     trial = {"number": 3, "study": "old", "metrics": {}}
-    with pytest.raises(SpecError, match="jit_level = O2 on ascend: O2 is deprecated since MindSpore 2.9"):
-        write_export(spec, Candidate(8, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none"), trial, tmp_path / "o")
+    with pytest.raises(
+        SpecError, match="jit_level = O2 on ascend: O2 is deprecated since MindSpore 2.9"
+    ):
+        write_export(
+            spec, Candidate(8, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none"), trial, tmp_path / "o"
+        )
 
 
 # no MindFormers export for gpu; Ascend's overflow mode is the one isfinite sees
@@ -422,8 +504,11 @@ def test_a_mindformers_export_for_gpu_is_refused_naming_the_reason(tmp_path):
     assert not (out / "mindformers.yaml").exists() and (out / "launch.sh").exists()
     (tmp_path / "mf").mkdir()
     (tmp_path / "mf" / "run_mindformer.py").write_text("")
-    run = subprocess.run(["bash", str(out / "launch.sh"), "--mindformers", str(tmp_path / "mf")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        ["bash", str(out / "launch.sh"), "--mindformers", str(tmp_path / "mf")],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and "MindFormers supports Atlas 800T A2 (Ascend) only" in run.stderr
 
 
@@ -445,6 +530,7 @@ def test_ascend_trials_and_exports_run_in_infnan_overflow_mode(tmp_path, monkeyp
 
 # Ascend 910B links by group size, comm_overlap below 1, Hopper profiles flagged
 
+
 def test_ascend_910b_groups_are_priced_by_the_links_they_have():
     from autotune.costmodel.profiles import PROFILES
 
@@ -458,18 +544,33 @@ def test_a_two_npu_data_parallel_all_reduce_costs_more_than_the_eight_npu_rate_s
 
     from autotune import costmodel
     from autotune.spec.candidate import Candidate
-
     from autotune.spec.model_yaml import parse_spec
 
-    spec = parse_spec({"model": {"family": "transformer", "num_layers": 8, "hidden_size": 2048,
-                                 "num_heads": 16, "seq_length": 512, "vocab_size": 32000},
-                       "train": {"global_batch_size": 8},
-                       "cluster": {"backend": "simulate", "devices": 2, "devices_per_node": 8,
-                                   "device": "ascend-910b"}}, Path("t.yaml"))
+    spec = parse_spec(
+        {
+            "model": {
+                "family": "transformer",
+                "num_layers": 8,
+                "hidden_size": 2048,
+                "num_heads": 16,
+                "seq_length": 512,
+                "vocab_size": 32000,
+            },
+            "train": {"global_batch_size": 8},
+            "cluster": {
+                "backend": "simulate",
+                "devices": 2,
+                "devices_per_node": 8,
+                "device": "ascend-910b",
+            },
+        },
+        Path("t.yaml"),
+    )
     c = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none")
     priced = costmodel.estimate(spec, c).breakdown["time_s"]["dp_comm"]
-    flat = replace(spec, cluster=replace(spec.cluster, device={"base": "ascend-910b",
-                                                                "mesh_link_gbps": 0}))
+    flat = replace(
+        spec, cluster=replace(spec.cluster, device={"base": "ascend-910b", "mesh_link_gbps": 0})
+    )
     assert priced > 5 * costmodel.estimate(flat, c).breakdown["time_s"]["dp_comm"]  # 196 / 28 = 7
 
 
@@ -486,10 +587,12 @@ def test_estimate_on_a_hopper_profile_says_calibrate_first(tmp_path, capsys):
     from autotune.cli import main
 
     model = tmp_path / "m.yaml"
-    model.write_text("model: {family: transformer, num_layers: 2, hidden_size: 64, num_heads: 4,\n"
-                     "        seq_length: 32, vocab_size: 256}\n"
-                     "train: {global_batch_size: 8}\n"
-                     "cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: h100-80g}\n")
+    model.write_text(
+        "model: {family: transformer, num_layers: 2, hidden_size: 64, num_heads: 4,\n"
+        "        seq_length: 32, vocab_size: 256}\n"
+        "train: {global_batch_size: 8}\n"
+        "cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: h100-80g}\n"
+    )
     assert main(["estimate", str(model)]) == 0
     assert "note: calibrate first" in capsys.readouterr().out
 
@@ -502,9 +605,12 @@ def test_the_memory_settings_are_sizes_mindspore_accepts():
     from autotune.train.runtime.device import memory_settings
 
     for size in (57.6, 72.0, 14.4, 0.5):
-        settings = memory_settings({"device_memory": {"size_gb": size / 0.9, "max_size_gb": size}},
-                                   BACKENDS["ascend"])
+        settings = memory_settings(
+            {"device_memory": {"size_gb": size / 0.9, "max_size_gb": size}}, BACKENDS["ascend"]
+        )
         for value in settings.values():  # max_size and increase_size
             assert re.fullmatch(memory._MEMORY_PATTERN, value), value
-    assert memory_settings({"device_memory": {"size_gb": 16, "max_size_gb": 14.4}},
-                           BACKENDS["cpu"]) is None
+    assert (
+        memory_settings({"device_memory": {"size_gb": 16, "max_size_gb": 14.4}}, BACKENDS["cpu"])
+        is None
+    )

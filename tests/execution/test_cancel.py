@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autotune.execution.dispatch import Dispatcher
-from autotune.procfs import snapshot, cmdline
+from autotune.procfs import cmdline, snapshot
 from autotune.spec.backends import BACKENDS
 
 # multi-process proof: make test-slow
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 # a model whose process takes its time to stop: SIGTERM is ignored, so the runner's grace
 # (STOP_GRACE_S) runs out before its SIGKILL
-STUBBORN = '''
+STUBBORN = """
 import signal
 import sys
 sys.path.insert(0, {examples!r})
@@ -27,21 +27,46 @@ from user_model import build as working_build
 def build(config):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return working_build(config)
-'''
+"""
 
 
 def config(tmp_path, out_dir):
     entry = tmp_path / "stubborn.py"
     entry.write_text(STUBBORN.format(examples=str(ROOT / "examples")))
-    return {"study": "c", "trial_number": 0, "backend": "cpu", "seed": 0, "out_dir": str(out_dir),
-            "model": {"family": None, "entry": f"{entry}:build", "num_layers": 1,
-                      "hidden_size": 16, "num_heads": 1, "ffn_hidden_size": 32, "seq_length": 1,
-                      "vocab_size": 8, "dtype": "float32", "input_size": 4, "num_classes": 3},
-            "train": {"global_batch_size": 8, "learning_rate": 1e-3, "total_steps": 100},
-            "trial": {"steps": 100000, "measure_after": 1},
-            "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
-                      "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0,
-                      "jit_level": "O1", "recompute": "none"}}
+    return {
+        "study": "c",
+        "trial_number": 0,
+        "backend": "cpu",
+        "seed": 0,
+        "out_dir": str(out_dir),
+        "model": {
+            "family": None,
+            "entry": f"{entry}:build",
+            "num_layers": 1,
+            "hidden_size": 16,
+            "num_heads": 1,
+            "ffn_hidden_size": 32,
+            "seq_length": 1,
+            "vocab_size": 8,
+            "dtype": "float32",
+            "input_size": 4,
+            "num_classes": 3,
+        },
+        "train": {"global_batch_size": 8, "learning_rate": 1e-3, "total_steps": 100},
+        "trial": {"steps": 100000, "measure_after": 1},
+        "knobs": {
+            "dp": 1,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": "none",
+        },
+    }
 
 
 def trial_programs(out_dir) -> list[int]:

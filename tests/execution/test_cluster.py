@@ -17,8 +17,8 @@ import pytest
 
 import autotune
 from autotune.execution.runner import free_port, run_trial
-from tests.e2e.test_search import stop_cluster
 from tests.conftest import TINY_GPT_MODEL
+from tests.e2e.test_search import stop_cluster
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow
@@ -26,7 +26,10 @@ pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
-SPANNING = "study: span\n" + TINY_GPT_MODEL + """\
+SPANNING = (
+    "study: span\n"
+    + TINY_GPT_MODEL
+    + """\
 cluster: {backend: cpu, devices: 2, devices_per_node: 1, device_memory_gb: 8}
 search:
   space: {tp: [1, 2], pp: 1, fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0,
@@ -35,6 +38,7 @@ search:
   objectives: [goodput, final_loss]  # two objectives: no pruner stops the slower tp trial
 trial: {steps: 8, measure_after: 2, timeout_s: 240}
 """
+)
 
 
 def ray_env() -> dict:
@@ -47,16 +51,44 @@ def start_node(temp: str, head_port: int, head: bool, *resources: str) -> None:
     """One Ray node with one CPU on a loopback address of its own (127.0.0.2 the head, 127.0.0.3
     the other: given 127.0.0.1, Ray would move a multi-node cluster onto the host's public
     address), every port of its own (two nodes share a host)."""
-    ports = [f"--{name}-port={free_port()}" for name in
-             ("node-manager", "object-manager", "dashboard-agent-listen", "dashboard-agent-grpc",
-              "runtime-env-agent", "metrics-export")]
-    role = (["--head", f"--port={head_port}", "--include-dashboard=false",
-             f"--dashboard-port={free_port()}"] if head else [f"--address=127.0.0.2:{head_port}"])
-    started = subprocess.run([RAY, "start", *role, "--num-cpus=1",
-                              f"--node-ip-address=127.0.0.{2 if head else 3}", f"--temp-dir={temp}",
-                              "--disable-usage-stats", *ports, *resources], capture_output=True,
-                             text=True,
-                             env=ray_env(), start_new_session=True)
+    ports = [
+        f"--{name}-port={free_port()}"
+        for name in (
+            "node-manager",
+            "object-manager",
+            "dashboard-agent-listen",
+            "dashboard-agent-grpc",
+            "runtime-env-agent",
+            "metrics-export",
+        )
+    ]
+    role = (
+        [
+            "--head",
+            f"--port={head_port}",
+            "--include-dashboard=false",
+            f"--dashboard-port={free_port()}",
+        ]
+        if head
+        else [f"--address=127.0.0.2:{head_port}"]
+    )
+    started = subprocess.run(
+        [
+            RAY,
+            "start",
+            *role,
+            "--num-cpus=1",
+            f"--node-ip-address=127.0.0.{2 if head else 3}",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+            *ports,
+            *resources,
+        ],
+        capture_output=True,
+        text=True,
+        env=ray_env(),
+        start_new_session=True,
+    )
     assert started.returncode == 0, started.stderr[-2000:]
 
 
@@ -85,12 +117,22 @@ def shared_nodes():
 def search(tmp_path, text, address, *extra, env=None):
     path = tmp_path / "model.yaml"
     path.write_text(textwrap.dedent(text))
-    argv = [AUTOTUNE, "search", str(path), "--storage", f"sqlite:///{tmp_path}/s.db",
-            "--artifacts", str(tmp_path / "art"), "--no-confirm", *extra]
+    argv = [
+        AUTOTUNE,
+        "search",
+        str(path),
+        "--storage",
+        f"sqlite:///{tmp_path}/s.db",
+        "--artifacts",
+        str(tmp_path / "art"),
+        "--no-confirm",
+        *extra,
+    ]
     if address:
         argv += ["--ray-address", address]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or ray_env())
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or ray_env()
+    )
 
 
 def finish(proc, timeout_s: float) -> tuple[str, str]:
@@ -122,8 +164,9 @@ def test_a_trial_larger_than_a_node_runs_as_one_msrun_per_node(tmp_path, shared_
             msrun = (folder / "logs" / f"node{node}" / "msrun.log").read_text()
             assert f"--node_rank={node}" in msrun and "--local_worker_num=1" in msrun, msrun[-2000:]
             assert f"Start worker process with rank id:{node}," in msrun
-            assert sorted(p.name for p in (folder / "logs" / f"node{node}").glob("worker_*.log")) \
-                == [f"worker_{node}.log"]
+            assert sorted(
+                p.name for p in (folder / "logs" / f"node{node}").glob("worker_*.log")
+            ) == [f"worker_{node}.log"]
     # tp = 2 on one node, one msrun of two workers: the same losses as its tp group split over
     # two nodes (dp's one all-reduce per step is the simpler exchange; both take time here)
     folder = tmp_path / "art" / "span" / str(frame.loc[2, "number"])
@@ -140,24 +183,33 @@ def processes() -> list[tuple[int, str]]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                args = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                args = (
+                    Path(entry.path, "cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")
+                )
             except OSError:
                 continue
             found.append((int(entry.name), args))
     return found
 
 
-@pytest.mark.parametrize("backend,variable", [("gpu", "CUDA_VISIBLE_DEVICES"),
-                                              ("ascend", "ASCEND_RT_VISIBLE_DEVICES")])
+@pytest.mark.parametrize(
+    "backend,variable", [("gpu", "CUDA_VISIBLE_DEVICES"), ("ascend", "ASCEND_RT_VISIBLE_DEVICES")]
+)
 def test_the_device_ray_assigns_reaches_the_trial(tmp_path, shared_nodes, backend, variable):
     """A node that says it has one GPU (NPU): the trial's launch carries the device Ray gave
     it, and MindSpore is asked for that device. This machine has none and its MindSpore cannot
     load the device plugin, so the device never comes up: the infrastructure's failure, retried
     once, not remembered — and with every run failing so, the study stops in one line instead
     of running its three trials."""
-    text = SPANNING.replace("backend: cpu", f"backend: {backend}").replace(
-        "devices: 2, devices_per_node: 1", "devices: 1, devices_per_node: 1").replace(
-        "tp: [1, 2]", "tp: 1").replace("n_trials: 2", "n_trials: 3")
+    text = (
+        SPANNING.replace("backend: cpu", f"backend: {backend}")
+        .replace("devices: 2, devices_per_node: 1", "devices: 1, devices_per_node: 1")
+        .replace("tp: [1, 2]", "tp: 1")
+        .replace("n_trials: 2", "n_trials: 3")
+    )
     env = {**ray_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the GPU JIT cache's folder
     out, err = finish(search(tmp_path, text, shared_nodes[0], env=env), 180)
     assert "Traceback" not in err, err[-3000:]
@@ -168,17 +220,22 @@ def test_the_device_ray_assigns_reaches_the_trial(tmp_path, shared_nodes, backen
     assert list(frame["outcome"]) == ["error", "error"], frame["detail"].tolist()
     assert frame["infrastructure"].tolist() == [True, True]
     assert frame.iloc[1]["retry_of"] == 0
-    assert f"LaunchError: set_device({target}) failed: RuntimeError: Unsupported device target " \
-           f"{target}" in frame.iloc[0]["detail"]
+    assert (
+        f"LaunchError: set_device({target}) failed: RuntimeError: Unsupported device target "
+        f"{target}" in frame.iloc[0]["detail"]
+    )
     assert "failed before their candidate ran, a retry among them" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("backend,resource,flag", [("gpu", "GPU", "--num-gpus"),
-                                                   ("ascend", "NPU", "--resources")])
-def test_a_backend_whose_devices_the_cluster_lacks_is_refused_at_once(tmp_path, backend,
-                                                                      resource, flag):
+@pytest.mark.parametrize(
+    "backend,resource,flag", [("gpu", "GPU", "--num-gpus"), ("ascend", "NPU", "--resources")]
+)
+def test_a_backend_whose_devices_the_cluster_lacks_is_refused_at_once(
+    tmp_path, backend, resource, flag
+):
     text = SPANNING.replace("backend: cpu", f"backend: {backend}").replace(
-        "devices_per_node: 1", "devices_per_node: 2")
+        "devices_per_node: 1", "devices_per_node: 2"
+    )
     # the driver's embedded Ray under a folder of this test's (short: Ray's socket paths)
     temp = tempfile.mkdtemp(prefix="t-")
     started = time.monotonic()

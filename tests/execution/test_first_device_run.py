@@ -6,7 +6,6 @@ docs/accelerators.md, "The first real run", says what each check is and where Mi
 """
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,15 +13,17 @@ import optuna
 import pytest
 
 from autotune.spec.backends import BACKENDS, reserved_ports
-
 from tests.execution.test_accelerators import _Recorder, _setup_config  # noqa: E402
 from tests.study.test_loop import study_files  # noqa: E402
 
-UNSUPPORTED = ("Unsupported device target GPU. This process only supports one of the ['CPU']. "
-               "Please check whether the GPU environment is installed and configured correctly")
+UNSUPPORTED = (
+    "Unsupported device target GPU. This process only supports one of the ['CPU']. "
+    "Please check whether the GPU environment is installed and configured correctly"
+)
 
 
 # the device's bring-up is the launch's
+
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_device_that_does_not_come_up_is_the_launchs_failure(world):
@@ -49,16 +50,38 @@ def test_a_process_group_that_cannot_be_made_is_the_launchs_failure(monkeypatch)
 
 
 def _gpu_config(tmp_path):
-    cfg = {"study": "g", "trial_number": 0, "backend": "gpu", "seed": 0,
-           "out_dir": str(tmp_path / "t"),
-           "model": {"family": "mlp", "entry": None, "num_layers": 1, "hidden_size": 16,
-                     "num_heads": 1, "ffn_hidden_size": 32, "seq_length": 1, "vocab_size": 8,
-                     "dtype": "float32"},
-           "train": {"global_batch_size": 4, "learning_rate": 0.01, "total_steps": 100},
-           "trial": {"steps": 4, "measure_after": 1},
-           "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
-                     "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0, "jit_level": "O1",
-                     "recompute": "none"}}
+    cfg = {
+        "study": "g",
+        "trial_number": 0,
+        "backend": "gpu",
+        "seed": 0,
+        "out_dir": str(tmp_path / "t"),
+        "model": {
+            "family": "mlp",
+            "entry": None,
+            "num_layers": 1,
+            "hidden_size": 16,
+            "num_heads": 1,
+            "ffn_hidden_size": 32,
+            "seq_length": 1,
+            "vocab_size": 8,
+            "dtype": "float32",
+        },
+        "train": {"global_batch_size": 4, "learning_rate": 0.01, "total_steps": 100},
+        "trial": {"steps": 4, "measure_after": 1},
+        "knobs": {
+            "dp": 1,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": "none",
+        },
+    }
     return cfg
 
 
@@ -70,9 +93,11 @@ def test_a_trial_whose_gpu_plugin_cannot_load_is_the_infrastructures(tmp_path, m
     result = run_trial(_gpu_config(tmp_path), tmp_path / "t", 120, None, 1)
     assert result.outcome == "error" and result.infrastructure, result.detail[:2000]
     first = result.detail.splitlines()[0]
-    assert first.startswith("infrastructure: exit code 3, before the candidate ran: "
-                            "autotune.train: LaunchError: set_device(GPU) failed: RuntimeError: "
-                            "Unsupported device target GPU"), first
+    assert first.startswith(
+        "infrastructure: exit code 3, before the candidate ran: "
+        "autotune.train: LaunchError: set_device(GPU) failed: RuntimeError: "
+        "Unsupported device target GPU"
+    ), first
     log = (tmp_path / "t" / "logs" / "worker_0.log").read_text()
     assert "\nwarm-up: failed after" in log  # the node's warm-up ran first, and said so
 
@@ -102,6 +127,7 @@ def test_a_study_whose_every_trial_fails_by_infrastructure_stops_in_one_line(tmp
 
 # a warm pool on an accelerator runs one layout
 
+
 def _pool_config(backend, dp, tp, pp=1):
     return {"backend": backend, "knobs": {"dp": dp, "tp": tp, "pp": pp}}
 
@@ -124,10 +150,12 @@ def test_a_warm_pool_on_an_accelerator_retires_before_another_layout(tmp_path, b
 
 # the compile cache stores and places every file of a graph, Ascend's backend half too
 
-ASCEND_FILES = {"MS_WORKERcompile_cache_{i}.mindir": b"front",
-                "MS_WORKERbackend_compile_cache_{i}.mindir": b"kernel graph",
-                "MS_WORKERbackend_compile_cache_{i}.json": b"{}",
-                "MS_WORKERbackend_compile_cache_{i}_backinfo.json": b'{"ids": 1}'}
+ASCEND_FILES = {
+    "MS_WORKERcompile_cache_{i}.mindir": b"front",
+    "MS_WORKERbackend_compile_cache_{i}.mindir": b"kernel graph",
+    "MS_WORKERbackend_compile_cache_{i}.json": b"{}",
+    "MS_WORKERbackend_compile_cache_{i}_backinfo.json": b'{"ids": 1}',
+}
 
 
 def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, monkeypatch):
@@ -163,13 +191,15 @@ def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, 
     later.hold_next()
     _, placed = later.before(Cell(), ())
     assert sorted(placed) == sorted(name.format(i=2) for name in ASCEND_FILES)
-    assert (Path(later.slot_dir) / "MS_WORKERbackend_compile_cache_2_backinfo.json").read_bytes() \
-        == b'{"ids": 1}'
+    assert (
+        Path(later.slot_dir) / "MS_WORKERbackend_compile_cache_2_backinfo.json"
+    ).read_bytes() == b'{"ids": 1}'
     later.after(entry, placed)
     assert later.hits == 1 and later.stores == 0
 
 
 # the driver's JIT cache, one warm-up per node outside the trial's clock
+
 
 def test_gpu_trials_get_a_persistent_jit_cache_large_enough_for_every_kernel(tmp_path, monkeypatch):
     from autotune.execution import runner
@@ -182,8 +212,9 @@ def test_gpu_trials_get_a_persistent_jit_cache_large_enough_for_every_kernel(tmp
     assert Path(env["CUDA_CACHE_PATH"]).is_dir()
     assert env["CUDA_CACHE_MAXSIZE"] == "4294967296"  # the driver's maximum, 4 GiB
     monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path / "mine"))  # a user's own is kept
-    assert runner.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == \
-        str(tmp_path / "mine")
+    assert runner.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == str(
+        tmp_path / "mine"
+    )
     monkeypatch.delenv("CUDA_CACHE_PATH")
     assert "CUDA_CACHE_PATH" not in runner.environment({}, {"backend": "ascend", "model": {}}, 8)
 
@@ -201,7 +232,8 @@ def test_a_node_warms_up_once_with_a_real_first_op(tmp_path, monkeypatch):
     assert said.startswith("warm-up: autotune.train warm-up: first op on CPU in "), said
     assert list((tmp_path / "cache" / "autotune" / "cpu-jit").glob(f"{warmup.MARKER}*"))
     assert warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT)).startswith(
-        "warm-up: this node's JIT cache is warm")
+        "warm-up: this node's JIT cache is warm"
+    )
 
 
 def test_the_gpu_plugin_carries_no_hopper_code():
@@ -212,7 +244,9 @@ def test_the_gpu_plugin_carries_no_hopper_code():
 
     from autotune.execution.warmup import kernel_targets
 
-    libraries = sorted((Path(mindspore.__file__).parent / "lib" / "plugin").glob("gpu/libcuda_ops.so*"))
+    libraries = sorted(
+        (Path(mindspore.__file__).parent / "lib" / "plugin").glob("gpu/libcuda_ops.so*")
+    )
     if not libraries:
         pytest.skip("this MindSpore wheel carries no GPU plugin")
     modules, targets = kernel_targets(libraries[0])
@@ -221,6 +255,7 @@ def test_the_gpu_plugin_carries_no_hopper_code():
 
 
 # Ascend chips, HCCL's host ports, a world of one warned about its device size
+
 
 def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason(monkeypatch):
     from autotune.train.parallel import groups as parallel
@@ -260,19 +295,24 @@ def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
 def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, capsys):
     from autotune.train.runtime.session import open_session
 
-    open_session(_setup_config("gpu", dp=1, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
-                 1, _Recorder(world=1, total_gib=40.0))
+    open_session(
+        _setup_config("gpu", dp=1, device_memory={"size_gb": 80.0, "max_size_gb": 72.0}),
+        1,
+        _Recorder(world=1, total_gib=40.0),
+    )
     assert "the device reports 40.0 GiB, the profile says 80 GiB" in capsys.readouterr().err
 
 
 # the device check, as far as a CPU can take it (what it would install and run, in order)
 
+
 def _dry_run(*args) -> list[tuple[str, str]]:
     import subprocess
 
     script = Path(__file__).parents[2] / "benchmarks" / "device_check.sh"
-    done = subprocess.run(["bash", str(script), *args, "--dry-run"], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", str(script), *args, "--dry-run"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return [tuple(line[1:].split("] ", 1)) for line in done.stdout.splitlines()]
 
@@ -280,9 +320,21 @@ def _dry_run(*args) -> list[tuple[str, str]]:
 def test_the_device_check_dry_run_says_what_it_would_do_in_order():
     steps = _dry_run("gpu", "--devices", "8")
     names = [name for name, _ in steps]
-    assert names == ["0 autotune", "1 install", "2 kernels", "3 first op cold", "3 first op warm",
-                     "4 memory", "5 fresh 1/2", "5 fresh 2/2", "6 warm 1/4", "6 warm 2/4",
-                     "6 warm 3/4", "6 warm 4/4", "7 hidden"]
+    assert names == [
+        "0 autotune",
+        "1 install",
+        "2 kernels",
+        "3 first op cold",
+        "3 first op warm",
+        "4 memory",
+        "5 fresh 1/2",
+        "5 fresh 2/2",
+        "6 warm 1/4",
+        "6 warm 2/4",
+        "6 warm 3/4",
+        "6 warm 4/4",
+        "7 hidden",
+    ]
     said = dict(steps)
     assert said["0 autotune"].endswith(" install") and said["0 autotune"].startswith("make -C ")
     assert "-m pip install" in said["1 install"]

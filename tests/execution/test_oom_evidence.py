@@ -32,8 +32,9 @@ def test_a_sigkill_without_evidence_is_an_infrastructure_error(tmp_path):
     returncode, pid, start = killed_process()
     result = classify(returncode, *trial(tmp_path), 1.0, CPU)  # the kernel's own log, read
     assert result.outcome == "error" and result.infrastructure, result.outcome
-    assert result.detail.startswith("infrastructure: killed by SIGKILL (exit code -9) with no "
-                                    "sign of running out of memory")
+    assert result.detail.startswith(
+        "infrastructure: killed by SIGKILL (exit code -9) with no sign of running out of memory"
+    )
 
 
 def test_exit_137_without_evidence_is_not_oom_either(tmp_path):
@@ -46,8 +47,12 @@ def test_the_kernels_report_for_the_trials_process_is_oom(tmp_path):
 
     returncode, pid, start = killed_process()
     after = int((start / 100 + 0.5) * 1e6)  # USER_HZ is 100 on Linux
-    kills = oom_kills([f"3,9001,{after},-;Out of memory: Killed process {pid} (sleep) "
-                       "total-vm:1000kB, anon-rss:900kB"])
+    kills = oom_kills(
+        [
+            f"3,9001,{after},-;Out of memory: Killed process {pid} (sleep) "
+            "total-vm:1000kB, anon-rss:900kB"
+        ]
+    )
     result = classify(returncode, *trial(tmp_path), 1.0, CPU, {pid: start}, kernel_kills=kills)
     assert result.outcome == "oom"
     assert result.detail.startswith(f"[kernel] Out of memory: Killed process {pid}")
@@ -72,10 +77,12 @@ def test_a_memory_line_in_a_log_is_oom_whatever_the_exit(tmp_path):
 def test_the_kernels_three_ways_of_saying_it():
     from autotune.procfs import oom_kills
 
-    kills = oom_kills([
-        "3,1,5000000,-;Out of memory: Killed process 11 (python) total-vm:1kB",
-        "3,2,6000000,-;Memory cgroup out of memory: Killed process 12 (python)",
-        "6,3,7000000,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task=python,pid=13,uid=0",
-        "6,4,8000000,-;python invoked oom-killer: gfp_mask=0x140cca",
-    ])
+    kills = oom_kills(
+        [
+            "3,1,5000000,-;Out of memory: Killed process 11 (python) total-vm:1kB",
+            "3,2,6000000,-;Memory cgroup out of memory: Killed process 12 (python)",
+            "6,3,7000000,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task=python,pid=13,uid=0",
+            "6,4,8000000,-;python invoked oom-killer: gfp_mask=0x140cca",
+        ]
+    )
     assert {pid: when for pid, (when, _) in kills.items()} == {11: 5.0, 12: 6.0, 13: 7.0}

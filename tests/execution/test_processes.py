@@ -29,8 +29,11 @@ BUDGET_MB = 480
 
 def processes() -> dict[int, tuple[int, int, str]]:
     """pid → (ppid, start time, command line) of every live process (zombies left out)."""
-    return {pid: (info.ppid, info.start, procfs.cmdline(pid))
-            for pid, info in procfs.snapshot().items() if not info.zombie}
+    return {
+        pid: (info.ppid, info.start, procfs.cmdline(pid))
+        for pid, info in procfs.snapshot().items()
+        if not info.zombie
+    }
 
 
 def processes_mentioning(text) -> dict[int, str]:
@@ -54,21 +57,45 @@ def descendants(root: int) -> dict[tuple[int, int], str]:
 
 def still_alive(known: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
     procs = processes()
-    return {key: cmd for key, cmd in known.items()
-            if key[0] in procs and procs[key[0]][1] == key[1]}
+    return {
+        key: cmd for key, cmd in known.items() if key[0] in procs and procs[key[0]][1] == key[1]
+    }
 
 
 def config(folder: Path, steps: int) -> dict:
     """A 2-layer transformer, data parallel over two msrun workers."""
-    return {"study": "p", "trial_number": 0, "backend": "cpu", "seed": 0, "out_dir": str(folder),
-            "model": {"family": "transformer", "entry": None, "num_layers": 2, "hidden_size": 32,
-                      "num_heads": 2, "ffn_hidden_size": 128, "seq_length": 16, "vocab_size": 64,
-                      "dtype": "float16"},
-            "train": {"global_batch_size": 8, "learning_rate": 5e-3, "total_steps": 200},
-            "trial": {"steps": steps, "measure_after": 2},
-            "knobs": {"dp": 2, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
-                      "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0, "jit_level": "O1",
-                      "recompute": "none"}}
+    return {
+        "study": "p",
+        "trial_number": 0,
+        "backend": "cpu",
+        "seed": 0,
+        "out_dir": str(folder),
+        "model": {
+            "family": "transformer",
+            "entry": None,
+            "num_layers": 2,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "ffn_hidden_size": 128,
+            "seq_length": 16,
+            "vocab_size": 64,
+            "dtype": "float16",
+        },
+        "train": {"global_batch_size": 8, "learning_rate": 5e-3, "total_steps": 200},
+        "trial": {"steps": steps, "measure_after": 2},
+        "knobs": {
+            "dp": 2,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": "none",
+        },
+    }
 
 
 class Watcher(threading.Thread):
@@ -98,9 +125,11 @@ def test_dp2_trial_over_its_memory_budget_ends_oom_within_2_s(tmp_path):
     reached = float(re.search(r"a worker reached (\d+) MB, over the 480 MB", result.detail)[1])
     assert reached > BUDGET_MB
     # from when the runner saw a worker over the budget to run_trial's return (every process gone)
-    print(f"over the budget {result.stop_s:.1f} s in; every process gone "
-          f"{result.run_s - result.stop_s:.2f} s later, run_trial returned "
-          f"{returned - called - result.stop_s:.2f} s later")
+    print(
+        f"over the budget {result.stop_s:.1f} s in; every process gone "
+        f"{result.run_s - result.stop_s:.2f} s later, run_trial returned "
+        f"{returned - called - result.stop_s:.2f} s later"
+    )
     assert returned - called - result.stop_s < 2
     assert not processes_mentioning(f"{folder}/")
 
@@ -139,9 +168,13 @@ def test_dp2_trial_interrupted_by_ctrl_c_leaves_no_process(tmp_path):
     # It runs in a process of its own: once MindSpore has run an op in a process (this test
     # session's other tests do), its signal handler turns SIGINT into SIGTERM for the process.
     folder = tmp_path / "t"
-    child = subprocess.Popen([sys.executable, "-c", CTRL_C, str(folder), json.dumps(config(folder, steps=100000))],
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C, str(folder), json.dumps(config(folder, steps=100000))],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     watcher = Watcher(folder, then=lambda: child.send_signal(signal.SIGINT))
     watcher.start()
     try:
@@ -173,15 +206,25 @@ trial: {{steps: 100000, measure_after: 2, timeout_s: 600}}
 def test_sigkill_of_the_driver_leaves_no_process_and_resume_reruns_its_trial(tmp_path):
     study = f"killed-{os.getpid()}"
     # 400 steps: long enough to be killed in the middle, short enough to rerun
-    (tmp_path / "model.yaml").write_text(textwrap.dedent(MODEL.format(study=study).replace(
-        "steps: 100000", "steps: 400")))
+    (tmp_path / "model.yaml").write_text(
+        textwrap.dedent(MODEL.format(study=study).replace("steps: 100000", "steps: 400"))
+    )
     trial = tmp_path / "art" / study / "0"
     storage = f"sqlite:///{tmp_path}/s.db"
-    argv = [str(BIN / "autotune"), "search", "model.yaml", "--storage", storage,
-            "--artifacts", str(tmp_path / "art"), "--no-confirm"]
+    argv = [
+        str(BIN / "autotune"),
+        "search",
+        "model.yaml",
+        "--storage",
+        storage,
+        "--artifacts",
+        str(tmp_path / "art"),
+        "--no-confirm",
+    ]
     with open(tmp_path / "driver.log", "w") as log:
-        driver = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        driver = subprocess.Popen(
+            argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     seen: dict = {}
     try:
         deadline = time.monotonic() + 150
@@ -202,9 +245,13 @@ def test_sigkill_of_the_driver_leaves_no_process_and_resume_reruns_its_trial(tmp
         driver.wait()
         left = {}
         while time.monotonic() - killed < 10:
-            left = still_alive(seen) | {(pid, 0): cmd for pid, cmd in
-                                        {**processes_mentioning(tmp_path),
-                                         **processes_mentioning(study)}.items()}
+            left = still_alive(seen) | {
+                (pid, 0): cmd
+                for pid, cmd in {
+                    **processes_mentioning(tmp_path),
+                    **processes_mentioning(study),
+                }.items()
+            }
             if not left:
                 break
             time.sleep(0.1)
@@ -219,8 +266,9 @@ def test_sigkill_of_the_driver_leaves_no_process_and_resume_reruns_its_trial(tmp
 
         # --resume reruns the candidate the kill interrupted, and the study ends with exactly
         # N = 1 finished trial besides it
-        resumed = subprocess.run(argv + ["--resume"], cwd=tmp_path, capture_output=True, text=True,
-                                 timeout=300)
+        resumed = subprocess.run(
+            argv + ["--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
         assert "resuming: trial #0 (driver " in resumed.stdout
         assert "was interrupted" in resumed.stdout and "its candidate runs again" in resumed.stdout
@@ -253,23 +301,39 @@ def test_a_lost_ray_cluster_stops_the_study_with_nothing_lost(tmp_path):
     import optuna
 
     study = f"lost-{os.getpid()}"
-    text = MODEL.format(study=study).replace("steps: 100000", "steps: 40").replace("n_trials: 1", "n_trials: 6")
+    text = (
+        MODEL.format(study=study)
+        .replace("steps: 100000", "steps: 40")
+        .replace("n_trials: 1", "n_trials: 6")
+    )
     (tmp_path / "model.yaml").write_text(textwrap.dedent(text))
     storage = f"sqlite:///{tmp_path}/s.db"
-    argv = [str(BIN / "autotune"), "search", "model.yaml", "--storage", storage,
-            "--artifacts", str(tmp_path / "art"), "--no-confirm"]
+    argv = [
+        str(BIN / "autotune"),
+        "search",
+        "model.yaml",
+        "--storage",
+        storage,
+        "--artifacts",
+        str(tmp_path / "art"),
+        "--no-confirm",
+    ]
     trial = tmp_path / "art" / study / "0"
     with open(tmp_path / "driver.log", "w") as log:
-        driver = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        driver = subprocess.Popen(
+            argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + 150
         while not (trial / "steps.jsonl").exists():
             assert driver.poll() is None, (tmp_path / "driver.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the trial never started training"
             time.sleep(0.2)
-        raylets = [pid for (pid, _), cmd in descendants(driver.pid).items()
-                   if cmd.split(" ")[0].endswith("/raylet")]
+        raylets = [
+            pid
+            for (pid, _), cmd in descendants(driver.pid).items()
+            if cmd.split(" ")[0].endswith("/raylet")
+        ]
         assert len(raylets) == 1, descendants(driver.pid)
         os.kill(raylets[0], signal.SIGKILL)
         assert driver.wait(timeout=120) == 1

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FAILING_ENTRY = '''
+FAILING_ENTRY = """
 import sys
 sys.path.insert(0, {examples!r})
 from user_model import build as working_build
@@ -28,21 +28,45 @@ def build(config):
         return dataset(step, shard, num_shards)
 
     return network, loss_fn, exploding
-'''
+"""
 
 
 def config(tmp_path, entry=None, steps=4):
-    model = {"family": "mlp", "entry": None, "num_layers": 1, "hidden_size": 16, "num_heads": 1,
-             "ffn_hidden_size": 32, "seq_length": 1, "vocab_size": 8, "dtype": "float32"}
+    model = {
+        "family": "mlp",
+        "entry": None,
+        "num_layers": 1,
+        "hidden_size": 16,
+        "num_heads": 1,
+        "ffn_hidden_size": 32,
+        "seq_length": 1,
+        "vocab_size": 8,
+        "dtype": "float32",
+    }
     if entry:
         model.update(family=None, entry=entry, input_size=4, num_classes=3)
-    return {"study": "r", "trial_number": 0, "backend": "cpu", "seed": 0,
-            "out_dir": str(tmp_path / "t"), "model": model,
-            "train": {"global_batch_size": 8, "learning_rate": 1e-3, "total_steps": 100},
-            "trial": {"steps": steps, "measure_after": 1},
-            "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
-                      "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0,
-                      "jit_level": "O1", "recompute": "none"}}
+    return {
+        "study": "r",
+        "trial_number": 0,
+        "backend": "cpu",
+        "seed": 0,
+        "out_dir": str(tmp_path / "t"),
+        "model": model,
+        "train": {"global_batch_size": 8, "learning_rate": 1e-3, "total_steps": 100},
+        "trial": {"steps": steps, "measure_after": 1},
+        "knobs": {
+            "dp": 1,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": "none",
+        },
+    }
 
 
 def test_ok_trial_has_metrics(tmp_path):
@@ -78,8 +102,10 @@ def test_a_launch_that_cannot_form_its_cluster_is_an_infrastructure_failure(tmp_
     result = run_trial(cfg, tmp_path / "t", 120, None, 2)
     assert result.outcome == "error" and result.infrastructure, result.detail
     first = result.detail.splitlines()[0]
-    assert first.startswith("infrastructure: exit code 1, before the candidate ran: "
-                            "autotune.train: LaunchError: communication.init() failed"), first
+    assert first.startswith(
+        "infrastructure: exit code 1, before the candidate ran: "
+        "autotune.train: LaunchError: communication.init() failed"
+    ), first
 
 
 def test_a_worker_over_the_memory_budget_is_oom(tmp_path):

@@ -6,7 +6,6 @@ another graph (autotune.train.runtime.compile_cache). Real two-worker msrun tria
 
 import _thread
 import json
-import os
 import re
 import signal
 import threading
@@ -31,15 +30,26 @@ PEAK_NOISE = 0.08  # warm against fresh; docs/mindspore-cpu.md ("Warm workers") 
 
 
 def _spec():
-    return load_spec(ROOT / "examples" / "tiny_gpt.yaml", {"trial.steps": 8, "trial.measure_after": 2})
+    return load_spec(
+        ROOT / "examples" / "tiny_gpt.yaml", {"trial.steps": 8, "trial.measure_after": 2}
+    )
 
 
-def _config(folder: Path, candidate: Candidate, cache: Path | None = None, steps: int = 8,
-            **trial) -> dict:
+def _config(
+    folder: Path, candidate: Candidate, cache: Path | None = None, steps: int = 8, **trial
+) -> dict:
     """The trial's config; ``trial``: further keys of its ``trial`` section."""
     spec = _spec()
-    config = trial_config(spec, candidate, study="warm", number=0, out_dir=folder.resolve(),
-                          steps=steps, measure_after=2, compile_cache=cache)
+    config = trial_config(
+        spec,
+        candidate,
+        study="warm",
+        number=0,
+        out_dir=folder.resolve(),
+        steps=steps,
+        measure_after=2,
+        compile_cache=cache,
+    )
     config["trial"].update(trial)
     return config
 
@@ -65,7 +75,11 @@ def test_warm_trials_train_as_fresh_ones_and_keep_their_own_folders(tmp_path):
             warm[name] = pool.run(_config(folder, candidate), folder, 300, None, _mb(candidate))
             assert warm[name].outcome == "ok", warm[name].detail
             logs = folder / "logs"
-            assert sorted(p.name for p in logs.iterdir()) == ["msrun.log", "worker_0.log", "worker_1.log"]
+            assert sorted(p.name for p in logs.iterdir()) == [
+                "msrun.log",
+                "worker_0.log",
+                "worker_1.log",
+            ]
             log = (logs / "worker_0.log").read_text()
             assert log.count("autotune.train running the candidate") == 1  # this trial only
             assert (logs / "msrun.log").read_text().startswith("launched: ")
@@ -77,10 +91,13 @@ def test_warm_trials_train_as_fresh_ones_and_keep_their_own_folders(tmp_path):
         folder = tmp_path / f"fresh-{name}"
         fresh = run_trial(_config(folder, candidate), folder, 300, None, 2)
         assert fresh.outcome == "ok", fresh.detail
-        for again in ([name] + (["dp2-again"] if name == "dp2" else [])):
-            assert warm[again].metrics["loss_last"] == pytest.approx(fresh.metrics["loss_last"], rel=1e-6)
+        for again in [name] + (["dp2-again"] if name == "dp2" else []):
+            assert warm[again].metrics["loss_last"] == pytest.approx(
+                fresh.metrics["loss_last"], rel=1e-6
+            )
             assert warm[again].metrics["peak_memory_mb"] == pytest.approx(
-                fresh.metrics["peak_memory_mb"], rel=PEAK_NOISE)
+                fresh.metrics["peak_memory_mb"], rel=PEAK_NOISE
+            )
     # the pool's first trial paid the launch; the others found it up
     assert warm["tp2"].metrics["init_s"] < warm["dp2"].metrics["init_s"] / 5
 
@@ -110,8 +127,9 @@ def test_a_trial_past_its_time_is_stopped_with_its_workers(tmp_path):
         pool.run(_config(tmp_path / "a", DP2), tmp_path / "a", 300, None, _mb(DP2))
         known = dict(pool.tree.known)
         started = time.monotonic()
-        result = pool.run(_config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 8, None,
-                          _mb(DP2))
+        result = pool.run(
+            _config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 8, None, _mb(DP2)
+        )
         assert result.outcome == "timeout"
         assert time.monotonic() - started < 8 + 10
         assert not _alive(known)
@@ -131,19 +149,24 @@ def test_a_cancelled_trial_leaves_no_process(tmp_path):
         timer = threading.Timer(3.0, _thread.interrupt_main)  # what Ctrl-C does
         timer.start()
         with pytest.raises(KeyboardInterrupt):
-            pool.run(_config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 300, None,
-                     _mb(DP2))
+            pool.run(
+                _config(tmp_path / "b", DP2, steps=100000), tmp_path / "b", 300, None, _mb(DP2)
+            )
         assert not _alive(known)
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
 def _hits(folder: Path) -> list[str]:
-    return re.findall(r"compile cache: graph \w+: (\d+) of (\d+) graphs loaded",
-                      (folder / "logs" / "worker_0.log").read_text())
+    return re.findall(
+        r"compile cache: graph \w+: (\d+) of (\d+) graphs loaded",
+        (folder / "logs" / "worker_0.log").read_text(),
+    )
 
 
-def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph(tmp_path, monkeypatch):
+def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph(
+    tmp_path, monkeypatch
+):
     """Confirm-phase shape: the same candidate again, in warm workers and in a fresh process;
     recompute none and full are two graphs, warmups A and B one (the schedule's numbers are
     Parameters); a trial that probes compiles the probe's two graphs after the step's, and
@@ -157,20 +180,34 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     accum = DP2.replace(grad_accum=2)
     accum_other = accum.replace(fusion_mb=1, parallel_optimizer=True)
     uncached = {}
-    for name, candidate in (("none", DP2), ("full", full), ("warmup", warmup), ("accum-other", accum_other)):
+    for name, candidate in (
+        ("none", DP2),
+        ("full", full),
+        ("warmup", warmup),
+        ("accum-other", accum_other),
+    ):
         folder = tmp_path / f"uncached-{name}"
         result = run_trial(_config(folder, candidate), folder, 300, None, 2)
         uncached[name] = result.metrics["loss_last"]
     pool = WarmPool(tmp_path / "pool", 2)
     try:
         runs = {}
-        for name, candidate in (("none", DP2), ("full", full), ("none-again", DP2),
-                                ("full-again", full), ("warmup", warmup), ("probed", DP2),
-                                ("probed-again", DP2), ("accum", accum), ("accum-other", accum_other)):
+        for name, candidate in (
+            ("none", DP2),
+            ("full", full),
+            ("none-again", DP2),
+            ("full-again", full),
+            ("warmup", warmup),
+            ("probed", DP2),
+            ("probed-again", DP2),
+            ("accum", accum),
+            ("accum-other", accum_other),
+        ):
             folder = tmp_path / name
             probe = {"underflow_probe": "always"} if name.startswith("probed") else {}
-            runs[name] = pool.run(_config(folder, candidate, cache, **probe), folder, 300, None,
-                                  _mb(candidate))
+            runs[name] = pool.run(
+                _config(folder, candidate, cache, **probe), folder, 300, None, _mb(candidate)
+            )
             assert runs[name].outcome == "ok", runs[name].detail
     finally:
         pool.close()
@@ -180,11 +217,19 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     assert _hits(tmp_path / "warmup") == [("1", "1")]  # the graph of "none"
     assert _hits(tmp_path / "probed") == [("0", "3")]  # underflow_probe is part of the key
     assert _hits(tmp_path / "probed-again") == [("3", "3")]
-    assert [runs[n].metrics["underflow_probed"] for n in ("none", "probed", "probed-again")] == [False, True, True]
-    assert runs["probed-again"].metrics["underflow_share"] == runs["probed"].metrics["underflow_share"]
+    assert [runs[n].metrics["underflow_probed"] for n in ("none", "probed", "probed-again")] == [
+        False,
+        True,
+        True,
+    ]
+    assert (
+        runs["probed-again"].metrics["underflow_share"] == runs["probed"].metrics["underflow_share"]
+    )
     assert _hits(tmp_path / "accum") == [("0", "2")]
     assert _hits(tmp_path / "accum-other") == [("1", "2")]  # the accumulate graph, not the update
-    assert runs["accum-other"].metrics["loss_last"] == pytest.approx(uncached["accum-other"], rel=1e-6)
+    assert runs["accum-other"].metrics["loss_last"] == pytest.approx(
+        uncached["accum-other"], rel=1e-6
+    )
     assert runs["warmup"].metrics["loss_last"] == pytest.approx(uncached["warmup"], rel=1e-6)
     assert uncached["warmup"] != pytest.approx(uncached["none"], rel=1e-5)  # B is not A
     log = (tmp_path / "none-again" / "logs" / "worker_0.log").read_text()
@@ -200,7 +245,9 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     assert _hits(folder) == [("1", "1")]
     assert fresh.metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
     assert runs["none-again"].metrics["first_step_s"] < runs["none"].metrics["first_step_s"]
-    stored = json.dumps(sorted(str(p.relative_to(cache)) for p in (cache / "graphs").rglob("*.mindir")))
+    stored = json.dumps(
+        sorted(str(p.relative_to(cache)) for p in (cache / "graphs").rglob("*.mindir"))
+    )
     # per rank: one compile for each of two graphs, three for the probed, two for the accumulating
     # one and one (its update) for the other accumulating one
     assert stored.count("rank_0") == 8
@@ -220,16 +267,23 @@ def test_a_graph_loaded_under_another_fusion_threshold_buckets_by_its_own(tmp_pa
     monkeypatch.setenv("MS_DEV_DUMP_IR_PASSES", "graph_build")
     cache, fusion_1 = tmp_path / "cache", DP2.replace(fusion_mb=1)
     runs, buckets = {}, {}
-    for name, candidate, cached in (("uncached-1", fusion_1, None), ("store-64", DP2, cache),
-                                    ("load-as-1", fusion_1, cache)):
+    for name, candidate, cached in (
+        ("uncached-1", fusion_1, None),
+        ("store-64", DP2, cache),
+        ("load-as-1", fusion_1, cache),
+    ):
         folder = tmp_path / name
         monkeypatch.setenv("MS_DEV_SAVE_GRAPHS_PATH", str(tmp_path / f"ir-{name}"))
         runs[name] = run_trial(_config(folder, candidate, cached), folder, 300, None, 2)
         assert runs[name].outcome == "ok", runs[name].detail
         buckets[name] = _allreduces(tmp_path / f"ir-{name}")
-    assert _hits(tmp_path / "store-64") == [("0", "1")] and _hits(tmp_path / "load-as-1") == [("1", "1")]
+    assert _hits(tmp_path / "store-64") == [("0", "1")] and _hits(tmp_path / "load-as-1") == [
+        ("1", "1")
+    ]
     assert buckets["load-as-1"] == buckets["uncached-1"] > buckets["store-64"]
-    assert runs["load-as-1"].metrics["loss_last"] == pytest.approx(runs["uncached-1"].metrics["loss_last"], rel=1e-6)
+    assert runs["load-as-1"].metrics["loss_last"] == pytest.approx(
+        runs["uncached-1"].metrics["loss_last"], rel=1e-6
+    )
 
 
 def test_a_trials_peak_is_its_own_whatever_ran_before_it_in_the_pool(tmp_path):
@@ -243,32 +297,51 @@ def test_a_trials_peak_is_its_own_whatever_ran_before_it_in_the_pool(tmp_path):
     peak."""
     from autotune import costmodel
 
-    spec = load_spec(ROOT / "examples" / "tiny_gpt.yaml",
-                     {"train.global_batch_size": 256, "model.dtype": "float32", "cluster.devices": 1,
-                      "cluster.devices_per_node": 1})
+    spec = load_spec(
+        ROOT / "examples" / "tiny_gpt.yaml",
+        {
+            "train.global_batch_size": 256,
+            "model.dtype": "float32",
+            "cluster.devices": 1,
+            "cluster.devices_per_node": 1,
+        },
+    )
     large = DP2.replace(dp=1, grad_accum=1)
     small = large.replace(grad_accum=8)
 
     def config(name, candidate):
-        return trial_config(spec, candidate, study="warm", number=0, out_dir=(tmp_path / name).resolve(),
-                            steps=3, measure_after=1)
+        return trial_config(
+            spec,
+            candidate,
+            study="warm",
+            number=0,
+            out_dir=(tmp_path / name).resolve(),
+            steps=3,
+            measure_after=1,
+        )
 
     def size_mb(candidate):
         return costmodel.estimate(spec, candidate).memory_gb_per_device * 1024
 
     fresh = {}
     for name, candidate in (("large", large), ("small", small)):
-        result = run_trial(config(f"fresh-{name}", candidate), tmp_path / f"fresh-{name}", 300, None, 1)
+        result = run_trial(
+            config(f"fresh-{name}", candidate), tmp_path / f"fresh-{name}", 300, None, 1
+        )
         assert result.outcome == "ok", result.detail
         fresh[name] = result.metrics["peak_memory_mb"]
     assert fresh["large"] > 1.5 * fresh["small"]
     pool = WarmPool(tmp_path / "pool", 1)
     try:
         pids = []
-        for k, (name, candidate) in enumerate((("large", large), ("small", small), ("large", large))):
+        for k, (name, candidate) in enumerate(
+            (("large", large), ("small", small), ("large", large))
+        ):
             budget = 1.15 * fresh["small"] if name == "small" else None
             folder = tmp_path / f"warm-{k}-{name}"
-            result = pool.run(config(folder.name, candidate), folder, 300, budget, size_mb(candidate))
+            result = pool.run(
+                config(folder.name, candidate), folder, 300, budget, size_mb(candidate)
+            )
             assert result.outcome == "ok", result.detail
             assert result.metrics["peak_memory_mb"] == pytest.approx(fresh[name], rel=0.05), name
             pids.append(pool.proc.pid)

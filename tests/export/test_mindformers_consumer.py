@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,6 @@ from autotune.export import write_export
 from autotune.spec.candidate import Candidate
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.model_yaml import load_spec
-
 from tests.export.test_export import TRIAL, make_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -67,8 +65,13 @@ def consumer(tmp_path, jobs: list) -> list:
     """Run tests/mindformers/consumer.py over ``jobs`` in MindFormers' venv; its results."""
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps(jobs))
-    done = subprocess.run([_venv(), str(HERE / "consumer.py"), str(path)], capture_output=True,
-                          text=True, timeout=600, cwd=tmp_path)  # MindFormers logs to ./output
+    done = subprocess.run(
+        [_venv(), str(HERE / "consumer.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )  # MindFormers logs to ./output
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     results = json.loads(lines[-1].removeprefix("RESULTS "))
@@ -94,25 +97,50 @@ def _exports(tmp_path) -> dict:
     out = {}
     for base, dtype in ((LLAMA2, "float16"), (QWEN3, "bfloat16")):
         for name, knobs in LAYOUTS.items():
-            c = Candidate(**dict(knobs, fusion_mb=16, loss_scale=2**12, warmup_steps=50,
-                                 jit_level="O1", recompute="selective",
-                                 parallel_optimizer=knobs["dp"] > 2))
+            c = Candidate(
+                **dict(
+                    knobs,
+                    fusion_mb=16,
+                    loss_scale=2**12,
+                    warmup_steps=50,
+                    jit_level="O1",
+                    recompute="selective",
+                    parallel_optimizer=knobs["dp"] > 2,
+                )
+            )
             folder = tmp_path / f"{base.stem}-{name}"
             spec = make_spec(tmp_path, dtype=dtype, device="ascend-910b")
             write_export(spec, c, TRIAL, folder, mindformers_base=str(base))
             out[folder.name] = (folder, c)
     # the overlay alone, its base_config set as the user would: MindFormers merges it
-    c = Candidate(**dict(LAYOUTS["dp2-tp2-pp2"], fusion_mb=16, loss_scale=2**12, warmup_steps=50,
-                         jit_level="O1", recompute="full"))
+    c = Candidate(
+        **dict(
+            LAYOUTS["dp2-tp2-pp2"],
+            fusion_mb=16,
+            loss_scale=2**12,
+            warmup_steps=50,
+            jit_level="O1",
+            recompute="full",
+        )
+    )
     folder = tmp_path / "overlay"
     write_export(make_spec(tmp_path, device="ascend-910b"), c, TRIAL, folder)
     text = (folder / "mindformers.yaml").read_text()
     (folder / "mindformers.yaml").write_text(
-        text.replace("SET-ME-your-model-mindformers-config.yaml", str(LLAMA2)))
+        text.replace("SET-ME-your-model-mindformers-config.yaml", str(LLAMA2))
+    )
     out["overlay"] = (folder, c)
     # the CPU form: data parallel, accumulation folded into the batch
-    c = Candidate(**dict(LAYOUTS["dp8"], fusion_mb=16, loss_scale=2**12, warmup_steps=50,
-                         jit_level="O1", recompute="none"))
+    c = Candidate(
+        **dict(
+            LAYOUTS["dp8"],
+            fusion_mb=16,
+            loss_scale=2**12,
+            warmup_steps=50,
+            jit_level="O1",
+            recompute="none",
+        )
+    )
     folder = tmp_path / "cpu"
     write_export(make_spec(tmp_path, backend="cpu"), c, TRIAL, folder, mindformers_base=str(LLAMA2))
     out["cpu"] = (folder, c)
@@ -137,8 +165,22 @@ def test_exports_are_read_checked_and_batched_by_mindformers_as_tuned(tmp_path):
 
 
 def _init_70b(tmp_path):
-    assert main(["init", "--mindformers", str(LLAMA70), "--backend", "simulate",
-                 "--total-steps", "1000", "--out", str(tmp_path / "model.yaml")]) == 0
+    assert (
+        main(
+            [
+                "init",
+                "--mindformers",
+                str(LLAMA70),
+                "--backend",
+                "simulate",
+                "--total-steps",
+                "1000",
+                "--out",
+                str(tmp_path / "model.yaml"),
+            ]
+        )
+        == 0
+    )
     return load_spec(tmp_path / "model.yaml")
 
 
@@ -147,9 +189,19 @@ def test_the_70b_export_builds_its_stages_in_mindformers_at_pp_2_4_8(tmp_path):
     jobs, folders = [], {}
     for pp in (2, 4, 8):
         dp = 32 // (4 * pp)
-        c = Candidate(dp=dp, tp=4, pp=pp, micro_batches=256 // dp, grad_accum=1, fusion_mb=16,
-                      loss_scale=1, warmup_steps=30, jit_level="O1", recompute="selective",
-                      parallel_optimizer=False)
+        c = Candidate(
+            dp=dp,
+            tp=4,
+            pp=pp,
+            micro_batches=256 // dp,
+            grad_accum=1,
+            fusion_mb=16,
+            loss_scale=1,
+            warmup_steps=30,
+            jit_level="O1",
+            recompute="selective",
+            parallel_optimizer=False,
+        )
         folder = tmp_path / f"pp{pp}"
         write_export(spec, c, TRIAL, folder, mindformers_base=str(LLAMA70))
         folders[pp] = folder
@@ -197,35 +249,86 @@ def test_a_study_exported_for_cpu_trains_under_mindformers_own_trainer(tmp_path,
     """init → a simulate study of the CPU → export → run_mindformer.py on 2 ranks."""
     python = _venv()
     model = tmp_path / "model.yaml"
-    assert main(["init", "--mindformers", str(TINY), "--backend", "simulate", "--out", str(model)]) == 0
+    assert (
+        main(["init", "--mindformers", str(TINY), "--backend", "simulate", "--out", str(model)])
+        == 0
+    )
     storage = f"sqlite:///{tmp_path}/s.db"
-    assert main(["search", str(model), "--storage", storage, "--trials", "3",
-                 "--artifacts", str(tmp_path / "trials")]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(model),
+                "--storage",
+                storage,
+                "--trials",
+                "3",
+                "--artifacts",
+                str(tmp_path / "trials"),
+            ]
+        )
+        == 0
+    )
     # trial 0 is the config's own layout: dp 2, 2 accumulated micro-batches of 2
-    assert main(["export", "tiny_llama_cpu", "--storage", storage, "--trial", "0",
-                 "--out", str(tmp_path / "x")]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "tiny_llama_cpu",
+                "--storage",
+                storage,
+                "--trial",
+                "0",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 0
+    )
     exported = yaml.safe_load((tmp_path / "x" / "mindformers.yaml").read_text())
-    assert exported["parallel"]["parallel_mode"] == 0 and exported["runner_config"]["batch_size"] == 4
+    assert (
+        exported["parallel"]["parallel_mode"] == 0 and exported["runner_config"]["batch_size"] == 4
+    )
     data = tmp_path / "tokens.mindrecord"
-    subprocess.run([python, "-c", MAKE_TOKENS, str(data), "16", "32", "128"], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [python, "-c", MAKE_TOKENS, str(data), "16", "32", "128"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     checkout = tmp_path / "mf"  # run_mindformer.py writes output/ and modules/ where it runs
     checkout.mkdir()
     shutil.copy(HERE / "run_mindformer.py", checkout)
     env = {**os.environ, "PATH": f"{Path(python).parent}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(tmp_path / "x" / "launch.sh"), "--mindformers", str(checkout),
-                           "--out", str(tmp_path / "run"), "--", "--train_dataset_dir", str(data)],
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            "bash",
+            str(tmp_path / "x" / "launch.sh"),
+            "--mindformers",
+            str(checkout),
+            "--out",
+            str(tmp_path / "run"),
+            "--",
+            "--train_dataset_dir",
+            str(data),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = (tmp_path / "run" / "logs" / "worker_0.log").read_text(errors="replace")
     assert done.returncode == 0, log[-4000:]
     losses = [line for line in log.splitlines() if LOSS_LINE.search(line)]
     with capsys.disabled():
         print("\nMindFormers' run_mindformer.py on the export (rank 0):")
         for line in losses:
-            print("  " + line[line.index("{"):])
+            print("  " + line[line.index("{") :])
     # 16 samples / global batch 8 = 2 steps an epoch, 2 epochs (the base's runner_config)
     assert len(losses) == 4
     values = [float(LOSS_LINE.search(line).group(3)) for line in losses]
     assert all(math.isfinite(v) for v in values) and values[-1] < values[0]
-    assert "global_batch_size = batch_size_per_card * device_num * gradient_accumulation_steps " \
-           "= 8 = 4 * 2 * 1" in log
+    assert (
+        "global_batch_size = batch_size_per_card * device_num * gradient_accumulation_steps "
+        "= 8 = 4 * 2 * 1" in log
+    )

@@ -12,12 +12,16 @@ from autotune.cli import main
 from autotune.storage import counting, schema
 from tests.conftest import SMALL_CPU_SIMULATE
 
-SMALL = "study: small\n" + SMALL_CPU_SIMULATE + """\
+SMALL = (
+    "study: small\n"
+    + SMALL_CPU_SIMULATE
+    + """\
 search:
   space: space.yaml
   n_trials: 6
   seed: 0
 """
+)
 SPACE = """
 tp: [1, 2]
 pp: 1
@@ -55,7 +59,8 @@ def test_a_simulated_cpu_study_exports_for_cpu(tmp_path):
     launch = (tmp_path / "x" / "launch.sh").read_text()
     assert "--bind_core" in launch
     assert '"device_target": "CPU"' in json.dumps(
-        __import__("yaml").safe_load((tmp_path / "x" / "launch.yaml").read_text()))
+        __import__("yaml").safe_load((tmp_path / "x" / "launch.yaml").read_text())
+    )
 
 
 def test_a_grid_runs_the_baseline_first(tmp_path, capsys):

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import MINI_MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,8 +41,14 @@ PLANTED = {
 
 def lint(root: Path, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(root)}  # the copy shadows the installed package
-    return subprocess.run([str(LINT), "--config", str(root / "pyproject.toml"), "--no-cache", *args],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT), "--config", str(root / "pyproject.toml"), "--no-cache", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def contract_ids() -> list[str]:
@@ -75,7 +82,8 @@ def test_a_planted_violation_breaks_its_contract(tmp_path):
             target.write_text(original)
         assert done.returncode == 1 and "BROKEN" in done.stdout, (contract, done.stdout)
         assert f"{module.replace('/', '.').removesuffix('.py')}" in done.stdout.replace(
-            "autotune.", ""), (contract, done.stdout)
+            "autotune.", ""
+        ), (contract, done.stdout)
 
 
 def _imports(path: Path) -> set[str]:
@@ -97,9 +105,19 @@ def test_the_encoding_takes_only_distributions_of_optuna():
 def test_package_inits_re_export_nothing_that_drags_in_more():
     # a package __init__ that imports its modules would hand every caller their imports (the
     # trial program imports spec.knobs and must not get spec.space's Optuna with it)
-    for package in ("spec", "storage", "search", "execution", "stopping", "study", "analysis",
-                    "train"):
-        imported = {m for m in _imports(PACKAGE / package / "__init__.py") if m.startswith("autotune")}
+    for package in (
+        "spec",
+        "storage",
+        "search",
+        "execution",
+        "stopping",
+        "study",
+        "analysis",
+        "train",
+    ):
+        imported = {
+            m for m in _imports(PACKAGE / package / "__init__.py") if m.startswith("autotune")
+        }
         assert not imported, (package, imported)
 
 
@@ -108,20 +126,28 @@ def _sources():
 
 
 def _assignments(name: str) -> list[Path]:
-    return [p for p, text in _sources() for node in ast.walk(ast.parse(text))
-            if isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    return [
+        p
+        for p, text in _sources()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    ]
 
 
 def test_the_scale_window_is_defined_once():
     assert _assignments("SCALE_WINDOW") == [PACKAGE / "spec" / "knobs.py"]
     from autotune.export import configs
     from autotune.spec.knobs import SCALE_WINDOW
-    assert configs.loss_scale_cell(type("C", (), {"loss_scale": 1024})())["scale_window"] == SCALE_WINDOW
+
+    assert (
+        configs.loss_scale_cell(type("C", (), {"loss_scale": 1024})())["scale_window"]
+        == SCALE_WINDOW
+    )
 
 
 def test_proc_stat_is_read_in_one_place():
-    readers = [p for p, text in _sources() if "/stat\"" in text or "/stat'" in text]
+    readers = [p for p, text in _sources() if '/stat"' in text or "/stat'" in text]
     assert readers == [PACKAGE / "procfs.py"]
 
 
@@ -143,8 +169,11 @@ def test_the_start_ticks_of_a_process_agree_everywhere():
 
 
 def test_the_first_objectives_direction_is_read_in_one_place():
-    readers = [p for p, text in _sources() if "StudyDirection" in text or '"MAXIMIZE"' in text
-               or '== "maximize"' in text]
+    readers = [
+        p
+        for p, text in _sources()
+        if "StudyDirection" in text or '"MAXIMIZE"' in text or '== "maximize"' in text
+    ]
     assert readers == [PACKAGE / "storage" / "schema.py"]
 
 
@@ -153,11 +182,18 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     # the export and the report
     makers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "mkdtemp(" in text]
     assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
-    users = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text]
-    assert users == ["analysis/report/__init__.py", "export/writer.py", "files.py",
-                     "train/runtime/compile_cache.py"]
+    users = [
+        p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text
+    ]
+    assert users == [
+        "analysis/report/__init__.py",
+        "export/writer.py",
+        "files.py",
+        "train/runtime/compile_cache.py",
+    ]
 
     from autotune.files import staged_folder
+
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
@@ -172,19 +208,26 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
-BATCH_SPEC = "study: t\n" + MINI_MODEL + """\
+BATCH_SPEC = (
+    "study: t\n"
+    + MINI_MODEL
+    + """\
 train: {global_batch_size: 12}
 cluster: {backend: cpu, devices: 2}
 """
+)
 
 
-@pytest.mark.parametrize("knobs, broken", [
-    ({"dp": 2, "pp": 1, "grad_accum": 2}, False),
-    ({"dp": 2, "pp": 1, "grad_accum": 4}, True),        # 12 over dp·grad_accum = 8
-    ({"dp": 1, "pp": 2, "micro_batches": 2}, False),
-    ({"dp": 1, "pp": 2, "micro_batches": 8}, True),     # 12 over dp·micro_batches = 8
-    ({"dp": 1, "pp": 2, "micro_batches": 1}, True),     # fewer micro-batches than stages
-])
+@pytest.mark.parametrize(
+    "knobs, broken",
+    [
+        ({"dp": 2, "pp": 1, "grad_accum": 2}, False),
+        ({"dp": 2, "pp": 1, "grad_accum": 4}, True),  # 12 over dp·grad_accum = 8
+        ({"dp": 1, "pp": 2, "micro_batches": 2}, False),
+        ({"dp": 1, "pp": 2, "micro_batches": 8}, True),  # 12 over dp·micro_batches = 8
+        ({"dp": 1, "pp": 2, "micro_batches": 1}, True),  # fewer micro-batches than stages
+    ],
+)
 def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_path, knobs, broken):
     # spec.constraints screens a candidate, train.program.check_config refuses its config: the
     # same rule (spec.knobs.batch_split_problems) with the same words, the program's naming the
@@ -199,8 +242,9 @@ def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_pa
     (tmp_path / "model.yaml").write_text(BATCH_SPEC)
     spec = load_spec(tmp_path / "model.yaml")
     candidate = build_space(spec).baseline().replace(**knobs)
-    config = trial_config(spec, candidate, study="t", number=0, out_dir=tmp_path, steps=5,
-                          measure_after=1)
+    config = trial_config(
+        spec, candidate, study="t", number=0, out_dir=tmp_path, steps=5, measure_after=1
+    )
     reasons = violations(spec, candidate)
     assert bool(reasons) == broken
     if not broken:
@@ -210,8 +254,11 @@ def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_pa
         check_config(config)
     field, _, said = str(refused.value).partition(": ")
     assert said == reasons[0] and field in ("train.global_batch_size", "knobs.micro_batches")
-    definers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources()
-                if "micro_batches < " in text or "micro_batches >= " in text]
+    definers = [
+        p.relative_to(PACKAGE).as_posix()
+        for p, text in _sources()
+        if "micro_batches < " in text or "micro_batches >= " in text
+    ]
     assert definers == ["spec/knobs.py"]
 
 
@@ -220,10 +267,15 @@ def _renames() -> list[str]:
     found = []
     for path, text in _sources():
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("replace", "rename") and (
-                        (isinstance(node.func.value, ast.Name) and node.func.value.id == "os")
-                        or (len(node.args) == 1 and not node.keywords)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("replace", "rename")
+                and (
+                    (isinstance(node.func.value, ast.Name) and node.func.value.id == "os")
+                    or (len(node.args) == 1 and not node.keywords)
+                )
+            ):
                 found.append(path.relative_to(PACKAGE).as_posix())
     return sorted(set(found))
 
@@ -234,6 +286,7 @@ def test_json_files_are_written_whole_in_one_place(tmp_path):
     assert _renames() == ["files.py", "train/checkpoint.py"]
 
     from autotune.files import write_json
+
     path = tmp_path / "metrics.json"
     value = {"goodput": 1.5, "loss": float("nan"), "note": "µ", "steps": [1, 2]}
     for indent in (None, 1, 2):  # the writers' formats, each byte for byte json.dumps's
@@ -247,12 +300,19 @@ def test_json_files_are_written_whole_in_one_place(tmp_path):
 
 def test_values_json_cannot_hold_become_null_in_one_place():
     nan, inf = float("nan"), float("inf")
-    definers = [p for p, text in _sources() for node in ast.walk(ast.parse(text))
-                if isinstance(node, ast.FunctionDef) and "isfinite" in ast.unparse(node)
-                and "return None" in ast.unparse(node) and "isinstance(value, dict)" in ast.unparse(node)]
+    definers = [
+        p
+        for p, text in _sources()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef)
+        and "isfinite" in ast.unparse(node)
+        and "return None" in ast.unparse(node)
+        and "isinstance(value, dict)" in ast.unparse(node)
+    ]
     assert definers == [PACKAGE / "files.py"]
     from autotune.files import json_safe
     from autotune.storage.schema import settle
+
     assert json_safe({"a": [nan, 1.0, (inf,)]}) == {"a": [None, 1.0, [None]]}
     _, _, attrs = settle(["goodput"], "error", {"loss_last": nan}, extra={"estimate": {"x": -inf}})
     assert attrs["loss_last"] is None and attrs["estimate"] == {"x": None}
@@ -293,7 +353,8 @@ def sibling_entry_model(tmp_path) -> Path:
     folder.mkdir()
     (folder / "mymodel.py").write_text(textwrap.dedent(ENTRY))
     (folder / "helper.py").write_text("WIDTH = 8\n")
-    (folder / "model.yaml").write_text(textwrap.dedent("""
+    (folder / "model.yaml").write_text(
+        textwrap.dedent("""
         study: sibling
         model: {entry: "mymodel:build", dtype: float32}
         train: {global_batch_size: 8}
@@ -301,7 +362,8 @@ def sibling_entry_model(tmp_path) -> Path:
         search: {space: {fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0,
                          jit_level: O1, recompute: none}, n_trials: 1}
         trial: {steps: 3, measure_after: 1, timeout_s: 240}
-        """))
+        """)
+    )
     return folder / "model.yaml"
 
 
@@ -319,19 +381,27 @@ def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_tr
     try:
         spec = load_spec(path)  # validation imports it
         candidate = Candidate(1, 1, 1, 1, 64, 1, 1024, 0, "O1", "none")
-        config = trial_config(spec, candidate, study="s", number=0, out_dir=elsewhere, steps=3,
-                              measure_after=1)
+        config = trial_config(
+            spec, candidate, study="s", number=0, out_dir=elsewhere, steps=3, measure_after=1
+        )
         assert model_parameters(spec, config) == {"dense.weight": (4, 8), "dense.bias": (4,)}
     finally:
         os.chdir(ROOT)
     # the trial program's process: the runner's environment, the trial folder as its cwd
-    code = ("import json, sys; from autotune.train.models.entry import build; "
-            "net, loss, data = build(json.load(open(sys.argv[1]))); "
-            "print(sorted(p.name for p in net.get_parameters()))")
+    code = (
+        "import json, sys; from autotune.train.models.entry import build; "
+        "net, loss, data = build(json.load(open(sys.argv[1]))); "
+        "print(sorted(p.name for p in net.get_parameters()))"
+    )
     (elsewhere / "config.json").write_text(__import__("json").dumps(config))
-    done = subprocess.run([sys.executable, "-c", code, "config.json"], cwd=elsewhere,
-                          env=environment(config=config), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "config.json"],
+        cwd=elsewhere,
+        env=environment(config=config),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "['dense.bias', 'dense.weight']"
 
@@ -350,29 +420,33 @@ def test_the_trials_the_search_ran_are_one_set_for_every_view(tmp_path):
 
     def trial(state, value=None, tp=1, **attrs):
         outcome = {TrialState.COMPLETE: "ok", TrialState.FAIL: "error"}[state]
-        return create_trial(state=state, values=None if value is None else [value],
-                            params={"log2_tp": tp.bit_length() - 1},
-                            distributions={"log2_tp": IntDistribution(0, 2)},
-                            user_attrs={"outcome": attrs.pop("outcome", outcome), "tp": tp,
-                                        "dp": 8 // tp, **attrs})
+        return create_trial(
+            state=state,
+            values=None if value is None else [value],
+            params={"log2_tp": tp.bit_length() - 1},
+            distributions={"log2_tp": IntDistribution(0, 2)},
+            user_attrs={"outcome": attrs.pop("outcome", outcome), "tp": tp, "dp": 8 // tp, **attrs},
+        )
 
-    study.add_trials([
-        trial(TrialState.COMPLETE, 100.0, baseline=True),                 # 0 the baseline
-        trial(TrialState.COMPLETE, 120.0, tp=2),                          # 1
-        trial(TrialState.COMPLETE, 999.0, tp=2, repeat_of=1),             # 2 answered from memory
-        trial(TrialState.COMPLETE, 500.0, tp=2, confirm_of=1),            # 3 a confirm re-run
-        trial(TrialState.FAIL, tp=4, outcome="interrupted"),              # 4 ran again later
-        trial(TrialState.FAIL, tp=4, infrastructure=True),                # 5 lost, retried
-        trial(TrialState.COMPLETE, 110.0, tp=4, retry_of=5),              # 6 its retry
-        trial(TrialState.COMPLETE, 150.0, tp=4, warm_start="earlier#3"),  # 7 a warm start's
-    ])
+    study.add_trials(
+        [
+            trial(TrialState.COMPLETE, 100.0, baseline=True),  # 0 the baseline
+            trial(TrialState.COMPLETE, 120.0, tp=2),  # 1
+            trial(TrialState.COMPLETE, 999.0, tp=2, repeat_of=1),  # 2 answered from memory
+            trial(TrialState.COMPLETE, 500.0, tp=2, confirm_of=1),  # 3 a confirm re-run
+            trial(TrialState.FAIL, tp=4, outcome="interrupted"),  # 4 ran again later
+            trial(TrialState.FAIL, tp=4, infrastructure=True),  # 5 lost, retried
+            trial(TrialState.COMPLETE, 110.0, tp=4, retry_of=5),  # 6 its retry
+            trial(TrialState.COMPLETE, 150.0, tp=4, warm_start="earlier#3"),  # 7 a warm start's
+        ]
+    )
     searched = [t.number for t in search_trials(study.get_trials())]
     assert searched == [0, 1, 6, 7]
-    assert [t.number for t in view.view("s", storage).ran] == searched             # show, report
-    assert [t.number for t in ranking.ranked_ok(study)] == [7, 1, 6, 0]            # rankings
-    summary = frames.summary(["s"], storage)["s"]                                  # compare
+    assert [t.number for t in view.view("s", storage).ran] == searched  # show, report
+    assert [t.number for t in ranking.ranked_ok(study)] == [7, 1, 6, 0]  # rankings
+    summary = frames.summary(["s"], storage)["s"]  # compare
     assert summary["best_trial"] == 7 and summary["trials_to_3pct"] == 4
-    assert [t.number for t in plan(study, top=1, runs=1)] == [7, 0]                # confirm
+    assert [t.number for t in plan(study, top=1, runs=1)] == [7, 0]  # confirm
     assert select_trial(study).number == ranking.best_confirmed(study).number == 1  # export
     assert select_trial(study, 6).number == 6
 

@@ -23,8 +23,11 @@ from autotune.spec.yaml_file import load_yaml
 from autotune.train.knob_hooks import APPLIES
 
 BUILT_IN = tuple(KNOBS)
-SIDES = {"trial program": APPLIES, "cost model": PRICES,
-         **{f"export {name}": hooks for name, hooks in DOCUMENTS.items()}}
+SIDES = {
+    "trial program": APPLIES,
+    "cost model": PRICES,
+    **{f"export {name}": hooks for name, hooks in DOCUMENTS.items()},
+}
 
 
 def gaps(name: str) -> list[str]:
@@ -98,7 +101,8 @@ def test_a_gap_is_found():
         hooks.register("tp")(print)
     saved = APPLIES.places.pop("fusion_mb")
     try:
-        assert gaps("fusion_mb") == ["trial program: no hook registered under 'fusion_mb' and "
-                                     "no stated place"]
+        assert gaps("fusion_mb") == [
+            "trial program: no hook registered under 'fusion_mb' and no stated place"
+        ]
     finally:
         APPLIES.places["fusion_mb"] = saved

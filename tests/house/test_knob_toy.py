@@ -18,11 +18,14 @@ from autotune.spec import knobs
 from autotune.spec.knobs import KNOBS, Knob, register_knob
 from autotune.storage import schema
 from autotune.train.knob_hooks import APPLIES
-from tests.house.test_knob_contracts import gaps
 from tests.conftest import SMALL_CPU_SIMULATE
+from tests.house.test_knob_contracts import gaps
 
 TOY = "data_workers"
-MODEL = "study: toy\n" + SMALL_CPU_SIMULATE + """\
+MODEL = (
+    "study: toy\n"
+    + SMALL_CPU_SIMULATE
+    + """\
 search:
   space: {tp: 1, pp: 1, fusion_mb: 64, grad_accum: 1, loss_scale: 1024, warmup_steps: 0,
           jit_level: O1, recompute: none, parallel_optimizer: false}
@@ -30,6 +33,7 @@ search:
   sampler: random
   seed: 0
 """
+)
 HOST_S = 0.05  # the toy's price: host seconds per step a data worker takes off
 
 
@@ -39,10 +43,18 @@ def toy_knob():
     saved_knobs = dict(KNOBS)
     sides = (APPLIES, PRICES, LAUNCH_YAML, MINDFORMERS_YAML)
     saved = [(dict(side.hooks), dict(side.places)) for side in sides]
-    register_knob(Knob(TOY, int, "data-loading workers per rank",
-                       "mindspore.dataset.GeneratorDataset(num_parallel_workers=N)",
-                       "train_dataset.num_parallel_workers", default=1, default_space=[1, 2, 3],
-                       graphs="none"))
+    register_knob(
+        Knob(
+            TOY,
+            int,
+            "data-loading workers per rank",
+            "mindspore.dataset.GeneratorDataset(num_parallel_workers=N)",
+            "train_dataset.num_parallel_workers",
+            default=1,
+            default_space=[1, 2, 3],
+            graphs="none",
+        )
+    )
 
     @APPLIES.register(TOY)
     def apply(value, network, cfg):
@@ -65,8 +77,9 @@ def toy_knob():
 
 
 def test_a_knob_added_outside_autotune_is_searched_and_exported(toy_knob, tmp_path):
-    assert gaps(TOY) == ["export mindformers.yaml: no hook registered under 'data_workers' and "
-                         "no stated place"]
+    assert gaps(TOY) == [
+        "export mindformers.yaml: no hook registered under 'data_workers' and no stated place"
+    ]
 
     @MINDFORMERS_YAML.register(TOY)
     def mindformers(value, spec, candidate, document):
@@ -80,8 +93,11 @@ def test_a_knob_added_outside_autotune_is_searched_and_exported(toy_knob, tmp_pa
     searched = {t.params[TOY] for t in trials if TOY in t.params}
     assert len(searched) > 1 and searched <= {1, 2, 3}  # a param of its own, several values
     # priced by its hook: more workers, less host time per step
-    by_value = {schema.knobs_of(t)[TOY]: t.user_attrs["step_time_ms"] for t in trials
-                if t.user_attrs.get("outcome") == "ok"}
+    by_value = {
+        schema.knobs_of(t)[TOY]: t.user_attrs["step_time_ms"]
+        for t in trials
+        if t.user_attrs.get("outcome") == "ok"
+    }
     assert sorted(by_value, key=by_value.get, reverse=True) == sorted(by_value)
 
     out = tmp_path / "export"
@@ -93,7 +109,10 @@ def test_a_knob_added_outside_autotune_is_searched_and_exported(toy_knob, tmp_pa
     assert launch["knobs"][TOY]["mindspore"].startswith("mindspore.dataset")
     overlay = yaml.safe_load((out / "mindformers.yaml").read_text())
     assert overlay["train_dataset"] == {"num_parallel_workers": best}
-    assert "data_workers  -> train_dataset.num_parallel_workers" in (out / "mindformers.yaml").read_text()
+    assert (
+        "data_workers  -> train_dataset.num_parallel_workers"
+        in (out / "mindformers.yaml").read_text()
+    )
 
 
 def test_the_registries_are_as_built_after_the_toy(toy_knob):

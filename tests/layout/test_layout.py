@@ -1,8 +1,14 @@
 """The parallel optimizer's shards as `autotune.layout` defines them (MindSpore's rules at its
 default level: docs/parallel.md), worked out by hand."""
 
-from autotune.layout import (OptimizerShard, ParamLayout, builtin_layout, optimizer_shard,
-                             optimizer_whole, with_optimizer_shards)
+from autotune.layout import (
+    OptimizerShard,
+    ParamLayout,
+    builtin_layout,
+    optimizer_shard,
+    optimizer_whole,
+    with_optimizer_shards,
+)
 
 
 def lay(shape, split_dim=None):
@@ -29,14 +35,23 @@ def test_threshold_is_the_full_size_in_the_parameter_dtype_and_a_64_kb_parameter
     assert optimizer_shard(lay((126, 128)), dp=2, tp=1, element_bytes=4) is None
     # the same shape in float16 is 32 KB
     assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=2) is None
-    assert optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=2, threshold_kb=32) is not None
+    assert (
+        optimizer_shard(lay((128, 128)), dp=2, tp=1, element_bytes=2, threshold_kb=32) is not None
+    )
 
 
 def test_mindformers_llama_leaves_its_norms_and_by_default_its_token_table_whole():
     # LlamaRMSNorm's weight and LlamaEmbedding's table (unless model_config.parallel_optimizer)
     # are created with parallel_optimizer=False, which SplitParam skips
-    model = {"family": "llama", "num_layers": 2, "hidden_size": 256, "num_heads": 4,
-             "ffn_hidden_size": 512, "seq_length": 32, "vocab_size": 1024}
+    model = {
+        "family": "llama",
+        "num_layers": 2,
+        "hidden_size": 256,
+        "num_heads": 4,
+        "ffn_hidden_size": 512,
+        "seq_length": 32,
+        "vocab_size": 1024,
+    }
     layouts, _ = builtin_layout(model, 1, 1)
 
     def sharded(cfg):
@@ -46,11 +61,17 @@ def test_mindformers_llama_leaves_its_norms_and_by_default_its_token_table_whole
     default = sharded(model)
     assert "model.tok_embeddings.embedding_weight" not in default
     assert "lm_head.weight" in default and "model.layers.0.feed_forward.w1.weight" in default
-    assert "model.tok_embeddings.embedding_weight" in sharded({**model, "embedding_parallel_optimizer": True})
+    assert "model.tok_embeddings.embedding_weight" in sharded(
+        {**model, "embedding_parallel_optimizer": True}
+    )
     # a norm as large as the threshold still stays whole (16384 float32 = 64 KB)
     norm = {"model.layers.0.attention_norm.weight": ParamLayout("n", (16384,), 0, None)}
-    assert with_optimizer_shards(norm, 2, 1, 4, whole=optimizer_whole(model))[
-        "model.layers.0.attention_norm.weight"].opt_shard is None
+    assert (
+        with_optimizer_shards(norm, 2, 1, 4, whole=optimizer_whole(model))[
+            "model.layers.0.attention_norm.weight"
+        ].opt_shard
+        is None
+    )
     assert optimizer_whole({"family": "transformer"}) == ()  # autotune's own families: every weight
 
 
@@ -62,13 +83,23 @@ def test_no_shard_without_a_dp_group_or_an_even_split_of_dim_0():
 
 
 def test_each_rank_owns_its_rows_in_mindspore_rank_order():
-    split = with_optimizer_shards({"w": lay((512, 128), split_dim=0)}, dp=2, tp=2, element_bytes=4)["w"]
+    split = with_optimizer_shards({"w": lay((512, 128), split_dim=0)}, dp=2, tp=2, element_bytes=4)[
+        "w"
+    ]
     # tp slice 256 rows; dp index d owns rows d·128 … of it, whatever its tp index
     assert [split.shard_rows(2, d, t) for d in range(2) for t in range(2)] == [
-        slice(0, 128), slice(0, 128), slice(128, 256), slice(128, 256)]
+        slice(0, 128),
+        slice(0, 128),
+        slice(128, 256),
+        slice(128, 256),
+    ]
     assert split.rank_shape(2) == (128, 128)
     whole = with_optimizer_shards({"w": lay((512, 128))}, dp=2, tp=2, element_bytes=4)["w"]
     # replicated: the stage's rank dp_index·tp + tp_index owns the k-th quarter
     assert [whole.shard_rows(2, d, t) for d in range(2) for t in range(2)] == [
-        slice(0, 128), slice(128, 256), slice(256, 384), slice(384, 512)]
+        slice(0, 128),
+        slice(128, 256),
+        slice(256, 384),
+        slice(384, 512),
+    ]
     assert whole.rank_shape(2) == (128, 128)

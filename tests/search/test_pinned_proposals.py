@@ -22,8 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = ROOT / "tests" / "fixtures" / "pinned_proposals.json"
-STUDIES = [("tiny-gpt", "auto"), ("tiny-gpt", "tpe"), ("llama7b-64", "auto"),
-           ("llama7b-64", "tpe")]
+STUDIES = [("tiny-gpt", "auto"), ("tiny-gpt", "tpe"), ("llama7b-64", "auto"), ("llama7b-64", "tpe")]
 ROLES = ("baseline", "repeat_of", "confirm_of", "retry_of", "proposed_by")
 
 
@@ -36,20 +35,42 @@ def _table(spec, path: Path) -> None:
 
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([*KNOB_NAMES, "goodput", "step_time_ms", "peak_memory_mb", "loss_last",
-                         "outcome", "run_s"])
+        writer.writerow(
+            [
+                *KNOB_NAMES,
+                "goodput",
+                "step_time_ms",
+                "peak_memory_mb",
+                "loss_last",
+                "outcome",
+                "run_s",
+            ]
+        )
         for i, c in enumerate(build_space(spec).candidates()):
             if i % 7 == 3:
                 continue  # not in the table: infeasible
-            base = 100 / (c.tp * c.pp ** 0.5) * (1 + 0.1 * math.log2(c.fusion_mb)) \
-                * (0.8 if c.recompute == "full" else 1) * (1.05 if c.grad_accum == 2 else 1)
+            base = (
+                100
+                / (c.tp * c.pp**0.5)
+                * (1 + 0.1 * math.log2(c.fusion_mb))
+                * (0.8 if c.recompute == "full" else 1)
+                * (1.05 if c.grad_accum == 2 else 1)
+            )
             loss = 3 + abs(math.log2(c.loss_scale) - 14) / 20 + abs(c.warmup_steps - 200) / 1000
             oom = c.recompute == "none" and c.pp == 2 and c.micro_batches == 2
             for run in range(2):
                 goodput = base * (1 + 0.03 * ((i * 7 + run * 3) % 5 - 2))
-                writer.writerow([*(getattr(c, k) for k in KNOB_NAMES),
-                                 "" if oom else goodput, 1000 * 32 / goodput, 900 + 10 * c.tp,
-                                 "" if oom else loss + 0.01 * run, "oom" if oom else "ok", 30])
+                writer.writerow(
+                    [
+                        *(getattr(c, k) for k in KNOB_NAMES),
+                        "" if oom else goodput,
+                        1000 * 32 / goodput,
+                        900 + 10 * c.tp,
+                        "" if oom else loss + 0.01 * run,
+                        "oom" if oom else "ok",
+                        30,
+                    ]
+                )
 
 
 def run(which: str, sampler: str, folder: Path) -> list[dict]:
@@ -66,14 +87,38 @@ def run(which: str, sampler: str, folder: Path) -> list[dict]:
 
         _table(load_spec(folder / "model.yaml"), folder / "table.csv")
     storage = f"sqlite:///{folder}/s.db"
-    assert main(["search", str(folder / "model.yaml"), "--storage", storage, "--sampler",
-                 sampler, "--study", "pin", "--artifacts", str(folder / "trials")]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(folder / "model.yaml"),
+                "--storage",
+                storage,
+                "--sampler",
+                sampler,
+                "--study",
+                "pin",
+                "--artifacts",
+                str(folder / "trials"),
+            ]
+        )
+        == 0
+    )
     study = optuna.load_study(study_name="pin", storage=storage)
     from autotune.storage.schema import knobs_of
 
-    return [{"number": t.number, "state": t.state.name, "params": t.params,
-             "knobs": knobs_of(t), "outcome": t.user_attrs.get("outcome"), "values": t.values,
-             **{k: t.user_attrs[k] for k in ROLES if k in t.user_attrs}} for t in study.trials]
+    return [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "params": t.params,
+            "knobs": knobs_of(t),
+            "outcome": t.user_attrs.get("outcome"),
+            "values": t.values,
+            **{k: t.user_attrs[k] for k in ROLES if k in t.user_attrs},
+        }
+        for t in study.trials
+    ]
 
 
 @pytest.mark.parametrize("which,sampler", STUDIES)

@@ -16,7 +16,10 @@ from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage import counting, schema
 from tests.conftest import SIM8_MODEL
 
-SPACE = "study: prior\n" + SIM8_MODEL + """\
+SPACE = (
+    "study: prior\n"
+    + SIM8_MODEL
+    + """\
 cluster: {backend: replay, replay: table.csv, devices: 8, devices_per_node: 8,
           device: DEVICE}
 search:
@@ -26,6 +29,7 @@ search:
   objectives: [goodput]
   seed: 0
 """
+)
 
 
 def spec_file(tmp_path, device="a100-80g", extra=""):
@@ -52,13 +56,22 @@ def table(path, time_factor=None, memory_factor=1.0, limit_gb=None) -> dict:
             est = estimate(spec, c)
             if not est.breakdown:
                 continue
-            seconds = sum(v * (time_factor(c, k) if time_factor else 1.0)
-                          for k, v in est.breakdown["time_s"].items())
+            seconds = sum(
+                v * (time_factor(c, k) if time_factor else 1.0)
+                for k, v in est.breakdown["time_s"].items()
+            )
             memory = est.memory_gb_per_device * memory_factor
             fits = limit_gb is None or memory <= limit_gb
             truth[c] = 64 / seconds if fits else None
-            out.writerow([*c.as_dict().values(), truth[c] or "", seconds * 1000, memory * 1024,
-                          "ok" if fits else "oom"])
+            out.writerow(
+                [
+                    *c.as_dict().values(),
+                    truth[c] or "",
+                    seconds * 1000,
+                    memory * 1024,
+                    "ok" if fits else "oom",
+                ]
+            )
     return truth
 
 
@@ -73,6 +86,7 @@ def ran(storage, name="prior"):
 
 def candidate_of(t):
     from autotune.spec.candidate import Candidate
+
     return Candidate(**schema.knobs_of(t))
 
 
@@ -94,8 +108,11 @@ def test_an_unmeasured_layout_that_could_be_better_runs_before_a_third_variant(t
             if runs.get(layout(candidate_of(t)), 0) >= 2:  # nor one that could beat this one
                 _, optimistic = prior._values()
                 mine = float(optimistic[prior.index[prior.project(candidate_of(t))]])
-                assert all(entry["reach"] <= np.exp(mine) * (1 + 1e-9) for entry in layouts
-                           if not entry["ran"] and entry["reach"] is not None)
+                assert all(
+                    entry["reach"] <= np.exp(mine) * (1 + 1e-9)
+                    for entry in layouts
+                    if not entry["ran"] and entry["reach"] is not None
+                )
         runs[layout(candidate_of(t))] = runs.get(layout(candidate_of(t)), 0) + 1
     assert max(runs.values()) >= 3  # it did polish, once the layouts were measured
     best = max(t.values[0] for t in trials if t.values)
@@ -116,8 +133,9 @@ def _prior_before(path, trials, number):
             break
         prior.mark(candidate_of(t), schema.outcome_of(t))
         if t.values:
-            measured.append((candidate_of(t), t.user_attrs["peak_memory_mb"],
-                             t.user_attrs["step_time_ms"]))
+            measured.append(
+                (candidate_of(t), t.user_attrs["peak_memory_mb"], t.user_attrs["step_time_ms"])
+            )
     return prior, prior.layouts(measured)
 
 
@@ -159,7 +177,8 @@ def test_measuring_a_mechanism_shrinks_its_uncertainty_and_not_the_others(tmp_pa
 
 
 def test_a_candidate_just_over_the_cap_runs_once_memory_measured_says_the_model_is_pessimistic(
-        tmp_path, capsys):
+    tmp_path, capsys
+):
     """True peaks are 0.6× the estimates; on a 12 GB device the fastest candidates (dp8 without
     accumulation) are estimated just over the cap, the baseline (accumulation 4) well under it.
     The memory the baseline measured makes them likely to fit: the prior proposes one (the

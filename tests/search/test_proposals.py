@@ -8,12 +8,15 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 import autotune
-from autotune.storage import counting, schema
 from autotune.cli import main
 from autotune.spec.knobs import KNOB_NAMES
+from autotune.storage import counting, schema
 from tests.conftest import SIM8_MODEL
 
-SIMULATE = "study: sim\n" + SIM8_MODEL + """\
+SIMULATE = (
+    "study: sim\n"
+    + SIM8_MODEL
+    + """\
 cluster: {backend: simulate, devices: 8, devices_per_node: 8, device: a100-80g}
 search:
   space: {tp: [1, 2, 4], pp: [1, 2], micro_batches: [2, 4], fusion_mb: [16, 256],
@@ -22,6 +25,7 @@ search:
   n_trials: 8
   seed: 0
 """
+)
 
 
 def write(tmp_path, text, name="model.yaml"):
@@ -35,24 +39,32 @@ def test_numeric_knobs_reach_the_sampler_as_ordered_distributions(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--sampler", "tpe"]) == 0
     study = optuna.load_study(study_name="sim", storage=storage)
-    expected = {"log2_tp": IntDistribution(0, 2), "log2_pp": IntDistribution(0, 1),
-                "log2_fusion_mb": IntDistribution(4, 8, step=4),
-                "log2_micro_batches": IntDistribution(1, 2),
-                "grad_accum": IntDistribution(1, 3), "recompute": CategoricalDistribution(["none", "full"]),
-                "parallel_optimizer": CategoricalDistribution([False, True])}
+    expected = {
+        "log2_tp": IntDistribution(0, 2),
+        "log2_pp": IntDistribution(0, 1),
+        "log2_fusion_mb": IntDistribution(4, 8, step=4),
+        "log2_micro_batches": IntDistribution(1, 2),
+        "grad_accum": IntDistribution(1, 3),
+        "recompute": CategoricalDistribution(["none", "full"]),
+        "parallel_optimizer": CategoricalDistribution([False, True]),
+    }
     seen = {}
     for t in study.trials:
         seen.update(t.distributions)
     assert seen == expected
     # what TPE models jointly: the integer params every trial has, as integers
     relative = optuna.samplers.TPESampler(multivariate=True).infer_relative_search_space(
-        study, study.trials[-1])
+        study, study.trials[-1]
+    )
     assert relative["log2_tp"] == IntDistribution(0, 2)
     # fusion_mb acts only with dp > 1 (a dp = 1 trial does not sample it): jointly over those
     from optuna.search_space import intersection_search_space
 
-    with_dp = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
-               and schema.knobs_of(t)["dp"] > 1]
+    with_dp = [
+        t
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE and schema.knobs_of(t)["dp"] > 1
+    ]
     assert intersection_search_space(with_dp)["log2_fusion_mb"] == IntDistribution(4, 8, step=4)
     # every knob stays readable under its own name, as the candidate that ran
     frame = autotune.trials_frame("sim", storage)
@@ -63,7 +75,9 @@ def test_numeric_knobs_reach_the_sampler_as_ordered_distributions(tmp_path):
         assert 2 ** t.params["log2_tp"] == knobs["tp"]
         assert knobs["dp"] * knobs["tp"] * knobs["pp"] == 8
         if knobs["pp"] == 1:
-            assert t.params["grad_accum"] == knobs["grad_accum"] and "grad_accum" not in t.user_attrs
+            assert (
+                t.params["grad_accum"] == knobs["grad_accum"] and "grad_accum" not in t.user_attrs
+            )
 
 
 def legacy_study(path, storage, trials):
@@ -72,23 +86,32 @@ def legacy_study(path, storage, trials):
     driver left RUNNING."""
     from dataclasses import replace
 
-    from autotune.spec.space import build_space
     from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
     from autotune.study.opening import fingerprint
 
     spec = load_spec(path)
     space = replace(build_space(spec), encoding="categorical")
     study = optuna.create_study(storage=storage, study_name="sim", direction="maximize")
-    for key, value in (("model_yaml", spec.raw), ("model_yaml_path", spec.source),
-                       ("objectives", ["goodput"]), ("backend", "simulate"),
-                       ("fingerprint", fingerprint(spec, space))):
+    for key, value in (
+        ("model_yaml", spec.raw),
+        ("model_yaml_path", spec.source),
+        ("objectives", ["goodput"]),
+        ("backend", "simulate"),
+        ("fingerprint", fingerprint(spec, space)),
+    ):
         study.set_user_attr(key, value)
     distributions = space.distributions()
     for candidate in trials[:-1]:
         params = space.params_of(candidate)
-        study.add_trial(optuna.trial.create_trial(
-            value=1.0, params=params, distributions={k: distributions[k] for k in params},
-            user_attrs={"outcome": "ok", "goodput": 1.0, **space.attrs_of(candidate)}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=1.0,
+                params=params,
+                distributions={k: distributions[k] for k in params},
+                user_attrs={"outcome": "ok", "goodput": 1.0, **space.attrs_of(candidate)},
+            )
+        )
     study.enqueue_trial(space.params_of(trials[-1]))
     space.sample(study.ask())
     return study
@@ -99,15 +122,44 @@ def test_a_study_created_before_ordered_knobs_resumes_with_its_categorical_param
 
     path = write(tmp_path, SIMULATE)
     storage = f"sqlite:///{tmp_path}/s.db"
-    base = dict(dp=8, tp=1, pp=1, micro_batches=1, fusion_mb=16, grad_accum=1, loss_scale=65536,
-                warmup_steps=0, jit_level="O1", recompute="none")
-    old = [Candidate(**base), Candidate(**base | {"dp": 4, "tp": 2}),
-           Candidate(**base | {"dp": 2, "tp": 2, "pp": 2, "micro_batches": 4})]
+    base = dict(
+        dp=8,
+        tp=1,
+        pp=1,
+        micro_batches=1,
+        fusion_mb=16,
+        grad_accum=1,
+        loss_scale=65536,
+        warmup_steps=0,
+        jit_level="O1",
+        recompute="none",
+    )
+    old = [
+        Candidate(**base),
+        Candidate(**base | {"dp": 4, "tp": 2}),
+        Candidate(**base | {"dp": 2, "tp": 2, "pp": 2, "micro_batches": 4}),
+    ]
     legacy_study(path, storage, old)
-    assert main(["search", str(path), "--storage", storage, "--trials", "5", "--resume",
-                 "--sampler", "tpe"]) == 0
-    assert "'sim' was created before ordered knobs: its knobs stay categorical params" in \
-        capsys.readouterr().out
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--trials",
+                "5",
+                "--resume",
+                "--sampler",
+                "tpe",
+            ]
+        )
+        == 0
+    )
+    assert (
+        "'sim' was created before ordered knobs: its knobs stay categorical params"
+        in capsys.readouterr().out
+    )
     study = optuna.load_study(study_name="sim", storage=storage)
     for t in study.trials:
         assert all(isinstance(d, CategoricalDistribution) for d in t.distributions.values())
@@ -131,13 +183,18 @@ def test_a_study_of_an_unknown_param_encoding_is_refused(tmp_path, capsys):
     assert "samples its knobs as 'spiral'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("domain, name, distribution, values", [
-    ((1, 2, 4, 8), "log2_tp", IntDistribution(0, 3), (1, 2, 4, 8)),
-    ((64, 1, 4, 16), "log2_tp", IntDistribution(0, 6, step=2), (1, 4, 16, 64)),
-    ((0, 100, 200), "tp", IntDistribution(0, 200, step=100), (0, 100, 200)),
-    ((1, 2, 8), "tp_index", IntDistribution(0, 2), (1, 2, 8)),
-])
-def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(domain, name, distribution, values):
+@pytest.mark.parametrize(
+    "domain, name, distribution, values",
+    [
+        ((1, 2, 4, 8), "log2_tp", IntDistribution(0, 3), (1, 2, 4, 8)),
+        ((64, 1, 4, 16), "log2_tp", IntDistribution(0, 6, step=2), (1, 4, 16, 64)),
+        ((0, 100, 200), "tp", IntDistribution(0, 200, step=100), (0, 100, 200)),
+        ((1, 2, 8), "tp_index", IntDistribution(0, 2), (1, 2, 8)),
+    ],
+)
+def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(
+    domain, name, distribution, values
+):
     from autotune.spec.encoding import param_for
 
     param = param_for("tp", domain, "ordered")
@@ -145,13 +202,14 @@ def test_each_numeric_domain_gets_an_ordered_param_that_round_trips(domain, name
     for value in domain:
         raw = param.encode(value)
         assert distribution._contains(raw) and param.decode(raw) == value
-    assert param_for("recompute", ("none", "full"), "ordered").distribution == \
-        CategoricalDistribution(["none", "full"])
+    assert param_for(
+        "recompute", ("none", "full"), "ordered"
+    ).distribution == CategoricalDistribution(["none", "full"])
 
 
 def test_plain_samplers_open_with_the_baseline_and_one_trial_per_layout(tmp_path):
-    from autotune.spec.space import build_space
     from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
 
     path = write(tmp_path, SIMULATE)
     storage = f"sqlite:///{tmp_path}/s.db"
@@ -159,7 +217,7 @@ def test_plain_samplers_open_with_the_baseline_and_one_trial_per_layout(tmp_path
     space = build_space(load_spec(path))
     openers = [space.baseline(), *space.layout_openers(load_spec(path))]
     frame = autotune.trials_frame("sim", storage)
-    ran = [tuple(row) for row in frame[list(KNOB_NAMES)].values[:len(openers)]]
+    ran = [tuple(row) for row in frame[list(KNOB_NAMES)].values[: len(openers)]]
     assert ran == [tuple(c.as_dict().values()) for c in openers]
 
 
@@ -173,8 +231,8 @@ def estimated_table(path, tmp_path) -> dict:
     import csv
 
     from autotune.costmodel import estimate
-    from autotune.spec.space import build_space
     from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
 
     spec = load_spec(path)
     truth = {}
@@ -185,16 +243,22 @@ def estimated_table(path, tmp_path) -> dict:
             est = estimate(spec, c)
             if est.feasible:
                 truth[c] = est.samples_per_s * BIAS[c.tp]
-                out.writerow([*c.as_dict().values(), truth[c], est.step_time_s * 1000 / BIAS[c.tp],
-                              est.memory_gb_per_device * 1024])
+                out.writerow(
+                    [
+                        *c.as_dict().values(),
+                        truth[c],
+                        est.step_time_s * 1000 / BIAS[c.tp],
+                        est.memory_gb_per_device * 1024,
+                    ]
+                )
     return truth
 
 
 def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice(tmp_path, capsys):
     from autotune.search.prior import Prior
     from autotune.spec.candidate import Candidate
-    from autotune.spec.space import build_space
     from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
 
     path = write(tmp_path, REPLAY)
     truth = estimated_table(path, tmp_path)
@@ -209,8 +273,9 @@ def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice
     spec = load_spec(path)
     prior = Prior(spec, build_space(spec))
     baseline = Candidate(**schema.knobs_of(trials[0]))
-    measured = [(baseline, trials[0].user_attrs["peak_memory_mb"],
-                 trials[0].user_attrs["step_time_ms"])]
+    measured = [
+        (baseline, trials[0].user_attrs["peak_memory_mb"], trials[0].user_attrs["step_time_ms"])
+    ]
     prior.mark(baseline, "ok")
     expected, _ = prior.next(measured)
     assert Candidate(**schema.knobs_of(trials[1])) == expected
@@ -226,23 +291,56 @@ def test_auto_runs_the_baseline_then_the_priors_best_and_never_a_candidate_twice
 def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prior(tmp_path, capsys):
     from autotune.search.prior import Prior
     from autotune.spec.candidate import Candidate
-    from autotune.spec.space import build_space
     from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
 
     path = write(tmp_path, REPLAY)
     estimated_table(path, tmp_path)
     storage = f"sqlite:///{tmp_path}/s.db"
-    assert main(["search", str(path), "--storage", storage, "--study", "first", "--trials", "7",
-                 "--sampler", "random"]) == 0
-    assert main(["search", str(path), "--storage", storage, "--study", "second", "--trials", "4",
-                 "--warm-start", "first"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--study",
+                "first",
+                "--trials",
+                "7",
+                "--sampler",
+                "random",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--study",
+                "second",
+                "--trials",
+                "4",
+                "--warm-start",
+                "first",
+            ]
+        )
+        == 0
+    )
     first = optuna.load_study(study_name="first", storage=storage)
     second = optuna.load_study(study_name="second", storage=storage)
-    ran_first = [t for t in first.trials if counting.counted(t)
-                 and t.user_attrs["outcome"] != "infeasible"]
+    ran_first = [
+        t for t in first.trials if counting.counted(t) and t.user_attrs["outcome"] != "infeasible"
+    ]
     measured = {Candidate(**schema.knobs_of(t)) for t in ran_first}
     copies = [t for t in second.trials if "warm_start" in t.user_attrs]
-    assert sorted(t.user_attrs["warm_start"] for t in copies) == sorted(f"first#{t.number}" for t in ran_first)
+    assert sorted(t.user_attrs["warm_start"] for t in copies) == sorted(
+        f"first#{t.number}" for t in ran_first
+    )
     # nothing the first study measured runs again (the baseline is answered from memory)
     ran_second = [t for t in second.trials if counting.counted(t)]
     assert len(ran_second) == 4
@@ -263,16 +361,45 @@ def test_a_warm_start_runs_nothing_measured_before_and_starts_from_the_warm_prio
     # the best the first study found is the second's best too, unless it found better
     assert second.best_value >= first.best_value
     # a resume brings nothing in twice
-    assert main(["search", str(path), "--storage", storage, "--study", "second", "--trials", "5",
-                 "--warm-start", "first", "--resume"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--storage",
+                storage,
+                "--study",
+                "second",
+                "--trials",
+                "5",
+                "--warm-start",
+                "first",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     second = optuna.load_study(study_name="second", storage=storage)
     assert len([t for t in second.trials if "warm_start" in t.user_attrs]) == len(copies)
 
     # another model is refused, naming what differs; nothing is written
     other = write(tmp_path, REPLAY.replace("hidden_size: 1024", "hidden_size: 2048"), "other.yaml")
     capsys.readouterr()
-    assert main(["search", str(other), "--storage", storage, "--study", "third",
-                 "--warm-start", "first"]) == 2
+    assert (
+        main(
+            [
+                "search",
+                str(other),
+                "--storage",
+                storage,
+                "--study",
+                "third",
+                "--warm-start",
+                "first",
+            ]
+        )
+        == 2
+    )
     assert "--warm-start first: it measured another model" in capsys.readouterr().err
     assert "third" not in optuna.get_all_study_names(storage)
 

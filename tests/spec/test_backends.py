@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.spec.backends import BACKENDS
-from autotune.execution.nodes import node_plan, unplaceable
 from autotune.execution.classify import oom_evidence
+from autotune.execution.nodes import node_plan, unplaceable
+from autotune.spec.backends import BACKENDS
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 # Lines a healthy or otherwise failing trial prints (worker logs of this project's trials).
@@ -46,8 +46,9 @@ def test_an_oom_line_in_any_workers_log_is_found(tmp_path):
     """Not only worker 0's log and not only its tail: rank 3's, under a traceback."""
     (tmp_path / "worker_0.log").write_text("\n".join(NOT_OOM) + "\n")
     oom = dict(recorded_oom_lines())["ascend"]
-    (tmp_path / "worker_3.log").write_text(oom + "\nTraceback (most recent call last):\n"
-                                           + "  File x\n" * 50)
+    (tmp_path / "worker_3.log").write_text(
+        oom + "\nTraceback (most recent call last):\n" + "  File x\n" * 50
+    )
     evidence = oom_evidence(tmp_path, BACKENDS["ascend"])
     assert evidence == f"[worker_3.log] {oom}"
     (tmp_path / "worker_3.log").write_text("RuntimeError: The pointer[cnode] is null.\n")
@@ -75,8 +76,10 @@ def test_no_real_backend_executes_the_deprecated_o2():
 def test_ranks_fill_nodes_in_the_exports_order():
     """Node i holds ranks i·per_node …: tp's adjacent ranks share a node when tp divides it."""
     plan = node_plan(16, 8)
-    assert [(n.index, n.local_workers, n.first_rank, n.msrun_node_rank) for n in plan] == \
-        [(0, 8, 0, 0), (1, 8, 8, 1)]
+    assert [(n.index, n.local_workers, n.first_rank, n.msrun_node_rank) for n in plan] == [
+        (0, 8, 0, 0),
+        (1, 8, 8, 1),
+    ]
     assert [n.first_rank for n in node_plan(6, 4)] == [0, 4]
     # msrun numbers ranks node_rank·local + i: the smaller last node gets node rank 2 (2·2 = 4)
     assert node_plan(6, 4)[1].msrun_node_rank == 2
@@ -120,13 +123,18 @@ def naming_a_backend(tree: ast.AST, words: set[str]) -> list[tuple[int, str]]:
     """Where ``tree`` compares with a backend's word, keys a dict by one, or lists several: a
     per-backend rule or fact kept outside the registry. (Other strings that happen to be a
     backend's word — the cpu device profile's name, a call's argument — are not rules.)"""
+
     def named(node) -> bool:
-        return (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and node.value.lower() in words)
+        return (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.lower() in words
+        )
 
     def holds(node) -> bool:
-        return named(node) or (isinstance(node, (ast.Tuple, ast.List, ast.Set))
-                               and any(named(e) for e in node.elts))
+        return named(node) or (
+            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+        )
 
     hits = []
     for node in ast.walk(tree):
@@ -151,8 +159,9 @@ def test_no_module_outside_the_registry_names_a_backend():
         for number, line in enumerate(text.splitlines(), 1):
             if '"GPU", "Ascend"' in line or "backend ==" in line:
                 found.append(f"{where}:{number}: {line.strip()}")
-        found += [f"{where}:{number}: {why}"
-                  for number, why in naming_a_backend(ast.parse(text), words)]
+        found += [
+            f"{where}:{number}: {why}" for number, why in naming_a_backend(ast.parse(text), words)
+        ]
     assert not found, "\n".join(found)
 
 
@@ -172,6 +181,7 @@ def test_the_check_sees_each_way_of_naming_a_backend():
 
 
 # --- every backend has every fact its kind needs (contract, parametrized over BACKENDS) -----
+
 
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_every_backend_states_the_facts_its_kind_needs(name):
@@ -207,6 +217,7 @@ def test_every_backend_states_the_facts_its_kind_needs(name):
 
 
 # --- registering a backend from outside the package -----------------------------------------
+
 
 @pytest.fixture
 def registry():
@@ -246,7 +257,8 @@ search:
 
 
 def test_a_toy_backend_registered_from_a_test_runs_a_simulated_study_and_its_export(
-        registry, tmp_path):
+    registry, tmp_path
+):
     """A device backend and a simulator of it, defined here and registered through the public
     hook (nothing under autotune/ names them): `autotune search` simulates the study on the
     toy device, and `autotune export` writes the toy device's facts — its environment, device
@@ -257,18 +269,39 @@ def test_a_toy_backend_registered_from_a_test_runs_a_simulated_study_and_its_exp
 
     from autotune.cli import build_parser, main
 
-    toydev = backends.register(replace(
-        BACKENDS["gpu"], name="toydev", environment=(("TOYDEV_MODE", "fast"),),
-        visible_devices="TOYDEV_VISIBLE_DEVICES",
-        no_mindformers="MindFormers has no toydev build; run autotune's trainer"))
+    toydev = backends.register(
+        replace(
+            BACKENDS["gpu"],
+            name="toydev",
+            environment=(("TOYDEV_MODE", "fast"),),
+            visible_devices="TOYDEV_VISIBLE_DEVICES",
+            no_mindformers="MindFormers has no toydev build; run autotune's trainer",
+        )
+    )
     backends.register(replace(BACKENDS["simulate"], name="toysim"))
-    assert "toysim" in build_parser().parse_args(
-        ["init", "--mindformers", "x.yaml", "--backend", "toysim"]).backend
+    assert (
+        "toysim"
+        in build_parser()
+        .parse_args(["init", "--mindformers", "x.yaml", "--backend", "toysim"])
+        .backend
+    )
 
     (tmp_path / "model.yaml").write_text(textwrap.dedent(TOY_STUDY))
     storage = f"sqlite:///{tmp_path}/toy.db"
-    assert main(["search", str(tmp_path / "model.yaml"), "--storage", storage,
-                 "--sampler", "grid", "--no-confirm"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(tmp_path / "model.yaml"),
+                "--storage",
+                storage,
+                "--sampler",
+                "grid",
+                "--no-confirm",
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "export"
     assert main(["export", "toy", "--out", str(out), "--storage", storage]) == 0
 
@@ -277,7 +310,8 @@ def test_a_toy_backend_registered_from_a_test_runs_a_simulated_study_and_its_exp
     assert f'fail "--mindformers: {toydev.no_mindformers}"' in launch
     assert json.loads((out / "train_config.json").read_text())["backend"] == "toydev"
     assert yaml.safe_load((out / "launch.yaml").read_text())["device"] == {
-        "device_target": toydev.device_target}
+        "device_target": toydev.device_target
+    }
     assert not (out / "mindformers.yaml").exists()  # its MindFormers refusal
 
 
@@ -290,16 +324,31 @@ def test_a_toy_devices_facts_reach_the_cost_model(registry, tmp_path):
     from autotune.spec.candidate import Candidate
     from autotune.spec.model_yaml import parse_spec
 
-    backends.register(replace(BACKENDS["gpu"], name="toyge", fused_attention=True,
-                              graph_engine=True))
+    backends.register(
+        replace(BACKENDS["gpu"], name="toyge", fused_attention=True, graph_engine=True)
+    )
     o2 = Candidate(1, 1, 1, 1, 64, 1, 2**16, 0, "O2", "none")
     for kind, has in (("toyge", True), ("gpu", False)):
-        spec = parse_spec({
-            "model": {"family": "llama", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
-                      "seq_length": 32, "vocab_size": 256, "dtype": "float16",
-                      "flash_attention": True},
-            "train": {"global_batch_size": 8},
-            "cluster": {"backend": "simulate", "devices": 1,
-                        "device": {"base": "a100-80g", "kind": kind}}}, tmp_path / "m.yaml")
+        spec = parse_spec(
+            {
+                "model": {
+                    "family": "llama",
+                    "num_layers": 2,
+                    "hidden_size": 64,
+                    "num_heads": 4,
+                    "seq_length": 32,
+                    "vocab_size": 256,
+                    "dtype": "float16",
+                    "flash_attention": True,
+                },
+                "train": {"global_batch_size": 8},
+                "cluster": {
+                    "backend": "simulate",
+                    "devices": 1,
+                    "device": {"base": "a100-80g", "kind": kind},
+                },
+            },
+            tmp_path / "m.yaml",
+        )
         assert fused_attention(spec.model, resolve_profile(spec.cluster)) is has
         assert estimate(spec, o2).feasible is has

@@ -33,7 +33,7 @@ TINY = FIXTURES.parents[1] / "mindformers" / "tiny_llama_cpu.yaml"
 # Fixtures autotune's llama family does not represent: what the refusal names.
 REFUSED = {
     "run_gpt2.yaml": "model.arch.type: GPT2LMHeadModel: autotune's llama family represents "
-                     "LlamaForCausalLM",
+    "LlamaForCausalLM",
     "run_bloom_7.1b.yaml": "model.arch.type: BloomLMHeadModel",
     "run_t5_small_on_wmt16.yaml": "model.arch.type: T5ForConditionalGeneration",
     "finetune_glm4_9b.yaml": "model.arch.type: ChatGLM2ForConditionalGeneration",
@@ -63,17 +63,42 @@ def test_llama2_7b(tmp_path, capsys):
     code, data = init(tmp_path, LLAMA7, "--backend", "simulate", "--total-steps", "1000")
     assert code == 0
     assert data["model"] == {
-        "family": "llama", "num_layers": 32, "hidden_size": 4096, "num_heads": 32,
-        "ffn_hidden_size": 11008, "seq_length": 4096, "vocab_size": 32000, "dtype": "float16",
-        "param_dtype": "float16", "optimizer_dtype": "float32", "flash_attention": True}
+        "family": "llama",
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "ffn_hidden_size": 11008,
+        "seq_length": 4096,
+        "vocab_size": 32000,
+        "dtype": "float16",
+        "param_dtype": "float16",
+        "optimizer_dtype": "float32",
+        "flash_attention": True,
+    }
     # batch_size 1 × dp 8 × gradient_accumulation_steps 8; warmup_ratio 0.03 × 1000
-    assert data["train"] == {"global_batch_size": 64, "learning_rate": 5e-5, "total_steps": 1000,
-                             "save_every": 100}
-    assert data["cluster"] == {"backend": "simulate", "devices": 8, "devices_per_node": 8,
-                               "device": "ascend-910b", "max_device_memory_gb": 58.0}
-    assert data["baseline"] == {"dp": 8, "tp": 1, "pp": 1, "grad_accum": 8, "recompute": "none",
-                                "parallel_optimizer": True, "loss_scale": 65536,
-                                "warmup_steps": 30}
+    assert data["train"] == {
+        "global_batch_size": 64,
+        "learning_rate": 5e-5,
+        "total_steps": 1000,
+        "save_every": 100,
+    }
+    assert data["cluster"] == {
+        "backend": "simulate",
+        "devices": 8,
+        "devices_per_node": 8,
+        "device": "ascend-910b",
+        "max_device_memory_gb": 58.0,
+    }
+    assert data["baseline"] == {
+        "dp": 8,
+        "tp": 1,
+        "pp": 1,
+        "grad_accum": 8,
+        "recompute": "none",
+        "parallel_optimizer": True,
+        "loss_scale": 65536,
+        "warmup_steps": 30,
+    }
     assert data["export"] == {"mindformers_base": str(LLAMA7)}
     spec, space = spec_and_space(tmp_path)
     base = space.baseline()
@@ -102,9 +127,17 @@ def test_llama2_70b_gqa_pipeline_and_warnings(tmp_path, capsys):
     assert (model["num_heads"], model["num_kv_heads"], model["ffn_hidden_size"]) == (64, 8, 28672)
     assert data["train"]["global_batch_size"] == 256  # 1 × dp 2 × 128 micro-batches
     assert data["cluster"]["devices"] == 64 and data["cluster"]["max_device_memory_gb"] == 56.0
-    assert data["baseline"] == {"dp": 2, "tp": 4, "pp": 8, "micro_batches": 128,
-                                     "recompute": "none", "parallel_optimizer": True,
-                                     "loss_scale": 65536, "jit_level": "O1", "warmup_steps": 30}
+    assert data["baseline"] == {
+        "dp": 2,
+        "tp": 4,
+        "pp": 8,
+        "micro_batches": 128,
+        "recompute": "none",
+        "parallel_optimizer": True,
+        "loss_scale": 65536,
+        "jit_level": "O1",
+        "warmup_steps": 30,
+    }
     assert 128 in data["search"]["space"]["micro_batches"] and 8 in data["search"]["space"]["pp"]
     err = capsys.readouterr().err
     # sequence parallelism is the model.yaml's and a simulate study prices it: no warning there
@@ -115,13 +148,17 @@ def test_llama2_70b_gqa_pipeline_and_warnings(tmp_path, capsys):
     _, space = spec_and_space(tmp_path)
     assert space.baseline().micro_batches == 128
     # a study that runs autotune's trial does not split activations: init says so
-    assert init(tmp_path, LLAMA70, "--backend", "ascend", "--total-steps", "1000", out="a.yaml")[0] == 0
+    assert (
+        init(tmp_path, LLAMA70, "--backend", "ascend", "--total-steps", "1000", out="a.yaml")[0]
+        == 0
+    )
     assert "use_seq_parallel: True" in capsys.readouterr().err
 
 
 def test_more_devices_keep_the_global_batch_and_scale_dp(tmp_path):
-    code, data = init(tmp_path, LLAMA70, "--total-steps", "10", "--devices", "128",
-                      "--backend", "simulate")
+    code, data = init(
+        tmp_path, LLAMA70, "--total-steps", "10", "--devices", "128", "--backend", "simulate"
+    )
     assert code == 0
     assert data["cluster"]["devices"] == 128 and data["train"]["global_batch_size"] == 256
     assert (data["baseline"]["dp"], data["baseline"]["micro_batches"]) == (4, 64)
@@ -135,8 +172,12 @@ def test_qwen2_5_bf16_gqa_and_per_layer_recompute(tmp_path, capsys):
     code, data = init(tmp_path, QWEN25, "--backend", "simulate", "--total-steps", "2000")
     assert code == 0
     model = data["model"]
-    assert (model["num_kv_heads"], model["ffn_hidden_size"], model["dtype"],
-            model["param_dtype"]) == (4, 18944, "bfloat16", "float32")
+    assert (
+        model["num_kv_heads"],
+        model["ffn_hidden_size"],
+        model["dtype"],
+        model["param_dtype"],
+    ) == (4, 18944, "bfloat16", "float32")
     assert data["train"]["global_batch_size"] == 64  # 1 × dp 4 × 16 micro-batches
     assert data["baseline"]["micro_batches"] == 16 and data["baseline"]["recompute"] == "full"
     assert "loss_scale" not in data["baseline"]  # bfloat16: scale_sense absent, nothing scaled
@@ -145,8 +186,10 @@ def test_qwen2_5_bf16_gqa_and_per_layer_recompute(tmp_path, capsys):
         assert key in err, key  # the last: patterns beyond MindFormers' defaults
     # recompute: [7, 7] over 2 stages of 14 layers: the first 7 of each whole; the selective
     # patterns on the first 14 of each stage, i.e. every layer
-    assert model["recompute_layers"] == {"recompute": [*range(7), *range(14, 21)],
-                                         "select_recompute": True}
+    assert model["recompute_layers"] == {
+        "recompute": [*range(7), *range(14, 21)],
+        "select_recompute": True,
+    }
     assert model["sequence_parallel"] is True
     spec_and_space(tmp_path)
     # bfloat16 does not run on the CPU backend: init says so before writing anything
@@ -161,18 +204,33 @@ def _variant(tmp_path, name, body):
     return path
 
 
-@pytest.mark.parametrize("name, body, named", [
-    ("moe", "moe_config:\n  expert_num: 8\n", "moe_config.expert_num"),
-    ("mla", "model:\n  model_config:\n    multi_latent_attention: true\n",
-     "model.model_config.multi_latent_attention"),
-    ("qknorm", "model:\n  model_config:\n    qk_layernorm: true\n",
-     "model.model_config.qk_layernorm"),
-    ("cp", "parallel_config:\n  context_parallel: 2\n", "parallel_config.context_parallel"),
-    ("nohidden", "model:\n  model_config:\n    hidden_size: null\n",
-     "model.model_config.hidden_size"),
-    ("badscale", "runner_wrapper:\n  scale_sense:\n    loss_scale_value: 1000\n",
-     "runner_wrapper.scale_sense.loss_scale_value"),
-])
+@pytest.mark.parametrize(
+    "name, body, named",
+    [
+        ("moe", "moe_config:\n  expert_num: 8\n", "moe_config.expert_num"),
+        (
+            "mla",
+            "model:\n  model_config:\n    multi_latent_attention: true\n",
+            "model.model_config.multi_latent_attention",
+        ),
+        (
+            "qknorm",
+            "model:\n  model_config:\n    qk_layernorm: true\n",
+            "model.model_config.qk_layernorm",
+        ),
+        ("cp", "parallel_config:\n  context_parallel: 2\n", "parallel_config.context_parallel"),
+        (
+            "nohidden",
+            "model:\n  model_config:\n    hidden_size: null\n",
+            "model.model_config.hidden_size",
+        ),
+        (
+            "badscale",
+            "runner_wrapper:\n  scale_sense:\n    loss_scale_value: 1000\n",
+            "runner_wrapper.scale_sense.loss_scale_value",
+        ),
+    ],
+)
 def test_what_cannot_be_represented_is_refused_naming_the_key(tmp_path, capsys, name, body, named):
     code, _ = init(tmp_path, _variant(tmp_path, name, body), "--total-steps", "10")
     assert code == 2
@@ -188,7 +246,9 @@ def test_refusals_on_real_files(tmp_path, capsys):
     assert "absent.yaml" in capsys.readouterr().err
     (tmp_path / "model.yaml").write_text("keep me")
     assert init(tmp_path, LLAMA7, "--total-steps", "10")[0] == 2
-    assert "--force" in capsys.readouterr().err and (tmp_path / "model.yaml").read_text() == "keep me"
+    assert (
+        "--force" in capsys.readouterr().err and (tmp_path / "model.yaml").read_text() == "keep me"
+    )
 
 
 def test_dropped_settings_warn(tmp_path, capsys):
@@ -200,8 +260,9 @@ def test_dropped_settings_warn(tmp_path, capsys):
             offset: [1, -1]
             tie_word_embeddings: true
         """
-    code, data = init(tmp_path, _variant(tmp_path, "warn", body), "--total-steps", "10",
-                      "--backend", "simulate")
+    code, data = init(
+        tmp_path, _variant(tmp_path, "warn", body), "--total-steps", "10", "--backend", "simulate"
+    )
     assert code == 0
     err = capsys.readouterr().err
     for key in ("micro_batch_interleave_num: 2", "qkv_concat", "offset", "tie_word_embeddings"):
@@ -224,8 +285,21 @@ def test_a_baseline_outside_the_space_is_refused(tmp_path, capsys):
 
 def _search(tmp_path, storage, trials=5):
     assert init(tmp_path, LLAMA7, "--backend", "simulate", "--total-steps", "1000")[0] == 0
-    assert main(["search", str(tmp_path / "model.yaml"), "--storage", storage, "--trials",
-                 str(trials), "--artifacts", str(tmp_path / "trials")]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(tmp_path / "model.yaml"),
+                "--storage",
+                storage,
+                "--trials",
+                str(trials),
+                "--artifacts",
+                str(tmp_path / "trials"),
+            ]
+        )
+        == 0
+    )
     return optuna.load_study(study_name="llama2_7b", storage=storage)
 
 
@@ -251,8 +325,21 @@ def test_init_search_export_merges_into_the_config(tmp_path, capsys):
     assert main(["export", "llama2_7b", "--storage", storage, "--out", str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err
     assert "export.mindformers_base" in err and "gone.yaml" in err
-    assert main(["export", "llama2_7b", "--storage", storage, "--out", str(tmp_path / "y"),
-                 "--mindformers-base", str(moved)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "llama2_7b",
+                "--storage",
+                storage,
+                "--out",
+                str(tmp_path / "y"),
+                "--mindformers-base",
+                str(moved),
+            ]
+        )
+        == 0
+    )
 
 
 def test_the_configs_own_baseline_is_feasible_and_the_ratio_is_against_it(tmp_path, capsys):
@@ -265,14 +352,25 @@ def test_published_mindformers_runs_are_estimated_from_their_own_configs(tmp_pat
     # MindFormers' Llama 2 runs on Atlas 800T A2 (benchmarks/mindformers_runs.yaml, the figures
     # benchmarks/costmodel_validation.py's Table 3 prints), each config through autotune init as
     # a user would run it, its baseline priced as the simulate study prices it
-    runs = yaml.safe_load((BENCHMARK_CONFIGS.parent / "mindformers_runs.yaml").read_text(
-        encoding="utf-8"))["runs"]
+    runs = yaml.safe_load(
+        (BENCHMARK_CONFIGS.parent / "mindformers_runs.yaml").read_text(encoding="utf-8")
+    )["runs"]
     assert len(runs) >= 3
     baselines = {}
     for run in runs:
         out = run["config"].replace(".yaml", ".model.yaml")
-        assert init(tmp_path, BENCHMARK_CONFIGS / run["config"], "--backend", "simulate",
-                    "--total-steps", "1000", out=out)[0] == 0
+        assert (
+            init(
+                tmp_path,
+                BENCHMARK_CONFIGS / run["config"],
+                "--backend",
+                "simulate",
+                "--total-steps",
+                "1000",
+                out=out,
+            )[0]
+            == 0
+        )
         spec, space = spec_and_space(tmp_path, out)
         c = baselines[run["config"]] = space.baseline()
         est = estimate(spec, c)
@@ -289,9 +387,13 @@ def test_published_mindformers_runs_are_estimated_from_their_own_configs(tmp_pat
     spec = load_spec(tmp_path / seventy.replace(".yaml", ".model.yaml"))
     assert spec.model.sequence_parallel and spec.model.recompute_layers == {
         key: [*range(8), *range(10, 14), *range(20, 24), 30, 40, 50, 60, 70]
-        for key in ("select_recompute", "select_comm_recompute")}
+        for key in ("select_recompute", "select_comm_recompute")
+    }
     plain = replace(spec.model, sequence_parallel=False, recompute_layers={})
-    assert estimate(replace(spec, model=plain), c).memory_gb_per_device > spec.cluster.max_device_memory_gb
+    assert (
+        estimate(replace(spec, model=plain), c).memory_gb_per_device
+        > spec.cluster.max_device_memory_gb
+    )
 
 
 def test_estimate_takes_the_baseline_and_set_wins_over_it(tmp_path, capsys):
@@ -301,8 +403,10 @@ def test_estimate_takes_the_baseline_and_set_wins_over_it(tmp_path, capsys):
     assert main(["estimate", model, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["candidate"]
     assert (out["dp"], out["grad_accum"], out["parallel_optimizer"]) == (8, 8, True)
-    assert main(["estimate", model, "--set", "parallel_optimizer=false", "--set", "tp=2",
-                 "--json"]) == 0
+    assert (
+        main(["estimate", model, "--set", "parallel_optimizer=false", "--set", "tp=2", "--json"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)["candidate"]
     assert (out["dp"], out["tp"], out["grad_accum"], out["parallel_optimizer"]) == (4, 2, 8, False)
 
@@ -337,48 +441,90 @@ def test_use_parallel_false_is_one_device_stand_alone(tmp_path):
     # KnowLM-13B: use_parallel False with parallel_config dp 2, mp 4, pp 2 and 16 micro-batches:
     # MindFormers sets no parallel context and resets parallel_config, so one device runs
     # batch_size 4 (BaseTrainer._check_global_batch_size_for_auto_parallel, stand-alone branch)
-    code, data = init(tmp_path, FIXTURES / "run_knowlm_13b.yaml", "--total-steps", "1000",
-                      "--backend", "simulate")
+    code, data = init(
+        tmp_path, FIXTURES / "run_knowlm_13b.yaml", "--total-steps", "1000", "--backend", "simulate"
+    )
     assert code == 0
     assert data["cluster"]["devices"] == 1 and data["train"]["global_batch_size"] == 4
     assert data["baseline"] | {"recompute": None} == {
-        "dp": 1, "tp": 1, "pp": 1, "grad_accum": 1, "recompute": None,
-        "parallel_optimizer": False, "loss_scale": 65536, "warmup_steps": 30}
+        "dp": 1,
+        "tp": 1,
+        "pp": 1,
+        "grad_accum": 1,
+        "recompute": None,
+        "parallel_optimizer": False,
+        "loss_scale": 65536,
+        "warmup_steps": 30,
+    }
     assert data["model"]["ffn_hidden_size"] == 13824  # 4·5120·2/3 up to a multiple of 256
-    assert "# NOTE: use_parallel: False: MindFormers runs it stand-alone" in \
-        (tmp_path / "model.yaml").read_text()
+    assert (
+        "# NOTE: use_parallel: False: MindFormers runs it stand-alone"
+        in (tmp_path / "model.yaml").read_text()
+    )
 
 
 def test_data_parallel_mode_resets_the_layout_as_mindformers_does(tmp_path):
     # parallel_mode 0: every launched device a data-parallel rank, accumulation reset to 1
     body = "parallel:\n  parallel_mode: 0\nparallel_config:\n  model_parallel: 2\n"
-    code, data = init(tmp_path, _variant(tmp_path, "dp0", body), "--total-steps", "10",
-                      "--backend", "simulate")
+    code, data = init(
+        tmp_path, _variant(tmp_path, "dp0", body), "--total-steps", "10", "--backend", "simulate"
+    )
     assert code == 0
     assert (data["cluster"]["devices"], data["train"]["global_batch_size"]) == (16, 16)
-    assert (data["baseline"]["dp"], data["baseline"]["tp"], data["baseline"]["grad_accum"]) == (16, 1, 1)
+    assert (data["baseline"]["dp"], data["baseline"]["tp"], data["baseline"]["grad_accum"]) == (
+        16,
+        1,
+        1,
+    )
 
 
 def test_o2_vocab_emb_dp_and_kv_channels_are_read_with_a_warning(tmp_path, capsys):
-    code, data = init(tmp_path, FIXTURES / "finetune_codellama_34b_16p.yaml", "--total-steps",
-                      "1000", "--backend", "simulate")
+    code, data = init(
+        tmp_path,
+        FIXTURES / "finetune_codellama_34b_16p.yaml",
+        "--total-steps",
+        "1000",
+        "--backend",
+        "simulate",
+    )
     assert code == 0 and data["baseline"]["jit_level"] == "O1"
-    assert "context.jit_config.jit_level: O2: the GE backend, deprecated since MindSpore 2.9" in \
-        capsys.readouterr().err
+    assert (
+        "context.jit_config.jit_level: O2: the GE backend, deprecated since MindSpore 2.9"
+        in capsys.readouterr().err
+    )
     # CodeLlama-34B: 4·8192·2/3 up to a multiple of 256 = 22016; 1 × dp 1 × 128 micro-batches
     assert data["model"]["ffn_hidden_size"] == 22016 and data["train"]["global_batch_size"] == 128
-    code, _ = init(tmp_path, FIXTURES / "run_codellama_34b_910b.yaml", "--total-steps", "1000",
-                   "--backend", "simulate", out="b.yaml")
+    code, _ = init(
+        tmp_path,
+        FIXTURES / "run_codellama_34b_910b.yaml",
+        "--total-steps",
+        "1000",
+        "--backend",
+        "simulate",
+        out="b.yaml",
+    )
     assert code == 0
-    assert "parallel_config.vocab_emb_dp: True with model_parallel 8: MindFormers keeps the " \
-           "embedding whole" in capsys.readouterr().err
+    assert (
+        "parallel_config.vocab_emb_dp: True with model_parallel 8: MindFormers keeps the "
+        "embedding whole" in capsys.readouterr().err
+    )
     # Qwen1.5-0.5B: kv_channels 16 is not 1024 / 16 = 64, and the legacy llama ignores it
-    code, data = init(tmp_path, FIXTURES / "finetune_qwen1_5_05b.yaml", "--total-steps", "1000",
-                      "--backend", "simulate", out="c.yaml")
+    code, data = init(
+        tmp_path,
+        FIXTURES / "finetune_qwen1_5_05b.yaml",
+        "--total-steps",
+        "1000",
+        "--backend",
+        "simulate",
+        out="c.yaml",
+    )
     assert code == 0 and data["model"]["num_heads"] == 16
     assert "model.model_config.kv_channels: 16: ignored" in capsys.readouterr().err
     body = "use_legacy: False\nmodel:\n  model_config:\n    model_type: qwen2\n    head_dim: 256\n"
-    assert init(tmp_path, _variant(tmp_path, "mcore", body), "--total-steps", "10", out="d.yaml")[0] == 2
+    assert (
+        init(tmp_path, _variant(tmp_path, "mcore", body), "--total-steps", "10", out="d.yaml")[0]
+        == 2
+    )
     assert "model.model_config.head_dim: 256 ≠ hidden_size / num_heads" in capsys.readouterr().err
 
 

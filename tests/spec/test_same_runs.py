@@ -30,9 +30,19 @@ def spec_and_space(tmp_path):
 
 
 def test_fusion_and_the_parallel_optimizer_do_not_act_without_dp():
-    tp2 = Candidate(dp=1, tp=2, pp=1, micro_batches=1, fusion_mb=1, grad_accum=1,
-                    loss_scale=1024, warmup_steps=0, jit_level="O1", recompute="none",
-                    parallel_optimizer=True)
+    tp2 = Candidate(
+        dp=1,
+        tp=2,
+        pp=1,
+        micro_batches=1,
+        fusion_mb=1,
+        grad_accum=1,
+        loss_scale=1024,
+        warmup_steps=0,
+        jit_level="O1",
+        recompute="none",
+        parallel_optimizer=True,
+    )
     assert tp2.canonical() == tp2.replace(fusion_mb=64, parallel_optimizer=False)
     dp2 = tp2.replace(dp=2, tp=1)
     assert dp2.canonical() == dp2
@@ -41,8 +51,18 @@ def test_fusion_and_the_parallel_optimizer_do_not_act_without_dp():
 def test_a_stored_candidate_with_a_knob_that_could_not_act_answers_its_proposal(tmp_path):
     spec, space = spec_and_space(tmp_path)
     proposer = Proposer(spec, space, optuna.create_study())
-    stored = Candidate(dp=1, tp=2, pp=1, micro_batches=1, fusion_mb=1, grad_accum=1,
-                       loss_scale=1024, warmup_steps=0, jit_level="O1", recompute="none")
+    stored = Candidate(
+        dp=1,
+        tp=2,
+        pp=1,
+        micro_batches=1,
+        fusion_mb=1,
+        grad_accum=1,
+        loss_scale=1024,
+        warmup_steps=0,
+        jit_level="O1",
+        recompute="none",
+    )
     proposer.remember(stored, 3, "ok", {"goodput": 1.0})
     assert proposer.seen[stored.replace(fusion_mb=64)][0] == 3
 

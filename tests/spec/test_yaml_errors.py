@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-
 from tests.spec.test_yaml_bomb import bomb
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # (the bad part, what the error must say); each document is a mapping around it
 BAD = {
-    "constructor": ("run: !!python/object/apply:os.system [\"touch {marker}\"]\n",
-                    "(line 2, column 6): could not determine a constructor for the tag "
-                    "'tag:yaml.org,2002:python/object/apply:os.system'"),
+    "constructor": (
+        'run: !!python/object/apply:os.system ["touch {marker}"]\n',
+        "(line 2, column 6): could not determine a constructor for the tag "
+        "'tag:yaml.org,2002:python/object/apply:os.system'",
+    ),
     "value": ("when: 2001-13-45\n", "(line 2, column 7): month must be in 1..12"),
     "scanner": ("a: b: c\n", "(line 2, column 5): mapping values are not allowed here"),
     "parser": ("list: [1, 2\nnext: 3\n", "(line 3, column 5): expected ',' or ']'"),
@@ -72,31 +73,88 @@ def test_every_yaml_error_is_exit_2_with_its_line_and_column(tmp_path, storage, 
         _refused([verb, str(model)], capsys, f"{model}: not valid YAML", says)
     config = tmp_path / "mf.yaml"
     _write(config, "seed: 0\n", bad, marker)
-    _refused(["init", "--mindformers", str(config), "--devices", "2",
-              "--out", str(tmp_path / "out.yaml")], capsys, f"{config}: not valid YAML", says)
-    _refused(["export", "ascend", "--out", str(tmp_path / "export"), "--storage", storage,
-              "--mindformers-base", str(config)], capsys, f"{config}: not valid YAML", says)
+    _refused(
+        [
+            "init",
+            "--mindformers",
+            str(config),
+            "--devices",
+            "2",
+            "--out",
+            str(tmp_path / "out.yaml"),
+        ],
+        capsys,
+        f"{config}: not valid YAML",
+        says,
+    )
+    _refused(
+        [
+            "export",
+            "ascend",
+            "--out",
+            str(tmp_path / "export"),
+            "--storage",
+            storage,
+            "--mindformers-base",
+            str(config),
+        ],
+        capsys,
+        f"{config}: not valid YAML",
+        says,
+    )
     assert not marker.exists() and not (tmp_path / "out.yaml").exists()
     assert not (tmp_path / "export").exists()
 
 
 def test_a_file_that_is_not_utf8_and_an_alias_bomb_are_exit_2_everywhere(tmp_path, storage, capsys):
-    for name, content, says in (("latin.yaml", "study: caf\xe9\n".encode("latin-1"),
-                                 "not a text (UTF-8) file"),
-                                ("bomb.yaml", ("study: b\n" + bomb()).encode(),
-                                 "its aliases expand it to more than 1,000,000 YAML nodes")):
+    for name, content, says in (
+        ("latin.yaml", "study: caf\xe9\n".encode("latin-1"), "not a text (UTF-8) file"),
+        (
+            "bomb.yaml",
+            ("study: b\n" + bomb()).encode(),
+            "its aliases expand it to more than 1,000,000 YAML nodes",
+        ),
+    ):
         path = tmp_path / name
         path.write_bytes(content)
         for verb in ("validate", "search"):
             _refused([verb, str(path)], capsys, str(path), says)
-        _refused(["init", "--mindformers", str(path), "--devices", "2",
-                  "--out", str(tmp_path / "out.yaml")], capsys, str(path), says)
-        _refused(["export", "ascend", "--out", str(tmp_path / "export"), "--storage", storage,
-                  "--mindformers-base", str(path)], capsys, str(path), says)
+        _refused(
+            [
+                "init",
+                "--mindformers",
+                str(path),
+                "--devices",
+                "2",
+                "--out",
+                str(tmp_path / "out.yaml"),
+            ],
+            capsys,
+            str(path),
+            says,
+        )
+        _refused(
+            [
+                "export",
+                "ascend",
+                "--out",
+                str(tmp_path / "export"),
+                "--storage",
+                storage,
+                "--mindformers-base",
+                str(path),
+            ],
+            capsys,
+            str(path),
+            says,
+        )
 
 
 def test_a_set_value_that_is_not_yaml_is_exit_2(tmp_path, capsys):
     model = ROOT / "examples" / "quickstart.yaml"
-    _refused(["validate", str(model), "--set", "tp=!!python/object/apply:os.system [x]"],
-             capsys, "--set 'tp=!!python/object/apply:os.system [x]': not a YAML value: could "
-             "not determine a constructor")
+    _refused(
+        ["validate", str(model), "--set", "tp=!!python/object/apply:os.system [x]"],
+        capsys,
+        "--set 'tp=!!python/object/apply:os.system [x]': not a YAML value: could "
+        "not determine a constructor",
+    )

@@ -56,8 +56,15 @@ def test_the_stop_rule_counts_measured_steps_after_the_backoff():
     assert log_of([100.0] * 12, overflows=[True] * 12).settled_steps() == 0  # never settled
 
 
-def simulated_trials(draw, seed: int, trials: int = 2000, steps: int = 30, measure_after: int = 5,
-                     min_steps: int = 10, precision: float = 0.02) -> tuple[list, list]:
+def simulated_trials(
+    draw,
+    seed: int,
+    trials: int = 2000,
+    steps: int = 30,
+    measure_after: int = 5,
+    min_steps: int = 10,
+    precision: float = 0.02,
+) -> tuple[list, list]:
     """``trials`` simulated trials of the program's own loop (`autotune.train.program`) and its
     `StepLog`, their step times (ms) drawn by ``draw(rng)``: (each trial's mean measured step
     time as its metrics say, samples per step / throughput, in ms; the steps each ran)."""
@@ -88,6 +95,7 @@ def test_the_stop_rule_measures_the_mean_step_time_without_bias(kind):
     that had not met a slow step yet (optional stopping: N(100, 3) ms steps with 6 % spikes at
     300 ms read 2.8-3.7 % fast). The rule's estimate, over 2,000 seeded trials, is the step-time
     distribution's mean to 1 %, spiky or quiet — and quiet trials still stop early."""
+
     def quiet(rng):
         return rng.gauss(100.0, 3.0)
 
@@ -155,42 +163,78 @@ def test_only_a_study_without_final_loss_stops_measuring_early(tmp_path):
         """)
     (tmp_path / "model.yaml").write_text(text)
     path = tmp_path / "model.yaml"
-    for objectives, rule in (([["goodput"], {"precision": 0.05, "min_steps": 8}]),
-                             ([["goodput", "peak_memory"], {"precision": 0.05, "min_steps": 8}]),
-                             ([["goodput", "final_loss"], None]), ([["final_loss"], None])):
+    for objectives, rule in (
+        ([["goodput"], {"precision": 0.05, "min_steps": 8}]),
+        ([["goodput", "peak_memory"], {"precision": 0.05, "min_steps": 8}]),
+        ([["goodput", "final_loss"], None]),
+        ([["final_loss"], None]),
+    ):
         spec = load_spec(path, {"search.objectives": objectives})
         assert spec.stop_rule() == rule, objectives
         candidate = build_space(spec).baseline()
-        config = trial_config(spec, candidate, study="t", number=0, out_dir=tmp_path, steps=40,
-                              measure_after=4, stop_rule=spec.stop_rule())
+        config = trial_config(
+            spec,
+            candidate,
+            study="t",
+            number=0,
+            out_dir=tmp_path,
+            steps=40,
+            measure_after=4,
+            stop_rule=spec.stop_rule(),
+        )
         check_config(config)  # the program takes it
         assert config["trial"] == {"steps": 40, "measure_after": 4, **(rule or {})}
     # defaults: ±2 %, after 10 measured steps, or every measured step of a shorter trial
-    (tmp_path / "model.yaml").write_text(text.replace(
-        "trial: {steps: 40, measure_after: 4, precision: 0.05, min_steps: 8}",
-        "trial: {steps: 8, measure_after: 2}"))
+    (tmp_path / "model.yaml").write_text(
+        text.replace(
+            "trial: {steps: 40, measure_after: 4, precision: 0.05, min_steps: 8}",
+            "trial: {steps: 8, measure_after: 2}",
+        )
+    )
     spec = load_spec(path)
     assert (spec.trial.precision, spec.trial.min_steps) == (0.02, 6)
     assert spec.stop_rule() == {"precision": 0.02, "min_steps": 6}
 
 
-@pytest.mark.parametrize("trial, says", [
-    ({"precision": 0.0, "min_steps": 5}, "trial.precision: must be > 0 and < 1"),
-    ({"precision": 0.02}, "trial.precision/min_steps: give both or neither"),
-    ({"precision": 0.02, "min_steps": 1}, "trial.min_steps: must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "trial, says",
+    [
+        ({"precision": 0.0, "min_steps": 5}, "trial.precision: must be > 0 and < 1"),
+        ({"precision": 0.02}, "trial.precision/min_steps: give both or neither"),
+        ({"precision": 0.02, "min_steps": 1}, "trial.min_steps: must be >= 2"),
+    ],
+)
 def test_the_program_refuses_a_bad_stop_rule_naming_it(trial, says):
     from autotune.train.config import ConfigError
     from autotune.train.program import check_config
 
-    config = {"out_dir": "x",
-              "model": {"family": "mlp", "entry": None, "num_layers": 1, "hidden_size": 32,
-                        "num_heads": 4, "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 64},
-              "train": {"global_batch_size": 8, "learning_rate": 0.01, "total_steps": 100},
-              "trial": {"steps": 30, "measure_after": 2, **trial},
-              "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
-                        "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0,
-                        "jit_level": "O1", "recompute": "none"}}
+    config = {
+        "out_dir": "x",
+        "model": {
+            "family": "mlp",
+            "entry": None,
+            "num_layers": 1,
+            "hidden_size": 32,
+            "num_heads": 4,
+            "ffn_hidden_size": 64,
+            "seq_length": 16,
+            "vocab_size": 64,
+        },
+        "train": {"global_batch_size": 8, "learning_rate": 0.01, "total_steps": 100},
+        "trial": {"steps": 30, "measure_after": 2, **trial},
+        "knobs": {
+            "dp": 1,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": "none",
+        },
+    }
     with pytest.raises(ConfigError, match=re.escape(says)):
         check_config(config)
 
@@ -198,26 +242,44 @@ def test_the_program_refuses_a_bad_stop_rule_naming_it(trial, says):
 def test_the_stop_rule_changes_no_compiled_graph():
     from autotune.train.runtime.compile_cache import graph_key
 
-    config = {"study": "s", "trial_number": 0, "out_dir": "x", "seed": 0,
-              "model": {"family": "mlp"}, "trial": {"steps": 30, "measure_after": 2},
-              "knobs": {"dp": 1}}
+    config = {
+        "study": "s",
+        "trial_number": 0,
+        "out_dir": "x",
+        "seed": 0,
+        "model": {"family": "mlp"},
+        "trial": {"steps": 30, "measure_after": 2},
+        "knobs": {"dp": 1},
+    }
     ruled = {**config, "trial": {**config["trial"], "precision": 0.02, "min_steps": 10}}
     assert graph_key(config) == graph_key(ruled)  # a goodput-only study shares a final_loss one's
 
 
 # --- pruning with the interval -----------------------------------------------------------
 
+
 def watched(tmp_path, times, best=100.0, min_steps=10, measure_after=2):
     """A trial of a study whose best finished trial made ``best`` samples/s, with steps of
     ``times`` ms at 10 samples a step: its watcher after reading them all."""
-    study = optuna.create_study(direction="maximize",
-                                pruner=SlowTrialPruner(ratio=0.5, min_steps=min_steps))
+    study = optuna.create_study(
+        direction="maximize", pruner=SlowTrialPruner(ratio=0.5, min_steps=min_steps)
+    )
     study.add_trial(optuna.trial.create_trial(value=best))
     trial = study.ask()
     with open(tmp_path / "steps.jsonl", "w") as f:
         for i, t in enumerate(times):
-            f.write(json.dumps({"step": i, "step_time_ms": t, "loss": 1.0, "overflow": False,
-                                "loss_scale": 1024.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": i,
+                        "step_time_ms": t,
+                        "loss": 1.0,
+                        "overflow": False,
+                        "loss_scale": 1024.0,
+                    }
+                )
+                + "\n"
+            )
     watcher = StepWatcher(trial, tmp_path, samples_per_step=10, measure_after=measure_after)
     return watcher, watcher.report(), study.trials[-1]
 
@@ -226,8 +288,11 @@ def test_a_trial_clearly_below_half_the_best_is_pruned(tmp_path):
     # 250 ms steps at 10 samples: 40 samples/s, steady; the best made 100
     watcher, prune, trial = watched(tmp_path, [250.0, 250.0] + [250.0, 252.0, 248.0] * 4)
     assert prune and watcher.last[1] == pytest.approx(40.0, rel=1e-3)
-    assert trial.user_attrs["step_time_ci"] == pytest.approx(
-        step_time_ci([250.0, 252.0, 248.0] * 4)) == watcher.half_width
+    assert (
+        trial.user_attrs["step_time_ci"]
+        == pytest.approx(step_time_ci([250.0, 252.0, 248.0] * 4))
+        == watcher.half_width
+    )
     assert SlowTrialPruner.upper_bound(40.0, watcher.half_width) < 50.0
 
 
@@ -255,7 +320,10 @@ def test_no_trial_is_pruned_on_fewer_steps_than_its_interval_needs(tmp_path):
 
 # --- the study loop on replay -------------------------------------------------------------
 
-MODEL = "study: precise\n" + SIM8_MODEL + """\
+MODEL = (
+    "study: precise\n"
+    + SIM8_MODEL
+    + """\
 cluster: {backend: replay, replay: table.csv, devices: 8, devices_per_node: 8, device: a100-80g}
 search:
   space: {tp: [1, 2, 4], pp: 1, fusion_mb: 64, grad_accum: 1, loss_scale: 65536,
@@ -264,6 +332,7 @@ search:
   sampler: tpe
   seed: 0
 """
+)
 
 
 def replay_study(tmp_path, rows, text=MODEL):
@@ -279,16 +348,19 @@ def replay_study(tmp_path, rows, text=MODEL):
 
 
 @pytest.mark.parametrize("min_steps", [None, 26])
-def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(tmp_path, monkeypatch,
-                                                                      min_steps):
+def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(
+    tmp_path, monkeypatch, min_steps
+):
     """The replay executor with trials that run while their steps are read: each run writes its
     ``steps.jsonl`` at once (25 measured steps) and ends only after the loop's pruner has read
     it. With ``trial.min_steps`` above 25 nothing is judged."""
     from autotune.execution.executors import ReplayExecutor
 
-    times = {1: [1000.0] * 30,              # the baseline: 64 samples/s, so the bar is 32
-             2: [1000.0, 3400.0] * 15,      # 29 samples/s, but noisy: within reach of 32
-             4: [2600.0, 2620.0] * 15}      # 24.5 samples/s, steady: clearly below 32
+    times = {
+        1: [1000.0] * 30,  # the baseline: 64 samples/s, so the bar is 32
+        2: [1000.0, 3400.0] * 15,  # 29 samples/s, but noisy: within reach of 32
+        4: [2600.0, 2620.0] * 15,
+    }  # 24.5 samples/s, steady: clearly below 32
 
     class Streaming(ReplayExecutor):
         ends_later: set = set()
@@ -300,9 +372,21 @@ def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(tmp_path, mo
             super().submit(job)
             folder = self.steps_dir(job.number)
             folder.mkdir(parents=True)
-            (folder / "steps.jsonl").write_text("".join(
-                json.dumps({"step": i, "step_time_ms": t, "loss": 1.0, "overflow": False,
-                            "loss_scale": 1.0}) + "\n" for i, t in enumerate(times[job.candidate.tp])))
+            (folder / "steps.jsonl").write_text(
+                "".join(
+                    json.dumps(
+                        {
+                            "step": i,
+                            "step_time_ms": t,
+                            "loss": 1.0,
+                            "overflow": False,
+                            "loss_scale": 1.0,
+                        }
+                    )
+                    + "\n"
+                    for i, t in enumerate(times[job.candidate.tp])
+                )
+            )
             self.ends_later.add(job.number)
 
         def wait(self, timeout_s=None):
@@ -311,9 +395,13 @@ def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(tmp_path, mo
                 return []
             return super().wait(timeout_s)
 
-    monkeypatch.setattr("autotune.study.run.make_executor",
-                        lambda spec, folder, ray_address, table: Streaming(spec, table))
-    measured = {tp: (64000 / statistics.fmean(t[5:]), step_time_ci(t[5:])) for tp, t in times.items()}
+    monkeypatch.setattr(
+        "autotune.study.run.make_executor",
+        lambda spec, folder, ray_address, table: Streaming(spec, table),
+    )
+    measured = {
+        tp: (64000 / statistics.fmean(t[5:]), step_time_ci(t[5:])) for tp, t in times.items()
+    }
     text = MODEL if min_steps is None else MODEL + f"trial: {{steps: 40, min_steps: {min_steps}}}\n"
     path, storage = replay_study(tmp_path, {tp: [run] for tp, run in measured.items()}, text)
     assert main(["search", path, "--storage", storage, "--no-confirm"]) == 0
@@ -332,42 +420,68 @@ def test_the_loop_prunes_a_clearly_slow_trial_and_keeps_a_noisy_one(tmp_path, mo
     assert slow.user_attrs["outcome"] == "pruned", slow.user_attrs
     assert slow.user_attrs["step_time_ci"] == pytest.approx(measured[4][1])  # the one it stopped on
     upper = SlowTrialPruner.upper_bound(*measured[4])
-    assert f"(at most {upper:.4g}, 95%) is below 0.5× the best finished trial's" in slow.user_attrs["detail"]
+    assert (
+        f"(at most {upper:.4g}, 95%) is below 0.5× the best finished trial's"
+        in slow.user_attrs["detail"]
+    )
 
 
-@pytest.mark.parametrize("ci, verdict", [
-    (0.01, "the runs differ by more than their steps' noise explains, so more re-runs "
-           "(--confirm-runs), not a tighter trial.precision, would lower the noise floor"),
-    (0.05, "the steps' own noise accounts for the noise floor, so a tighter trial.precision "
-           "would lower it"),
-])
+@pytest.mark.parametrize(
+    "ci, verdict",
+    [
+        (
+            0.01,
+            "the runs differ by more than their steps' noise explains, so more re-runs "
+            "(--confirm-runs), not a tighter trial.precision, would lower the noise floor",
+        ),
+        (
+            0.05,
+            "the steps' own noise accounts for the noise floor, so a tighter trial.precision "
+            "would lower it",
+        ),
+    ],
+)
 def test_the_confirm_phase_reports_each_confirmed_value_with_its_runs_interval(
-        tmp_path, capsys, ci, verdict):
+    tmp_path, capsys, ci, verdict
+):
     # test_loop's confirm study, its rows carrying step_time_ci: the noise floor is 1.27 %
     # (the median of 2.83/100, 1.41/111, 1.41/119), set against the runs' own interval
     rows = {1: [100.0, 98.0, 102.0], 2: [150.0, 110.0, 112.0], 4: [130.0, 118.0, 120.0]}
-    path, storage = replay_study(tmp_path, {tp: [(g, ci) for g in runs] for tp, runs in rows.items()})
-    assert main(["search", path, "--storage", storage, "--confirm", "2", "--confirm-runs", "2"]) == 0
+    path, storage = replay_study(
+        tmp_path, {tp: [(g, ci) for g in runs] for tp, runs in rows.items()}
+    )
+    assert (
+        main(["search", path, "--storage", storage, "--confirm", "2", "--confirm-runs", "2"]) == 0
+    )
     out = capsys.readouterr().out
     study = optuna.load_study(study_name="precise", storage=storage)
-    first = {t.params["log2_tp"]: t.number for t in study.trials if "confirm_of" not in t.user_attrs}
+    first = {
+        t.params["log2_tp"]: t.number for t in study.trials if "confirm_of" not in t.user_attrs
+    }
     assert f"#0 baseline: 100 ± 2.828 (n=2; original 100; ±{ci:.1%} within a run)" in out
     assert f"#{first[1]}: 111 ± 1.414 (n=2; original 150; ±{ci:.1%} within a run)" in out
     assert "noise floor (median sd/mean of confirmed configurations): 1.3%" in out
-    assert (f"within a run the mean step time is known to ±{ci:.1%} (median step_time_ci of "
-            f"the re-runs, 95%): {verdict}") in " ".join(out.split())
+    assert (
+        f"within a run the mean step time is known to ±{ci:.1%} (median step_time_ci of "
+        f"the re-runs, 95%): {verdict}"
+    ) in " ".join(out.split())
     assert main(["show", "precise", "--storage", storage]) == 0
     shown = f"over 2 re-runs (original 100 not included; ±{ci:.1%} within a run)"
     assert shown in capsys.readouterr().out
     from autotune.analysis.report.page import _standing
     from autotune.analysis.view import view
+
     assert shown in _standing(view("precise", storage))  # the report's index says the same
 
 
 def test_a_confirm_phase_without_intervals_says_nothing_of_them(tmp_path, capsys):
     rows = {1: [100.0, 98.0, 102.0], 2: [150.0, 110.0, 112.0], 4: [130.0, 118.0, 120.0]}
-    path, storage = replay_study(tmp_path, {tp: [(g, None) for g in runs] for tp, runs in rows.items()})
-    assert main(["search", path, "--storage", storage, "--confirm", "2", "--confirm-runs", "2"]) == 0
+    path, storage = replay_study(
+        tmp_path, {tp: [(g, None) for g in runs] for tp, runs in rows.items()}
+    )
+    assert (
+        main(["search", path, "--storage", storage, "--confirm", "2", "--confirm-runs", "2"]) == 0
+    )
     out = capsys.readouterr().out
     assert "#0 baseline: 100 ± 2.828 (n=2; original 100)" in out
     assert "within a run" not in out and "noise floor" in out
@@ -380,8 +494,10 @@ def test_a_study_resumes_with_another_precision_but_not_another_length(tmp_path,
     path, storage = replay_study(tmp_path, rows, MODEL + "trial: {precision: 0.02}\n")
     assert main(["search", path, "--storage", storage, "--trials", "2", "--no-confirm"]) == 0
     replay_study(tmp_path, rows, MODEL + "trial: {precision: 0.05, min_steps: 20}\n")
-    assert main(["search", path, "--storage", storage, "--trials", "3", "--resume",
-                 "--no-confirm"]) == 0
+    assert (
+        main(["search", path, "--storage", storage, "--trials", "3", "--resume", "--no-confirm"])
+        == 0
+    )
     assert len(optuna.load_study(study_name="precise", storage=storage).trials) == 3
     replay_study(tmp_path, rows, MODEL + "trial: {steps: 40}\n")
     capsys.readouterr()
@@ -412,12 +528,28 @@ def real_trial(tmp_path, name, objectives, devices=1):
     """Run the one-trial study ``REAL`` with ``objectives`` on ``devices`` workers; returns the
     stored trial, its metrics.json, its steps' times and its folder."""
     text = REAL.replace("objectives: [goodput]", f"objectives: [{', '.join(objectives)}]")
-    text = text.replace("devices: 1, devices_per_node: 1", f"devices: {devices}, devices_per_node: {devices}")
+    text = text.replace(
+        "devices: 1, devices_per_node: 1", f"devices: {devices}, devices_per_node: {devices}"
+    )
     path = tmp_path / f"{name}.yaml"
     path.write_text(textwrap.dedent(text))
     storage = f"sqlite:///{tmp_path}/s.db"
-    assert main(["search", str(path), "--study", name, "--storage", storage,
-                 "--artifacts", str(tmp_path / "art"), "--no-confirm"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                str(path),
+                "--study",
+                name,
+                "--storage",
+                storage,
+                "--artifacts",
+                str(tmp_path / "art"),
+                "--no-confirm",
+            ]
+        )
+        == 0
+    )
     trial = optuna.load_study(study_name=name, storage=storage).trials[0]
     assert trial.user_attrs["outcome"] == "ok", trial.user_attrs.get("detail")
     folder = tmp_path / "art" / name / "0"
@@ -425,7 +557,9 @@ def real_trial(tmp_path, name, objectives, devices=1):
     return trial, json.loads((folder / "metrics.json").read_text()), steps, folder
 
 
-def check_stopped_where_the_pilot_planned(trial, metrics, steps, folder, precision=0.15, min_steps=5):
+def check_stopped_where_the_pilot_planned(
+    trial, metrics, steps, folder, precision=0.15, min_steps=5
+):
     """The trial ran its pilot and the block its pilot planned (rank 0's times, as recorded),
     and reports the rule's estimate and interval."""
     from autotune.train.program import UPDATE_CAP
@@ -433,7 +567,9 @@ def check_stopped_where_the_pilot_planned(trial, metrics, steps, folder, precisi
     times = [s["step_time_ms"] for s in steps]
     log, applied = StepLog(None, 2, 8, 1000, pilot_steps=min_steps), 0
     for i, step in enumerate(steps):
-        log.add(i, step["step_time_ms"] / 1000.0, step["loss"], step["overflow"], step["loss_scale"])
+        log.add(
+            i, step["step_time_ms"] / 1000.0, step["loss"], step["overflow"], step["loss_scale"]
+        )
         applied += not step["overflow"]
         if log.pilot_ended():
             break
@@ -446,15 +582,25 @@ def check_stopped_where_the_pilot_planned(trial, metrics, steps, folder, precisi
     pilot = log.pilot_end - 2
     assert metrics["step_time_ci"] == pytest.approx(step_time_ci(times[2:], pilot, log.weight))
     assert metrics["throughput"] == pytest.approx(
-        metrics["samples_per_step"] / mean_step_time(times[2:], pilot, log.weight) * 1000)
+        metrics["samples_per_step"] / mean_step_time(times[2:], pilot, log.weight) * 1000
+    )
     assert trial.user_attrs["step_time_ci"] == pytest.approx(metrics["step_time_ci"])
-    said = [line for line in (folder / "logs" / "worker_0.log").read_text().splitlines()
-            if "autotune.train precision:" in line]
+    said = [
+        line
+        for line in (folder / "logs" / "worker_0.log").read_text().splitlines()
+        if "autotune.train precision:" in line
+    ]
     assert len(said) == 1, said
-    verdict = (f"stopped after {len(times)} steps of 60" if block < left
-               else f"needed every step: ran {len(times)} steps")
+    verdict = (
+        f"stopped after {len(times)} steps of 60"
+        if block < left
+        else f"needed every step: ran {len(times)} steps"
+    )
     planned = block if block < left else len(times) - log.pilot_end
-    assert f"a pilot of {pilot} measured steps planned {planned} more; {verdict}, step_time_ci" in said[0]
+    assert (
+        f"a pilot of {pilot} measured steps planned {planned} more; {verdict}, step_time_ci"
+        in said[0]
+    )
     assert "the plan took one all-reduce" in said[0]
 
 
@@ -467,7 +613,9 @@ def test_a_goodput_study_stops_measuring_at_its_precision_and_a_final_loss_one_d
     trial, metrics, steps, folder = real_trial(tmp_path, "loss", ["goodput", "final_loss"])
     assert metrics["applied_steps"] == 60 and len(steps) == metrics["steps"] >= 60
     assert "precision" not in json.loads((folder / "config.json").read_text())["trial"]
-    assert metrics["step_time_ci"] == pytest.approx(step_time_ci([s["step_time_ms"] for s in steps[2:]]))
+    assert metrics["step_time_ci"] == pytest.approx(
+        step_time_ci([s["step_time_ms"] for s in steps[2:]])
+    )
 
 
 @pytest.mark.slow

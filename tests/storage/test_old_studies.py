@@ -55,18 +55,34 @@ def test_export_takes_each_old_studys_best(old, tmp_path, capsys):
 def test_an_old_study_resumes(old, name, yaml_file):
     before = optuna.load_study(study_name=name, storage=old).get_trials()
     counted = sum(map(counting.counted, before))
-    assert main(["search", yaml_file, "--storage", old, "--resume",
-                 "--trials", str(counted + 2)]) == 0
+    assert (
+        main(["search", yaml_file, "--storage", old, "--resume", "--trials", str(counted + 2)]) == 0
+    )
     after = optuna.load_study(study_name=name, storage=old).get_trials()
     assert sum(map(counting.counted, after)) == counted + 2
-    assert len(after) > len(before) and after[:len(before)] == before  # nothing rewritten
+    assert len(after) > len(before) and after[: len(before)] == before  # nothing rewritten
 
 
 def test_a_new_study_warm_starts_from_an_old_one(old):
     # model.yaml's later fields (baseline, export, cluster.max_device_memory_gb) at their
     # defaults leave the fingerprint an old study compares against as it was
-    assert main(["search", "sim.yaml", "--storage", old, "--warm-start", "old-sim",
-                 "--study", "new-sim", "--trials", "8"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "sim.yaml",
+                "--storage",
+                old,
+                "--warm-start",
+                "old-sim",
+                "--study",
+                "new-sim",
+                "--trials",
+                "8",
+            ]
+        )
+        == 0
+    )
     new = optuna.load_study(study_name="new-sim", storage=old)
     assert any(str(t.user_attrs.get("warm_start", "")).startswith("old-sim#") for t in new.trials)
     stored = optuna.load_study(study_name="old-sim", storage=old).user_attrs["fingerprint"]
@@ -79,20 +95,52 @@ def test_a_resumed_study_says_in_one_line_that_its_trials_were_measured_by_older
     before says so, once. Its trials stay as they are and it keeps running."""
     before = optuna.load_study(study_name="old-cpu", storage=old).get_trials()
     counted = sum(map(counting.counted, before))
-    assert main(["search", "cpu.yaml", "--storage", old, "--resume", "--no-confirm",
-                 "--artifacts", "trials", "--trials", str(counted)]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "cpu.yaml",
+                "--storage",
+                old,
+                "--resume",
+                "--no-confirm",
+                "--artifacts",
+                "trials",
+                "--trials",
+                str(counted),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
-    said = [line for line in (out.out + out.err).splitlines() if "measured by autotune's rules" in line]
+    said = [
+        line for line in (out.out + out.err).splitlines() if "measured by autotune's rules" in line
+    ]
     measured = [t for t in before if t.user_attrs.get("outcome") in ("ok", "diverged")]
     assert len(said) == 1, out.out + out.err
     from autotune.train.metrics import MEASUREMENT
-    assert (f"{len(measured)} of 'old-cpu''s measured trials were measured by autotune's rules "
-            f"before measurement {MEASUREMENT}") in said[0]
+
+    assert (
+        f"{len(measured)} of 'old-cpu''s measured trials were measured by autotune's rules "
+        f"before measurement {MEASUREMENT}"
+    ) in said[0]
     assert optuna.load_study(study_name="old-cpu", storage=old).get_trials() == before
     # a simulated study's trials are estimates: nothing to say
     sim = optuna.load_study(study_name="old-sim", storage=old)
-    assert main(["search", "sim.yaml", "--storage", old, "--resume",
-                 "--trials", str(sum(map(counting.counted, sim.get_trials())))]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "sim.yaml",
+                "--storage",
+                old,
+                "--resume",
+                "--trials",
+                str(sum(map(counting.counted, sim.get_trials()))),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "measured by autotune's rules" not in out.out + out.err
 
@@ -101,14 +149,30 @@ def test_a_resumed_study_says_in_one_line_that_its_trials_were_measured_by_older
 def test_the_old_cpu_study_resumes_with_real_trials(old):
     before = optuna.load_study(study_name="old-cpu", storage=old).get_trials()
     counted = sum(map(counting.counted, before))
-    assert main(["search", "cpu.yaml", "--storage", old, "--resume", "--no-confirm",
-                 "--artifacts", "trials", "--trials", str(counted + 1)]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "cpu.yaml",
+                "--storage",
+                old,
+                "--resume",
+                "--no-confirm",
+                "--artifacts",
+                "trials",
+                "--trials",
+                str(counted + 1),
+            ]
+        )
+        == 0
+    )
     after = optuna.load_study(study_name="old-cpu", storage=old).get_trials()
-    new = after[len(before):]
+    new = after[len(before) :]
     # a real two-worker run of a candidate not tried before (a goodput study: the pruner may
     # stop a slow one early)
     assert [t.user_attrs["outcome"] in ("ok", "pruned") for t in new] == [True], new
     assert new[0].params not in [t.params for t in before]
     assert sum(map(counting.counted, after)) == counted + 1
     from autotune.train.metrics import MEASUREMENT
+
     assert new[0].user_attrs["measurement"] == MEASUREMENT  # its rules, on the record

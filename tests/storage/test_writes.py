@@ -44,12 +44,14 @@ def _commits(study) -> list:
         if id(connection) in wrote:
             wrote.discard(id(connection))
             commits.append(1)
+
     return commits
 
 
 def _same_as_one_by_one(url: str) -> None:
-    study = optuna.create_study(storage=url, study_name="w",
-                                sampler=optuna.samplers.RandomSampler(seed=1))
+    study = optuna.create_study(
+        storage=url, study_name="w", sampler=optuna.samplers.RandomSampler(seed=1)
+    )
     plain = study.ask()
     _fill(plain)
     held = study.ask()
@@ -74,15 +76,18 @@ def test_a_batched_trial_stores_what_one_by_one_writes_store_in_one_commit_on_sq
 
 
 @pytest.mark.slow
-def test_a_batched_trial_stores_what_one_by_one_writes_store_in_one_commit_on_postgresql(
-        postgres):  # noqa: F811
+def test_a_batched_trial_stores_what_one_by_one_writes_store_in_one_commit_on_postgresql(postgres):  # noqa: F811
     _same_as_one_by_one(postgres)
 
 
 def _ended_as_tell_ends(url: str) -> None:
     study = optuna.create_study(storage=url, study_name="e", direction="maximize")
-    cases = [(TrialState.COMPLETE, [2.5], {}), (TrialState.PRUNED, None, {0: 1.0, 3: 4.0}),
-             (TrialState.PRUNED, None, {}), (TrialState.FAIL, None, {})]
+    cases = [
+        (TrialState.COMPLETE, [2.5], {}),
+        (TrialState.PRUNED, None, {0: 1.0, 3: 4.0}),
+        (TrialState.PRUNED, None, {}),
+        (TrialState.FAIL, None, {}),
+    ]
     for state, values, reported in cases:
         told, held = study.ask(), study.ask()
         for trial in (told, held):
@@ -108,8 +113,7 @@ def test_a_trial_ended_with_its_writes_is_stored_as_tell_stores_it_on_sqlite(tmp
 
 
 @pytest.mark.slow
-def test_a_trial_ended_with_its_writes_is_stored_as_tell_stores_it_on_postgresql(
-        postgres):  # noqa: F811
+def test_a_trial_ended_with_its_writes_is_stored_as_tell_stores_it_on_postgresql(postgres):  # noqa: F811
     _ended_as_tell_ends(postgres)
 
 
@@ -138,8 +142,9 @@ def test_a_write_that_fails_raises_at_the_end_and_writes_none(tmp_path):
 def test_a_param_of_another_kind_than_the_studys_is_refused_as_optuna_refuses_it(tmp_path):
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="w")
     study.ask().suggest_int("x", 0, 3)
-    other = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="w",
-                                load_if_exists=True)  # a driver that has not seen x yet
+    other = optuna.create_study(
+        storage=f"sqlite:///{tmp_path}/s.db", study_name="w", load_if_exists=True
+    )  # a driver that has not seen x yet
     for asking in (study, other):  # known to Optuna's cache, or read from the database
         trial = asking.ask()
         with pytest.raises(ValueError, match="different distribution kind"):

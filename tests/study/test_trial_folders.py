@@ -13,8 +13,19 @@ from autotune.stopping.pruning import StepWatcher
 
 
 def steps(n: int, step_time_ms: float) -> str:
-    return "".join(json.dumps({"step": i, "step_time_ms": step_time_ms, "loss": 6.9,
-                               "overflow": False, "loss_scale": 1024.0}) + "\n" for i in range(n))
+    return "".join(
+        json.dumps(
+            {
+                "step": i,
+                "step_time_ms": step_time_ms,
+                "loss": 6.9,
+                "overflow": False,
+                "loss_scale": 1024.0,
+            }
+        )
+        + "\n"
+        for i in range(n)
+    )
 
 
 def watcher(tmp_path) -> StepWatcher:
@@ -57,8 +68,9 @@ def stale_folder(trial_dir: Path) -> None:
     metrics."""
     logs = trial_dir / "logs"
     logs.mkdir(parents=True)
-    (logs / "worker_1.log").write_text("autotune.train running the candidate\n"
-                                       "MemoryError: Unable to allocate 4.00 GiB\n")
+    (logs / "worker_1.log").write_text(
+        "autotune.train running the candidate\nMemoryError: Unable to allocate 4.00 GiB\n"
+    )
     (trial_dir / "steps.jsonl").write_text(steps(3, 1000.0)[:-20])
     (trial_dir / "metrics.json").write_text('{"goodput": 1.0}')
 
@@ -89,9 +101,17 @@ def test_a_stale_out_of_memory_line_is_not_this_trials(tmp_path):
     not the old worker_1.log's oom."""
     trial_dir = tmp_path / "trials" / "s" / "0"
     stale_folder(trial_dir)
-    config = {"study": "s", "trial_number": 0, "backend": "cpu", "seed": 0,
-              "out_dir": str(trial_dir), "model": {"family": "mlp"}, "train": {},
-              "trial": {"steps": 2, "measure_after": 1}, "knobs": {"recompute": "everything"}}
+    config = {
+        "study": "s",
+        "trial_number": 0,
+        "backend": "cpu",
+        "seed": 0,
+        "out_dir": str(trial_dir),
+        "model": {"family": "mlp"},
+        "train": {},
+        "trial": {"steps": 2, "measure_after": 1},
+        "knobs": {"recompute": "everything"},
+    }
     result = run_trial(config, trial_dir, 120, None, 1)
     assert result.outcome == "error", result.detail
     assert "autotune.train: ConfigError" in result.detail.splitlines()[0]

@@ -19,7 +19,6 @@ import pytest
 import autotune
 import autotune.train
 from autotune.train.runtime import compile_cache
-
 from tests.train.test_program import make_config, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +81,9 @@ def test_a_cache_folder_that_cannot_be_made_turns_the_cache_off_and_the_trial_ru
     assert str(tmp_path / "cache") in said
 
 
-def test_the_key_changes_with_every_autotune_module_a_trial_process_imported(store_broken, tmp_path,
-                                                                            monkeypatch):
+def test_the_key_changes_with_every_autotune_module_a_trial_process_imported(
+    store_broken, tmp_path, monkeypatch
+):
     """Every module the trial process above imported, changed in a copy of the package (one
     at a time), changes the key's program digest: a module moved into another package later
     stays in it, as does one that puts a value into a graph (spec/knobs.py's SCALE_WINDOW)."""
@@ -95,7 +95,9 @@ def test_the_key_changes_with_every_autotune_module_a_trial_process_imported(sto
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
     # the digest reads the package the process imported: here, the copy
     for module in (autotune, autotune.train, compile_cache):
-        monkeypatch.setattr(module, "__file__", str(copy / Path(module.__file__).relative_to(package)))
+        monkeypatch.setattr(
+            module, "__file__", str(copy / Path(module.__file__).relative_to(package))
+        )
     digest = compile_cache._program_digest.__wrapped__
     unchanged = digest()
     missed = []

@@ -6,15 +6,12 @@ diverged run is a rising loss trend."""
 import json
 import math
 import random
-import sys
-from pathlib import Path
 
 import optuna
 import pytest
 
 from autotune.stopping.pruning import SlowTrialPruner, StepWatcher
 from autotune.train.metrics import StepLog, backoff_steps, rising
-
 from tests.train.test_program import train  # noqa: E402
 
 
@@ -38,8 +35,10 @@ def test_backoff_is_the_leading_run_of_overflows():
 
 
 def records(overflows, ms=100.0):
-    return [{"step": i, "loss": 4.0 - 0.01 * i, "overflow": o, "step_time_ms": ms, "loss_scale": 1.0}
-            for i, o in enumerate(overflows)]
+    return [
+        {"step": i, "loss": 4.0 - 0.01 * i, "overflow": o, "step_time_ms": ms, "loss_scale": 1.0}
+        for i, o in enumerate(overflows)
+    ]
 
 
 def summary(overflows, total_steps=1000, underflow=0.0):
@@ -69,8 +68,12 @@ def test_goodput_charges_the_backoff_once_per_run_and_overflows_by_their_rate():
 
 
 def test_the_pruner_waits_for_the_backoff(tmp_path):
-    study = optuna.create_study(direction="maximize", pruner=SlowTrialPruner(ratio=0.5, min_steps=3))
-    study.add_trial(optuna.trial.create_trial(value=100.0))  # the best finished trial: 100 samples/s
+    study = optuna.create_study(
+        direction="maximize", pruner=SlowTrialPruner(ratio=0.5, min_steps=3)
+    )
+    study.add_trial(
+        optuna.trial.create_trial(value=100.0)
+    )  # the best finished trial: 100 samples/s
     trial = study.ask()
     watcher = StepWatcher(trial, tmp_path, samples_per_step=10, measure_after=2)
     with open(tmp_path / "steps.jsonl", "w") as f:
@@ -83,8 +86,14 @@ def test_the_pruner_waits_for_the_backoff(tmp_path):
     assert sorted(trial.storage.get_trial(trial._trial_id).intermediate_values) == [8, 9, 10, 11]
 
 
-QUICKSTART = {"num_layers": 2, "hidden_size": 128, "num_heads": 4, "ffn_hidden_size": 512, "seq_length": 32,
-              "vocab_size": 256}
+QUICKSTART = {
+    "num_layers": 2,
+    "hidden_size": 128,
+    "num_heads": 4,
+    "ffn_hidden_size": 512,
+    "seq_length": 32,
+    "vocab_size": 256,
+}
 
 
 @pytest.mark.slow
@@ -96,19 +105,41 @@ def test_the_probe_runs_where_float16_flushes_gradients_and_the_bound_stands_in_
     SKIP_BELOW of the old share — goodput moves by no more than that."""
     from autotune.train.step.probe import SKIP_BELOW
 
-    runs = {(scale, mode): train(tmp_path, f"{scale}-{mode}", model=QUICKSTART, knobs={"loss_scale": scale},
-                                 steps=6, lr=5e-3, trial={"underflow_probe": mode})[0]
-            for scale in (2.0 ** -8, 1.0) for mode in ("auto", "always")}
-    flushing, old = runs[2.0 ** -8, "auto"], runs[2.0 ** -8, "always"]
+    runs = {
+        (scale, mode): train(
+            tmp_path,
+            f"{scale}-{mode}",
+            model=QUICKSTART,
+            knobs={"loss_scale": scale},
+            steps=6,
+            lr=5e-3,
+            trial={"underflow_probe": mode},
+        )[0]
+        for scale in (2.0**-8, 1.0)
+        for mode in ("auto", "always")
+    }
+    flushing, old = runs[2.0**-8, "auto"], runs[2.0**-8, "always"]
     assert flushing["underflow_probed"] and flushing["underflow_bound"] > SKIP_BELOW
     assert flushing["underflow_share"] == old["underflow_share"] > 0.005
     healthy, old = runs[1.0, "auto"], runs[1.0, "always"]
     assert not healthy["underflow_probed"] and old["underflow_probed"]
-    assert healthy["underflow_share"] == healthy["underflow_bound"] == old["underflow_bound"] <= SKIP_BELOW
-    assert 0 < old["underflow_share"] and abs(healthy["underflow_share"] - old["underflow_share"]) <= SKIP_BELOW
+    assert (
+        healthy["underflow_share"]
+        == healthy["underflow_bound"]
+        == old["underflow_bound"]
+        <= SKIP_BELOW
+    )
+    assert (
+        0 < old["underflow_share"]
+        and abs(healthy["underflow_share"] - old["underflow_share"]) <= SKIP_BELOW
+    )
     assert old["underflow_share"] < flushing["underflow_share"]  # a smaller scale flushes more
     for m in runs.values():
-        assert m["final_loss_scale"] in (2.0 ** -8, 1.0) and m["backoff_steps"] == 0 and m["overflow_rate"] == 0
+        assert (
+            m["final_loss_scale"] in (2.0**-8, 1.0)
+            and m["backoff_steps"] == 0
+            and m["overflow_rate"] == 0
+        )
         assert m["goodput"] == pytest.approx(m["throughput"] * (1 - m["underflow_share"]))
 
 

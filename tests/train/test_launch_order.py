@@ -12,20 +12,47 @@ pytestmark = pytest.mark.slow
 
 
 def _order(log: Path) -> list[str]:
-    return [line.split(LAUNCH_STEP, 1)[1].strip() for line in log.read_text().splitlines()
-            if LAUNCH_STEP in line]
+    return [
+        line.split(LAUNCH_STEP, 1)[1].strip()
+        for line in log.read_text().splitlines()
+        if LAUNCH_STEP in line
+    ]
 
 
 def test_each_role_makes_its_calls_in_order_under_msrun(tmp_path):
-    model = {"family": "mlp", "entry": None, "num_layers": 1, "hidden_size": 16, "num_heads": 1,
-             "ffn_hidden_size": 32, "seq_length": 1, "vocab_size": 8, "dtype": "float32"}
-    config = {"study": "order", "trial_number": 0, "backend": "cpu", "seed": 0,
-              "out_dir": str(tmp_path / "t"), "model": model,
-              "train": {"global_batch_size": 8, "learning_rate": 1e-3, "total_steps": 100},
-              "trial": {"steps": 3, "measure_after": 1},
-              "knobs": {"dp": 2, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64,
-                        "grad_accum": 1, "loss_scale": 1024, "warmup_steps": 0,
-                        "jit_level": "O1", "recompute": "none"}}
+    model = {
+        "family": "mlp",
+        "entry": None,
+        "num_layers": 1,
+        "hidden_size": 16,
+        "num_heads": 1,
+        "ffn_hidden_size": 32,
+        "seq_length": 1,
+        "vocab_size": 8,
+        "dtype": "float32",
+    }
+    config = {
+        "study": "order",
+        "trial_number": 0,
+        "backend": "cpu",
+        "seed": 0,
+        "out_dir": str(tmp_path / "t"),
+        "model": model,
+        "train": {"global_batch_size": 8, "learning_rate": 1e-3, "total_steps": 100},
+        "trial": {"steps": 3, "measure_after": 1},
+        "knobs": {
+            "dp": 2,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": "none",
+        },
+    }
     result = run_trial(config, tmp_path / "t", 300, None, 2)
     assert result.outcome == "ok", result.detail
     logs = tmp_path / "t" / "logs"
@@ -33,5 +60,8 @@ def test_each_role_makes_its_calls_in_order_under_msrun(tmp_path):
     assert _order(logs / "scheduler.log") == ["set_device(CPU)", "communication.init()"]
     for rank in (0, 1):
         # CPU workers: the numpy-2 throw-away op before init() (Backend.first_op_before_init)
-        assert _order(logs / f"worker_{rank}.log") == ["set_device(CPU)", "first op",
-                                                      "communication.init()"]
+        assert _order(logs / f"worker_{rank}.log") == [
+            "set_device(CPU)",
+            "first op",
+            "communication.init()",
+        ]

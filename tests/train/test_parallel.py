@@ -9,17 +9,31 @@ import numpy as np
 import pytest
 
 from autotune import layout
-from autotune.train.parallel.pipeline import schedule
 from autotune.train.models.transformer import MASK_VALUE
-
+from autotune.train.parallel.pipeline import schedule
 from tests.train.test_program import BIN, PROGRAM_PATH, _free_port, make_config, run  # noqa: E402
 
-TRANSFORMER = {"family": "transformer", "num_layers": 4, "hidden_size": 32, "num_heads": 4,
-               "ffn_hidden_size": 64, "seq_length": 8, "vocab_size": 64}
+TRANSFORMER = {
+    "family": "transformer",
+    "num_layers": 4,
+    "hidden_size": 32,
+    "num_heads": 4,
+    "ffn_hidden_size": 64,
+    "seq_length": 8,
+    "vocab_size": 64,
+}
 MLP = {"family": "mlp", "num_layers": 2, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
 # grouped-query attention: 4 query heads share 2 key/value heads
-LLAMA = {"family": "llama", "num_layers": 4, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
-         "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
+LLAMA = {
+    "family": "llama",
+    "num_layers": 4,
+    "hidden_size": 32,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 48,
+    "seq_length": 8,
+    "vocab_size": 64,
+}
 MIRROR = {"SF": "RF", "RB": "SB"}
 
 
@@ -44,16 +58,23 @@ def test_schedule_pairs_every_transfer_and_bounds_what_is_in_flight(stages):
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
+
     from autotune.train.runtime import session
+
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     session.numpy2_workaround(mindspore)
     return mindspore
 
 
-@pytest.mark.parametrize("cfg, layouts", [(TRANSFORMER, [(1, 2, 2), (2, 2, 1), (1, 4, 4)]),
-                                          (MLP, [(1, 2, 2), (2, 1, 2)]),
-                                          (LLAMA, [(1, 2, 2), (2, 2, 1), (1, 2, 4)])],
-                         ids=["transformer", "mlp", "llama"])
+@pytest.mark.parametrize(
+    "cfg, layouts",
+    [
+        (TRANSFORMER, [(1, 2, 2), (2, 2, 1), (1, 4, 4)]),
+        (MLP, [(1, 2, 2), (2, 1, 2)]),
+        (LLAMA, [(1, 2, 2), (2, 2, 1), (1, 2, 4)]),
+    ],
+    ids=["transformer", "mlp", "llama"],
+)
 def test_every_rank_holds_its_slices_of_the_same_initial_weights(ms, cfg, layouts):
     from autotune.train import models
     from autotune.train.models import weights
@@ -74,7 +95,9 @@ def test_every_rank_holds_its_slices_of_the_same_initial_weights(ms, cfg, layout
             assert set(held) == {n for n, lay in plan.items() if lay.stage == p.stage}
             for name, value in held.items():
                 expected = full[name][plan[name].local_slice(p.tp_index, tp)]
-                np.testing.assert_array_equal(value, expected, err_msg=f"{dp, tp, pp} rank {rank} {name}")
+                np.testing.assert_array_equal(
+                    value, expected, err_msg=f"{dp, tp, pp} rank {rank} {name}"
+                )
             seen |= set(held)
         assert seen == set(full)
 
@@ -84,6 +107,7 @@ def test_fused_qkv_is_head_major(ms):
     contiguous block of rows is whole heads with their own Q, K and V (checked against numpy)."""
     from autotune.train import models
     from autotune.train.models import weights
+
     cfg = dict(TRANSFORMER, num_layers=1)
     network = models.build_network(cfg)
     weights.initialize(network, cfg, models.SINGLE, seed=5)
@@ -96,7 +120,10 @@ def test_fused_qkv_is_head_major(ms):
     scores = scores + np.triu(np.full((s, s), MASK_VALUE), k=1)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     ctx = (probs / probs.sum(-1, keepdims=True)) @ qkv[2]
-    expected = ctx.transpose(0, 2, 1, 3).reshape(b, s, h) @ attn.proj.weight.asnumpy().T + attn.proj.bias.asnumpy()
+    expected = (
+        ctx.transpose(0, 2, 1, 3).reshape(b, s, h) @ attn.proj.weight.asnumpy().T
+        + attn.proj.bias.asnumpy()
+    )
     np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -105,11 +132,18 @@ def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
     (θ 10000) on q and k, query head j reading key/value head j // (heads / kv_heads)."""
     from autotune.train import models
     from autotune.train.models import weights
+
     cfg = dict(LLAMA, num_layers=1)
     network = models.build_network(cfg)
     weights.initialize(network, cfg, models.SINGLE, seed=5)
     attn = network.model.layers[0].attention
-    b, s, h, heads, kv = 2, cfg["seq_length"], cfg["hidden_size"], cfg["num_heads"], cfg["num_kv_heads"]
+    b, s, h, heads, kv = (
+        2,
+        cfg["seq_length"],
+        cfg["hidden_size"],
+        cfg["num_heads"],
+        cfg["num_kv_heads"],
+    )
     d = h // heads
     x = np.random.default_rng(0).standard_normal((b, s, h)).astype(np.float32)
 
@@ -120,7 +154,7 @@ def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
     cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
 
     def rope(y):
-        return y * cos + np.concatenate([-y[..., d // 2:], y[..., :d // 2]], -1) * sin
+        return y * cos + np.concatenate([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin
 
     q = rope(split(x @ attn.wq.weight.asnumpy().T, heads))
     k = np.repeat(rope(split(x @ attn.wk.weight.asnumpy().T, kv)), heads // kv, axis=1)
@@ -134,17 +168,31 @@ def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
 
 def _launch(out, knobs, steps=4, model=None, dtype="float32", base=TRANSFORMER, trial=None):
     workers = knobs["dp"] * knobs["tp"] * knobs["pp"]
-    config = make_config(out, model={**base, "dtype": dtype, **(model or {})},
-                         knobs={"warmup_steps": 0, **knobs}, steps=steps, batch=16, trial=trial)
+    config = make_config(
+        out,
+        model={**base, "dtype": dtype, **(model or {})},
+        knobs={"warmup_steps": 0, **knobs},
+        steps=steps,
+        batch=16,
+        trial=trial,
+    )
     cfg = json.loads(config.read_text())
     cfg["trial"]["measure_after"] = 1
     config.write_text(json.dumps(cfg))
     if workers == 1:
         cmd = [sys.executable, "-m", "autotune.train", config]
     else:
-        cmd = [BIN / "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}",
-               f"--master_port={_free_port()}", f"--log_dir={out / 'logs'}", "--join=True",
-               "--cluster_time_out=120", PROGRAM_PATH, config]
+        cmd = [
+            BIN / "msrun",
+            f"--worker_num={workers}",
+            f"--local_worker_num={workers}",
+            f"--master_port={_free_port()}",
+            f"--log_dir={out / 'logs'}",
+            "--join=True",
+            "--cluster_time_out=120",
+            PROGRAM_PATH,
+            config,
+        ]
     code, _, err = run(cmd, timeout=400)
     logs = "".join(p.read_text()[-1500:] for p in sorted((out / "logs").glob("worker_*.log"))[:2])
     assert code == 0, (err + logs)[-4000:]
@@ -153,8 +201,11 @@ def _launch(out, knobs, steps=4, model=None, dtype="float32", base=TRANSFORMER, 
     return losses, ranks
 
 
-LAYOUTS = {"dp2": dict(dp=2, tp=1, pp=1, grad_accum=2), "tp2": dict(dp=1, tp=2, pp=1, grad_accum=2),
-           "pp2": dict(dp=1, tp=1, pp=2, micro_batches=2)}
+LAYOUTS = {
+    "dp2": dict(dp=2, tp=1, pp=1, grad_accum=2),
+    "tp2": dict(dp=1, tp=2, pp=1, grad_accum=2),
+    "pp2": dict(dp=1, tp=1, pp=2, micro_batches=2),
+}
 
 
 @pytest.fixture(scope="module")
@@ -174,19 +225,28 @@ def test_layouts_train_to_the_same_losses(tmp_path, reference, name):
     else:
         assert ranks[0]["weights_sha256"] != ranks[1]["weights_sha256"]
     assert [(r["stage"], r["tp_index"]) for r in ranks] == (
-        [(0, 0), (1, 0)] if name == "pp2" else [(0, 0), (0, 1)] if name == "tp2" else [(0, 0), (0, 0)])
+        [(0, 0), (1, 0)]
+        if name == "pp2"
+        else [(0, 0), (0, 1)]
+        if name == "tp2"
+        else [(0, 0), (0, 0)]
+    )
 
 
 @pytest.fixture(scope="module")
 def llama_reference(tmp_path_factory):
-    return _launch(tmp_path_factory.mktemp("llama") / "r", dict(dp=1, tp=1, pp=1, grad_accum=2),
-                   base=LLAMA)[0]
+    return _launch(
+        tmp_path_factory.mktemp("llama") / "r", dict(dp=1, tp=1, pp=1, grad_accum=2), base=LLAMA
+    )[0]
 
 
 # tp2·pp2 on four workers, and there with MindFormers' selective recompute (the SwiGLU's SiLU and
 # product and the attention core, recomputed in the stages' backward graphs): the same losses
-LLAMA_LAYOUTS = {**LAYOUTS, "tp2pp2": dict(dp=1, tp=2, pp=2, micro_batches=2),
-                 "tp2pp2-selective": dict(dp=1, tp=2, pp=2, micro_batches=2, recompute="selective")}
+LLAMA_LAYOUTS = {
+    **LAYOUTS,
+    "tp2pp2": dict(dp=1, tp=2, pp=2, micro_batches=2),
+    "tp2pp2-selective": dict(dp=1, tp=2, pp=2, micro_batches=2, recompute="selective"),
+}
 
 
 @pytest.mark.slow
@@ -206,24 +266,35 @@ def test_tensor_and_pipeline_together_on_four_workers(tmp_path, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("knobs", [dict(dp=1, tp=2, pp=1, grad_accum=2, recompute="full"),
-                                   dict(dp=1, tp=1, pp=2, micro_batches=2, recompute="selective"),
-                                   dict(dp=1, tp=1, pp=2, micro_batches=2, jit_level="pynative")],
-                         ids=["tp2-full-recompute", "pp2-selective-recompute", "pp2-pynative"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(dp=1, tp=2, pp=1, grad_accum=2, recompute="full"),
+        dict(dp=1, tp=1, pp=2, micro_batches=2, recompute="selective"),
+        dict(dp=1, tp=1, pp=2, micro_batches=2, jit_level="pynative"),
+    ],
+    ids=["tp2-full-recompute", "pp2-selective-recompute", "pp2-pynative"],
+)
 def test_float16_overflows_are_agreed_and_knobs_act_under_every_layout(tmp_path, knobs):
     """float16 from a loss scale of 2^20: every rank skips the same steps (or the run would hang
     or diverge between ranks), with the same scale and losses as one process."""
     common = dict(steps=6, dtype="float16")
-    single, _ = _launch(tmp_path / "one", dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=2**20), **common)
+    single, _ = _launch(
+        tmp_path / "one", dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=2**20), **common
+    )
     split, _ = _launch(tmp_path / "split", dict(loss_scale=2**20, **knobs), **common)
-    steps = lambda folder: [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]  # noqa: E731
-    one, many = steps(tmp_path / "one"), steps(tmp_path / "split")
+    one, many = (
+        [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+        for folder in (tmp_path / "one", tmp_path / "split")
+    )
     assert [s["overflow"] for s in many] == [s["overflow"] for s in one] and one[0]["overflow"]
     assert [s["loss_scale"] for s in many] == [s["loss_scale"] for s in one]
     np.testing.assert_allclose(split, single, rtol=2e-3)  # float16 sums in another order
 
 
-UNDERFLOW = dict(steps=3, dtype="float16", trial={"underflow_probe": "always"})  # the probe and the bound
+UNDERFLOW = dict(
+    steps=3, dtype="float16", trial={"underflow_probe": "always"}
+)  # the probe and the bound
 
 
 def _underflow(out) -> tuple:
@@ -263,8 +334,15 @@ def test_underflow_share_is_counted_once_under_every_layout(tmp_path, underflow_
 # -- the parallel optimizer ------------------------------------------------------------------------
 # Large enough that the optimizer's state matters against the process's own memory: 4 layers of
 # h 1024, ffn 4096 (50 M float32 parameters: 200 MB; Adam's moments 400 MB).
-ZERO_MODEL = {"family": "transformer", "num_layers": 4, "hidden_size": 1024, "num_heads": 4,
-              "ffn_hidden_size": 4096, "seq_length": 8, "vocab_size": 64}
+ZERO_MODEL = {
+    "family": "transformer",
+    "num_layers": 4,
+    "hidden_size": 1024,
+    "num_heads": 4,
+    "ffn_hidden_size": 4096,
+    "seq_length": 8,
+    "vocab_size": 64,
+}
 
 
 def _predicted_saving_mb(model: dict, knobs: dict) -> float:
@@ -273,12 +351,27 @@ def _predicted_saving_mb(model: dict, knobs: dict) -> float:
     from autotune.spec.candidate import Candidate
     from autotune.spec.model_yaml import parse_spec
 
-    spec = parse_spec({"model": {**model, "dtype": "float32"}, "train": {"global_batch_size": 16},
-                       "cluster": {"backend": "cpu", "devices": 2}}, Path("z.yaml"))
-    base = dict(micro_batches=1, fusion_mb=64, loss_scale=1024, warmup_steps=0, jit_level="O1",
-                recompute="none", **knobs)
-    off, on = (estimate(spec, Candidate(**base, parallel_optimizer=flag)).memory_gb_per_device
-               for flag in (False, True))
+    spec = parse_spec(
+        {
+            "model": {**model, "dtype": "float32"},
+            "train": {"global_batch_size": 16},
+            "cluster": {"backend": "cpu", "devices": 2},
+        },
+        Path("z.yaml"),
+    )
+    base = dict(
+        micro_batches=1,
+        fusion_mb=64,
+        loss_scale=1024,
+        warmup_steps=0,
+        jit_level="O1",
+        recompute="none",
+        **knobs,
+    )
+    off, on = (
+        estimate(spec, Candidate(**base, parallel_optimizer=flag)).memory_gb_per_device
+        for flag in (False, True)
+    )
     return (off - on) * 1024
 
 
@@ -297,17 +390,29 @@ def test_parallel_optimizer_trains_as_unsharded_in_less_memory(tmp_path):
 
 # h 128, ffn 512 and 160 positions: the qkv, fc_in and fc_out matrices (split by tp) and the
 # position table (80 KB, replicated) are over the 64 KB threshold; everything else stays whole.
-SHARDED_LAYOUT_MODEL = {"family": "transformer", "num_layers": 2, "hidden_size": 128, "num_heads": 4,
-                        "ffn_hidden_size": 512, "seq_length": 160, "vocab_size": 64}
+SHARDED_LAYOUT_MODEL = {
+    "family": "transformer",
+    "num_layers": 2,
+    "hidden_size": 128,
+    "num_heads": 4,
+    "ffn_hidden_size": 512,
+    "seq_length": 160,
+    "vocab_size": 64,
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("knobs", [dict(dp=2, tp=2, pp=1, grad_accum=2), dict(dp=2, tp=1, pp=2, micro_batches=2)],
-                         ids=["dp2-tp2", "dp2-pp2"])
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(dp=2, tp=2, pp=1, grad_accum=2), dict(dp=2, tp=1, pp=2, micro_batches=2)],
+    ids=["dp2-tp2", "dp2-pp2"],
+)
 def test_parallel_optimizer_equals_unsharded_with_tensor_and_pipeline_parallelism(tmp_path, knobs):
     """tp-split matrices shard over their dp group, the replicated position table over all dp·tp
     ranks of its stage; under pipeline stages the update is the apply cell's."""
     off, _ = _launch(tmp_path / "off", knobs, steps=3, base=SHARDED_LAYOUT_MODEL)
-    on, _ = _launch(tmp_path / "on", dict(knobs, parallel_optimizer=True), steps=3, base=SHARDED_LAYOUT_MODEL)
+    on, _ = _launch(
+        tmp_path / "on", dict(knobs, parallel_optimizer=True), steps=3, base=SHARDED_LAYOUT_MODEL
+    )
     assert len(set(off)) == 3  # the weights moved every step
     np.testing.assert_allclose(on, off, rtol=1e-5)

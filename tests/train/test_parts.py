@@ -14,17 +14,34 @@ from autotune.train.models import data
 from autotune.train.step import schedule
 
 ROOT = Path(__file__).resolve().parents[2]
-TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
-               "seq_length": 8, "vocab_size": 64}
+TRANSFORMER = {
+    "family": "transformer",
+    "num_layers": 2,
+    "hidden_size": 32,
+    "num_heads": 4,
+    "ffn_hidden_size": 64,
+    "seq_length": 8,
+    "vocab_size": 64,
+}
 MLP = {"family": "mlp", "num_layers": 3, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
-LLAMA = {"family": "llama", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
-         "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
+LLAMA = {
+    "family": "llama",
+    "num_layers": 2,
+    "hidden_size": 32,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 48,
+    "seq_length": 8,
+    "vocab_size": 64,
+}
 
 
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
+
     from autotune.train.runtime import session
+
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     session.numpy2_workaround(mindspore)
     return mindspore
@@ -32,14 +49,20 @@ def ms():
 
 def test_package_import_does_not_load_mindspore():
     code = "import sys, autotune.train as t; assert 'mindspore' not in sys.modules; print(t.PROGRAM_PATH)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )
     assert Path(out.stdout.strip()) == ROOT / "autotune" / "train" / "__main__.py"
 
 
 @pytest.mark.parametrize("cfg", [TRANSFORMER, MLP, LLAMA], ids=["transformer", "mlp", "llama"])
 def test_parameter_shapes_match_network(ms, cfg):
     from autotune.train import models
+
     network = models.build_network(cfg)
     real = [(name, tuple(p.shape)) for name, p in network.parameters_and_names()]
     assert real == list(shapes.parameter_shapes(cfg).items())
@@ -87,10 +110,12 @@ def test_data_is_deterministic_and_sharded():
 def test_grad_accumulation_equals_full_batch(ms):
     """K=4 micro-batches give the same update as one batch of 4× (fp32, SGD so the update is the gradient)."""
     from mindspore import nn
+
     from autotune.train import models
     from autotune.train.models import weights
     from autotune.train.parallel import tp_layers
     from autotune.train.step import train_step as step
+
     x, y = data.TokenChains(16, 8, 64, seed=1)(0)
     updates, losses = {}, {}
     for k in (1, 4):
@@ -99,11 +124,19 @@ def test_grad_accumulation_equals_full_batch(ms):
         before = {n: p.asnumpy().copy() for n, p in network.parameters_and_names()}
         # a large rate makes the update dominate the weights' float32 rounding
         optimizer = nn.SGD(network.trainable_params(), learning_rate=100.0)
-        accumulate, apply = step.build_steps(network, tp_layers.TokenCrossEntropy(), optimizer, accum_steps=k,
-                                             scaling=False, loss_scale=1)
+        accumulate, apply = step.build_steps(
+            network,
+            tp_layers.TokenCrossEntropy(),
+            optimizer,
+            accum_steps=k,
+            scaling=False,
+            loss_scale=1,
+        )
         micro = len(x) // k
-        batches = [(ms.Tensor(x[j * micro:(j + 1) * micro]), ms.Tensor(y[j * micro:(j + 1) * micro]))
-                   for j in range(k)]
+        batches = [
+            (ms.Tensor(x[j * micro : (j + 1) * micro]), ms.Tensor(y[j * micro : (j + 1) * micro]))
+            for j in range(k)
+        ]
         if accumulate is None:
             out = apply(*batches[0])
         else:
@@ -113,8 +146,12 @@ def test_grad_accumulation_equals_full_batch(ms):
         updates[k] = {n: p.asnumpy() - before[n] for n, p in network.parameters_and_names()}
         losses[k] = float(out[0].asnumpy())
         if k > 1:
-            assert all(not a.asnumpy().any() for a in apply.state.accum)  # drained for the next step
-    assert losses[4] == pytest.approx(losses[1], rel=1e-6)  # the apply step reports the global-batch mean
+            assert all(
+                not a.asnumpy().any() for a in apply.state.accum
+            )  # drained for the next step
+    assert losses[4] == pytest.approx(
+        losses[1], rel=1e-6
+    )  # the apply step reports the global-batch mean
     for name, full in updates[1].items():
         rel = np.linalg.norm(updates[4][name] - full) / np.linalg.norm(full)
         assert rel <= 1e-5, name
@@ -122,8 +159,15 @@ def test_grad_accumulation_equals_full_batch(ms):
 
 def test_entry_loads_a_file_and_checks_the_contract(ms, tmp_path):
     from autotune.train.models import entry
-    config = {"seed": 0, "train": {"global_batch_size": 8},
-              "model": {"entry": str(ROOT / "examples" / "user_model.py") + ":build", "hidden_size": None}}
+
+    config = {
+        "seed": 0,
+        "train": {"global_batch_size": 8},
+        "model": {
+            "entry": str(ROOT / "examples" / "user_model.py") + ":build",
+            "hidden_size": None,
+        },
+    }
     network, loss_fn, dataset = entry.build(config)
     x, y = dataset(0, 1, 2)
     assert x.shape == (4, 16) and y.shape == (4,)
@@ -147,11 +191,18 @@ def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, fa
     the causal mask of discarded positions, the 1/√d scale — standing in for the operator with
     the plain core's own result."""
     from autotune.train import models
-    from autotune.train.models import fused
-    from autotune.train.models import SINGLE
+    from autotune.train.models import SINGLE, fused
 
-    cfg = {"family": family, "num_layers": 2, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
-           "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
+    cfg = {
+        "family": family,
+        "num_layers": 2,
+        "hidden_size": 32,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "ffn_hidden_size": 48,
+        "seq_length": 8,
+        "vocab_size": 64,
+    }
     if family == "transformer":
         cfg.pop("num_kv_heads")
     network = models.build_network(cfg, SINGLE)
@@ -175,7 +226,7 @@ def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, fa
         np.testing.assert_allclose(cores[0](q, k, v).asnumpy(), plain[0](q, k, v).asnumpy())
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
-    (q_shape, k_shape, heads, kwargs), = calls
+    ((q_shape, k_shape, heads, kwargs),) = calls
     assert (q_shape, k_shape, heads) == ((2, 4, 8, 8), (2, kv, 8, 8), 4)
     assert kwargs["input_layout"] == "BNSD" and kwargs["sparse_mode"] == 0
     # causal as MindFormers calls it: every earlier token, no later one (the kernel skips the
@@ -196,13 +247,18 @@ def _pattern_targets(layer, pattern: str) -> list:
     *cells, attr = pattern.split(r"\.")
     nodes = [layer]
     for part in cells:
-        nodes = [cell for node in nodes for name, cell in node.name_cells().items()
-                 if re.fullmatch(part, name)]
+        nodes = [
+            cell
+            for node in nodes
+            for name, cell in node.name_cells().items()
+            if re.fullmatch(part, name)
+        ]
     return [getattr(node, name) for node in nodes for name in dir(node) if re.fullmatch(attr, name)]
 
 
 def test_llama_selective_recompute_is_mindformers_patterns_on_the_layers_they_mark(ms):
     from mindspore import ops
+
     from autotune.train import models
     from autotune.train.models import SINGLE
 
@@ -219,14 +275,17 @@ def test_llama_selective_recompute_is_mindformers_patterns_on_the_layers_they_ma
     # model.recompute_layers: only the layers MindFormers' per-stage list marks
     marked = models.build_network({**LLAMA, "recompute_layers": {"select_recompute": [1]}}, SINGLE)
     marked.apply_recompute("selective")
-    flags = {int(n): _pattern_targets(layer, MINDFORMERS_SELECT_PATTERNS[0])[0].attrs.get("recompute")
-             for n, layer in marked.model.layers.name_cells().items()}
+    flags = {
+        int(n): _pattern_targets(layer, MINDFORMERS_SELECT_PATTERNS[0])[0].attrs.get("recompute")
+        for n, layer in marked.model.layers.name_cells().items()
+    }
     assert flags == {0: None, 1: True}
 
 
 def test_llama_selective_recompute_compiles_and_computes_the_same_gradients(ms):
     """The recomputed primitives run on this CPU in a compiled graph and change no gradient."""
     from mindspore import nn, ops
+
     from autotune.train import models
     from autotune.train.models import SINGLE
 

@@ -24,13 +24,38 @@ BIN = Path(sys.executable).parent
 def make_config(out_dir, *, model=None, knobs=None, steps=30, lr=0.01, batch=16, trial=None):
     """A tiny trial config in the driver's format, written to out_dir/config.json."""
     cfg = {
-        "study": "test", "trial_number": 0, "backend": "cpu", "seed": 0, "out_dir": str(out_dir),
-        "model": {"family": "transformer", "entry": None, "num_layers": 1, "hidden_size": 32, "num_heads": 4,
-                  "ffn_hidden_size": 64, "seq_length": 16, "vocab_size": 64, "dtype": "float16", **(model or {})},
+        "study": "test",
+        "trial_number": 0,
+        "backend": "cpu",
+        "seed": 0,
+        "out_dir": str(out_dir),
+        "model": {
+            "family": "transformer",
+            "entry": None,
+            "num_layers": 1,
+            "hidden_size": 32,
+            "num_heads": 4,
+            "ffn_hidden_size": 64,
+            "seq_length": 16,
+            "vocab_size": 64,
+            "dtype": "float16",
+            **(model or {}),
+        },
         "train": {"global_batch_size": batch, "learning_rate": lr, "total_steps": 10000},
         "trial": {"steps": steps, "measure_after": 2, **(trial or {})},
-        "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64, "grad_accum": 1,
-                  "loss_scale": 1024, "warmup_steps": 100, "jit_level": "O1", "recompute": "none", **(knobs or {})},
+        "knobs": {
+            "dp": 1,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 100,
+            "jit_level": "O1",
+            "recompute": "none",
+            **(knobs or {}),
+        },
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "config.json"
@@ -41,9 +66,19 @@ def make_config(out_dir, *, model=None, knobs=None, steps=30, lr=0.01, batch=16,
 def run(cmd, timeout=180, env=None):
     """Run in a new session (this venv's python and msrun first on PATH, the project importable);
     on timeout kill the whole group so no worker outlives the test."""
-    env = {**(env or os.environ), "PYTHONPATH": str(ROOT), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+    env = {
+        **(env or os.environ),
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    proc = subprocess.Popen(
+        [str(c) for c in cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -62,46 +97,56 @@ def train(tmp_path, name, **kwargs):
 
 
 def test_transformer_fp16_learns_without_overflow(tmp_path):
-    metrics, steps = train(tmp_path, "t", knobs={"loss_scale": 2 ** 10, "grad_accum": 2, "recompute": "selective"})
+    metrics, steps = train(
+        tmp_path, "t", knobs={"loss_scale": 2**10, "grad_accum": 2, "recompute": "selective"}
+    )
     assert tuple(metrics) == METRIC_KEYS
     assert metrics["steps"] == len(steps) == 30 and [s["step"] for s in steps] == list(range(30))
     assert metrics["overflow_steps"] == 0 and metrics["applied_steps"] == 30
     assert metrics["loss_last"] < 0.8 * metrics["loss_first"] and not metrics["diverged"]
-    assert metrics["goodput"] == pytest.approx(metrics["throughput"] * (1 - metrics["underflow_share"]))
+    assert metrics["goodput"] == pytest.approx(
+        metrics["throughput"] * (1 - metrics["underflow_share"])
+    )
     assert metrics["samples_per_step"] == 16 and metrics["peak_memory_mb"] > 0
     assert 0 < metrics["compile_s"] < 120 and metrics["step_time_ms"] > 0
     assert steps[0]["loss"] == metrics["loss_first"]
 
 
 def test_huge_initial_loss_scale_overflows_and_backs_off(tmp_path):
-    metrics, steps = train(tmp_path, "o", knobs={"loss_scale": 2 ** 24}, steps=10)
+    metrics, steps = train(tmp_path, "o", knobs={"loss_scale": 2**24}, steps=10)
     assert metrics["overflow_steps"] > 0
     assert metrics["overflow_steps"] == sum(s["overflow"] for s in steps)
     # final_loss at equal updates: the trial runs until 10 were applied
     assert metrics["applied_steps"] == 10
     assert metrics["steps"] == len(steps) == 10 + metrics["overflow_steps"]
-    assert metrics["final_loss_scale"] == 2.0 ** 24 / 2 ** metrics["overflow_steps"]
-    assert steps[0]["overflow"] and steps[0]["loss_scale"] == 2.0 ** 24
+    assert metrics["final_loss_scale"] == 2.0**24 / 2 ** metrics["overflow_steps"]
+    assert steps[0]["overflow"] and steps[0]["loss_scale"] == 2.0**24
     # the leading overflows are the initial back-off, charged once over train.total_steps
     k = next(i for i, s in enumerate(steps) if not s["overflow"])
     assert metrics["backoff_steps"] == k > 2  # some of them measured steps
     settled = [s["overflow"] for s in steps[k:]]
     assert metrics["overflow_rate"] == pytest.approx(sum(settled) / len(settled))
-    assert metrics["goodput"] == pytest.approx(metrics["throughput"] * (1 - metrics["overflow_rate"])
-                                               * (1 - k / 10000) * (1 - metrics["underflow_share"]))
+    assert metrics["goodput"] == pytest.approx(
+        metrics["throughput"]
+        * (1 - metrics["overflow_rate"])
+        * (1 - k / 10000)
+        * (1 - metrics["underflow_share"])
+    )
 
 
 def test_a_scale_that_keeps_overflowing_stops_at_the_update_cap(tmp_path):
     from autotune.train.program import UPDATE_CAP
 
     # float16's largest finite value is 65504: every step at 2^40 overflows for 20+ halvings
-    metrics, steps = train(tmp_path, "c", knobs={"loss_scale": 2 ** 40}, steps=8)
+    metrics, steps = train(tmp_path, "c", knobs={"loss_scale": 2**40}, steps=8)
     assert metrics["steps"] == len(steps) == UPDATE_CAP * 8
     assert metrics["applied_steps"] < 8
 
 
 def test_mlp_fp32_learns(tmp_path):
-    metrics, _ = train(tmp_path, "m", model={"family": "mlp", "dtype": "float32"}, knobs={"recompute": "full"})
+    metrics, _ = train(
+        tmp_path, "m", model={"family": "mlp", "dtype": "float32"}, knobs={"recompute": "full"}
+    )
     assert metrics["loss_last"] < 0.9 * metrics["loss_first"] and not metrics["diverged"]
     assert metrics["overflow_steps"] == 0 and metrics["final_loss_scale"] == 1.0
 
@@ -109,7 +154,12 @@ def test_mlp_fp32_learns(tmp_path):
 def test_pynative_matches_graph(tmp_path):
     common = {"model": {"dtype": "float32"}, "steps": 3}
     graph, _ = train(tmp_path, "g", knobs={"grad_accum": 2}, **common)
-    eager, _ = train(tmp_path, "p", knobs={"grad_accum": 2, "jit_level": "pynative", "recompute": "full"}, **common)
+    eager, _ = train(
+        tmp_path,
+        "p",
+        knobs={"grad_accum": 2, "jit_level": "pynative", "recompute": "full"},
+        **common,
+    )
     assert eager["loss_first"] == pytest.approx(graph["loss_first"], rel=1e-5)
     assert eager["loss_last"] == pytest.approx(graph["loss_last"], rel=1e-4)
 
@@ -121,10 +171,14 @@ def test_user_entry_model(tmp_path):
 
 
 def test_bad_config_exits_2_with_one_line(tmp_path):
-    code, _, err = run([sys.executable, "-m", "autotune.train", make_config(tmp_path, knobs={"tp": 3})])
+    code, _, err = run(
+        [sys.executable, "-m", "autotune.train", make_config(tmp_path, knobs={"tp": 3})]
+    )
     assert code == 2
-    assert err.strip().splitlines()[-1] == ("autotune.train: ConfigError: knobs: tp = 3 does not divide "
-                                            "embed.tok.embedding_table dim 0 (64)")
+    assert err.strip().splitlines()[-1] == (
+        "autotune.train: ConfigError: knobs: tp = 3 does not divide "
+        "embed.tok.embedding_table dim 0 (64)"
+    )
 
 
 def test_failure_exits_1_with_one_line(tmp_path):
@@ -133,11 +187,21 @@ def test_failure_exits_1_with_one_line(tmp_path):
         "import numpy as np\nfrom mindspore import nn\n"
         "def build(config):\n"
         "    data = lambda step, shard, n: (np.zeros((3, 4), np.float32), np.zeros(3, np.int32))\n"
-        "    return nn.Dense(4, 2), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction='mean'), data\n")
-    code, _, err = run([sys.executable, "-m", "autotune.train",
-                        make_config(tmp_path / "f", model={"entry": f"{user}:build"})])
+        "    return nn.Dense(4, 2), nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction='mean'), data\n"
+    )
+    code, _, err = run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.train",
+            make_config(tmp_path / "f", model={"entry": f"{user}:build"}),
+        ]
+    )
     assert code == 1
-    assert err.strip().splitlines()[-1] == "autotune.train: ValueError: dataset(0, 0, 1) returned 3 samples, expected 16"
+    assert (
+        err.strip().splitlines()[-1]
+        == "autotune.train: ValueError: dataset(0, 0, 1) returned 3 samples, expected 16"
+    )
 
 
 def _free_port():
@@ -148,11 +212,21 @@ def _free_port():
 
 def test_data_parallel_under_msrun(tmp_path):
     """dp=2, fp16 with overflowing steps, accumulation: ranks agree bit for bit, and match dp=1."""
-    knobs = {"dp": 2, "grad_accum": 2, "loss_scale": 2 ** 20, "fusion_mb": 1}
+    knobs = {"dp": 2, "grad_accum": 2, "loss_scale": 2**20, "fusion_mb": 1}
     out = tmp_path / "dp2"
     config = make_config(out, knobs=knobs, steps=8)
-    code, _, err = run([BIN / "msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={_free_port()}",
-                        f"--log_dir={out / 'logs'}", "--join=True", PROGRAM_PATH, config])
+    code, _, err = run(
+        [
+            BIN / "msrun",
+            "--worker_num=2",
+            "--local_worker_num=2",
+            f"--master_port={_free_port()}",
+            f"--log_dir={out / 'logs'}",
+            "--join=True",
+            PROGRAM_PATH,
+            config,
+        ]
+    )
     assert code == 0, err[-3000:]
     assert (out / "logs" / "worker_0.log").exists() and (out / "logs" / "worker_1.log").exists()
     ranks = [json.loads((out / f"metrics.rank{r}.json").read_text()) for r in (0, 1)]
@@ -163,7 +237,7 @@ def test_data_parallel_under_msrun(tmp_path):
     assert metrics["steps"] == 8 + metrics["overflow_steps"]
     assert metrics["peak_memory_mb"] == max(r["peak_memory_mb"] for r in ranks)
     # the same micro-batches (fp16 overflow depends on their size) in one process: same trajectory
-    single, _ = train(tmp_path, "dp1", knobs={"loss_scale": 2 ** 20, "grad_accum": 4}, steps=8)
+    single, _ = train(tmp_path, "dp1", knobs={"loss_scale": 2**20, "grad_accum": 4}, steps=8)
     assert single["overflow_steps"] == metrics["overflow_steps"]
     assert math.isclose(single["loss_last"], metrics["loss_last"], rel_tol=1e-3)
 

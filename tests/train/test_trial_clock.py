@@ -12,13 +12,12 @@ import pytest
 from autotune.execution import runner
 from autotune.execution.runner import run_trial
 from autotune.execution.warm import WarmPool
-
 from tests.train.test_program import make_config
 
 pytestmark = pytest.mark.slow
 
 START_UP_S = 15.0  # the workers' start-up, made slow
-TIMEOUT_S = 12.0   # ... longer than the trial itself takes, shorter than both together
+TIMEOUT_S = 12.0  # ... longer than the trial itself takes, shorter than both together
 
 
 def _slow_start(tmp_path: Path, seconds: float) -> dict:

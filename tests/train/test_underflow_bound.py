@@ -11,17 +11,25 @@ import numpy as np
 import pytest
 
 from autotune.train.models import data
-
 from tests.train.test_program import BIN, _free_port, make_config, run  # noqa: E402
 
-TRANSFORMER = {"family": "transformer", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "ffn_hidden_size": 64,
-               "seq_length": 8, "vocab_size": 64}
+TRANSFORMER = {
+    "family": "transformer",
+    "num_layers": 2,
+    "hidden_size": 32,
+    "num_heads": 4,
+    "ffn_hidden_size": 64,
+    "seq_length": 8,
+    "vocab_size": 64,
+}
 
 
 @pytest.fixture(scope="module")
 def ms():
     import mindspore
+
     from autotune.train.runtime import session
+
     mindspore.set_context(mode=mindspore.GRAPH_MODE)
     session.numpy2_workaround(mindspore)
     return mindspore
@@ -41,20 +49,32 @@ def test_the_rule_runs_the_probe_only_above_the_threshold(ms):
 
     under = int(SKIP_BELOW * 10_000)
     assert measure((under, 10_000), probe, summed) == {
-        "underflow_share": SKIP_BELOW, "underflow_bound": SKIP_BELOW, "underflow_probed": False,
-        "underflow_note": None}
+        "underflow_share": SKIP_BELOW,
+        "underflow_bound": SKIP_BELOW,
+        "underflow_probed": False,
+        "underflow_note": None,
+    }
     assert not ran
     assert measure((under + 1, 10_000), probe, summed) == {
-        "underflow_share": 0.03, "underflow_bound": (under + 1) / 10_000, "underflow_probed": True,
-        "underflow_note": None}
+        "underflow_share": 0.03,
+        "underflow_bound": (under + 1) / 10_000,
+        "underflow_probed": True,
+        "underflow_note": None,
+    }
     assert measure((0, 10_000), probe, summed, always=True)["underflow_share"] == 0.03
     # no bound (the last step overflowed, or ran at another scale): the probe decides
-    assert measure(None, probe, summed) == {"underflow_share": 0.03, "underflow_bound": 1.0,
-                                            "underflow_probed": True, "underflow_note": None}
+    assert measure(None, probe, summed) == {
+        "underflow_share": 0.03,
+        "underflow_bound": 1.0,
+        "underflow_probed": True,
+        "underflow_note": None,
+    }
     assert len(ran) == 3
 
 
-def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_share_unmeasured(ms):
+def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_share_unmeasured(
+    ms,
+):
     """A fused flash-attention candidate's float32 twin would hold the s² scores the candidate
     never holds: the probe does not run, the bound stands. A probe out of memory on any rank
     leaves the share unmeasured with the reason, on every rank; anything else it raises is still
@@ -71,9 +91,13 @@ def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_
         return values
 
     fused = measure((50, 1000), probe, summed, fused_attention=True)
-    assert fused == {"underflow_share": 0.05, "underflow_bound": 0.05, "underflow_probed": False,
-                     "underflow_note": "flash attention: the float32 probe cannot run the fused "
-                                       "kernel, so the bound stands for the share"}
+    assert fused == {
+        "underflow_share": 0.05,
+        "underflow_bound": 0.05,
+        "underflow_probed": False,
+        "underflow_note": "flash attention: the float32 probe cannot run the fused "
+        "kernel, so the bound stands for the share",
+    }
     assert not ran
 
     def exhausted():
@@ -83,16 +107,21 @@ def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_
         return "out of memory" in str(exc).lower()
 
     out = measure((50, 1000), exhausted, summed, out_of_memory=oom, before_probe=told.append)
-    assert out == {"underflow_share": None, "underflow_bound": 0.05, "underflow_probed": False,
-                   "underflow_note": "out of memory in the underflow probe: RuntimeError: Out of "
-                                     "memory: device memory could not be allocated"}
+    assert out == {
+        "underflow_share": None,
+        "underflow_bound": 0.05,
+        "underflow_probed": False,
+        "underflow_note": "out of memory in the underflow probe: RuntimeError: Out of "
+        "memory: device memory could not be allocated",
+    }
     assert told == [0.05]  # the training's metrics were written before it ran
 
     def other_rank_failed(values):  # a peer ran out of memory: its flag arrives in the sum
         return values[:2] + [1.0] if len(values) == 3 else values
 
     assert measure((50, 1000), probe, other_rank_failed)["underflow_note"] == (
-        "out of memory in the underflow probe on another rank")
+        "out of memory in the underflow probe on another rank"
+    )
 
     def broken():
         raise ValueError("a bug")
@@ -120,17 +149,28 @@ def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
     weights.initialize(network, model, models.SINGLE, seed=0)
     step.set_compute_dtype(network, ms.float16)
     params = ParameterTuple(optimizer_order(network.trainable_params()))
-    loss_fn, scale = tp_layers.TokenCrossEntropy(), 2.0 ** -6
-    accumulate, apply = step.build_steps(network, loss_fn, make_optimizer(list(params), 0.0), accum_steps=2,
-                                         scaling=True, loss_scale=scale, weights=params)
+    loss_fn, scale = tp_layers.TokenCrossEntropy(), 2.0**-6
+    accumulate, apply = step.build_steps(
+        network,
+        loss_fn,
+        make_optimizer(list(params), 0.0),
+        accum_steps=2,
+        scaling=True,
+        loss_scale=scale,
+        weights=params,
+    )
     masks = ZeroMasks(network, loss_fn, params, first=True, last=True, dtype=ms.float16)
     masks.set_train()
     bound = UnderflowBound(network, params, {p.name for p in params}, micro=2)
     table = [i for i, p in enumerate(params) if p.name == "embed.tok.embedding_table"][0]
     for batch in range(2):
         x, y = data.TokenChains(16, 8, 64, seed=1)(batch)
-        halves = [(ms.Tensor(x[j * 8:(j + 1) * 8]), ms.Tensor(y[j * 8:(j + 1) * 8])) for j in range(2)]
-        zero = [[m.asnumpy() for m in masks(a, b, ms.Tensor(scale, ms.float32))[1]] for a, b in halves]
+        halves = [
+            (ms.Tensor(x[j * 8 : (j + 1) * 8]), ms.Tensor(y[j * 8 : (j + 1) * 8])) for j in range(2)
+        ]
+        zero = [
+            [m.asnumpy() for m in masks(a, b, ms.Tensor(scale, ms.float32))[1]] for a, b in halves
+        ]
         for half in halves:
             accumulate(*half)
         loss, overflow, _, counts = apply()
@@ -140,7 +180,7 @@ def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
         assert sum(expected) > 1000  # a scale that flushes: the counts are not all zero
         structural = 0
         for j in range(2):
-            absent = sorted(set(range(64)) - set(x[j * 8:(j + 1) * 8].ravel().tolist()))
+            absent = sorted(set(range(64)) - set(x[j * 8 : (j + 1) * 8].ravel().tolist()))
             assert absent and zero[j][table][absent].all()  # rows no id selects are zero
             structural += len(absent) * 32
         assert bound(counts.asnumpy(), x) == (sum(expected) - structural, bound.elements)
@@ -153,21 +193,45 @@ def test_the_token_tables_are_found_in_every_built_in_family(ms):
     from autotune.train import models
     from autotune.train.step.probe import token_tables
 
-    llama = {"family": "llama", "num_layers": 1, "hidden_size": 32, "num_heads": 4, "num_kv_heads": 2,
-             "ffn_hidden_size": 48, "seq_length": 8, "vocab_size": 64}
-    mlp = {"family": "mlp", "num_layers": 1, "hidden_size": 16, "ffn_hidden_size": 48, "vocab_size": 10}
-    found = {cfg["family"]: [(table.name, tuple(table.shape), start)
-                             for table, start in token_tables(models.build_network(cfg))]
-             for cfg in (TRANSFORMER, llama, mlp)}
-    assert found == {"transformer": [("embed.tok.embedding_table", (64, 32), 0)],
-                     "llama": [("model.tok_embeddings.embedding_weight", (64, 32), 0)], "mlp": []}
+    llama = {
+        "family": "llama",
+        "num_layers": 1,
+        "hidden_size": 32,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "ffn_hidden_size": 48,
+        "seq_length": 8,
+        "vocab_size": 64,
+    }
+    mlp = {
+        "family": "mlp",
+        "num_layers": 1,
+        "hidden_size": 16,
+        "ffn_hidden_size": 48,
+        "vocab_size": 10,
+    }
+    found = {
+        cfg["family"]: [
+            (table.name, tuple(table.shape), start)
+            for table, start in token_tables(models.build_network(cfg))
+        ]
+        for cfg in (TRANSFORMER, llama, mlp)
+    }
+    assert found == {
+        "transformer": [("embed.tok.embedding_table", (64, 32), 0)],
+        "llama": [("model.tok_embeddings.embedding_weight", (64, 32), 0)],
+        "mlp": [],
+    }
 
 
 # -- the bound against the probe under every layout ------------------------------------------------
 # tests/train/underflow_scales.py: the probe after a step sees the very weights the step's bound counted
-SCALES = [2.0 ** -12, 2.0 ** -8, 2.0 ** -4, 1.0, 2.0 ** 4, 2.0 ** 10]
-LAYOUTS = {"dp2": dict(dp=2, tp=1, pp=1), "tp2": dict(dp=1, tp=2, pp=1, grad_accum=2),
-           "pp2": dict(dp=1, tp=1, pp=2, micro_batches=2)}
+SCALES = [2.0**-12, 2.0**-8, 2.0**-4, 1.0, 2.0**4, 2.0**10]
+LAYOUTS = {
+    "dp2": dict(dp=2, tp=1, pp=1),
+    "tp2": dict(dp=1, tp=2, pp=1, grad_accum=2),
+    "pp2": dict(dp=1, tp=1, pp=2, micro_batches=2),
+}
 MODEL = {**TRANSFORMER, "num_layers": 4}
 
 
@@ -182,9 +246,18 @@ def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
     program = Path(__file__).with_name("tests/train/underflow_scales.py")
     cmd = [sys.executable, program, config, json.dumps(SCALES)]
     if workers > 1:
-        cmd = [BIN / "msrun", f"--worker_num={workers}", f"--local_worker_num={workers}",
-               f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'logs'}", "--join=True",
-               "--cluster_time_out=120", program, config, json.dumps(SCALES)]
+        cmd = [
+            BIN / "msrun",
+            f"--worker_num={workers}",
+            f"--local_worker_num={workers}",
+            f"--master_port={_free_port()}",
+            f"--log_dir={tmp_path / 'logs'}",
+            "--join=True",
+            "--cluster_time_out=120",
+            program,
+            config,
+            json.dumps(SCALES),
+        ]
     code, _, err = run(cmd, timeout=400)
     logs = "".join(p.read_text()[-1500:] for p in sorted((tmp_path / "logs").glob("worker_*.log")))
     assert code == 0, (err + logs)[-4000:]
@@ -233,7 +306,7 @@ def _entry_network(ms, kind: str):
     return network, Tiny
 
 
-SCALE = 2.0 ** 10  # a healthy scale: taken for structural, the rows' gradients made z < 0
+SCALE = 2.0**10  # a healthy scale: taken for structural, the rows' gradients made z < 0
 
 
 @pytest.mark.parametrize("kind", ["tied", "positions"])
@@ -255,15 +328,23 @@ def test_a_table_tied_to_the_head_or_looked_up_by_positions_is_no_token_table(ms
     params = ParameterTuple(optimizer_order(network.trainable_params()))
     owned = {p.name for p in params}
     loss_fn = tp_layers.TokenCrossEntropy()
-    _, apply = step.build_steps(network, loss_fn, make_optimizer(list(params), 0.0), accum_steps=1,
-                                scaling=True, loss_scale=SCALE, weights=params)
+    _, apply = step.build_steps(
+        network,
+        loss_fn,
+        make_optimizer(list(params), 0.0),
+        accum_steps=1,
+        scaling=True,
+        loss_scale=SCALE,
+        weights=params,
+    )
     x, y = data.TokenChains(8, 8, 64, seed=3)(0)
     x = 8 + x % 24  # ids 8-31: rows 0-7 and 32-63 of a table of 64 are selected by no id
     *_, counts = apply(ms.Tensor(x), ms.Tensor(y))
     zeros, elements = UnderflowBound(network, params, owned, micro=1)(counts.asnumpy(), x)
     twin = build()
-    probe = UnderflowProbe(network, twin, loss_fn, models.SINGLE, micro=1, owned=owned,
-                           boundary=None)
+    probe = UnderflowProbe(
+        network, twin, loss_fn, models.SINGLE, micro=1, owned=owned, boundary=None
+    )
     kept, probed = probe(x, y, SCALE)
     assert probed == elements
     assert 0 <= kept <= zeros, (kept, zeros)  # u ≤ z
@@ -278,11 +359,24 @@ def test_the_probes_float32_twin_recomputes_as_the_candidate_does(ms, mode):
     from autotune.train import models
     from autotune.train.step.engine import build_engine
 
-    cfg = {"model": {**TRANSFORMER, "dtype": "float16"}, "seed": 0,
-           "train": {"global_batch_size": 8, "learning_rate": 0.01, "total_steps": 100},
-           "trial": {"steps": 4, "measure_after": 1},
-           "knobs": {"dp": 1, "tp": 1, "pp": 1, "micro_batches": 1, "fusion_mb": 64, "grad_accum": 1,
-                     "loss_scale": 1024, "warmup_steps": 0, "jit_level": "O1", "recompute": mode}}
+    cfg = {
+        "model": {**TRANSFORMER, "dtype": "float16"},
+        "seed": 0,
+        "train": {"global_batch_size": 8, "learning_rate": 0.01, "total_steps": 100},
+        "trial": {"steps": 4, "measure_after": 1},
+        "knobs": {
+            "dp": 1,
+            "tp": 1,
+            "pp": 1,
+            "micro_batches": 1,
+            "fusion_mb": 64,
+            "grad_accum": 1,
+            "loss_scale": 1024,
+            "warmup_steps": 0,
+            "jit_level": "O1",
+            "recompute": mode,
+        },
+    }
     probe = build_engine(cfg, models.SINGLE, SCALE_WINDOW).make_probe()
 
     def recomputed(cell):

@@ -21,9 +21,9 @@ def main(config_path: str, scales_json: str) -> None:
     import mindspore as ms
 
     from autotune.spec.knobs import SCALE_WINDOW
+    from autotune.train.parallel.groups import world_sum
     from autotune.train.runtime.session import open_session
     from autotune.train.step.engine import build_engine
-    from autotune.train.parallel.groups import world_sum
 
     cfg = json.loads(open(config_path).read())
     cfg["trial"]["underflow_probe"] = "always"
@@ -43,8 +43,14 @@ def main(config_path: str, scales_json: str) -> None:
         for param, value in before:
             param.set_data(ms.Tensor(value))
         metrics = engine.underflow(inputs, labels, float(np.float32(scale)), summed)
-        rows.append({"scale": scale, "overflow": bool(overflow), "z": metrics["underflow_bound"],
-                     "u": metrics["underflow_share"]})
+        rows.append(
+            {
+                "scale": scale,
+                "overflow": bool(overflow),
+                "z": metrics["underflow_bound"],
+                "u": metrics["underflow_share"],
+            }
+        )
     if placement.rank == 0:
         with open(os.path.join(cfg["out_dir"], "scales.json"), "w") as f:
             json.dump(rows, f)
@@ -53,5 +59,6 @@ def main(config_path: str, scales_json: str) -> None:
 if __name__ == "__main__":
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler: it only serves the cluster
         from autotune.train.runtime.device import serve_cluster
+
         sys.exit(serve_cluster())
     main(sys.argv[1], sys.argv[2])

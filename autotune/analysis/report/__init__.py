@@ -50,8 +50,9 @@ def _slugs(names: list[str]) -> list[str]:
     return slugs
 
 
-def write_report(names: list[str], out: Path, storage: str | None = None,
-                 overwrite: bool = False) -> Path:
+def write_report(
+    names: list[str], out: Path, storage: str | None = None, overwrite: bool = False
+) -> Path:
     figures, measured = _plotting()
     from autotune.analysis.report.page import render_index
     from autotune.analysis.view import view
@@ -64,25 +65,46 @@ def write_report(names: list[str], out: Path, storage: str | None = None,
 
         (tmp / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
         sections = []
-        builders = {"history": figures.history, "importances": figures.importances,
-                    "parallel": figures.parallel, "slice": figures.slice_,
-                    "pareto": figures.pareto, "memory": measured.memory,
-                    "estimate": measured.estimate, "breakdown": measured.breakdown,
-                    "trial-time": measured.trial_time}
+        builders = {
+            "history": figures.history,
+            "importances": figures.importances,
+            "parallel": figures.parallel,
+            "slice": figures.slice_,
+            "pareto": figures.pareto,
+            "memory": measured.memory,
+            "estimate": measured.estimate,
+            "breakdown": measured.breakdown,
+            "trial-time": measured.trial_time,
+        }
         for v, slug in zip(views, _slugs(names)):
             # a study without an ok trial has no point to plot: each figure says so, not drawn
-            drawn = [(name, v.why_no_ok if v.why_no_ok and (name != "pareto" or
-                                                            len(v.objectives) > 1) else build(v))
-                     for name, build in builders.items()]
-            sections.append((v, [_named(name, _write(tmp, slug, figure))
-                                 for name, figure in drawn]))
+            drawn = [
+                (
+                    name,
+                    v.why_no_ok
+                    if v.why_no_ok and (name != "pareto" or len(v.objectives) > 1)
+                    else build(v),
+                )
+                for name, build in builders.items()
+            ]
+            sections.append(
+                (v, [_named(name, _write(tmp, slug, figure)) for name, figure in drawn])
+            )
         together = None
         if len(views) > 1:
-            together = _named("studies-history", _write(tmp, "studies", measured.studies(views)
-                                                        if any(v.ok for v in views) else
-                                                        "no study has a trial that finished ok"))
-        (tmp / "index.html").write_text(render_index(sections, together, names, storage),
-                                        encoding="utf-8")
+            together = _named(
+                "studies-history",
+                _write(
+                    tmp,
+                    "studies",
+                    measured.studies(views)
+                    if any(v.ok for v in views)
+                    else "no study has a trial that finished ok",
+                ),
+            )
+        (tmp / "index.html").write_text(
+            render_index(sections, together, names, storage), encoding="utf-8"
+        )
     return out / "index.html"
 
 
@@ -98,8 +120,9 @@ def _write(folder: Path, slug: str, figure):
     import matplotlib.pyplot as plt
 
     stem = f"{slug}-{figure.name}"
-    figure.plotly.write_html(folder / f"{stem}.html", include_plotlyjs="plotly.min.js",
-                             full_html=True)
+    figure.plotly.write_html(
+        folder / f"{stem}.html", include_plotlyjs="plotly.min.js", full_html=True
+    )
     figure.png.savefig(folder / f"{stem}.png", dpi=DPI, bbox_inches="tight", facecolor="white")
     plt.close(figure.png)
     figure.stem = stem

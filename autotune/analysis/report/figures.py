@@ -29,11 +29,18 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" per figure
-SIZE = (10, 5.6)         # inches: 1000 × 560 px at the report's DPI
-TOP = 5                  # candidates in the time-breakdown figure, besides the baseline
-COLOURS = {"compute": "#4c72b0", "recompute": "#8172b3", "tp_comm": "#dd8452",
-           "pp_comm": "#937860", "bubble": "#c44e52", "dp_comm": "#55a868",
-           "optimizer": "#da8bc3", "host": "#8c8c8c"}
+SIZE = (10, 5.6)  # inches: 1000 × 560 px at the report's DPI
+TOP = 5  # candidates in the time-breakdown figure, besides the baseline
+COLOURS = {
+    "compute": "#4c72b0",
+    "recompute": "#8172b3",
+    "tp_comm": "#dd8452",
+    "pp_comm": "#937860",
+    "bubble": "#c44e52",
+    "dp_comm": "#55a868",
+    "optimizer": "#da8bc3",
+    "host": "#8c8c8c",
+}
 
 
 VISIBLE_BLUES = ListedColormap(plt.get_cmap("Blues")(np.linspace(0.3, 1.0, 256)))
@@ -41,12 +48,12 @@ VISIBLE_BLUES = ListedColormap(plt.get_cmap("Blues")(np.linspace(0.3, 1.0, 256))
 
 @dataclass
 class Figure:
-    name: str            # file stem: <study>-<name>.html / .png
+    name: str  # file stem: <study>-<name>.html / .png
     title: str
-    caption: str         # one sentence under the figure in index.html
-    plotly: object       # plotly.graph_objects.Figure
-    png: object          # matplotlib.figure.Figure
-    stem: str = ""       # set when written
+    caption: str  # one sentence under the figure in index.html
+    plotly: object  # plotly.graph_objects.Figure
+    png: object  # matplotlib.figure.Figure
+    stem: str = ""  # set when written
 
 
 def _label(v) -> str:
@@ -60,8 +67,10 @@ def _view_study(v) -> optuna.Study:
     # spaced (1, 2, 4, 8) rather than on a log axis
     distributions = {
         knob: optuna.distributions.CategoricalDistribution(
-            sorted({v.knobs(t)[knob] for t in v.ok}, key=lambda x: (isinstance(x, str), x)))
-        for knob in v.searched}
+            sorted({v.knobs(t)[knob] for t in v.ok}, key=lambda x: (isinstance(x, str), x))
+        )
+        for knob in v.searched
+    }
     study = optuna.create_study(directions=v.study.directions)
     ok = {t.number: t for t in v.ok}
     trials = []
@@ -70,9 +79,13 @@ def _view_study(v) -> optuna.Study:
         if t is None:
             trials.append(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
             continue
-        trials.append(optuna.trial.create_trial(
-            values=t.values, distributions=distributions,
-            params={k: v.knobs(t)[k] for k in distributions}))
+        trials.append(
+            optuna.trial.create_trial(
+                values=t.values,
+                distributions=distributions,
+                params={k: v.knobs(t)[k] for k in distributions},
+            )
+        )
     study.add_trials(trials)
     return study
 
@@ -86,8 +99,10 @@ def _optuna_mpl(name: str, study, **kw):
 
 
 def _target(v):
-    return {"target": (lambda t: t.values[0]) if len(v.study.directions) > 1 else None,
-            "target_name": v.objectives[0]}
+    return {
+        "target": (lambda t: t.values[0]) if len(v.study.directions) > 1 else None,
+        "target_name": v.objectives[0],
+    }
 
 
 def _mpl(ax_or_axes, title: str, size=SIZE):
@@ -131,15 +146,31 @@ def history(v):
         line.remove()
     ax.step(xs, ys, where="post", color="#c44e52", label="best so far")
     caption = "Each ok trial of the search (repeats and confirm re-runs left out)"
-    confirmed = next((c for c in v.confirmed if v.best is not None and c.number == v.best.number),
-                     None)
+    confirmed = next(
+        (c for c in v.confirmed if v.best is not None and c.number == v.best.number), None
+    )
     if confirmed is not None:
         name = f"confirmed best #{confirmed.number}: mean ± sd of {len(confirmed.values)} re-runs"
-        fig.add_trace(go.Scatter(x=[confirmed.number], y=[confirmed.mean], mode="markers",
-                                 marker={"symbol": "diamond", "size": 13, "color": "black"},
-                                 error_y={"type": "data", "array": [confirmed.std]}, name=name))
-        ax.errorbar([confirmed.number], [confirmed.mean], yerr=[confirmed.std], fmt="D",
-                    color="black", markersize=9, capsize=5, label=name)
+        fig.add_trace(
+            go.Scatter(
+                x=[confirmed.number],
+                y=[confirmed.mean],
+                mode="markers",
+                marker={"symbol": "diamond", "size": 13, "color": "black"},
+                error_y={"type": "data", "array": [confirmed.std]},
+                name=name,
+            )
+        )
+        ax.errorbar(
+            [confirmed.number],
+            [confirmed.mean],
+            yerr=[confirmed.std],
+            fmt="D",
+            color="black",
+            markersize=9,
+            capsize=5,
+            label=name,
+        )
         caption += "; the diamond is the confirmed best's mean over its re-runs, with its sd"
     fig.update_layout(title=title, xaxis_title="trial number", yaxis_title=_label(v))
     ax.set_xlabel("trial number")
@@ -156,8 +187,10 @@ def importances(v):
     title = f"{v.name}: knob importances for {v.objectives[0]}"
     # PED-ANOVA ranks knobs by how they separate the lowest targets from the rest: a maximised
     # objective is negated so "best" means the highest goodput
-    kw = {"target": (lambda t: -t.values[0]) if v.maximize else (lambda t: t.values[0]),
-          "target_name": v.objectives[0]}
+    kw = {
+        "target": (lambda t: -t.values[0]) if v.maximize else (lambda t: t.values[0]),
+        "target_name": v.objectives[0],
+    }
     study = _view_study(v)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "… low `target` values": negated above
@@ -172,9 +205,14 @@ def importances(v):
     ax.set_ylabel("knob")
     if ax.get_legend() is not None:
         ax.get_legend().remove()  # one bar per knob: Optuna's legend names the target only
-    return Figure("importances", "Knob importances",
-                  f"How much each knob that varied decided the best {v.objectives[0]} of the ok "
-                  "trials (Optuna's PED-ANOVA).", fig, _mpl(ax, title))
+    return Figure(
+        "importances",
+        "Knob importances",
+        f"How much each knob that varied decided the best {v.objectives[0]} of the ok "
+        "trials (Optuna's PED-ANOVA).",
+        fig,
+        _mpl(ax, title),
+    )
 
 
 def parallel(v):
@@ -185,9 +223,13 @@ def parallel(v):
     fig = ov.plot_parallel_coordinate(study, **kw)
     ax = _optuna_mpl("plot_parallel_coordinate", study, **kw)
     fig.update_layout(title=title)
-    return Figure("parallel", "Knobs (parallel coordinates)",
-                  f"One line per ok trial across the knobs that varied, coloured by "
-                  f"{v.objectives[0]}.", fig, _mpl(ax, title, (max(10, 1.6 * len(v.searched)), 6)))
+    return Figure(
+        "parallel",
+        "Knobs (parallel coordinates)",
+        f"One line per ok trial across the knobs that varied, coloured by {v.objectives[0]}.",
+        fig,
+        _mpl(ax, title, (max(10, 1.6 * len(v.searched)), 6)),
+    )
 
 
 def slice_(v):
@@ -201,9 +243,13 @@ def slice_(v):
         ax.tick_params(axis="x", labelrotation=45)  # 1048576 next to 65536 overlaps flat
     fig.update_layout(title=title)
     width = min(24, 3.2 * max(3, len(v.searched)))
-    return Figure("slice", "Objective against each knob",
-                  "Each ok trial once per knob; colour is the trial number (later is darker).",
-                  fig, _mpl(axes, title, (width, 4.6)))
+    return Figure(
+        "slice",
+        "Objective against each knob",
+        "Each ok trial once per knob; colour is the trial number (later is darker).",
+        fig,
+        _mpl(axes, title, (width, 4.6)),
+    )
 
 
 def pareto(v):
@@ -215,6 +261,10 @@ def pareto(v):
     fig = ov.plot_pareto_front(study, target_names=names)
     ax = _optuna_mpl("plot_pareto_front", study, target_names=names)
     fig.update_layout(title=title)
-    return Figure("pareto", "Pareto front",
-                  "Every ok trial by its objectives; the front is what no other trial beats on "
-                  "all of them.", fig, _mpl(ax, title))
+    return Figure(
+        "pareto",
+        "Pareto front",
+        "Every ok trial by its objectives; the front is what no other trial beats on all of them.",
+        fig,
+        _mpl(ax, title),
+    )

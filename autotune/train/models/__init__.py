@@ -23,8 +23,7 @@ the attention core (scores, mask, softmax, ·V — the (seq × seq) tensors, as 
 selective recompute) for the transformer, the GELU for the mlp.
 """
 
-# each registers its network, in the order a refusal lists them
-from autotune.train.models import transformer, mlp, llama  # noqa: F401
+from autotune.train.models import llama, mlp, transformer  # noqa: F401  (each registers its network)
 from autotune.train.models.registry import NETWORKS, SINGLE, build_network, network
 
 __all__ = ["NETWORKS", "SINGLE", "build_network", "network"]

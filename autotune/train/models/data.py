@@ -26,11 +26,13 @@ class _GlobalBatches:
 
     def __call__(self, step, shard=0, num_shards=1):
         if self.global_batch_size % num_shards:
-            raise ValueError(f"global batch {self.global_batch_size} does not split into {num_shards} shards")
+            raise ValueError(
+                f"global batch {self.global_batch_size} does not split into {num_shards} shards"
+            )
         rng = np.random.default_rng([self.seed, _BATCH, step])
         inputs, labels = self._generate(rng, self.global_batch_size)
         n = self.global_batch_size // num_shards
-        return inputs[shard * n:(shard + 1) * n], labels[shard * n:(shard + 1) * n]
+        return inputs[shard * n : (shard + 1) * n], labels[shard * n : (shard + 1) * n]
 
     def _generate(self, rng, n):
         raise NotImplementedError
@@ -41,7 +43,13 @@ class TokenChains(_GlobalBatches):
 
     def __init__(self, global_batch_size, seq_length, vocab_size, seed=0, noise=0.1, a=5, b=3):
         super().__init__(global_batch_size, seed)
-        self.seq_length, self.vocab_size, self.noise, self.a, self.b = seq_length, vocab_size, noise, a, b
+        self.seq_length, self.vocab_size, self.noise, self.a, self.b = (
+            seq_length,
+            vocab_size,
+            noise,
+            a,
+            b,
+        )
 
     def _generate(self, rng, n):
         tokens = np.empty((n, self.seq_length + 1), np.int64)
@@ -63,9 +71,15 @@ class TeacherClasses(_GlobalBatches):
         # teacher logits of std 3 plus a Zipf log-prior: skewed class frequencies (like tokens)
         # give a few dozen steps something to learn even with more classes than samples, while
         # the features still decide most labels (256 classes: ~240 occur, entropy 4.7 of 5.5 nats)
-        self.teacher = 3.0 * np.random.default_rng([seed, _TEACHER]).standard_normal((dim, classes)) / np.sqrt(dim)
+        self.teacher = (
+            3.0
+            * np.random.default_rng([seed, _TEACHER]).standard_normal((dim, classes))
+            / np.sqrt(dim)
+        )
         self.log_prior = -np.log(np.arange(1, classes + 1))
 
     def _generate(self, rng, n):
         x = rng.standard_normal((n, self.dim))
-        return x.astype(np.float32), np.argmax(x @ self.teacher + self.log_prior, axis=1).astype(np.int32)
+        return x.astype(np.float32), np.argmax(x @ self.teacher + self.log_prior, axis=1).astype(
+            np.int32
+        )

@@ -59,9 +59,8 @@ from autotune.families import takes_tokens
 from autotune.spec import entry as entry_loader
 from autotune.spec.entry import EntryError
 from autotune.train import models
-from autotune.train.models import data, weights
+from autotune.train.models import SINGLE, data, weights
 from autotune.train.parallel import tp_layers
-from autotune.train.models import SINGLE
 from autotune.train.parallel.groups import Placement
 
 
@@ -73,7 +72,9 @@ def build_builtin(config: dict, placement: Placement = SINGLE):
     batch = config["train"]["global_batch_size"]
     network = models.build_network(model, placement)
     weights.initialize(network, model, placement, seed)
-    loss_fn = tp_layers.cross_entropy(model["vocab_size"], placement.tp, placement.tp_index, placement.tp_group)
+    loss_fn = tp_layers.cross_entropy(
+        model["vocab_size"], placement.tp, placement.tp_index, placement.tp_group
+    )
     if takes_tokens(model["family"]):
         dataset = data.TokenChains(batch, model["seq_length"], model["vocab_size"], seed=seed)
     else:
@@ -88,15 +89,21 @@ def build(config: dict, placement: Placement = SINGLE):
     if not spec:
         name = config["model"].get("family")
         if name not in models.NETWORKS:
-            raise EntryError(f"model.family: {name!r} is not a built-in family ({', '.join(models.NETWORKS)}) "
-                             "and model.entry is not set")
+            raise EntryError(
+                f"model.family: {name!r} is not a built-in family ({', '.join(models.NETWORKS)}) "
+                "and model.entry is not set"
+            )
         return build_builtin(config, placement)
     result = entry_loader.load(spec, config.get("model_dir"))(config)
     if not isinstance(result, tuple) or len(result) != 3:
-        raise EntryError(f"model.entry: {spec} must return (network, loss_fn, dataset), got {type(result).__name__}")
+        raise EntryError(
+            f"model.entry: {spec} must return (network, loss_fn, dataset), got {type(result).__name__}"
+        )
     network, loss_fn, dataset = result
     if not isinstance(network, nn.Cell):
-        raise EntryError(f"model.entry: network must be a mindspore.nn.Cell, got {type(network).__name__}")
+        raise EntryError(
+            f"model.entry: network must be a mindspore.nn.Cell, got {type(network).__name__}"
+        )
     if not callable(loss_fn) or not callable(dataset):
         raise EntryError("model.entry: loss_fn and dataset must be callable")
     return result

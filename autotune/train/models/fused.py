@@ -26,7 +26,6 @@ import math
 import mindspore as ms
 from mindspore import nn, ops
 
-
 CAUSAL_PRE_TOKENS = 2147483647  # every earlier token: MindFormers' pre_tokens
 
 
@@ -40,9 +39,18 @@ class FusedCore(nn.Cell):
 
     def construct(self, q, k, v):
         mask = ops.triu(ops.ones((self.seq, self.seq), ms.uint8), 1)
-        return ops.flash_attention_score(q, k, v, self.heads, attn_mask=mask, scalar_value=self.scale,
-                                         pre_tokens=CAUSAL_PRE_TOKENS, next_tokens=0,
-                                         input_layout="BNSD", sparse_mode=0)
+        return ops.flash_attention_score(
+            q,
+            k,
+            v,
+            self.heads,
+            attn_mask=mask,
+            scalar_value=self.scale,
+            pre_tokens=CAUSAL_PRE_TOKENS,
+            next_tokens=0,
+            input_layout="BNSD",
+            sparse_mode=0,
+        )
 
 
 def use_fused_attention(network: nn.Cell, seq: int) -> int:

@@ -46,8 +46,12 @@ from autotune.families.llama import kv_heads
 from autotune.train.models.fused import FusedCore
 from autotune.train.models.registry import network
 from autotune.train.parallel.groups import Placement
-from autotune.train.parallel.tp_layers import (ColumnParallelDense, ReduceFromGroup, RowParallelDense,
-                                      vocab_lookup)
+from autotune.train.parallel.tp_layers import (
+    ColumnParallelDense,
+    ReduceFromGroup,
+    RowParallelDense,
+    vocab_lookup,
+)
 
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -74,8 +78,9 @@ class Embedding(nn.Cell):
     def __init__(self, vocab: int, hidden: int, p: Placement):
         super().__init__()
         self.start = p.tp_index * (vocab // p.tp)
-        self.embedding_weight = ms.Parameter(initializer("zeros", (vocab // p.tp, hidden),
-                                                         ms.float32))
+        self.embedding_weight = ms.Parameter(
+            initializer("zeros", (vocab // p.tp, hidden), ms.float32)
+        )
         self.reduce = ReduceFromGroup(p.tp_group) if p.tp > 1 else None
 
     @property
@@ -125,7 +130,8 @@ class AttentionCore(nn.Cell):
             return x
         b, kv, s, d = x.shape
         return ops.broadcast_to(x.expand_dims(2), (b, kv, self.group, s, d)).reshape(
-            b, kv * self.group, s, d)
+            b, kv * self.group, s, d
+        )
 
     def construct(self, q, k, v):
         scores = self.qk(q, self._repeat(k)) * self.scale
@@ -232,10 +238,17 @@ class Backbone(nn.Cell):
         hidden, heads = cfg["hidden_size"], cfg["num_heads"]
         if p.first:
             self.tok_embeddings = Embedding(cfg["vocab_size"], hidden, p)
-        self.layers = nn.SequentialCell(OrderedDict(
-            (str(i), DecoderLayer(hidden, heads, kv_heads(cfg), cfg["ffn_hidden_size"],
-                                  cfg["seq_length"], p))
-            for i in stage_layers(cfg["num_layers"], p.pp, p.stage)))
+        self.layers = nn.SequentialCell(
+            OrderedDict(
+                (
+                    str(i),
+                    DecoderLayer(
+                        hidden, heads, kv_heads(cfg), cfg["ffn_hidden_size"], cfg["seq_length"], p
+                    ),
+                )
+                for i in stage_layers(cfg["num_layers"], p.pp, p.stage)
+            )
+        )
         if p.last:
             self.norm_out = RMSNorm(hidden)
 
@@ -260,8 +273,9 @@ class Llama(nn.Cell):
         self.recompute_marks = cfg.get("recompute_layers") or {}
         self.model = Backbone(cfg, p)
         if p.last:
-            self.lm_head = ColumnParallelDense(cfg["hidden_size"], cfg["vocab_size"], p.tp,
-                                               p.tp_group, bias=False)
+            self.lm_head = ColumnParallelDense(
+                cfg["hidden_size"], cfg["vocab_size"], p.tp, p.tp_group, bias=False
+            )
 
     def construct(self, x):
         x = self.model(x)

@@ -33,8 +33,12 @@ class ResidualMLP(nn.Cell):
         super().__init__()
         self.first, self.last = p.first, p.last
         if p.first:
-            self.inp = ColumnParallelDense(hidden_size, hidden_size)  # replicated: whole on every rank
-        self.blocks = stage_blocks(num_layers, p, lambda: ResidualBlock(hidden_size, ffn_hidden_size, p))
+            self.inp = ColumnParallelDense(
+                hidden_size, hidden_size
+            )  # replicated: whole on every rank
+        self.blocks = stage_blocks(
+            num_layers, p, lambda: ResidualBlock(hidden_size, ffn_hidden_size, p)
+        )
         if p.last:
             self.head = ColumnParallelDense(hidden_size, vocab_size, p.tp, p.tp_group)
 
@@ -57,5 +61,10 @@ class ResidualMLP(nn.Cell):
 
 @network("mlp")
 def _residual_mlp(model_cfg: dict, placement: Placement) -> nn.Cell:
-    return ResidualMLP(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["ffn_hidden_size"],
-                       model_cfg["vocab_size"], placement)
+    return ResidualMLP(
+        model_cfg["num_layers"],
+        model_cfg["hidden_size"],
+        model_cfg["ffn_hidden_size"],
+        model_cfg["vocab_size"],
+        placement,
+    )

@@ -24,9 +24,11 @@ NETWORKS: dict = {}
 
 def network(family: str):
     """Register the decorated builder as the network of ``family``."""
+
     def add(builder):
         NETWORKS[family] = builder
         return builder
+
     return add
 
 
@@ -35,11 +37,15 @@ def build_network(model_cfg: dict, placement: Placement = SINGLE) -> nn.Cell:
     `autotune.train.models.weights.initialize` fills them)."""
     family = model_cfg["family"]
     if family not in NETWORKS:
-        raise ValueError(f"model.family: unknown built-in family {family!r} (expected one of "
-                         f"{', '.join(NETWORKS)})")
+        raise ValueError(
+            f"model.family: unknown built-in family {family!r} (expected one of "
+            f"{', '.join(NETWORKS)})"
+        )
     return NETWORKS[family](model_cfg, placement)
 
 
 def stage_blocks(num_layers, p: Placement, make) -> nn.SequentialCell:
     """The stage's blocks, named by their layer index in the whole model (``blocks.<i>.``)."""
-    return nn.SequentialCell(OrderedDict((str(i), make()) for i in stage_layers(num_layers, p.pp, p.stage)))
+    return nn.SequentialCell(
+        OrderedDict((str(i), make()) for i in stage_layers(num_layers, p.pp, p.stage))
+    )

@@ -10,18 +10,20 @@ is heads [t·heads/tp, (t+1)·heads/tp) with their own Q, K and V. Recompute: ``
 Megatron-LM's selective recompute).
 """
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from autotune.train.models.registry import LN_EPS, SINGLE, network, stage_blocks
 from autotune.train.parallel.groups import Placement
-from autotune.train.parallel.tp_layers import ColumnParallelDense, RowParallelDense, VocabParallelEmbedding
+from autotune.train.parallel.tp_layers import (
+    ColumnParallelDense,
+    RowParallelDense,
+    VocabParallelEmbedding,
+)
 
-LN_EPS = 1e-5
 MASK_VALUE = -1.0e4  # large enough to zero a softmax term, small enough to stay finite in float16
-SINGLE = Placement.of(0, 1, 1, 1)
+
 
 class Embedding(nn.Cell):
     """Vocab-parallel token embedding plus a learned position embedding (inputs ``seq`` long)."""
@@ -29,7 +31,9 @@ class Embedding(nn.Cell):
     def __init__(self, vocab, seq, hidden, p: Placement):
         super().__init__()
         # read only by the input ids (the head is untied): a token table for the underflow bound
-        self.tok = VocabParallelEmbedding(vocab, hidden, p.tp, p.tp_index, p.tp_group, ids_only=True)
+        self.tok = VocabParallelEmbedding(
+            vocab, hidden, p.tp, p.tp_index, p.tp_group, ids_only=True
+        )
         self.pos = nn.Embedding(seq, hidden)
         self.positions = ms.Tensor(np.arange(seq, dtype=np.int32)[None, :])
 
@@ -111,14 +115,25 @@ class DecoderBlock(nn.Cell):
 class GPT(nn.Cell):
     """The ``transformer`` family (see the module doc)."""
 
-    def __init__(self, num_layers, hidden_size, num_heads, ffn_hidden_size, seq_length, vocab_size,
-                 p: Placement = SINGLE):
+    def __init__(
+        self,
+        num_layers,
+        hidden_size,
+        num_heads,
+        ffn_hidden_size,
+        seq_length,
+        vocab_size,
+        p: Placement = SINGLE,
+    ):
         super().__init__()
         self.first, self.last = p.first, p.last
         if p.first:
             self.embed = Embedding(vocab_size, seq_length, hidden_size, p)
         self.blocks = stage_blocks(
-            num_layers, p, lambda: DecoderBlock(hidden_size, num_heads, ffn_hidden_size, seq_length, p))
+            num_layers,
+            p,
+            lambda: DecoderBlock(hidden_size, num_heads, ffn_hidden_size, seq_length, p),
+        )
         if p.last:
             self.ln_f = nn.LayerNorm((hidden_size,), epsilon=LN_EPS)
             self.head = ColumnParallelDense(hidden_size, vocab_size, p.tp, p.tp_group)
@@ -144,5 +159,12 @@ class GPT(nn.Cell):
 def _gpt(model_cfg: dict, placement: Placement) -> nn.Cell:
     if model_cfg["hidden_size"] % model_cfg["num_heads"]:
         raise ValueError("model.hidden_size: must be a multiple of model.num_heads")
-    return GPT(model_cfg["num_layers"], model_cfg["hidden_size"], model_cfg["num_heads"],
-               model_cfg["ffn_hidden_size"], model_cfg["seq_length"], model_cfg["vocab_size"], placement)
+    return GPT(
+        model_cfg["num_layers"],
+        model_cfg["hidden_size"],
+        model_cfg["num_heads"],
+        model_cfg["ffn_hidden_size"],
+        model_cfg["seq_length"],
+        model_cfg["vocab_size"],
+        placement,
+    )

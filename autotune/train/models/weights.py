@@ -18,9 +18,8 @@ from __future__ import annotations
 import hashlib
 import zlib
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 
 from autotune import layout
 
@@ -38,7 +37,7 @@ def full_value(name: str, shape: tuple, shapes: dict, seed: int) -> np.ndarray:
         return np.zeros(shape, np.float32)
     if name.endswith(("embedding_table", "embedding_weight")):
         return (0.01 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
-    weight = name[:-len("bias")] + "weight" if name.endswith(".bias") else name
+    weight = name[: -len("bias")] + "weight" if name.endswith(".bias") else name
     bound = 1.0 / np.sqrt(shapes[weight][1])
     return (bound * (2.0 * rng.random(shape, dtype=np.float32) - 1.0)).astype(np.float32)
 
@@ -53,15 +52,21 @@ def initialize(network, model_cfg: dict, placement, seed: int) -> None:
     expected = {name for name, p in layouts.items() if p.stage == placement.stage}
     held = {param.name: param for param in network.get_parameters()}
     if set(held) != expected:
-        raise RuntimeError(f"stage {placement.stage} holds {sorted(set(held) - expected)[:3]} "
-                           f"it should not and lacks {sorted(expected - set(held))[:3]}")
+        raise RuntimeError(
+            f"stage {placement.stage} holds {sorted(set(held) - expected)[:3]} "
+            f"it should not and lacks {sorted(expected - set(held))[:3]}"
+        )
     for name, param in held.items():
         p = layouts[name]
         if tuple(param.shape) != p.local_shape(placement.tp):
-            raise RuntimeError(f"{name}: holds {tuple(param.shape)}, the layout says "
-                               f"{p.local_shape(placement.tp)} of {p.shape}")
+            raise RuntimeError(
+                f"{name}: holds {tuple(param.shape)}, the layout says "
+                f"{p.local_shape(placement.tp)} of {p.shape}"
+            )
         full = full_value(name, p.shape, shapes, seed)
-        param.set_data(ms.Tensor(np.ascontiguousarray(full[p.local_slice(placement.tp_index, placement.tp)])))
+        param.set_data(
+            ms.Tensor(np.ascontiguousarray(full[p.local_slice(placement.tp_index, placement.tp)]))
+        )
         del full
 
 

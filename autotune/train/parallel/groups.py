@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from autotune import layout
@@ -49,23 +48,31 @@ class Placement:
     tp_index: int
     tp_group: str | None
     dp_group: str | None
-    prev_link: str | None   # pipeline link to the previous stage's rank
-    next_link: str | None   # ... and to the next stage's
+    prev_link: str | None  # pipeline link to the previous stage's rank
+    next_link: str | None  # ... and to the next stage's
     # the stage's dp·tp ranks when they are neither the world, the dp group nor the tp group
     stage_group: str | None = None
 
     @classmethod
-    def of(cls, rank: int, dp: int, tp: int, pp: int) -> "Placement":
+    def of(cls, rank: int, dp: int, tp: int, pp: int) -> Placement:
         stage, dp_index, tp_index = layout.rank_coords(rank, dp, tp)
         prev_rank, next_rank = layout.pipeline_peers(rank, dp, tp, pp)
         tp_ranks, dp_ranks = layout.tp_group(rank, dp, tp), layout.dp_group(rank, dp, tp)
         stage_ranks = list(range(stage * dp * tp, (stage + 1) * dp * tp))
-        return cls(rank, dp, tp, pp, stage, dp_index, tp_index,
-                   _group_name("tp", tp_ranks) if tp > 1 else None,
-                   _group_name("dp", dp_ranks) if dp > 1 and dp < dp * tp * pp else None,
-                   _group_name("pp", [prev_rank, rank]) if prev_rank is not None else None,
-                   _group_name("pp", [rank, next_rank]) if next_rank is not None else None,
-                   _group_name("stage", stage_ranks) if pp > 1 and dp > 1 and tp > 1 else None)
+        return cls(
+            rank,
+            dp,
+            tp,
+            pp,
+            stage,
+            dp_index,
+            tp_index,
+            _group_name("tp", tp_ranks) if tp > 1 else None,
+            _group_name("dp", dp_ranks) if dp > 1 and dp < dp * tp * pp else None,
+            _group_name("pp", [prev_rank, rank]) if prev_rank is not None else None,
+            _group_name("pp", [rank, next_rank]) if next_rank is not None else None,
+            _group_name("stage", stage_ranks) if pp > 1 and dp > 1 and tp > 1 else None,
+        )
 
     @property
     def world(self) -> int:

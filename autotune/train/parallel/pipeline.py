@@ -45,7 +45,11 @@ def schedule(stage: int, stages: int, micro: int) -> list[tuple]:
     first, last = stage == 0, stage == stages - 1
     order = []
     for _ in range(warmup):
-        order += ([] if first else [("prev", ("RF",))]) + [("F",)] + ([] if last else [("next", ("SF",))])
+        order += (
+            ([] if first else [("prev", ("RF",))])
+            + [("F",)]
+            + ([] if last else [("next", ("SF",))])
+        )
     if steady and not first:
         order.append(("prev", ("RF",)))
     for i in range(steady):
@@ -53,7 +57,11 @@ def schedule(stage: int, stages: int, micro: int) -> list[tuple]:
         if not first:
             order.append(("prev", ("SB",) if i == steady - 1 else ("SB", "RF")))
     for _ in range(warmup):
-        order += ([] if last else [("next", ("RB",))]) + [("B",)] + ([] if first else [("prev", ("SB",))])
+        order += (
+            ([] if last else [("next", ("RB",))])
+            + [("B",)]
+            + ([] if first else [("prev", ("SB",))])
+        )
     return order
 
 
@@ -95,7 +103,9 @@ class StageBackward(nn.Cell):
         scaled = self.hyper_map(ops.partial(_mul, self.inv_m), params)
         accumulated = self.hyper_map(_accumulate, self.state.accum, scaled)
         if self.state.count_zeros:
-            accumulated = ops.depend(accumulated, ops.assign_add(self.state.zeros, zero_counts(params)))
+            accumulated = ops.depend(
+                accumulated, ops.assign_add(self.state.zeros, zero_counts(params))
+            )
         return ops.depend(dx, accumulated)
 
 
@@ -107,8 +117,11 @@ class PipelineStage:
     def __init__(self, placement: Placement, cells: dict, micro: int, boundary: tuple, dtype):
         self.p, self.cells, self.micro = placement, cells, micro
         self.zeros = ops.zeros(boundary, dtype)
-        self.links = {side: (Exchange(group), ExchangePair(group))
-                      for side, group in (("prev", placement.prev_link), ("next", placement.next_link)) if group}
+        self.links = {
+            side: (Exchange(group), ExchangePair(group))
+            for side, group in (("prev", placement.prev_link), ("next", placement.next_link))
+            if group
+        }
         self.order = schedule(placement.stage, placement.pp, micro)
 
     def _transfer(self, side: str, kinds: tuple, outgoing):
@@ -118,16 +131,16 @@ class PipelineStage:
             sending = kinds[0] in ("SF", "SB")
             received = single(outgoing if sending else self.zeros)
             return None if sending else received
-        if side == "next":   # (SF, RB): send the activation, receive its gradient
+        if side == "next":  # (SF, RB): send the activation, receive its gradient
             return pair(outgoing, self.zeros)[1]
-        return pair(self.zeros, outgoing)[0]   # (SB, RF): send the gradient, receive an input
+        return pair(self.zeros, outgoing)[0]  # (SB, RF): send the gradient, receive an input
 
     def step(self, inputs: list, labels: list):
         """``inputs``/``labels``: per micro-batch (only the first stage reads inputs, only the
         last labels). Returns the apply cell's ``(loss, overflow, loss_scale)``."""
         forward, backward = self.cells.get("forward"), self.cells.get("backward")
         last_step, last = self.cells.get("last"), self.p.last
-        kept, grads = deque(), deque()   # stage inputs awaiting backward; last stage: input grads
+        kept, grads = deque(), deque()  # stage inputs awaiting backward; last stage: input grads
         received = y = dx = None
         f = 0
         for op in self.order:

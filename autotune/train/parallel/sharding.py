@@ -59,7 +59,7 @@ class _Host:
 
     def __init__(self):
         self.update_params = []
-        self.shards = []   # (weight, shard parameter, rows)
+        self.shards = []  # (weight, shard parameter, rows)
 
 
 class Sharding(nn.Cell):
@@ -78,14 +78,21 @@ class Sharding(nn.Cell):
                 stops.append(-1)
                 continue
             rows = lay.shard_rows(p.tp, p.dp_index, p.tp_index)
-            shard = ms.Parameter(ms.Tensor(weight.asnumpy()[rows]), name=f"{SHARD_PREFIX}{weight.name}")
+            shard = ms.Parameter(
+                ms.Tensor(weight.asnumpy()[rows]), name=f"{SHARD_PREFIX}{weight.name}"
+            )
             self.host.update_params.append(shard)
             self.host.shards.append((weight, shard, rows))
             starts.append(rows.start)
             stops.append(rows.stop)
             wholes.append(weight)
             pieces.append(shard)
-            pads.append(ops.Pad(((rows.start, weight.shape[0] - rows.stop),) + ((0, 0),) * (len(weight.shape) - 1)))
+            pads.append(
+                ops.Pad(
+                    ((rows.start, weight.shape[0] - rows.stop),)
+                    + ((0, 0),) * (len(weight.shape) - 1)
+                )
+            )
             group = groups["dp"] if lay.shared_by_dp_group(p.tp) else groups["stage"]
             reducers.append(ops.AllReduce(group=group) if group else ops.AllReduce())
         self.starts, self.stops = tuple(starts), tuple(stops)
@@ -107,8 +114,10 @@ class Sharding(nn.Cell):
         """Rebuild every sharded weight once ``token`` (the optimizer's update) is done, one
         after another, so one parameter's gather buffers are alive at a time (graph function)."""
         for i in range(len(self.pads)):
-            token = ops.depend(token, _rebuild_one(self.pads[i], self.reducers[i], self.wholes[i],
-                                                   self.pieces[i], token))
+            token = ops.depend(
+                token,
+                _rebuild_one(self.pads[i], self.reducers[i], self.wholes[i], self.pieces[i], token),
+            )
         return token
 
     def construct(self, token):
@@ -133,8 +142,9 @@ def plan(weights, model: dict, placement: Placement, element_bytes: int) -> Shar
         layouts, _ = layout.plan_layout(shapes, 1, 1, {})
     else:
         layouts, _ = layout.builtin_layout(model, p.tp, p.pp)
-    layouts = layout.with_optimizer_shards(layouts, p.dp, p.tp, element_bytes,
-                                           whole=layout.optimizer_whole(model))
+    layouts = layout.with_optimizer_shards(
+        layouts, p.dp, p.tp, element_bytes, whole=layout.optimizer_whole(model)
+    )
     if not any(layouts[w.name].opt_shard for w in weights):
         return None
     return Sharding(weights, layouts, p, {"dp": p.dp_group, "stage": p.stage_group})

@@ -48,8 +48,9 @@ def _linear(x, weight, bias):
 
 
 class ColumnParallelDense(nn.Cell):
-    def __init__(self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None,
-                 bias: bool = True):
+    def __init__(
+        self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None, bias: bool = True
+    ):
         super().__init__()
         self.weight = _zeros(out_dim // tp, in_dim)
         self.bias = _zeros(out_dim // tp) if bias else None
@@ -62,8 +63,9 @@ class ColumnParallelDense(nn.Cell):
 
 
 class RowParallelDense(nn.Cell):
-    def __init__(self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None,
-                 bias: bool = True):
+    def __init__(
+        self, in_dim: int, out_dim: int, tp: int = 1, group: str | None = None, bias: bool = True
+    ):
         super().__init__()
         self.weight = _zeros(out_dim, in_dim // tp)
         self.bias = _zeros(out_dim) if bias else None
@@ -95,8 +97,15 @@ class VocabParallelEmbedding(nn.Cell):
     gets no gradient (`autotune.train.step.probe.token_tables`). The built-in families declare it;
     a table of a user's network is none unless its builder says so."""
 
-    def __init__(self, vocab: int, hidden: int, tp: int = 1, tp_index: int = 0, group: str | None = None,
-                 ids_only: bool = False):
+    def __init__(
+        self,
+        vocab: int,
+        hidden: int,
+        tp: int = 1,
+        tp_index: int = 0,
+        group: str | None = None,
+        ids_only: bool = False,
+    ):
         super().__init__()
         self.start = tp_index * (vocab // tp)
         self.embedding_table = _zeros(vocab // tp, hidden)
@@ -135,7 +144,9 @@ class VocabParallelCrossEntropy(nn.Cell):
         local = labels - self.start
         mine = ops.logical_and(local >= 0, local < self.rows)
         index = ops.select(mine, local, ops.zeros_like(local)).expand_dims(-1)
-        target = self.sum(ops.gather_elements(shifted, 1, index).squeeze(-1) * ops.cast(mine, shifted.dtype))
+        target = self.sum(
+            ops.gather_elements(shifted, 1, index).squeeze(-1) * ops.cast(mine, shifted.dtype)
+        )
         return (ops.log(sum_exp) - target).mean()
 
 

@@ -73,10 +73,21 @@ from autotune.spec.knobs import KNOBS
 # values: `autotune.train.step.schedule`), the trial's and the run's lengths (only the schedule reads
 # them), the checkpoint interval, and the knobs no graph holds (`Knob.graphs` "none": the initial
 # loss scale, the warmup, the fusion threshold).
-NEUTRAL = {"study", "trial_number", "out_dir", "seed", "compile_cache", "model_dir",
-           ("trial", "measure_after"), ("trial", "steps"), ("trial", "precision"),
-           ("trial", "min_steps"), ("train", "learning_rate"), ("train", "total_steps"),
-           ("train", "save_every")} | {("knobs", name) for name, knob in KNOBS.items() if knob.graphs == "none"}
+NEUTRAL = {
+    "study",
+    "trial_number",
+    "out_dir",
+    "seed",
+    "compile_cache",
+    "model_dir",
+    ("trial", "measure_after"),
+    ("trial", "steps"),
+    ("trial", "precision"),
+    ("trial", "min_steps"),
+    ("train", "learning_rate"),
+    ("train", "total_steps"),
+    ("train", "save_every"),
+} | {("knobs", name) for name, knob in KNOBS.items() if knob.graphs == "none"}
 SAY = "autotune.train compile cache:"
 # A file MindSpore writes for graph <index> of the process: the front end's
 # ``<role>compile_cache_<i>.mindir`` and, where a backend caches its kernel graph too (Ascend),
@@ -127,16 +138,21 @@ def _program_digest() -> bytes:
 
 def _signature(obj, args) -> str:
     """The compiled cell's class, parameters and inputs, as a short hash."""
+
     def shape_of(value):
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             return [list(value.shape), str(value.dtype)]
         if isinstance(value, (tuple, list)):
             return [shape_of(v) for v in value]
         return type(value).__name__
-    params = [(name, list(p.shape), str(p.dtype)) for name, p in
-              (obj.parameters_dict().items() if hasattr(obj, "parameters_dict") else [])]
-    text = json.dumps([type(obj).__module__ + "." + type(obj).__qualname__, params,
-                       shape_of(list(args))])
+
+    params = [
+        (name, list(p.shape), str(p.dtype))
+        for name, p in (obj.parameters_dict().items() if hasattr(obj, "parameters_dict") else [])
+    ]
+    text = json.dumps(
+        [type(obj).__module__ + "." + type(obj).__qualname__, params, shape_of(list(args))]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -165,10 +181,10 @@ class GraphCache:
         self.role = "MS_WORKER" if os.environ.get("MS_ROLE") == "MS_WORKER" else ""
         self.slot_root = os.path.join(root, "slots", f"{socket.gethostname()}-{os.getpid()}")
         self.slot_dir = os.path.join(self.slot_root, f"rank_{rank}", "graph_cache")
-        self.compiled = 0       # graphs this process compiled: MindSpore's slot index
-        self.key = None         # the trial's graph key; None: store and load nothing
+        self.compiled = 0  # graphs this process compiled: MindSpore's slot index
+        self.key = None  # the trial's graph key; None: store and load nothing
         self.update_free_key = None  # the key of its graphs without the update
-        self.ordinal = 0        # graphs the trial compiled so far
+        self.ordinal = 0  # graphs the trial compiled so far
         self.broken = False
         self.hits = self.stores = 0
 
@@ -204,8 +220,11 @@ class GraphCache:
         where that still works (a file left half copied is no graph MindSpore can load: a miss)."""
         if not self.broken:
             self.broken = True
-            print(f"{SAY} off for this process: {why}; the trial runs without it",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{SAY} off for this process: {why}; the trial runs without it",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             self._clear_slots()
         except OSError:
@@ -218,15 +237,20 @@ class GraphCache:
         if self.key is None or self.broken:
             return None, {}
         key = self.update_free_key if getattr(obj, "update_free", False) else self.key
-        entry = os.path.join(self.root, "graphs", key, f"rank_{self.rank}",
-                             f"{self.ordinal}-{_signature(obj, args)}")
+        entry = os.path.join(
+            self.root, "graphs", key, f"rank_{self.rank}", f"{self.ordinal}-{_signature(obj, args)}"
+        )
         placed = {}
         try:
             if os.path.isdir(entry):
                 self._clear_slots()
                 for name in os.listdir(entry):
                     slot = os.path.join(self.slot_dir, name.replace("@", str(self.compiled)))
-                    copy = shutil.copytree if os.path.isdir(os.path.join(entry, name)) else shutil.copyfile
+                    copy = (
+                        shutil.copytree
+                        if os.path.isdir(os.path.join(entry, name))
+                        else shutil.copyfile
+                    )
                     copy(os.path.join(entry, name), slot)  # a copy: MindSpore may write to it
                     placed[os.path.basename(slot)] = _stat(slot)
         except OSError as exc:  # an entry replaced while copied, a full disk: the cache's own
@@ -248,9 +272,13 @@ class GraphCache:
 
     def _keep(self, entry: str | None, placed: dict) -> None:
         """What :meth:`after` keeps of the graph just compiled: its files stored, or its hit."""
-        written = {name for name in os.listdir(self.slot_dir) if _SLOT.match(name)
-                   and placed.get(name) != _stat(os.path.join(self.slot_dir, name))
-                   and not _is_placeholder(os.path.join(self.slot_dir, name))}
+        written = {
+            name
+            for name in os.listdir(self.slot_dir)
+            if _SLOT.match(name)
+            and placed.get(name) != _stat(os.path.join(self.slot_dir, name))
+            and not _is_placeholder(os.path.join(self.slot_dir, name))
+        }
         if any(int(_SLOT.match(n)["index"]) != self.compiled for n in written):
             self.off(f"MindSpore wrote {sorted(written)} for graph {self.compiled}")
         elif entry is not None:
@@ -270,8 +298,9 @@ class GraphCache:
         with staged_folder(Path(entry)) as staged:
             for name in names:
                 match = _SLOT.match(name)
-                shutil.move(os.path.join(self.slot_dir, name),
-                            staged / f"{match['head']}_@{match['tail']}")
+                shutil.move(
+                    os.path.join(self.slot_dir, name), staged / f"{match['head']}_@{match['tail']}"
+                )
         self.stores += 1
 
 
@@ -306,8 +335,11 @@ def install(root: str, rank: int) -> GraphCache | None:
         with open(os.path.join(cache.slot_dir, f"{cache.role}compile_dependency.hash"), "w") as f:
             f.write(_dependency_hash())
     except OSError as exc:
-        print(f"{SAY} off for this process: {type(exc).__name__}: {exc}; the trial runs "
-              "without it", file=sys.stderr, flush=True)
+        print(
+            f"{SAY} off for this process: {type(exc).__name__}: {exc}; the trial runs without it",
+            file=sys.stderr,
+            flush=True,
+        )
         shutil.rmtree(cache.slot_root, ignore_errors=True)
         return None
     atexit.register(shutil.rmtree, cache.slot_root, True)  # the slots are this process's only

@@ -94,9 +94,11 @@ def reported_memory_warning(cfg: dict, total_bytes: int | None) -> str | None:
     reported = total_bytes / 2**30
     if abs(reported - expected) <= REPORTED_TOLERANCE * expected:
         return None
-    return (f"autotune.train warning: the device reports {reported:.1f} GiB, the profile says "
-            f"{expected:g} GiB (cluster.device_memory_gb / cluster.device): the memory screen "
-            f"and the {cfg[DEVICE_MEMORY]['max_size_gb']:g} GB cap are computed from the profile")
+    return (
+        f"autotune.train warning: the device reports {reported:.1f} GiB, the profile says "
+        f"{expected:g} GiB (cluster.device_memory_gb / cluster.device): the memory screen "
+        f"and the {cfg[DEVICE_MEMORY]['max_size_gb']:g} GB cap are computed from the profile"
+    )
 
 
 def device_total_bytes(ms) -> int | None:
@@ -117,8 +119,8 @@ class DeviceMemory:
     def __init__(self, ms, backend, pid: int):
         self.ms, self.backend, self.pid = ms, backend, pid
         self.overhead_mb: float | None = None  # measured at the session's first trial
-        self.overhead_seen = ""                # ... and whether the tool saw the process then
-        self.base = 0                          # bytes allocated before the trial built anything
+        self.overhead_seen = ""  # ... and whether the tool saw the process then
+        self.base = 0  # bytes allocated before the trial built anything
 
     def trial_starts(self) -> None:
         """Before the trial builds its model: what earlier trials left allocated is not its."""
@@ -138,8 +140,16 @@ class DeviceMemory:
         reserved = runtime.max_memory_reserved() / MIB
         reading = device_smi.process_memory(self.backend, self.pid)
         if self.overhead_mb is None:
-            outside = reading.mb - runtime.memory_reserved() / MIB if reading.mb is not None else 0.0
+            outside = (
+                reading.mb - runtime.memory_reserved() / MIB if reading.mb is not None else 0.0
+            )
             self.overhead_mb, self.overhead_seen = max(0.0, outside), reading.seen
-        return {"peak": allocated + self.overhead_mb, "allocated": allocated, "reserved": reserved,
-                "smi": reading.mb, "smi_seen": reading.seen, "overhead": self.overhead_mb,
-                "overhead_seen": self.overhead_seen}
+        return {
+            "peak": allocated + self.overhead_mb,
+            "allocated": allocated,
+            "reserved": reserved,
+            "smi": reading.mb,
+            "smi_seen": reading.seen,
+            "overhead": self.overhead_mb,
+            "overhead_seen": self.overhead_seen,
+        }

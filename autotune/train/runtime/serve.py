@@ -131,6 +131,8 @@ def serve(pool_dir: str, process_started: float, run_one) -> int:
         release(session)
         resident = resident_mb()
         settled = resident if settled is None else settled
-        write_json(os.path.join(pool_dir, f"done.{number}.{rank}"),
-                     {"code": 0, "leftover_mb": resident - settled})
+        write_json(
+            os.path.join(pool_dir, f"done.{number}.{rank}"),
+            {"code": 0, "leftover_mb": resident - settled},
+        )
         number += 1

@@ -36,8 +36,14 @@ import numpy as np
 
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, Backend
 from autotune.train.config import ConfigError
-from autotune.train.runtime.device import (DeviceMemory, chip_refusal, device_total_bytes, launch_step,
-                                   memory_settings, reported_memory_warning)
+from autotune.train.runtime.device import (
+    DeviceMemory,
+    chip_refusal,
+    device_total_bytes,
+    launch_step,
+    memory_settings,
+    reported_memory_warning,
+)
 
 
 class LaunchError(RuntimeError):
@@ -95,7 +101,9 @@ class Session:
     rank: int
     world: int
     groups: set = field(default_factory=set)  # the process groups made so far
-    cache: object = None  # autotune.train.runtime.compile_cache.GraphCache, when graphs may be reused
+    cache: object = (
+        None  # autotune.train.runtime.compile_cache.GraphCache, when graphs may be reused
+    )
     memory: DeviceMemory | None = None  # a device's readings (None: host RSS on CPU)
 
     def place(self, knobs: dict):
@@ -106,21 +114,27 @@ class Session:
         ms = self.ms
         dp, tp, pp = knobs["dp"], knobs["tp"], knobs["pp"]
         if dp * tp * pp != self.world:
-            raise ConfigError(f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started "
-                              f"{self.world} processes")
+            raise ConfigError(
+                f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started {self.world} processes"
+            )
         ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
         placement = parallel.Placement.of(self.rank, dp, tp, pp)
         if self.world == 1:
             return placement
-        _launch(f"create_group({', '.join(sorted(placement.groups())) or 'none'})",
-                lambda: parallel.create_groups(placement, self.groups), announce=False)
+        _launch(
+            f"create_group({', '.join(sorted(placement.groups())) or 'none'})",
+            lambda: parallel.create_groups(placement, self.groups),
+            announce=False,
+        )
         ms.reset_auto_parallel_context()
         if dp > 1:
             # The DP gradient reducer buckets its all-reduces by this threshold, over any group.
-            ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
-                                         gradients_mean=True, device_num=self.world,
-                                         comm_fusion={"allreduce": {"mode": "size",
-                                                                    "config": int(knobs["fusion_mb"])}})
+            ms.set_auto_parallel_context(
+                parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                gradients_mean=True,
+                device_num=self.world,
+                comm_fusion={"allreduce": {"mode": "size", "config": int(knobs["fusion_mb"])}},
+            )
         return placement
 
 
@@ -144,6 +158,7 @@ def open_session(cfg: dict, world: int, ms=None) -> Session:
         _launch("first op", lambda: numpy2_workaround(ms))
     size, rank = 1, 0
     if world > 1:
+
         def join():
             ms.communication.init()
             return ms.communication.get_group_size(), ms.communication.get_rank()
@@ -180,5 +195,7 @@ def warm_up(backend_name: str) -> str:
 
     _launch("first op", first_op)
     done = time.perf_counter()
-    return (f"first op on {backend.device_target} in {done - up:.1f} s (MindSpore's import and "
-            f"set_device {up - started:.1f} s)")
+    return (
+        f"first op on {backend.device_target} in {done - up:.1f} s (MindSpore's import and "
+        f"set_device {up - started:.1f} s)"
+    )

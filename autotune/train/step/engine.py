@@ -27,14 +27,15 @@ from autotune import layout
 from autotune.families import takes_tokens
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.train import models
-from autotune.train.models import entry, fused
-from autotune.train.parallel import pipeline
-from autotune.train.step import schedule, train_step as step
-from autotune.train.step import probe as probe_mod
-from autotune.train.parallel import sharding as sharding_mod
 from autotune.train.config import ConfigError, micro_steps
 from autotune.train.knob_hooks import APPLIES
+from autotune.train.models import entry, fused
+from autotune.train.parallel import pipeline
+from autotune.train.parallel import sharding as sharding_mod
 from autotune.train.parallel.groups import Placement
+from autotune.train.step import probe as probe_mod
+from autotune.train.step import schedule
+from autotune.train.step import train_step as step
 
 COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32}
 
@@ -43,19 +44,23 @@ COMPUTE = {"float16": ms.float16, "bfloat16": ms.bfloat16, "float32": ms.float32
 class Engine:
     network: object
     optimizer: object
-    state: object          # autotune.train.step.train_step.TrainState: loss scale, accumulators
+    state: object  # autotune.train.step.train_step.TrainState: loss scale, accumulators
     dataset: object
     # (list of micro inputs, list of micro labels) → (loss, overflow, scale) tensors, and the
     # step's zero counts under float16
     run_micro: object
     micro: int
     make_probe: object = None  # () → autotune.train.step.probe.UnderflowProbe (float16 only)
-    sharding: object = None    # autotune.train.parallel.sharding.Sharding under the parallel optimizer
-    bound: object = None       # autotune.train.step.probe.UnderflowBound (float16 only)
+    sharding: object = (
+        None  # autotune.train.parallel.sharding.Sharding under the parallel optimizer
+    )
+    bound: object = None  # autotune.train.step.probe.UnderflowBound (float16 only)
     probe_always: bool = False  # trial.underflow_probe "always": the probe runs whatever the bound
-    fused_attention: bool = False  # a fused flash-attention kernel: the bound stands (probe.measure)
+    fused_attention: bool = (
+        False  # a fused flash-attention kernel: the bound stands (probe.measure)
+    )
     _probe: object = None
-    _last: tuple = None        # the last step's (zero counts tensor, scale, overflow)
+    _last: tuple = None  # the last step's (zero counts tensor, scale, overflow)
 
     @property
     def scaled(self) -> bool:
@@ -64,8 +69,8 @@ class Engine:
 
     def step(self, inputs, labels):
         n = len(inputs) // self.micro
-        xs = [ms.Tensor(inputs[j * n:(j + 1) * n]) for j in range(self.micro)]
-        ys = [ms.Tensor(labels[j * n:(j + 1) * n]) for j in range(self.micro)]
+        xs = [ms.Tensor(inputs[j * n : (j + 1) * n]) for j in range(self.micro)]
+        ys = [ms.Tensor(labels[j * n : (j + 1) * n]) for j in range(self.micro)]
         out = self.run_micro(xs, ys)
         loss, overflow, scale = (o.asnumpy() for o in out[:3])
         if self.scaled:  # the counts stay a tensor: read once, after the last step
@@ -87,8 +92,14 @@ class Engine:
                 self._probe = self.make_probe()
             return self._probe(inputs, labels, scale)
 
-        return probe_mod.measure(bound, probe, world_sum, always=self.probe_always,
-                                 fused_attention=self.fused_attention, **rule)
+        return probe_mod.measure(
+            bound,
+            probe,
+            world_sum,
+            always=self.probe_always,
+            fused_attention=self.fused_attention,
+            **rule,
+        )
 
 
 def _decays(param) -> bool:
@@ -110,15 +121,25 @@ def make_optimizer(params, learning_rate, state_dtype=ms.float32):
     FP32StateAdamWeightDecay — take MindSpore's unfused update, which computes in float32 and
     stores each buffer in its own dtype (the fused kernel wants one dtype). The optimizer's
     parameters come in :func:`optimizer_order`."""
-    groups = [{"params": [p for p in params if _decays(p)], "weight_decay": 0.1},
-              {"params": [p for p in params if not _decays(p)], "weight_decay": 0.0}]
-    optimizer = nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=learning_rate,
-                                   beta1=0.9, beta2=0.95, eps=1e-8)
+    groups = [
+        {"params": [p for p in params if _decays(p)], "weight_decay": 0.1},
+        {"params": [p for p in params if not _decays(p)], "weight_decay": 0.0},
+    ]
+    optimizer = nn.AdamWeightDecay(
+        [g for g in groups if g["params"]],
+        learning_rate=learning_rate,
+        beta1=0.9,
+        beta2=0.95,
+        eps=1e-8,
+    )
     if any(p.dtype != state_dtype for p in optimizer.parameters):
+
         def moments(prefix):
-            return ParameterTuple(ms.Parameter(initializer("zeros", p.shape, state_dtype),
-                                               name=f"{prefix}.{p.name}")
-                                  for p in optimizer.parameters)
+            return ParameterTuple(
+                ms.Parameter(initializer("zeros", p.shape, state_dtype), name=f"{prefix}.{p.name}")
+                for p in optimizer.parameters
+            )
+
         optimizer.moments1, optimizer.moments2 = moments("adam_m"), moments("adam_v")
         optimizer.use_fused_opt = False
     return optimizer
@@ -138,7 +159,9 @@ def _owned(cfg: dict, placement: Placement, network) -> set:
     if model.get("entry"):
         return {p.name for p in network.trainable_params()}
     plan, _ = layout.builtin_layout(model, placement.tp, placement.pp)
-    return {name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0}
+    return {
+        name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0
+    }
 
 
 def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int, jit_level, owned):
@@ -147,11 +170,23 @@ def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int
     model = cfg["model"]
 
     def make():
-        twin = entry.build(cfg, placement)[0] if model.get("entry") else models.build_network(model, placement)
+        twin = (
+            entry.build(cfg, placement)[0]
+            if model.get("entry")
+            else models.build_network(model, placement)
+        )
         APPLIES.call(cfg["knobs"], twin, cfg)  # as the candidate trains: its memory, not more
         micro_batch = cfg["train"]["global_batch_size"] // (placement.dp * micro)
-        return probe_mod.UnderflowProbe(network, twin, loss_fn, placement, micro=micro, owned=owned,
-                                        boundary=_boundary(model, micro_batch), jit_level=jit_level)
+        return probe_mod.UnderflowProbe(
+            network,
+            twin,
+            loss_fn,
+            placement,
+            micro=micro,
+            owned=owned,
+            boundary=_boundary(model, micro_batch),
+            jit_level=jit_level,
+        )
 
     return make
 
@@ -169,8 +204,11 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     knobs, model, train, trial = cfg["knobs"], cfg["model"], cfg["train"], cfg["trial"]
     ms.set_seed(cfg.get("seed", 0))  # an entry model draws its own weights: identical on every rank
     network, loss_fn, dataset = entry.build(cfg, placement)
-    fused_attention = bool(model.get("flash_attention") and not model.get("entry")
-                           and BACKENDS[cfg.get("backend", DEFAULT_BACKEND)].fused_attention)
+    fused_attention = bool(
+        model.get("flash_attention")
+        and not model.get("entry")
+        and BACKENDS[cfg.get("backend", DEFAULT_BACKEND)].fused_attention
+    )
     if fused_attention:
         fused.use_fused_attention(network, model["seq_length"])
     dtype = model.get("dtype", "float32")
@@ -182,18 +220,28 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     if trial.get("schedule", "compressed") == "full":
         warmup, total = knobs["warmup_steps"], train["total_steps"]
     else:
-        warmup, total = schedule.trial_schedule(knobs["warmup_steps"], train["total_steps"], trial["steps"])
+        warmup, total = schedule.trial_schedule(
+            knobs["warmup_steps"], train["total_steps"], trial["steps"]
+        )
     p, micro = placement, micro_steps(knobs)
     weights = ParameterTuple(optimizer_order(network.trainable_params()))
     sharding = None
     if knobs.get("parallel_optimizer"):
-        sharding = sharding_mod.plan(weights, model, p, layout.DTYPE_BYTES[model.get("param_dtype", "float32")])
-    optimizer = make_optimizer(list(weights) if sharding is None else sharding.update_params,
-                               schedule.WarmupCosineLR(train["learning_rate"], warmup, total),
-                               COMPUTE[model.get("optimizer_dtype", "float32")])
+        sharding = sharding_mod.plan(
+            weights, model, p, layout.DTYPE_BYTES[model.get("param_dtype", "float32")]
+        )
+    optimizer = make_optimizer(
+        list(weights) if sharding is None else sharding.update_params,
+        schedule.WarmupCosineLR(train["learning_rate"], warmup, total),
+        COMPUTE[model.get("optimizer_dtype", "float32")],
+    )
     scaling = dtype == "float16"
-    parallel = step.Parallelism(p.dp, p.dp_group, agree=p.tp > 1 or p.pp > 1,
-                                loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0)
+    parallel = step.Parallelism(
+        p.dp,
+        p.dp_group,
+        agree=p.tp > 1 or p.pp > 1,
+        loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0,
+    )
     jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
     loss_scale = knobs["loss_scale"] if scaling else 1.0
     make_probe = bound = None
@@ -204,13 +252,26 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     probe_rule = trial.get("underflow_probe", "auto")
     if probe_rule not in ("auto", "always"):
         raise ConfigError(f"trial.underflow_probe: {probe_rule!r} is not auto or always")
-    underflow = dict(make_probe=make_probe, bound=bound, probe_always=probe_rule == "always",
-                     fused_attention=fused_attention)
+    underflow = dict(
+        make_probe=make_probe,
+        bound=bound,
+        probe_always=probe_rule == "always",
+        fused_attention=fused_attention,
+    )
     if p.pp == 1:
-        accumulate, apply = step.build_steps(network, loss_fn, optimizer, accum_steps=micro, scaling=scaling,
-                                             loss_scale=loss_scale, scale_window=scale_window,
-                                             jit_level=jit_level, parallel=parallel, weights=weights,
-                                             sharding=sharding)
+        accumulate, apply = step.build_steps(
+            network,
+            loss_fn,
+            optimizer,
+            accum_steps=micro,
+            scaling=scaling,
+            loss_scale=loss_scale,
+            scale_window=scale_window,
+            jit_level=jit_level,
+            parallel=parallel,
+            weights=weights,
+            sharding=sharding,
+        )
 
         def run_micro(xs, ys):
             if accumulate is None:
@@ -219,23 +280,44 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
                 accumulate(x, y)
             return apply()
 
-        return Engine(network, optimizer, apply.state, dataset, run_micro, micro, sharding=sharding,
-                      **underflow)
+        return Engine(
+            network,
+            optimizer,
+            apply.state,
+            dataset,
+            run_micro,
+            micro,
+            sharding=sharding,
+            **underflow,
+        )
 
     state = step.TrainState(weights, micro, loss_scale, scale_window, count_zeros=scaling)
-    cells = {"apply": step.ApplyStep(optimizer, state, accum_steps=micro, scaling=scaling, parallel=parallel,
-                                     weights=weights, sharding=sharding)}
+    cells = {
+        "apply": step.ApplyStep(
+            optimizer,
+            state,
+            accum_steps=micro,
+            scaling=scaling,
+            parallel=parallel,
+            weights=weights,
+            sharding=sharding,
+        )
+    }
     if p.last:
-        cells["last"] = step.AccumulateStep(step.NetWithLoss(network, loss_fn), weights, state, micro,
-                                            input_grad=True)
+        cells["last"] = step.AccumulateStep(
+            step.NetWithLoss(network, loss_fn), weights, state, micro, input_grad=True
+        )
     else:
         cells["forward"] = pipeline.StageForward(network, COMPUTE[dtype])
-        cells["backward"] = pipeline.StageBackward(pipeline.StageForward(network, COMPUTE[dtype]), weights,
-                                                   state, micro, p.first)
+        cells["backward"] = pipeline.StageBackward(
+            pipeline.StageForward(network, COMPUTE[dtype]), weights, state, micro, p.first
+        )
     for cell in cells.values():
         cell.set_train()
         if jit_level:
             cell.set_jit_config(ms.JitConfig(jit_level=jit_level))
     micro_batch = train["global_batch_size"] // (p.dp * micro)
     stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
-    return Engine(network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **underflow)
+    return Engine(
+        network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **underflow
+    )

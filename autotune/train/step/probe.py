@@ -162,7 +162,9 @@ class UnderflowProbe:
     the same network built without float16 compute; ``owned``: names of the parameters this rank
     counts; ``boundary``: the shape a micro-batch's hidden state has between pipeline stages."""
 
-    def __init__(self, network, twin, loss_fn, placement, *, micro: int, owned, boundary, jit_level=None):
+    def __init__(
+        self, network, twin, loss_fn, placement, *, micro: int, owned, boundary, jit_level=None
+    ):
         share_parameters(twin, network)
         params = [p for p in network.trainable_params() if p.name in owned]
         self.elements = sum(int(np.prod(p.shape)) for p in params)
@@ -174,8 +176,10 @@ class UnderflowProbe:
         cells = [self.half, self.full]
         if placement.pp > 1:
             self.stages = {}
-            for name, cell, net, dtype in (("half", self.half, network, ms.float16),
-                                           ("full", self.full, twin, ms.float32)):
+            for name, cell, net, dtype in (
+                ("half", self.half, network, ms.float16),
+                ("full", self.full, twin, ms.float32),
+            ):
                 collect = _Collect(cell)
                 stage_cells = {"apply": lambda collect=collect: collect.result}
                 if placement.last:
@@ -184,7 +188,10 @@ class UnderflowProbe:
                     stage_cells["backward"] = collect
                     stage_cells["forward"] = StageForward(net, dtype)
                     cells.append(stage_cells["forward"])
-                self.stages[name] = (collect, PipelineStage(placement, stage_cells, 1, boundary, dtype))
+                self.stages[name] = (
+                    collect,
+                    PipelineStage(placement, stage_cells, 1, boundary, dtype),
+                )
         for cell in cells:
             cell.set_train()
             if jit_level:
@@ -201,12 +208,14 @@ class UnderflowProbe:
         sens, one = ms.Tensor(float(scale), ms.float32), ms.Tensor(1.0, ms.float32)
         kept = 0
         for j in range(self.micro):
-            x, y = ms.Tensor(inputs[j * n:(j + 1) * n]), ms.Tensor(labels[j * n:(j + 1) * n])
+            x, y = ms.Tensor(inputs[j * n : (j + 1) * n]), ms.Tensor(labels[j * n : (j + 1) * n])
             if self.placement.pp == 1:
                 masks = self.half(x, y, sens)[1]
             else:
                 masks = self._pipeline("half", x, y, sens)
-            masks = ms.mutable(tuple(masks))  # a variable input: a constant tuple recompiles per call
+            masks = ms.mutable(
+                tuple(masks)
+            )  # a variable input: a constant tuple recompiles per call
             if self.placement.pp == 1:
                 counts = self.full(x, y, one, masks)[1]
             else:
@@ -228,8 +237,11 @@ def token_tables(network) -> list:
     built-in families declare theirs (`autotune.train.parallel.tp_layers.VocabParallelEmbedding`
     ``ids_only``), a user's network none unless it says so, and then the bound subtracts
     nothing for it — a larger bound, the probe run where it must."""
-    return [cell.token_table for _, cell in network.cells_and_names()
-            if getattr(cell, "token_table", None) is not None]
+    return [
+        cell.token_table
+        for _, cell in network.cells_and_names()
+        if getattr(cell, "token_table", None) is not None
+    ]
 
 
 class UnderflowBound:
@@ -241,8 +253,11 @@ class UnderflowBound:
     def __init__(self, network, weights, owned, micro: int):
         self.counted = np.array([p.name in owned for p in weights], bool)
         self.elements = sum(int(np.prod(p.shape)) for p in weights if p.name in owned) * micro
-        self.tables = [(start, int(table.shape[0]), int(np.prod(table.shape[1:])))
-                       for table, start in token_tables(network) if table.name in owned]
+        self.tables = [
+            (start, int(table.shape[0]), int(np.prod(table.shape[1:])))
+            for table, start in token_tables(network)
+            if table.name in owned
+        ]
         self.micro = micro
 
     def structural(self, ids) -> int:
@@ -255,12 +270,20 @@ class UnderflowBound:
 
     def __call__(self, zero_counts, inputs):
         n = len(inputs) // self.micro
-        structural = sum(self.structural(inputs[j * n:(j + 1) * n]) for j in range(self.micro))
+        structural = sum(self.structural(inputs[j * n : (j + 1) * n]) for j in range(self.micro))
         return int(np.asarray(zero_counts)[self.counted].sum()) - structural, self.elements
 
 
-def measure(bound, probe, world_sum, *, always: bool = False, fused_attention: bool = False,
-            out_of_memory=lambda exc: isinstance(exc, MemoryError), before_probe=None) -> dict:
+def measure(
+    bound,
+    probe,
+    world_sum,
+    *,
+    always: bool = False,
+    fused_attention: bool = False,
+    out_of_memory=lambda exc: isinstance(exc, MemoryError),
+    before_probe=None,
+) -> dict:
     """The rule of the module doc: ``bound`` is this rank's ``(zeros, elements)`` or None (no
     bound: the same on every rank, which agree on overflows and scale), ``probe`` a callable
     returning this rank's ``(kept, elements)`` (`UnderflowProbe`), ``world_sum(values)`` the
@@ -279,12 +302,20 @@ def measure(bound, probe, world_sum, *, always: bool = False, fused_attention: b
     """
     z = 1.0 if bound is None else _ratio(world_sum([float(bound[0]), float(bound[1])]))
     if z <= SKIP_BELOW and not always:
-        return {"underflow_share": z, "underflow_bound": z, "underflow_probed": False,
-                "underflow_note": None}
+        return {
+            "underflow_share": z,
+            "underflow_bound": z,
+            "underflow_probed": False,
+            "underflow_note": None,
+        }
     if fused_attention:
-        return {"underflow_share": z, "underflow_bound": z, "underflow_probed": False,
-                "underflow_note": "flash attention: the float32 probe cannot run the fused "
-                                  "kernel, so the bound stands for the share"}
+        return {
+            "underflow_share": z,
+            "underflow_bound": z,
+            "underflow_probed": False,
+            "underflow_note": "flash attention: the float32 probe cannot run the fused "
+            "kernel, so the bound stands for the share",
+        }
     if before_probe is not None:
         before_probe(z)
     note = None
@@ -298,10 +329,18 @@ def measure(bound, probe, world_sum, *, always: bool = False, fused_attention: b
         note = f"out of memory in the underflow probe: {type(exc).__name__}: {first}"[:500]
     kept, elements, failed = world_sum([float(kept), float(elements), float(note is not None)])
     if failed:
-        return {"underflow_share": None, "underflow_bound": z, "underflow_probed": False,
-                "underflow_note": note or "out of memory in the underflow probe on another rank"}
-    return {"underflow_share": _ratio([kept, elements]), "underflow_bound": z,
-            "underflow_probed": True, "underflow_note": None}
+        return {
+            "underflow_share": None,
+            "underflow_bound": z,
+            "underflow_probed": False,
+            "underflow_note": note or "out of memory in the underflow probe on another rank",
+        }
+    return {
+        "underflow_share": _ratio([kept, elements]),
+        "underflow_bound": z,
+        "underflow_probed": True,
+        "underflow_note": None,
+    }
 
 
 def _ratio(pair) -> float:

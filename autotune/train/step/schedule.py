@@ -26,7 +26,9 @@ def warmup_cosine(step, learning_rate, warmup_steps, total_steps, end_learning_r
     if step < warmup_steps:
         return learning_rate * (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return end_learning_rate + (learning_rate - end_learning_rate) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return end_learning_rate + (learning_rate - end_learning_rate) * 0.5 * (
+        1.0 + math.cos(math.pi * progress)
+    )
 
 
 def trial_schedule(warmup_steps, total_steps, trial_steps):
@@ -45,11 +47,14 @@ class WarmupCosineLR(LearningRateSchedule):
     def __init__(self, learning_rate, warmup_steps, total_steps, end_learning_rate=0.0):
         super().__init__()
         if learning_rate <= 0 or warmup_steps < 0 or total_steps < 1:
-            raise ValueError("WarmupCosineLR: need learning_rate > 0, warmup_steps >= 0, total_steps >= 1")
+            raise ValueError(
+                "WarmupCosineLR: need learning_rate > 0, warmup_steps >= 0, total_steps >= 1"
+            )
 
         def number(name, value):
-            return ms.Parameter(ms.Tensor(float(value), ms.float32), name=f"lr_schedule.{name}",
-                                requires_grad=False)
+            return ms.Parameter(
+                ms.Tensor(float(value), ms.float32), name=f"lr_schedule.{name}", requires_grad=False
+            )
 
         self.lr_max = number("lr_max", learning_rate)
         self.lr_end = number("lr_end", end_learning_rate)
@@ -60,5 +65,7 @@ class WarmupCosineLR(LearningRateSchedule):
         step = ops.cast(global_step, ms.float32).reshape(())
         warm = self.lr_max * (step + 1.0) / ops.maximum(self.warmup, 1.0)
         progress = ops.clamp((step - self.warmup) / self.decay, 0.0, 1.0)
-        cosine = self.lr_end + (self.lr_max - self.lr_end) * 0.5 * (1.0 + ops.cos(progress * math.pi))
+        cosine = self.lr_end + (self.lr_max - self.lr_end) * 0.5 * (
+            1.0 + ops.cos(progress * math.pi)
+        )
         return ops.select(step < self.warmup, warm, cosine)

@@ -83,16 +83,21 @@ def zero_counts(grads):
 
 
 def _keeps_float32(cell) -> bool:
-    return (isinstance(cell, (nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d))
-            or getattr(cell, "keep_float32", False))
+    return isinstance(
+        cell, (nn.LayerNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    ) or getattr(cell, "keep_float32", False)
 
 
 def set_param_dtype(network: nn.Cell, dtype) -> nn.Cell:
     """Keep ``network``'s parameters in ``dtype`` (``model.param_dtype``, MindFormers'
     ``param_init_type``), their gradients and accumulators with them; a norm's stay float32,
     as MindFormers keeps them in ``layernorm_compute_type``."""
-    kept = {id(p) for _, cell in network.cells_and_names() if _keeps_float32(cell)
-            for p in cell.get_parameters(expand=False)}
+    kept = {
+        id(p)
+        for _, cell in network.cells_and_names()
+        if _keeps_float32(cell)
+        for p in cell.get_parameters(expand=False)
+    }
     for param in network.get_parameters():
         if id(param) not in kept and param.dtype != dtype:
             param.set_dtype(dtype)
@@ -134,14 +139,23 @@ class TrainState(nn.Cell):
 
     def __init__(self, weights, accum_steps, loss_scale, scale_window, count_zeros=False):
         super().__init__(auto_prefix=False)
-        self.accum = weights.clone(prefix="accum", init="zeros") if accum_steps > 1 else ParameterTuple(())
-        self.loss_sum = ms.Parameter(ms.Tensor(0.0, ms.float32), name="accum.loss", requires_grad=False)
+        self.accum = (
+            weights.clone(prefix="accum", init="zeros") if accum_steps > 1 else ParameterTuple(())
+        )
+        self.loss_sum = ms.Parameter(
+            ms.Tensor(0.0, ms.float32), name="accum.loss", requires_grad=False
+        )
         self.count_zeros = count_zeros
         if count_zeros and accum_steps > 1:
-            self.zeros = ms.Parameter(ms.Tensor(np.zeros(len(weights), np.int64)), name="accum.zeros",
-                                      requires_grad=False)
-        self.scale = ms.Parameter(ms.Tensor(float(loss_scale), ms.float32), name="loss_scale", requires_grad=False)
-        self.updater = nn.DynamicLossScaleUpdateCell(float(loss_scale), scale_factor=2, scale_window=scale_window)
+            self.zeros = ms.Parameter(
+                ms.Tensor(np.zeros(len(weights), np.int64)), name="accum.zeros", requires_grad=False
+            )
+        self.scale = ms.Parameter(
+            ms.Tensor(float(loss_scale), ms.float32), name="loss_scale", requires_grad=False
+        )
+        self.updater = nn.DynamicLossScaleUpdateCell(
+            float(loss_scale), scale_factor=2, scale_window=scale_window
+        )
 
 
 @dataclass(frozen=True)
@@ -160,8 +174,17 @@ class Parallelism:
 class _Update(nn.Cell):
     """Reduce over dp, unscale, agree on overflow, update, zero the accumulators."""
 
-    def __init__(self, optimizer, state, *, accum_steps, scaling, parallel: Parallelism, weights=None,
-                 sharding=None):
+    def __init__(
+        self,
+        optimizer,
+        state,
+        *,
+        accum_steps,
+        scaling,
+        parallel: Parallelism,
+        weights=None,
+        sharding=None,
+    ):
         super().__init__(auto_prefix=False)
         # the network's weights: the optimizer's own parameters unless it updates shards of them
         self.weights = optimizer.parameters if weights is None else weights
@@ -176,8 +199,9 @@ class _Update(nn.Cell):
             group = {"group": parallel.dp_group} if parallel.dp_group else {}
             # Pure DP: the loss sum rides along as one more "gradient" of the fused all-reduce.
             reduced = tuple(self.weights) + ((state.loss_sum,) if self.loss_rides else ())
-            self.reducer = nn.DistributedGradReducer(ParameterTuple(reduced), mean=True,
-                                                     degree=parallel.dp, **group)
+            self.reducer = nn.DistributedGradReducer(
+                ParameterTuple(reduced), mean=True, degree=parallel.dp, **group
+            )
         self.agree = ops.AllReduce() if parallel.agree else None
         self.loss_weight = ms.Tensor(parallel.loss_weight, ms.float32)
 
@@ -194,7 +218,9 @@ class _Update(nn.Cell):
             grads = self.hyper_map(ops.partial(_mul, ops.reciprocal(scale)), grads)
             finite = ops.stack(self.hyper_map(_finite, grads)).all()
         if self.agree is not None:
-            verdict = self.agree(ops.stack((1.0 - ops.cast(finite, ms.float32), loss * self.loss_weight)))
+            verdict = self.agree(
+                ops.stack((1.0 - ops.cast(finite, ms.float32), loss * self.loss_weight))
+            )
             finite, loss = verdict[0] < 0.5, verdict[1]
         if self.scaling:
             overflow = self.state.updater(self.state.scale, ops.logical_not(finite))
@@ -204,14 +230,18 @@ class _Update(nn.Cell):
             if self.sharding is None:
                 loss = ops.depend(loss, self.optimizer(grads))
             else:
-                updated = ops.depend(ops.zeros((), ms.float32), self.optimizer(self.sharding.cut(grads)))
+                updated = ops.depend(
+                    ops.zeros((), ms.float32), self.optimizer(self.sharding.cut(grads))
+                )
                 loss = ops.depend(loss, self.sharding.gather(updated))
         if self.accum_steps > 1:
             # zero the accumulators for the next step, after the update has consumed them
             zeroed = self.hyper_map(_zero, self.state.accum)
             loss = ops.depend(loss, ops.assign(self.state.loss_sum, ops.zeros_like(loss)))
             if self.state.count_zeros:
-                loss = ops.depend(loss, ops.assign(self.state.zeros, ops.zeros_like(self.state.zeros)))
+                loss = ops.depend(
+                    loss, ops.assign(self.state.zeros, ops.zeros_like(self.state.zeros))
+                )
             loss = ops.depend(loss, zeroed)
         return loss, overflow
 
@@ -222,9 +252,18 @@ class TrainStep(_Update):
     the scale this step used — and, when the state counts zeros, the step's :func:`zero_counts`.
     """
 
-    def __init__(self, net_with_loss, optimizer, state, *, scaling, parallel, weights=None, sharding=None):
-        super().__init__(optimizer, state, accum_steps=1, scaling=scaling, parallel=parallel,
-                         weights=weights, sharding=sharding)
+    def __init__(
+        self, net_with_loss, optimizer, state, *, scaling, parallel, weights=None, sharding=None
+    ):
+        super().__init__(
+            optimizer,
+            state,
+            accum_steps=1,
+            scaling=scaling,
+            parallel=parallel,
+            weights=weights,
+            sharding=sharding,
+        )
         self.network = net_with_loss
         self.network.set_grad()
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
@@ -257,12 +296,20 @@ class AccumulateStep(nn.Cell):
 
     def construct(self, inputs, labels):
         loss = self.network(inputs, labels)
-        grads = self.grad(self.network, self.weights)(inputs, labels, ops.ones_like(loss) * self.state.scale)
+        grads = self.grad(self.network, self.weights)(
+            inputs, labels, ops.ones_like(loss) * self.state.scale
+        )
         params = grads[1] if self.input_grad else grads
-        counted = ops.assign_add(self.state.zeros, zero_counts(params)) if self.state.count_zeros else loss
+        counted = (
+            ops.assign_add(self.state.zeros, zero_counts(params))
+            if self.state.count_zeros
+            else loss
+        )
         scaled = self.hyper_map(ops.partial(_mul, self.inv_k), params)
         params = self.hyper_map(_accumulate, self.state.accum, scaled)
-        done = ops.depend(ops.depend(ops.assign_add(self.state.loss_sum, loss * self.inv_k), params), counted)
+        done = ops.depend(
+            ops.depend(ops.assign_add(self.state.loss_sum, loss * self.inv_k), params), counted
+        )
         return ops.depend(grads[0][0], done) if self.input_grad else done
 
 
@@ -281,8 +328,20 @@ class ApplyStep(_Update):
         return (loss, overflow, scale, zeros) if self.state.count_zeros else (loss, overflow, scale)
 
 
-def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale, scale_window=SCALE_WINDOW,
-                jit_level=None, parallel: Parallelism | None = None, weights=None, sharding=None):
+def build_steps(
+    network,
+    loss_fn,
+    optimizer,
+    *,
+    accum_steps,
+    scaling,
+    loss_scale,
+    scale_window=SCALE_WINDOW,
+    jit_level=None,
+    parallel: Parallelism | None = None,
+    weights=None,
+    sharding=None,
+):
     """``(accumulate_cell or None, apply_cell)`` for ``network`` trained by ``optimizer`` without
     pipeline stages: with K = ``accum_steps`` > 1 a step is K calls of the :class:`AccumulateStep`
     (one per micro-batch) and one of the :class:`ApplyStep` (no inputs); with K = 1 one call of
@@ -297,11 +356,15 @@ def build_steps(network, loss_fn, optimizer, *, accum_steps, scaling, loss_scale
     parallel = parallel or Parallelism()
     net_with_loss = NetWithLoss(network, loss_fn)
     weights = optimizer.parameters if weights is None else weights
-    state = TrainState(weights, accum_steps, loss_scale if scaling else 1.0, scale_window, count_zeros=scaling)
+    state = TrainState(
+        weights, accum_steps, loss_scale if scaling else 1.0, scale_window, count_zeros=scaling
+    )
     update = dict(scaling=scaling, parallel=parallel, weights=weights, sharding=sharding)
     if accum_steps > 1:
-        cells = [AccumulateStep(net_with_loss, weights, state, accum_steps),
-                 ApplyStep(optimizer, state, accum_steps=accum_steps, **update)]
+        cells = [
+            AccumulateStep(net_with_loss, weights, state, accum_steps),
+            ApplyStep(optimizer, state, accum_steps=accum_steps, **update),
+        ]
     else:
         cells = [TrainStep(net_with_loss, optimizer, state, **update)]
     for cell in cells:
