@@ -20,6 +20,12 @@ starting with `CANDIDATE_STARTED`; a failure ends with the one-line verdict
 ``autotune.train: <ExceptionType>: <message>``, which starts with `LAUNCH_FAILED` when the
 launch itself failed (the candidate's own code never ran).
 
+Inside: the program, its config and its metrics at the top (`program`, `config`, `metrics`,
+`checkpoint`, `knob_hooks`, `msrun`); `models` (what a rank trains: the networks by family, a
+user's entry, weights, data), `parallel` (a rank's part of the layout on explicit collectives),
+`step` (the training step and what it is built from) and `runtime` (the process around it:
+session, device, compile cache, warm workers).
+
 Importing this package does not import MindSpore. The package is what runs on the training
 cluster — trials and exported runs — plus the msrun command line they are launched with
 (`autotune.train.msrun`); it imports of autotune only `autotune.layout`, `autotune.families`,

@@ -1,14 +1,13 @@
 """The smaller verbs as a user runs them: estimate, validate, studies, compare."""
 
 import json
-from pathlib import Path
 
 import pandas as pd
 
 import autotune
 from autotune.cli import main
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 LLAMA = str(ROOT / "examples" / "llama7b_64dev_simulate.yaml")
 
 

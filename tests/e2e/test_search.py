@@ -18,7 +18,7 @@ import autotune
 from autotune.cli import main
 from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage import counting
-from tests.conftest import SIM8_MODEL, TINY_GPT_MODEL
+from tests.conftest import ROOT, SIM8_MODEL, TINY_GPT_MODEL, stop_cluster
 
 TINY_CPU = (
     "study: tiny\n"
@@ -324,43 +324,6 @@ def test_simulate_grid_enumerates_once_and_resume_loses_nothing(tmp_path):
 ONE_DEVICE = TINY_CPU.replace("devices: 2, devices_per_node: 2", "devices: 1, devices_per_node: 1")
 
 
-def stop_cluster(temp: str) -> None:
-    """End the Ray cluster started with ``--temp-dir=temp``: its raylet and GCS name that folder,
-    and the agents and workers they start (which rename themselves ``ray::…``) descend from them.
-    (`ray stop` would end every Ray on the machine, other users' studies included.)"""
-    import signal
-    import time
-
-    def members():
-        parent, named = {}, set()
-        for entry in os.scandir("/proc"):
-            try:
-                if not entry.name.isdigit():
-                    continue
-                stat = Path(entry.path, "stat").read_text()
-                parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-                if temp in Path(entry.path, "cmdline").read_bytes().decode(errors="replace"):
-                    named.add(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
-        found, grew = set(named), True
-        while grew:
-            more = {pid for pid, ppid in parent.items() if ppid in found} - found
-            found |= more
-            grew = bool(more)
-        return sorted(found)
-
-    for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        for pid in members():
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while members() and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_joins_an_existing_ray_cluster_and_runs_trials_side_by_side(tmp_path, monkeypatch):
     from autotune.execution.runner import free_port
@@ -574,7 +537,6 @@ def test_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the_con
 
 # Failure memory (autotune.study.retry): a candidate's own failure is remembered, an
 # infrastructure failure is retried once. A user model on one device keeps the trials short.
-ROOT = Path(__file__).resolve().parents[2]
 USER_MODEL = """
 study: fail
 model: {entry: "{entry}", dtype: float32, input_size: 4, num_classes: 3}

@@ -2,19 +2,18 @@
 on an embedded Ray, one real trial program."""
 
 import time
-from pathlib import Path
 
 import pytest
 
 from autotune.execution.dispatch import Dispatcher
 from autotune.procfs import cmdline, snapshot
 from autotune.spec.backends import BACKENDS
+from tests.conftest import ROOT
 
 # multi-process proof: make test-slow
 pytestmark = pytest.mark.slow
 
 
-ROOT = Path(__file__).resolve().parents[2]
 # a model whose process takes its time to stop: SIGTERM is ignored, so the runner's grace
 # (STOP_GRACE_S) runs out before its SIGKILL
 STUBBORN = """

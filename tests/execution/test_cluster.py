@@ -17,8 +17,7 @@ import pytest
 
 import autotune
 from autotune.execution.runner import free_port, run_trial
-from tests.conftest import TINY_GPT_MODEL
-from tests.e2e.test_search import stop_cluster
+from tests.conftest import TINY_GPT_MODEL, stop_cluster
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow

@@ -1,17 +1,15 @@
 """How the runner classifies a trial that does not end well: the real trial program, killed or
 failing, one worker (no msrun) to stay fast."""
 
-from pathlib import Path
-
 import pytest
 
 from autotune.execution import runner
 from autotune.execution.runner import run_trial
+from tests.conftest import ROOT
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 
 FAILING_ENTRY = """
 import sys

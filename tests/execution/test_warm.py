@@ -20,10 +20,10 @@ from autotune.execution.warm import WarmPool
 from autotune.spec.candidate import Candidate
 from autotune.spec.model_yaml import load_spec
 from autotune.train.config import trial_config
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 DP2 = Candidate(2, 1, 1, 1, 64, 1, 1024, 0, "O1", "none")
 TP2 = DP2.replace(dp=1, tp=2)
 PEAK_NOISE = 0.08  # warm against fresh; docs/mindspore-cpu.md ("Warm workers") has the figures

@@ -32,11 +32,11 @@ from autotune.export import write_export
 from autotune.spec.candidate import Candidate
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.model_yaml import load_spec
+from tests.conftest import ROOT
 from tests.export.test_export import TRIAL, make_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 MF_PYTHON = ROOT / ".venv-mindformers" / "bin" / "python"
 HERE = ROOT / "tests" / "mindformers"
 FIXTURES = ROOT / "tests" / "fixtures" / "mindformers"

@@ -18,7 +18,7 @@ from autotune.export import write_export  # noqa: E402
 from autotune.layout import rank_coords  # noqa: E402
 from autotune.spec.candidate import Candidate  # noqa: E402
 from autotune.spec.model_yaml import parse_spec  # noqa: E402
-from tests.train.test_program import _free_port, run  # noqa: E402
+from tests.conftest import free_port, run  # noqa: E402
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow
@@ -85,7 +85,7 @@ def export(
 
 def launch(out: Path, *args) -> list[dict]:
     """``bash launch.sh ARGS`` as a user runs it, with this venv's python and msrun first on PATH."""
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "GLOG_v": "3"}
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "GLOG_v": "3"}
     run_dir = Path(args[args.index("--out") + 1]) if "--out" in args else out / "run"
     code, _, err = run(["bash", out / "launch.sh", *args], timeout=400, env=env)
     logs = "".join(p.read_text()[-1500:] for p in sorted((run_dir / "logs").glob("*.log")))

@@ -3,12 +3,11 @@ its checklist names."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
+
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 

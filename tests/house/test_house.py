@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MINI_MODEL
+from tests.conftest import MINI_MODEL, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "autotune"
 LINT = Path(sys.executable).with_name("lint-imports")
 

@@ -20,7 +20,8 @@ import optuna
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT
+
 PINNED = ROOT / "tests" / "fixtures" / "pinned_proposals.json"
 STUDIES = [("tiny-gpt", "auto"), ("tiny-gpt", "tpe"), ("llama7b-64", "auto"), ("llama7b-64", "tpe")]
 ROLES = ("baseline", "repeat_of", "confirm_of", "retry_of", "proposed_by")

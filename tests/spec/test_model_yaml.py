@@ -4,7 +4,6 @@ prints no traceback and writes nothing."""
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,7 @@ from autotune.cli import main
 from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import load_spec
 from autotune.spec.space import build_space
-from tests.conftest import MINI_MODEL
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import MINI_MODEL, ROOT
 
 GOOD = (
     "\nstudy: t\n"

@@ -2,14 +2,13 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from autotune.spec.errors import SpecError
 from autotune.spec.yaml_file import load_yaml
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 LEVELS = "abcdefghi"
 
 

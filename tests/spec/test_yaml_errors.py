@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from tests.conftest import ROOT
 from tests.spec.test_yaml_bomb import bomb
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # (the bad part, what the error must say); each document is a mapping around it
 BAD = {

@@ -10,7 +10,6 @@ from optuna.trial import TrialState
 from sqlalchemy import event
 
 from autotune.storage.writes import batched
-from tests.storage.test_drivers import postgres  # noqa: F401  (the fixture: a server of its own)
 
 
 def _fill(trial) -> None:
@@ -76,7 +75,7 @@ def test_a_batched_trial_stores_what_one_by_one_writes_store_in_one_commit_on_sq
 
 
 @pytest.mark.slow
-def test_a_batched_trial_stores_what_one_by_one_writes_store_in_one_commit_on_postgresql(postgres):  # noqa: F811
+def test_a_batched_trial_stores_what_one_by_one_writes_store_in_one_commit_on_postgresql(postgres):
     _same_as_one_by_one(postgres)
 
 
@@ -113,7 +112,7 @@ def test_a_trial_ended_with_its_writes_is_stored_as_tell_stores_it_on_sqlite(tmp
 
 
 @pytest.mark.slow
-def test_a_trial_ended_with_its_writes_is_stored_as_tell_stores_it_on_postgresql(postgres):  # noqa: F811
+def test_a_trial_ended_with_its_writes_is_stored_as_tell_stores_it_on_postgresql(postgres):
     _ended_as_tell_ends(postgres)
 
 

@@ -19,9 +19,8 @@ import pytest
 import autotune
 import autotune.train
 from autotune.train.runtime import compile_cache
-from tests.train.test_program import make_config, run  # noqa: E402
+from tests.conftest import make_config, run  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 # Runs the trial program on a config, then writes which autotune modules the process imported.
 TRIAL_AND_MODULES = """
 import json, sys

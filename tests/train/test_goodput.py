@@ -12,7 +12,7 @@ import pytest
 
 from autotune.stopping.pruning import SlowTrialPruner, StepWatcher
 from autotune.train.metrics import StepLog, backoff_steps, rising
-from tests.train.test_program import train  # noqa: E402
+from tests.conftest import train  # noqa: E402
 
 
 def test_rising_needs_a_trend_beyond_noise():

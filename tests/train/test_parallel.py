@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from autotune import layout
+from autotune.train import PROGRAM_PATH
 from autotune.train.models.transformer import MASK_VALUE
 from autotune.train.parallel.pipeline import schedule
-from tests.train.test_program import BIN, PROGRAM_PATH, _free_port, make_config, run  # noqa: E402
+from tests.conftest import BIN, free_port, make_config, run  # noqa: E402
 
 TRANSFORMER = {
     "family": "transformer",
@@ -186,7 +187,7 @@ def _launch(out, knobs, steps=4, model=None, dtype="float32", base=TRANSFORMER, 
             BIN / "msrun",
             f"--worker_num={workers}",
             f"--local_worker_num={workers}",
-            f"--master_port={_free_port()}",
+            f"--master_port={free_port()}",
             f"--log_dir={out / 'logs'}",
             "--join=True",
             "--cluster_time_out=120",

@@ -12,8 +12,8 @@ import pytest
 from autotune import families as shapes
 from autotune.train.models import data
 from autotune.train.step import schedule
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 TRANSFORMER = {
     "family": "transformer",
     "num_layers": 2,

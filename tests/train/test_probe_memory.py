@@ -8,7 +8,7 @@ import json
 import pytest
 
 from autotune.execution.runner import run_trial
-from tests.train.test_program import make_config
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.slow
 

@@ -2,98 +2,16 @@
 
 import json
 import math
-import os
-import signal
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from autotune.train import PROGRAM_PATH
 from autotune.train.metrics import METRIC_KEYS
+from tests.conftest import BIN, ROOT, free_port, make_config, run, train
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-
-
-def make_config(out_dir, *, model=None, knobs=None, steps=30, lr=0.01, batch=16, trial=None):
-    """A tiny trial config in the driver's format, written to out_dir/config.json."""
-    cfg = {
-        "study": "test",
-        "trial_number": 0,
-        "backend": "cpu",
-        "seed": 0,
-        "out_dir": str(out_dir),
-        "model": {
-            "family": "transformer",
-            "entry": None,
-            "num_layers": 1,
-            "hidden_size": 32,
-            "num_heads": 4,
-            "ffn_hidden_size": 64,
-            "seq_length": 16,
-            "vocab_size": 64,
-            "dtype": "float16",
-            **(model or {}),
-        },
-        "train": {"global_batch_size": batch, "learning_rate": lr, "total_steps": 10000},
-        "trial": {"steps": steps, "measure_after": 2, **(trial or {})},
-        "knobs": {
-            "dp": 1,
-            "tp": 1,
-            "pp": 1,
-            "micro_batches": 1,
-            "fusion_mb": 64,
-            "grad_accum": 1,
-            "loss_scale": 1024,
-            "warmup_steps": 100,
-            "jit_level": "O1",
-            "recompute": "none",
-            **(knobs or {}),
-        },
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "config.json"
-    path.write_text(json.dumps(cfg))
-    return path
-
-
-def run(cmd, timeout=180, env=None):
-    """Run in a new session (this venv's python and msrun first on PATH, the project importable);
-    on timeout kill the whole group so no worker outlives the test."""
-    env = {
-        **(env or os.environ),
-        "PYTHONPATH": str(ROOT),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    proc = subprocess.Popen(
-        [str(c) for c in cmd],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return proc.returncode, out, err
-
-
-def train(tmp_path, name, **kwargs):
-    out = tmp_path / name
-    code, _, err = run([sys.executable, "-m", "autotune.train", make_config(out, **kwargs)])
-    assert code == 0, err[-3000:]
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    return json.loads((out / "metrics.json").read_text()), steps
 
 
 def test_transformer_fp16_learns_without_overflow(tmp_path):
@@ -204,12 +122,6 @@ def test_failure_exits_1_with_one_line(tmp_path):
     )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_data_parallel_under_msrun(tmp_path):
     """dp=2, fp16 with overflowing steps, accumulation: ranks agree bit for bit, and match dp=1."""
     knobs = {"dp": 2, "grad_accum": 2, "loss_scale": 2**20, "fusion_mb": 1}
@@ -220,7 +132,7 @@ def test_data_parallel_under_msrun(tmp_path):
             BIN / "msrun",
             "--worker_num=2",
             "--local_worker_num=2",
-            f"--master_port={_free_port()}",
+            f"--master_port={free_port()}",
             f"--log_dir={out / 'logs'}",
             "--join=True",
             PROGRAM_PATH,

@@ -12,7 +12,7 @@ import pytest
 from autotune.execution import runner
 from autotune.execution.runner import run_trial
 from autotune.execution.warm import WarmPool
-from tests.train.test_program import make_config
+from tests.conftest import make_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from autotune.train.models import data
-from tests.train.test_program import BIN, _free_port, make_config, run  # noqa: E402
+from tests.conftest import BIN, free_port, make_config, run  # noqa: E402
 
 TRANSFORMER = {
     "family": "transformer",
@@ -250,7 +250,7 @@ def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
             BIN / "msrun",
             f"--worker_num={workers}",
             f"--local_worker_num={workers}",
-            f"--master_port={_free_port()}",
+            f"--master_port={free_port()}",
             f"--log_dir={tmp_path / 'logs'}",
             "--join=True",
             "--cluster_time_out=120",
