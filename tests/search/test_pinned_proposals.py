@@ -6,7 +6,7 @@ trial order, the tiny GPT's confirm phase included. A change to how the driver s
 reads trials (to keep the driver light) must leave all of it as it was.
 
 A change meant to propose otherwise (the cost model, the prior, a sampler) regenerates the file
-with ``python tests/search/test_pinned_proposals.py`` and says so in its commit.
+with ``.venv/bin/python -m tests.search.test_pinned_proposals`` and says so in its commit.
 """
 
 import csv

@@ -243,7 +243,7 @@ def test_the_bound_bounds_the_probe_at_every_scale_and_layout(tmp_path, name):
     knobs = LAYOUTS[name]
     workers = knobs["dp"] * knobs["tp"] * knobs["pp"]
     config = make_config(tmp_path, model=MODEL, knobs={"warmup_steps": 0, **knobs}, batch=16)
-    program = Path(__file__).with_name("tests/train/underflow_scales.py")
+    program = Path(__file__).with_name("underflow_scales.py")
     cmd = [sys.executable, program, config, json.dumps(SCALES)]
     if workers > 1:
         cmd = [
