@@ -1,7 +1,7 @@
 """What the test packages share: where things are (`ROOT`, `FIXTURES`), the model.yaml texts many
 tests start from, and the trial program run as the driver runs it (`make_config`, `run`,
-`train`, `free_port`). A package's own fixtures live in its folder's conftest.py
-(`tests/storage/conftest.py`: a PostgreSQL server).
+`train`; a free port: `autotune.execution.runner.free_port`). A package's own fixtures live in
+its folder's conftest.py (`tests/storage/conftest.py`: a PostgreSQL server).
 
 The texts are the ``model:`` and ``train:`` sections of a model.yaml (with ``cluster:`` where
 every user of the text runs the same one); a test completes one with its own study name, cluster
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -129,12 +128,6 @@ def train(tmp_path, name, **kwargs):
     assert code == 0, err[-3000:]
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     return json.loads((out / "metrics.json").read_text()), steps
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- Ray clusters a test starts -----------------------------------------------------------

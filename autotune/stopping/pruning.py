@@ -23,7 +23,7 @@ from pathlib import Path
 import optuna
 
 from autotune.spec.specs import DEFAULT_MIN_STEPS
-from autotune.train.metrics import step_time_ci
+from autotune.train.intervals import step_time_ci
 
 
 class SlowTrialPruner(optuna.pruners.BasePruner):

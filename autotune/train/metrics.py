@@ -15,7 +15,7 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   half-width of its estimate of the mean over the n measured steps' times (every measured step,
   applied or skipped: the steps ``throughput`` divides by), Student-t with n − 1 degrees of
   freedom: ``t(0.975, n − 1) · s / √n / mean`` with ``s`` their sample standard deviation
-  (:func:`step_time_ci`); None below two measured steps. Under the stop rule's estimate
+  (`autotune.train.intervals.step_time_ci`); None below two measured steps. Under the stop rule's estimate
   (:class:`StepLog`, below) ``√n`` becomes ``1 / √(w²/m + (1 − w)²/(n − m))``. ``goodput`` is
   proportional to 1 / the mean step time, so its own relative half-width is this to first order.
   ``steps.jsonl`` holds rank 0's times, and so does the interval.
@@ -69,16 +69,16 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   ``final_loss_scale``: the scaler's value after the last step.
 """
 
-import functools
 import json
 import math
 import statistics
+
+from autotune.train.intervals import CONFIDENCE, mean_step_time, step_time_ci, student_t_quantile
 
 LAST_WINDOW = 5
 TREND_T = 3.0  # the slope's t-statistic above which a rise is not noise
 TREND_RISE = 0.05  # ... and the fitted rise over the window, relative to the fitted start
 TREND_MIN_STEPS = 4  # fewer measured steps: no trend is judged (only a non-finite loss diverges)
-CONFIDENCE = 0.95  # of step_time_ci
 
 METRIC_KEYS = (
     "goodput",
@@ -170,96 +170,6 @@ def rising(losses) -> bool:
     significant = stderr == 0 or slope / stderr > TREND_T
     start = mean_y - slope * mean_x
     return significant and slope * (n - 1) > TREND_RISE * abs(start)
-
-
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's
-    method; Numerical Recipes, 3rd ed., §6.4), on the side of x where it converges fast."""
-    if x <= 0.0 or x >= 1.0:
-        return max(0.0, min(1.0, x))
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
-    tiny = 1e-300
-    front = (
-        math.exp(
-            math.lgamma(a + b)
-            - math.lgamma(a)
-            - math.lgamma(b)
-            + a * math.log(x)
-            + b * math.log1p(-x)
-        )
-        / a
-    )
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    fraction = d
-    for m in range(1, 300):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            fraction *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return front * fraction
-
-
-def student_t_cdf(t: float, df: int) -> float:
-    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-@functools.cache
-def student_t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (0.5 ≤ p < 1) of Student's t with ``df`` ≥ 1 degrees of freedom, to
-    1e-10 relative (this module stays pure Python, whose statistics has no t). Newton's method
-    on :func:`student_t_cdf` from the normal quantile, which is below it: the CDF is concave
-    there, so every step stays below the root and the iteration climbs to it."""
-    t = statistics.NormalDist().inv_cdf(p)
-    log_density = math.lgamma((df + 1) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
-    for _ in range(200):
-        density = math.exp(log_density - (df + 1) / 2.0 * math.log1p(t * t / df))
-        step = (p - student_t_cdf(t, df)) / density
-        t += step
-        if abs(step) <= 1e-12 * t:
-            break
-    return t
-
-
-def mean_step_time(times, pilot: int | None = None, weight: float | None = None) -> float:
-    """The estimate of the mean step time from ``times``: their mean, or — the stop rule's
-    (:class:`StepLog`) — ``weight · mean(times[:pilot]) + (1 − weight) · mean(times[pilot:])``."""
-    if pilot is None or pilot >= len(times):
-        return statistics.fmean(times)
-    return weight * statistics.fmean(times[:pilot]) + (1.0 - weight) * statistics.fmean(
-        times[pilot:]
-    )
-
-
-def step_time_ci(times, pilot: int | None = None, weight: float | None = None) -> float | None:
-    """The relative `CONFIDENCE` half-width of :func:`mean_step_time` of ``times`` (step times,
-    in any one unit; Student-t, n − 1 degrees of freedom): ``t · s / √n / mean``, with ``pilot``
-    and ``weight`` ``t · s · √(w²/m + (1 − w)²/(n − m)) / estimate`` (m = ``pilot``, w =
-    ``weight``: the variance of that weighted mean of two independent means); None for fewer
-    than two values or an estimate ≤ 0. The one definition of the metric ``step_time_ci``, of
-    the stop rule's plan and of the pruner's interval."""
-    n = len(times)
-    if n < 2:
-        return None
-    mean = mean_step_time(times, pilot, weight)
-    if mean <= 0:
-        return None
-    t = student_t_quantile(0.5 + CONFIDENCE / 2.0, n - 1)
-    if pilot is None or pilot >= n:
-        spread = 1.0 / math.sqrt(n)
-    else:
-        spread = math.sqrt(weight**2 / pilot + (1.0 - weight) ** 2 / (n - pilot))
-    return t * statistics.stdev(times) * spread / mean
 
 
 def backoff_steps(overflows) -> int:

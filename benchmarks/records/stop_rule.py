@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autotune.train.metrics import StepLog, backoff_steps, step_time_ci  # noqa: E402
+from autotune.train.intervals import step_time_ci  # noqa: E402
+from autotune.train.metrics import StepLog, backoff_steps  # noqa: E402
 
 TIMING = {"started_at": 0.0, "init_s": 0.0, "first_step_s": 0.0, "probe_s": 0.0}
 

@@ -14,11 +14,12 @@ import pytest
 ms = pytest.importorskip("mindspore")
 from mindspore.parallel import transform_checkpoints  # noqa: E402
 
+from autotune.execution.runner import free_port  # noqa: E402
 from autotune.export import write_export  # noqa: E402
 from autotune.layout import rank_coords  # noqa: E402
 from autotune.spec.candidate import Candidate  # noqa: E402
 from autotune.spec.model_yaml import parse_spec  # noqa: E402
-from tests.conftest import free_port, run  # noqa: E402
+from tests.conftest import run  # noqa: E402
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow

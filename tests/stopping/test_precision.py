@@ -15,7 +15,8 @@ import pytest
 from autotune.cli import main
 from autotune.spec.model_yaml import load_spec
 from autotune.stopping.pruning import SlowTrialPruner, StepWatcher
-from autotune.train.metrics import StepLog, mean_step_time, step_time_ci, student_t_quantile
+from autotune.train.intervals import mean_step_time, step_time_ci, student_t_quantile
+from autotune.train.metrics import StepLog
 from tests.conftest import SIM8_MODEL
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from autotune import layout
+from autotune.execution.runner import free_port
 from autotune.train import PROGRAM_PATH
 from autotune.train.models.transformer import MASK_VALUE
 from autotune.train.parallel.pipeline import schedule
-from tests.conftest import BIN, free_port, make_config, run  # noqa: E402
+from tests.conftest import BIN, make_config, run  # noqa: E402
 
 TRANSFORMER = {
     "family": "transformer",

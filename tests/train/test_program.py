@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
+from autotune.execution.runner import free_port
 from autotune.train import PROGRAM_PATH
 from autotune.train.metrics import METRIC_KEYS
-from tests.conftest import BIN, ROOT, free_port, make_config, run, train
+from tests.conftest import BIN, ROOT, make_config, run, train
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.execution.runner import free_port
 from autotune.train.models import data
-from tests.conftest import BIN, free_port, make_config, run  # noqa: E402
+from tests.conftest import BIN, make_config, run  # noqa: E402
 
 TRANSFORMER = {
     "family": "transformer",
