@@ -1,7 +1,8 @@
 """Studies as pandas DataFrames. Reads storage only; never writes.
 
 Contract: :func:`trials_frame` returns one row per trial with plain columns: ``study``,
-``number``, ``state``, ``outcome``, every knob, every metric, ``value_<objective>`` per
+``number``, ``state``, ``outcome``, ``engine`` (what executed the study's trials, as the cost
+model names it; None for a study older than the attribute), every knob, every metric, ``value_<objective>`` per
 objective, ``baseline``, the timing columns, ``repeat_of``, ``retry_of``, ``confirm_of``,
 ``infrastructure``, ``detail`` and ``verdict`` (the bottleneck diagnosis of an ``ok`` trial,
 `autotune.costmodel.diagnosis`). :func:`compare` stacks several studies and :func:`summary` gives
@@ -48,6 +49,7 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
             "state": t.state.name,
             "outcome": outcome_of(t),
             "baseline": bool(t.user_attrs.get("baseline")),
+            "engine": study.user_attrs.get("engine"),  # what ran it (None: an older study)
         }
         row.update(knobs_of(t))
         for name in METRICS + TIMING:

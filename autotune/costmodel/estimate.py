@@ -21,7 +21,7 @@ Contract:
   forward per micro-batch, 1F1B retention; gradients accumulated in place; its parallel
   optimizer at the default level; sequence parallelism when ``model.sequence_parallel``:
   ``memory.py``, ``timing.py``), the default for the ``simulate`` backend, whose trials stand
-  for that run;
+  for that run, and for a ``replay`` table whose rows it ran (:func:`default_engine`);
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 
 from autotune.costmodel.calibration import Calibration
 from autotune.costmodel.knob_pricing import PRICES
-from autotune.costmodel.memory import ENGINES, memory_per_stage, rank_params
+from autotune.costmodel.memory import memory_per_stage, rank_params
 from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.step_time import step_time
 from autotune.costmodel.workload import workload_for
 from autotune.spec.attention import fused_refusal
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import ENGINES, backend_of
 from autotune.spec.constraints import violations
 from autotune.spec.knobs import micro_steps
 
@@ -152,8 +152,16 @@ def not_modelled(model, engine: str) -> tuple[str, ...]:
 
 
 def default_engine(spec) -> str:
-    """What executes ``spec``'s trials (see the module doc)."""
-    return "mindspore" if backend_of(spec.cluster.backend).kind == "estimate" else "trainer"
+    """What executes ``spec``'s trials (see the module doc): MindSpore's engine on a backend
+    whose trials are estimates of MindSpore's run; on a replay table, the engine its rows ran
+    (``cluster.replay_engine``, or the table's ``engine`` column; autotune's trainer when
+    neither says); autotune's trainer on a backend that runs it."""
+    kind = backend_of(spec.cluster.backend).kind
+    if kind == "estimate":
+        return "mindspore"
+    if kind == "table":
+        return spec.cluster.replay_engine or "trainer"
+    return "trainer"
 
 
 def estimate(

@@ -4,7 +4,7 @@ Contract: :func:`memory_per_stage` returns, for every pipeline stage, the memory
 that stage needs; the estimate reports the largest. Parts (the breakdown keys): ``params``,
 ``grads``, ``accumulators``, ``optimizer_states``, ``activations``, ``overhead``.
 :func:`rank_params` is the parameter count per stage, cached;
-:func:`state_bytes` the bytes per parameter by part. ``engine`` (one of :data:`ENGINES`) names
+:func:`state_bytes` the bytes per parameter by part. ``engine`` (one of `autotune.spec.backends.ENGINES`) names
 what executes the step: ``"trainer"``, autotune's trainer (every real trial); ``"mindspore"``,
 MindSpore's own semi-auto parallel run of the export (what MindFormers runs; the ``simulate``
 backend's trials stand for it): its pipeline, its gradient accumulation and its parallel
@@ -85,7 +85,6 @@ from autotune.layout import (
 GIB = 2**30
 MIB = 2**20
 
-ENGINES = ("trainer", "mindspore", "megatron")
 STATE_PARTS = ("params", "grads", "accumulators", "optimizer_states")
 
 # docs/mindspore-cpu.md, "Fusion buckets": with comm_fusion mode "size", a bucket closes once it

@@ -24,6 +24,11 @@ rows count from 1, the header excluded) and the column; nothing is written eithe
 - Rows that are no run of their candidate are skipped: ``interrupted`` ones, and those a study's
   own CSV (``autotune compare --csv``) marks as a repeat (``repeat_of``: answered from storage).
   Its confirm-phase re-runs and retried failures are runs: further rows of their candidate.
+- ``engine`` (optional) names what executed the rows — ``trainer`` (autotune's trainer),
+  ``mindspore`` (MindSpore's own engine: a MindFormers run, or a ``simulate`` study's
+  estimates), ``megatron`` — the same in every row that gives it; :func:`with_engine` makes it
+  the spec's ``cluster.replay_engine``, so the prior prices the program that produced the
+  measurements (`autotune.costmodel.estimate.default_engine`).
 - Every other column is ignored, with one note naming them all.
 """
 
@@ -31,16 +36,17 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autotune.jobs import METRICS, OUTCOMES
+from autotune.spec.backends import ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, is_active
 from autotune.spec.objectives import OBJECTIVES
 
 SKIP_MARKERS = ("repeat_of",)
-KEPT = ("outcome", "run_s", "detail", "infrastructure", "confirm_of", "retry_of")
+KEPT = ("outcome", "run_s", "detail", "infrastructure", "confirm_of", "retry_of", "engine")
 FALSE, TRUE = ("false", "0", "no"), ("true", "1", "yes")
 
 
@@ -59,9 +65,12 @@ class Row:
 class ReplayTable:
     """Candidates → their measured rows, in table order (see the module doc)."""
 
-    def __init__(self, path: Path, knobs: tuple, rows: dict, notes: list[str]):
+    def __init__(
+        self, path: Path, knobs: tuple, rows: dict, notes: list[str], engine: str | None = None
+    ):
         self.path, self.knobs, self.rows, self.notes = path, knobs, rows, notes
         self.varies = any(len(found) > 1 for found in rows.values())
+        self.engine = engine  # what executed the rows (its ``engine`` column), None: unsaid
 
     def key(self, values) -> tuple:
         """The lookup key of a candidate (or of a row's values): its value of each knob column."""
@@ -100,6 +109,18 @@ class _Reader:
 
     def __init__(self, path: Path, spec, space):
         self.path, self.spec, self.allowed = path, spec, _allowed(space, spec)
+        self.engine: str | None = None
+
+    def engine_of(self, row: int, text: str | None) -> None:
+        """Check the row's ``engine`` cell: one of ENGINES, the same as every other row's."""
+        text = (text or "").strip()
+        if not text:
+            return
+        if text not in ENGINES:
+            self.fail(row, "engine", f"{text!r} is not one of {', '.join(ENGINES)}")
+        if self.engine not in (None, text):
+            self.fail(row, "engine", f"{text!r}, but earlier rows ran {self.engine!r}")
+        self.engine = text
 
     def fail(self, row: int, column: str, message: str):
         raise SpecError(f"{self.path}: row {row}, column {column}: {message}")
@@ -210,6 +231,7 @@ def load_table(spec, space) -> ReplayTable:
                         f"{path}: row {number}: {len(header) + len(record[None])} "
                         f"cells for {len(header)} columns"
                     )
+                table.engine_of(number, record.get("engine"))
                 read = table.read(record, number, knobs)
                 if read is None:
                     skipped += 1
@@ -222,7 +244,26 @@ def load_table(spec, space) -> ReplayTable:
         raise SpecError(f"cluster.replay: {path} is not a text (UTF-8) file") from None
     except csv.Error as exc:
         raise SpecError(f"{path}: not a CSV file: {exc}") from None
-    return ReplayTable(path, knobs, rows, _notes(path, header, knobs, rows, skipped, space))
+    notes = _notes(path, header, knobs, rows, skipped, space)
+    if table.engine:
+        notes.append(
+            f"replay: its rows ran the {table.engine} engine (column engine): the cost model prices that"
+        )
+    return ReplayTable(path, knobs, rows, notes, table.engine)
+
+
+def with_engine(spec, table: ReplayTable):
+    """``spec`` with ``cluster.replay_engine`` the engine ``table``'s rows ran, when its
+    ``engine`` column says and model.yaml does not; SpecError when the two disagree."""
+    stated = spec.cluster.replay_engine
+    if table.engine is None or stated == table.engine:
+        return spec
+    if stated is not None:
+        raise SpecError(
+            f"cluster.replay_engine: {stated}, but the engine column of {table.path} says "
+            f"its rows ran {table.engine}"
+        )
+    return replace(spec, cluster=replace(spec.cluster, replay_engine=table.engine))
 
 
 def _notes(path: Path, header, knobs: tuple, rows: dict, skipped: int, space) -> list[str]:

@@ -1,247 +1,197 @@
-"""How far the cost model may be off, mechanism by mechanism, given what was measured.
+"""How far the cost model may be off for a study's candidates — step time and peak memory —
+given what was measured.
 
-Contract: a :class:`Belief` is built from the cost model's step-time parts of a set of candidates
-(:data:`PARTS`, raw: before any calibration), whether each is pipelined, its layout id and its
-estimated peak memory (one more: :meth:`Belief.add`). :meth:`Belief.fit` takes the study's
-measurements — ``[(candidate index, measured step seconds)]`` and ``[(candidate index,
-measured peak GiB)]`` — and
-:meth:`Belief.predict` returns, for every candidate, the mean and standard deviation of its log
-step time, and :meth:`Belief.fit_probability` the probability that it fits the memory limit.
-It reads no storage and chooses nothing: the prior (`autotune.search.prior`) does.
+Contract: a :class:`Belief` is built from :class:`Row`\\ s — the cost model's raw (uncalibrated)
+step-time parts (:data:`PARTS`) and memory parts (:data:`MEMORY_PARTS`) of each candidate,
+whether it is pipelined and recomputes, its layout id — and the memory limit. :meth:`Belief.fit`
+takes the study's measurements: ``[(row, measured step seconds)]``, ``[(row, measured peak
+GiB)]``, the rows that ran out of memory, and the rows running now (``pending``: believed to
+measure what the belief expects, so the next proposal looks elsewhere). Then
+:meth:`Belief.predict` gives every candidate's noise-free log step time (mean, variance),
+:meth:`Belief.fit_probability` the probability that it
+fits the limit, and :meth:`Belief.closed` which candidates are estimated at least as large as
+one that ran out. It reads no storage and chooses nothing: the prior
+(`autotune.search.prior`) does.
 
-The model (docs/search.md, "How sure the prior is"):
-
-- ``log step = γ + log Σ_k part_k · exp(Σ δ_m over the mechanisms m that price part k) + ε_L``:
-  γ a factor common to every candidate (the pool is faster or slower than the profile says),
-  δ_m one factor per mechanism of :data:`MECHANISMS` (tp communication, the pipeline — its
-  bubble, transfers and stage compute, on pipelined candidates only — the dp all-reduce,
-  recompute, the optimizer update, compute, host), ε_L one per (dp, tp, pp, micro-batch)
-  layout (what no mechanism explains), and each measurement off by ε ~ N(0, σ²) of its own.
-- Priors, all normal in log space: γ with :data:`SIGMA_COMMON`, each δ_m with
-  :data:`SIGMA_MECHANISM`, each ε_L with :data:`SIGMA_LAYOUT`, ε with :data:`SIGMA_CANDIDATE`.
-  The fit is the posterior's mode (Gauss-Newton on the log step times) and its curvature, so a
-  mechanism's uncertainty shrinks only as far as measured candidates spend time in it: one no
-  measurement exercised keeps :data:`SIGMA_MECHANISM`.
-- Memory: ``log peak = log estimate + μ`` with μ ~ N(0, :data:`SIGMA_MEMORY`²), each measured peak
-  off by :data:`SIGMA_MEMORY_RUN`; a candidate fits with the probability that its peak is under
-  the limit. A candidate that ran out of memory bounds μ from below (:meth:`Belief.fit` takes
-  ``ooms``): every candidate estimated at least as large is taken not to fit.
+The two models are `autotune.search.factors` posteriors (docs/search.md, "How sure the prior
+is"): each part of the estimate is priced by mechanisms whose factors the measurements correct,
+one effect per layout shared by its variants, and a scale of the model's error that the
+measurements themselves weigh. An out-of-memory run is a censored observation of its peak (above
+the limit), exactly as an ok run's peak is an observation: the factors, and every candidate's
+probability to fit, move with it; measurements that disagree widen the belief instead of
+closing every candidate.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from autotune.search.factors import FactorPosterior, Shape
+
 PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host")
-# mechanism → the parts it prices (``pipeline`` only on pipelined candidates)
-MECHANISMS = {
-    "compute": ("compute",),
-    "recompute": ("recompute",),
-    "tp": ("tp_comm",),
-    "pipeline": ("compute", "recompute", "bubble", "pp_comm"),
-    "dp": ("dp_comm",),
-    "optimizer": ("optimizer",),
-    "host": ("host",),
+MEMORY_PARTS = ("states", "activations", "overhead")
+# where each of the estimate's memory parts goes
+MEMORY_OF = {
+    "params": "states",
+    "grads": "states",
+    "accumulators": "states",
+    "optimizer_states": "states",
+    "activations": "activations",
+    "overhead": "overhead",
 }
-PIPELINE = tuple(MECHANISMS).index("pipeline")
-# Standard deviations in log space. SIGMA_LAYOUT and SIGMA_MEMORY were chosen on
-# benchmarks/search_efficiency.py's seeds 100-109 (docs/search.md, "How sure the prior is", has
-# the sweep); the others are the benchmark's own sizes, which it reports on seeds 0-9.
-SIGMA_COMMON = 1.0  # the pool against the profile: a factor e either way is plausible
-SIGMA_MECHANISM = 0.35  # one mechanism mispriced: 0.6× or 1.6× is 1.4 σ
-SIGMA_LAYOUT = 0.02  # what a layout does that no mechanism explains
-SIGMA_CANDIDATE = 0.10  # one measurement against its candidate's estimate, all else known
-SIGMA_MEMORY = 0.15  # the memory model's factor
-SIGMA_MEMORY_RUN = 0.05  # one measured peak against its estimate × that factor
-ITERATIONS = 6
+# Sizes in log space. The scales multiply the mechanism and layout sizes and are weighed by the
+# measurements (a hyperprior): chosen on benchmarks/search_efficiency.py's tuning structures,
+# reported on others (docs/search.md, "How sure the prior is").
+STEP = Shape(
+    parts=PARTS,
+    mechanisms={
+        "compute": ("compute",),
+        "recompute": ("recompute",),
+        "tp": ("tp_comm",),
+        # on pipelined candidates only: their stage compute, bubble and transfers
+        "pipeline": ("compute", "recompute", "bubble", "pp_comm"),
+        "dp": ("dp_comm",),
+        "optimizer": ("optimizer",),
+        "host": ("host",),
+    },
+    conditional=("pipeline",),
+    sigma_common=1.0,  # the pool against the profile: a factor e either way is plausible
+    sigma_mechanism=0.35,  # one mechanism mispriced: 0.6× or 1.6× is 1.4 σ at scale 1
+    sigma_layout=0.05,  # what a layout does that no mechanism explains
+    scales=(0.125, 0.25, 0.5, 1.0, 2.0),
+    noises=(0.02, 0.05, 0.1, 0.2),  # one measurement against its candidate's value
+)
+MEMORY = Shape(
+    parts=MEMORY_PARTS,
+    mechanisms={
+        "states": ("states",),  # parameters, gradients, accumulators, optimizer states
+        "activations": ("activations",),
+        "pipeline": ("activations",),  # what stages retain, on pipelined candidates
+        "recompute": ("activations",),  # what recompute keeps, on candidates that recompute
+        "overhead": ("overhead",),
+    },
+    conditional=("pipeline", "recompute"),
+    sigma_common=0.15,
+    sigma_mechanism=0.2,
+    sigma_layout=0.05,
+    scales=(0.125, 0.25, 0.5, 1.0, 2.0),
+    noises=(0.005, 0.02, 0.05),  # one measured peak against its candidate's
+)
+STEP_CONDITIONAL = [m in STEP.conditional for m in STEP.mechanisms]
 
 
-def _mask() -> np.ndarray:
-    """parts × mechanisms: which mechanism prices which part."""
-    mask = np.zeros((len(PARTS), len(MECHANISMS)))
-    for m, parts in enumerate(MECHANISMS.values()):
-        for part in parts:
-            mask[PARTS.index(part), m] = 1.0
-    return mask
+@dataclass(frozen=True)
+class Row:
+    """One candidate as the belief sees it."""
+
+    time_parts: np.ndarray  # PARTS, seconds
+    memory_parts: np.ndarray  # MEMORY_PARTS, GiB
+    pipelined: bool
+    recomputes: bool
+    layout: int
+
+    @property
+    def memory_gb(self) -> float:
+        return float(self.memory_parts.sum())
 
 
-MASK = _mask()
+def memory_parts(breakdown: dict) -> np.ndarray:
+    """:data:`MEMORY_PARTS` of an estimate's ``breakdown["memory_gb"]``."""
+    out = dict.fromkeys(MEMORY_PARTS, 0.0)
+    for name, gb in breakdown.items():
+        out[MEMORY_OF[name]] += gb
+    return np.array([max(out[p], 0.0) for p in MEMORY_PARTS])
 
 
 class Belief:
-    """The posterior over the cost model's errors (see the module doc)."""
+    """The posterior over the cost model's errors for a study's candidates (see the module
+    doc)."""
 
-    def __init__(
-        self,
-        parts: np.ndarray,
-        pipelined: np.ndarray,
-        layout: np.ndarray,
-        memory_gb: np.ndarray,
-        limit_gb: float,
-    ):
-        self.parts = parts  # candidates × PARTS, seconds
-        self.pipelined = pipelined.astype(bool)
-        self.layout = layout  # candidates → layout id
-        self.memory_gb, self.limit_gb = memory_gb, limit_gb
-        self.theta = np.zeros(1 + len(MECHANISMS))  # γ, δ...
-        self.cov = np.diag([SIGMA_COMMON**2] + [SIGMA_MECHANISM**2] * len(MECHANISMS))
-        self.layouts: list[int] = []  # layout ids with an effect fitted, in column order
-        self.layout_effect = np.zeros(0)
-        self.cross = np.zeros((1 + len(MECHANISMS), 0))  # cov(θ, ε_L)
-        self.layout_cov = np.zeros((0, 0))
-        self.memory_mean, self.memory_sd = 0.0, SIGMA_MEMORY
-        self.oom_from = math.inf  # estimated GiB from which nothing fits
-
-    def add(self, parts: np.ndarray, pipelined: bool, layout: int, memory_gb: float) -> None:
-        """One more candidate, the last row (as the constructor's rows). What was fitted
-        stays: the next :meth:`fit` takes it in."""
-        self.parts = np.vstack([self.parts, parts])
-        self.pipelined = np.append(self.pipelined, pipelined)
-        self.layout = np.append(self.layout, layout)
-        self.memory_gb = np.append(self.memory_gb, memory_gb)
-
-    # -- the step time ---------------------------------------------------------------------
-
-    def _shares(self, rows: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(log step time without ε_L, ∂/∂(γ, δ)) of candidates ``rows`` at ``theta``."""
-        delta = theta[1:]
-        scale_flat = np.exp(
-            MASK[:, [m for m in range(len(MECHANISMS)) if m != PIPELINE]]
-            @ np.delete(delta, PIPELINE)
+    def __init__(self, rows: list[Row], limit_gb: float):
+        self.limit_gb = limit_gb
+        self.log_limit = math.log(limit_gb)
+        self.layout = np.array([r.layout for r in rows], dtype=int)
+        self.memory_gb = np.array([r.memory_gb for r in rows])
+        self.step = FactorPosterior(
+            STEP,
+            np.array([r.time_parts for r in rows]).reshape(len(rows), len(PARTS)),
+            np.array([self._step_flags(r) for r in rows]).reshape(len(rows), len(STEP.mechanisms)),
+            self.layout,
         )
-        scale_pipe = scale_flat * np.exp(MASK[:, PIPELINE] * delta[PIPELINE])
-        piped = self.pipelined[rows][:, None]
-        scaled = self.parts[rows] * np.where(piped, scale_pipe, scale_flat)
-        total = scaled.sum(axis=1)
-        shares = (scaled @ MASK) / total[:, None]
-        shares[:, PIPELINE] *= piped[:, 0]
-        jac = np.hstack([np.ones((len(rows), 1)), shares])
-        return theta[0] + np.log(total), jac
-
-    def fit(self, times: list, peaks: list, ooms: list = ()) -> None:
-        """The posterior given ``times`` ``[(index, seconds)]``, ``peaks`` ``[(index, GiB)]``
-        and ``ooms`` ``[index]`` of candidates that ran out of memory."""
-        times = sorted((i, s) for i, s in times if s and s > 0)  # order-free: resume-proof
-        self.layouts = sorted({int(self.layout[i]) for i, _ in times})
-        n_theta, n_layouts = 1 + len(MECHANISMS), len(self.layouts)
-        prior_precision = np.diag(
-            [1 / SIGMA_COMMON**2]
-            + [1 / SIGMA_MECHANISM**2] * len(MECHANISMS)
-            + [1 / SIGMA_LAYOUT**2] * n_layouts
+        self.memory = FactorPosterior(
+            MEMORY,
+            np.array([r.memory_parts for r in rows]).reshape(len(rows), len(MEMORY_PARTS)),
+            np.array([self._memory_flags(r) for r in rows]).reshape(
+                len(rows), len(MEMORY.mechanisms)
+            ),
+            self.layout,
         )
-        column = {layout: n_theta + j for j, layout in enumerate(self.layouts)}
-        rows = np.array([i for i, _ in times], dtype=int)
-        y = np.log([s for _, s in times])
-        params = np.zeros(n_theta + n_layouts)
-        if len(rows):
-            base, _ = self._shares(rows, params[:n_theta])
-            params[0] = float(np.median(y - base))  # start at the common ratio
-        indicator = np.zeros((len(rows), n_layouts))
-        for r, i in enumerate(rows):
-            indicator[r, column[int(self.layout[i])] - n_theta] = 1.0
-        precision = prior_precision
-        for _ in range(ITERATIONS if len(rows) else 0):
-            mean, jac = self._shares(rows, params[:n_theta])
-            full = np.hstack([jac, indicator])
-            residual = y - mean - indicator @ params[n_theta:]
-            precision = full.T @ full / SIGMA_CANDIDATE**2 + prior_precision
-            gradient = full.T @ residual / SIGMA_CANDIDATE**2 - prior_precision @ params
-            params = params + np.linalg.solve(precision, gradient)
-        cov = np.linalg.inv(precision)
-        self.theta, self.layout_effect = params[:n_theta], params[n_theta:]
-        self.cov, self.cross = cov[:n_theta, :n_theta], cov[:n_theta, n_theta:]
-        self.layout_cov = cov[n_theta:, n_theta:]
-        self._fit_memory(peaks, ooms)
-
-    def predict(
-        self, rows: np.ndarray | None = None, common: bool = True
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, variance) of the log step time of candidates ``rows`` (all when None), as
-        sure as the belief is of what their layout and mechanisms cost (:meth:`run_sd`: of one
-        run of a candidate). Without ``common`` the variance
-        leaves out the common factor γ's (what every candidate shares: comparisons before any
-        measurement)."""
-        rows = np.arange(len(self.parts)) if rows is None else rows
-        mean, jac = self._shares(rows, self.theta)
-        if not common:
-            jac[:, 0] = 0.0
-        var = np.einsum("ij,jk,ik->i", jac, self.cov, jac)
-        column = np.full(int(self.layout.max(initial=0)) + 1, -1)
-        column[self.layouts] = np.arange(len(self.layouts))
-        cols = column[self.layout[rows]]
-        known = cols >= 0
-        if known.any():
-            k = cols[known]
-            mean[known] += self.layout_effect[k]
-            var[known] += (
-                2 * np.einsum("ij,ji->i", jac[known], self.cross[:, k]) + self.layout_cov[k, k]
-            )
-        var[~known] += SIGMA_LAYOUT**2
-        return mean, np.maximum(var, 1e-12)
+        self.ooms: list[int] = []
 
     @staticmethod
-    def run_sd(var: np.ndarray) -> np.ndarray:
-        """The standard deviation of one run of a candidate whose :meth:`predict` variance is
-        ``var``: its own :data:`SIGMA_CANDIDATE` added."""
-        return np.sqrt(var + SIGMA_CANDIDATE**2)
+    def _step_flags(row: Row) -> list[bool]:
+        return [row.pipelined if c else True for c in STEP_CONDITIONAL]
+
+    @staticmethod
+    def _memory_flags(row: Row) -> list[bool]:
+        flag = {"pipeline": row.pipelined, "recompute": row.recomputes}
+        return [flag.get(m, True) for m in MEMORY.mechanisms]
+
+    def add(self, row: Row) -> None:
+        """One more candidate, the last row; the next :meth:`fit` takes it in."""
+        self.layout = np.append(self.layout, row.layout)
+        self.memory_gb = np.append(self.memory_gb, row.memory_gb)
+        self.step.add(row.time_parts, self._step_flags(row), row.layout)
+        self.memory.add(row.memory_parts, self._memory_flags(row), row.layout)
+
+    def fit(self, times: list, peaks: list, ooms=(), pending=()) -> None:
+        """The posterior given ``times`` ``[(row, seconds)]``, ``peaks`` ``[(row, GiB)]``,
+        ``ooms`` (rows that ran out of memory) and ``pending`` (rows running now: taken to
+        measure what the belief expects of them)."""
+        exact = [(i, math.log(s)) for i, s in times if s and s > 0]
+        self.step.fit(exact)
+        measured = {i for i, _ in exact}
+        waiting = sorted({int(i) for i in pending} - measured)
+        if waiting:  # the believer: the running ones measure their expected value
+            expected, _ = self.step.predict(np.array(waiting))
+            self.step.fit(exact + list(zip(waiting, expected.tolist())))
+        self.ooms = sorted({int(i) for i in ooms})
+        self.memory.fit(
+            [(i, math.log(gb)) for i, gb in peaks if gb and gb > 0],
+            [(i, self.log_limit) for i in self.ooms],
+        )
+
+    def predict(self, rows=None, common: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, variance) of the noise-free log step time of candidates ``rows`` (all when
+        None); without ``common``, leaving out the factor every candidate shares."""
+        return self.step.predict(rows, common)
 
     def mechanism_sd(self) -> dict:
-        """Each mechanism's posterior standard deviation of its log factor δ_m."""
-        return {name: float(math.sqrt(self.cov[1 + m, 1 + m])) for m, name in enumerate(MECHANISMS)}
+        """Each step-time mechanism's posterior standard deviation of its log factor."""
+        return self.step.mechanism_sd()
 
-    # -- memory ----------------------------------------------------------------------------
+    def memory_mean(self) -> np.ndarray:
+        """Every candidate's corrected log peak (the mean of its posterior)."""
+        return self.memory.predict()[0]
 
-    def _fit_memory(self, peaks: list, ooms) -> None:
-        ratios = [
-            math.log(gb / self.memory_gb[i])
-            for i, gb in peaks
-            if gb and gb > 0 and self.memory_gb[i] > 0
-        ]
-        precision = 1 / SIGMA_MEMORY**2 + len(ratios) / SIGMA_MEMORY_RUN**2
-        self.memory_mean = sum(ratios) / SIGMA_MEMORY_RUN**2 / precision
-        self.memory_sd = math.sqrt(1 / precision)
-        self.oom_from = min((float(self.memory_gb[i]) for i in ooms), default=math.inf)
+    def fit_probability(self, rows=None) -> np.ndarray:
+        """The probability that a run of each candidate of ``rows`` (all when None) peaks
+        under the limit."""
+        return self.memory.probability_below(self.log_limit, rows)
 
-    def fit_probability(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """The probability that each candidate of ``rows`` (all when None) fits the limit:
-        that its peak — the estimate × the memory factor, and a run's own deviation — stays
-        under it, given the peaks measured and, where a candidate ran out of memory, that the
-        factor is at least what made that one not fit."""
-        rows = np.arange(len(self.parts)) if rows is None else rows
-        sd = math.sqrt(self.memory_sd**2 + SIGMA_MEMORY_RUN**2)
-        room = math.log(self.limit_gb) - np.log(self.memory_gb[rows])  # the factor that fits
-        below = normal_cdf((room - self.memory_mean) / sd)
-        if not math.isfinite(self.oom_from):
-            return below
-        bound = normal_cdf((math.log(self.limit_gb / self.oom_from) - self.memory_mean) / sd)
-        return np.clip((below - bound) / max(1.0 - bound, 1e-12), 0.0, 1.0)
-
-
-def normal_cdf(z) -> np.ndarray:
-    """Φ(z), elementwise, to 1.2e-7 (Numerical Recipes' erfc: numpy has no erf)."""
-    x = -np.asarray(z, dtype=float) / math.sqrt(2)
-    t = 1.0 / (1.0 + 0.5 * np.abs(x))
-    poly = -1.26551223 + t * (
-        1.00002368
-        + t
-        * (
-            0.37409196
-            + t
-            * (
-                0.09678418
-                + t
-                * (
-                    -0.18628806
-                    + t
-                    * (
-                        0.27886807
-                        + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))
-                    )
-                )
+    def closed(self) -> np.ndarray:
+        """Candidates estimated at least as large as one that ran out of memory — by the
+        corrected estimate, or within that one's layout by the cost model's own — never run."""
+        out = np.zeros(len(self.layout), dtype=bool)
+        if not self.ooms:
+            return out
+        corrected = self.memory_mean()
+        for i in self.ooms:
+            out |= corrected >= corrected[i] - 1e-9
+            out |= (self.layout == self.layout[i]) & (
+                self.memory_gb >= self.memory_gb[i] * (1 - 1e-9)
             )
-        )
-    )
-    erfc = t * np.exp(-x * x + poly)
-    return 0.5 * np.where(x >= 0, erfc, 2.0 - erfc)
+        return out

@@ -41,7 +41,8 @@ import numpy as np
 
 from autotune import costmodel
 from autotune.costmodel.workload import workload_for
-from autotune.search.belief import PARTS, Belief, normal_cdf
+from autotune.search.belief import PARTS, Belief, Row, memory_parts
+from autotune.search.factors import normal_cdf
 from autotune.spec.backends import backend_of
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, micro_steps
 
@@ -51,6 +52,10 @@ ESTIMATED = ("goodput", "peak_memory")
 OPTIMISM = 0.5  # standard deviations above the mean a layout's optimistic value is taken
 MEMORY_REACH = 2.0  # candidates estimated up to this × the limit may still fit
 FIT_AT_LEAST = 0.05  # a candidate less likely than this to fit is not proposed
+LIKELY = 0.5  # after a run out of memory, only candidates likelier than this to fit run
+# The belief's error scale below which the measurements are taken to confirm the model: the
+# acquisition alone chooses, no layout is opened for its optimism (docs/search.md).
+MISPRICED_SCALE = 0.5
 NOT_RUN = ("infeasible",)
 
 
@@ -99,35 +104,34 @@ class Prior:
         rows = []
         for c in _candidates(self.projected, limit, seed):
             row = self._row(c)
-            if row is not None and row[3] <= MEMORY_REACH * self.limit_gb:
-                rows.append(row)
-                self._add(c)
-        rows = [(parts, piped, self.layout_ids[key], memory) for parts, piped, key, memory in rows]
-        self.belief = Belief(
-            np.array([r[0] for r in rows]).reshape(len(rows), len(PARTS)),
-            np.array([r[1] for r in rows], dtype=bool),
-            np.array([r[2] for r in rows], dtype=int),
-            np.array([r[3] for r in rows]),
-            self.limit_gb,
-        )
+            if row is not None and row.memory_gb <= MEMORY_REACH * self.limit_gb:
+                rows.append(self._add(c, row))
+        self.belief = Belief(rows, self.limit_gb)
         self.tried = np.zeros(len(self.candidates), dtype=bool)
         self.ran_layouts: dict = {}  # layout id → how many of its candidates ran
         self.ooms: set = set()
 
     # -- the candidates --------------------------------------------------------------------
 
-    def _row(self, candidate):
-        """(raw parts, pipelined, layout, estimated GiB), None if nothing can be estimated."""
+    def _row(self, candidate) -> Row | None:
+        """The belief's row of ``candidate``; None if nothing can be estimated."""
         e = costmodel.estimate(self.spec, candidate)
         if not e.breakdown or not math.isfinite(e.step_time_s):
             return None
-        return raw_parts(e), candidate.pp > 1, layout_of(candidate), e.memory_gb_per_device
+        return Row(
+            raw_parts(e),
+            memory_parts(e.breakdown["memory_gb"]),
+            candidate.pp > 1,
+            candidate.recompute != "none",
+            layout=-1,  # given by :meth:`_add`
+        )
 
-    def _add(self, candidate) -> int:
-        self.layout_ids.setdefault(layout_of(candidate), len(self.layout_ids))
+    def _add(self, candidate, row: Row) -> Row:
+        """Hold ``candidate``: its index, and its layout's id in its ``row``."""
+        layout = self.layout_ids.setdefault(layout_of(candidate), len(self.layout_ids))
         self.index[candidate] = len(self.candidates)
         self.candidates.append(candidate)
-        return self.index[candidate]
+        return replace(row, layout=layout)
 
     def _index_of(self, candidate) -> int | None:
         """Where ``candidate``'s projection is (added when it ran but was not held)."""
@@ -137,10 +141,9 @@ class Prior:
         row = self._row(c)
         if row is None:
             return None
-        i = self._add(c)
-        self.belief.add(row[0], row[1], self.layout_ids[row[2]], row[3])  # its row i too
+        self.belief.add(self._add(c, row))  # its row, the last
         self.tried = np.append(self.tried, False)
-        return i
+        return len(self.candidates) - 1
 
     def project(self, candidate):
         """``candidate`` with the knobs left to the sampler at the baseline's value."""
@@ -172,9 +175,9 @@ class Prior:
 
     # -- choosing --------------------------------------------------------------------------
 
-    def _fit(self, measurements) -> float:
-        """Refit the belief from ``measurements`` ``[(candidate, peak MB, step ms)]``; returns
-        the best measured log goodput (-inf: none)."""
+    def _fit(self, measurements, pending=()) -> np.ndarray:
+        """Refit the belief from ``measurements`` ``[(candidate, peak MB, step ms)]`` and the
+        candidates running now (``pending``); returns the rows measured."""
         times, peaks = [], []
         for candidate, memory_mb, step_ms in measurements:
             i = self._index_of(candidate)
@@ -184,28 +187,42 @@ class Prior:
                 times.append((i, step_ms / 1000))
             if memory_mb:
                 peaks.append((i, memory_mb / 1024))
-        self.belief.fit(times, peaks, sorted(self.ooms))
-        batch = self.spec.train.global_batch_size
-        return max((math.log(batch / s) for _, s in times), default=-math.inf)
+        waiting = [i for i in map(self._index_of, pending) if i is not None]
+        self.belief.fit(times, peaks, sorted(self.ooms), waiting)
+        self.pending_layouts = {int(self.belief.layout[i]) for i in waiting}
+        # the running ones count as measured at what the belief expects (the believer)
+        return np.array(sorted({i for i, _ in times} | set(waiting)), dtype=int)
 
-    def next(self, measurements, objective: str | None = None):
+    def next(self, measurements, objective: str | None = None, pending=()):
         """``(candidate, fixed)``: the candidate to try next by ``objective`` (default: the
         first the model estimates) and whether all its knobs are fixed; None when every
-        candidate that may fit was tried (see the module doc)."""
-        best, fits, open_ = self._open(measurements)
+        candidate that may fit was tried (see the module doc). ``pending``: candidates running
+        now, whose outcome is not known yet."""
+        measured, fits, open_ = self._open(measurements, pending)
         if not open_.any():
             return None
+        # a running layout's next variant waits for its outcome while another layout is open
+        elsewhere = open_ & ~np.isin(self.belief.layout, list(self.pending_layouts))
+        open_ = elsewhere if elsewhere.any() else open_
         if (objective or self.objectives[0]) == "peak_memory":
-            memory = np.log(self.belief.memory_gb) + self.belief.memory_mean
+            memory = self.belief.memory_mean()
             return self.candidates[int(np.argmax(np.where(open_, -memory, -np.inf)))], False
-        gain, optimistic = self._values()
+        gain, sd = self._values()
         if self.estimated:  # the estimate is the trial: nothing to learn, nothing to explore
-            return self.candidates[int(np.argmax(np.where(open_, gain[0], -np.inf)))], False
-        score = np.where(open_, _expected_gain(gain, best) * fits, -np.inf)
-        unexplored = open_ & self._unexplored()
+            return self.candidates[int(np.argmax(np.where(open_, gain, -np.inf)))], False
+        if not len(measured):  # nothing measured: the model's best of those likely to fit
+            likely = open_ & (fits >= LIKELY)
+            if likely.any():
+                return self.candidates[int(np.argmax(np.where(likely, gain, -np.inf)))], True
+        best = float(gain[measured].max()) if len(measured) else -math.inf
+        score = np.where(open_, _expected_gain(gain, sd, best) * fits, -np.inf)
+        choice = int(np.argmax(score))
+        if self.belief.step.scale() < MISPRICED_SCALE:  # the measurements confirm the model
+            return self.candidates[choice], not self._ran(choice)
+        optimistic = gain + OPTIMISM * sd
+        unexplored = open_ & self._unexplored() & (fits >= LIKELY)
         fresh = unexplored & (optimistic > best)
-        if not fresh.any():  # else a layout that could beat the best measurement runs first
-            choice = int(np.argmax(score))
+        if not fresh.any():  # else a layout that could beat the best measured runs first
             if self.ran_layouts.get(int(self.belief.layout[choice]), 0) < 2:
                 return self.candidates[choice], False
             # a third variant of a layout waits for the layouts that could do better than it
@@ -214,26 +231,32 @@ class Prior:
                 return self.candidates[choice], False
         return self.candidates[int(np.argmax(np.where(fresh, score, -np.inf)))], True
 
-    def _open(self, measurements):
-        """(best measured log goodput, each candidate's probability to fit, which may be
-        proposed) after refitting the belief."""
-        best = self._fit(measurements)
-        fits = (
-            (self.belief.memory_gb <= self.limit_gb).astype(float)
-            if self.estimated
-            else self.belief.fit_probability()
-        )
-        return best, fits, ~self.tried & (fits >= FIT_AT_LEAST)
+    def _ran(self, row: int) -> bool:
+        """Whether row ``row``'s layout ran or is running."""
+        layout = int(self.belief.layout[row])
+        return layout in self.ran_layouts or layout in self.pending_layouts
+
+    def _open(self, measurements, pending=()):
+        """(the rows measured, each candidate's probability to fit, which may be proposed)
+        after refitting the belief: not tried, not as large as one that ran out of memory, and
+        likely enough to fit — after a run out of memory, more likely than not."""
+        if self.estimated:
+            fits = (self.belief.memory_gb <= self.limit_gb).astype(float)
+            self.pending_layouts = set()
+            return np.zeros(0, dtype=int), fits, ~self.tried & (fits > 0)
+        measured = self._fit(measurements, pending)
+        fits = self.belief.fit_probability()
+        floor = LIKELY if self.ooms else FIT_AT_LEAST
+        return measured, fits, ~self.tried & ~self.belief.closed() & (fits >= floor)
 
     def _values(self):
-        """((mean, sd) of each candidate's log goodput, its layout's optimistic value)."""
+        """(mean, sd) of each candidate's noise-free log goodput."""
         mean, var = self.belief.predict()
-        gain = math.log(self.spec.train.global_batch_size) - mean
-        return (gain, self.belief.run_sd(var)), gain + OPTIMISM * np.sqrt(var)
+        return math.log(self.spec.train.global_batch_size) - mean, np.sqrt(var)
 
     def _unexplored(self) -> np.ndarray:
-        """Candidates of layouts that never ran."""
-        return ~np.isin(self.belief.layout, list(self.ran_layouts))
+        """Candidates of layouts that never ran and are not running."""
+        return ~np.isin(self.belief.layout, [*self.ran_layouts, *self.pending_layouts])
 
     def promising(self) -> int:
         """How many layouts could beat the best estimate before anything is measured: their
@@ -250,8 +273,10 @@ class Prior:
         """Every layout: ``{"layout": "dp·tp·pp·m", "ran": runs}``, and for one that did not
         run ``"why"`` not, as the prior sees it now, and ``"reach"``, its optimistic goodput
         (None: nothing of it may fit); ``remaining``: trials left."""
-        best, fits, open_ = self._open(measurements)
-        (gain, _), optimistic = self._values()
+        measured, fits, open_ = self._open(measurements)
+        gain, sd = self._values()
+        best = float(gain[measured].max()) if len(measured) else -math.inf
+        optimistic = gain + OPTIMISM * sd
         out = []
         for key, layout in sorted(self.layout_ids.items()):
             rows = self.belief.layout == layout
@@ -272,6 +297,8 @@ class Prior:
         if not (rows & open_).any():
             if any(self.belief.layout[i] == self.belief.layout[rows][0] for i in self.ooms):
                 return "ran out of memory"
+            if (rows & ~self.tried & self.belief.closed()).any():
+                return "estimated at least as large as a candidate that ran out of memory"
             smallest = float(self.belief.memory_gb[rows].min())
             return (
                 f"predicted out of memory: {smallest:.3g} GB estimated against "
@@ -286,7 +313,7 @@ class Prior:
         if value <= best:
             return (
                 f"at best {math.exp(value):.4g} samples/s (mean + {OPTIMISM:g} sd), below "
-                f"the best measured {math.exp(best):.4g}"
+                f"the best measured candidate's {math.exp(best):.4g}"
             )
         reach = (
             f"could reach {math.exp(value):.4g} samples/s (mean "
@@ -295,9 +322,8 @@ class Prior:
         return reach + (": no trials left" if remaining == 0 else ": not measured yet")
 
 
-def _expected_gain(gain, best: float) -> np.ndarray:
+def _expected_gain(mean, sd, best: float) -> np.ndarray:
     """Expected improvement of a normal (mean, sd) over ``best`` (the mean when -inf)."""
-    mean, sd = gain
     if not math.isfinite(best):  # nothing measured: the expected goodput, relative
         return np.exp(mean - mean.max())
     z = (mean - best) / sd

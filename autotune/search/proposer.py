@@ -182,7 +182,7 @@ class Proposer:
         explored has every param fixed (user attr ``exploring``: its layout)."""
         objective = self.prior.objectives[self._turn % len(self.prior.objectives)]
         self._turn += 1
-        chosen = self.prior.next(self.measurements, objective)
+        chosen = self.prior.next(self.measurements, objective, pending=list(self.running))
         if chosen is None:
             return None
         candidate, fixed = chosen

@@ -69,6 +69,9 @@ KINDS = ("program", "estimate", "table")
 
 # cluster.backend when model.yaml leaves it out, and a trial config's when it does not say.
 DEFAULT_BACKEND = "cpu"
+# What executes a training step, as the cost model prices it (`autotune.costmodel.estimate`):
+# autotune's trainer, MindSpore's own engine (MindFormers' runs), Megatron-LM.
+ENGINES = ("trainer", "mindspore", "megatron")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from autotune.families import FAMILIES, owners
 from autotune.families.layers import RECOMPUTE_LAYER_KEYS
 from autotune.spec import entry as entry_loader
 from autotune.spec.attention import fused_refusal
-from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
+from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
 from autotune.spec.objectives import OBJECTIVES
@@ -324,10 +324,11 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
     # export of a replay study re-reads this file without needing the table
     replay = s.get("replay", str, default=None)
     pool = s.get("pool_devices", int, default=None, minimum=devices)
+    engine = s.get("replay_engine", str, default=None, choices=ENGINES)
     reads_table = BACKENDS[backend].kind == "table"
     if reads_table and replay is None:
         s.fail("replay", f"is required with backend {backend}: a CSV of measured candidates")
-    for name, value in (("replay", replay), ("pool_devices", pool)):
+    for name, value in (("replay", replay), ("pool_devices", pool), ("replay_engine", engine)):
         if not reads_table and value is not None:
             s.fail(name, f"is read by backend replay only (backend is {backend})")
     s.reject_unknown()
@@ -340,6 +341,7 @@ def _parse_cluster(s: _Section, base: Path) -> ClusterSpec:
         str((base / replay).resolve()) if replay else None,
         pool,
         cap,
+        engine,
     )
 
 

@@ -67,6 +67,9 @@ class ClusterSpec:
     # MindSpore's max_device_memory: the memory a run may use, already a cap (None: the
     # device's memory with the cost model's safety margin)
     max_device_memory_gb: float | None = None
+    # backend replay: what executed the table's rows (`autotune.spec.backends.ENGINES`; None:
+    # the table's engine column says, else autotune's trainer), so the prior prices that program
+    replay_engine: str | None = None
 
 
 @dataclass(frozen=True)

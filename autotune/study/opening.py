@@ -38,6 +38,7 @@ from pathlib import Path
 
 import optuna
 
+from autotune.costmodel.estimate import default_engine
 from autotune.spec.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
@@ -135,6 +136,8 @@ def _create_or_load(spec, space, storage, url, study_name, resume, sampler, prun
         study.set_user_attr("model_yaml_path", spec.source)
         study.set_user_attr("objectives", list(spec.search.objectives))
         study.set_user_attr("backend", spec.cluster.backend)
+        # what executes its trials: a table of them (`compare --csv`) replays with that prior
+        study.set_user_attr("engine", default_engine(spec))
         study.set_user_attr("fingerprint", mine)
         study.set_user_attr("param_encoding", space.encoding)
     return study, exists

@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 
 from autotune.analysis.ranking import noise_floor, summarize
 from autotune.execution.executors import make_executor
-from autotune.execution.replay import load_table
+from autotune.execution.replay import load_table, with_engine
 from autotune.search.prior import prior_for
 from autotune.search.proposer import Proposer
 from autotune.search.samplers import make_sampler
@@ -98,6 +98,8 @@ def run_study(
     )
     # a bad replay table is an input error: read it before the study is created
     table = load_table(spec, space) if backend.kind == "table" else None
+    if table is not None:  # the prior prices the program that ran its rows
+        spec = with_engine(spec, table)
     check_budget_backend(budget, spec, table)
     earlier = earlier_studies(spec, space, study_name, warm, storage)
     progress = progress or Progress()
