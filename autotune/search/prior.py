@@ -9,21 +9,27 @@ nothing; the proposer (`autotune.search.proposer`) asks it and tells it every ca
 and how each ended (:meth:`Prior.mark`), so nothing running or finished is proposed again.
 :func:`prior_for` is the prior of a study's spec (None: not ``auto``, or nothing to rank).
 
-- Belief: the estimate of each candidate is corrected by what was measured, mechanism by
-  mechanism, and carries an uncertainty that shrinks only where measurements exercised the same
-  mechanisms and layout (`autotune.search.belief`); memory likewise, as the probability that the
-  candidate fits.
-- Acquisition: expected improvement of log goodput (samples/s of the step time) over the best
-  measured, times the probability of fitting: a candidate the model prices just over the
-  memory limit may run when the memory measured so far says the model is pessimistic.
-- Layouts before polish: a layout is a (dp, tp, pp, micro-batch count) split. While some layout
-  that has not run has an optimistic value (:data:`OPTIMISM` standard deviations of what its
-  layout and mechanisms may cost, above the mean) better than the best measurement, the next
-  candidate is such a layout's, with the knobs the cost model does not estimate at the
-  baseline's value; only then are the measured layouts' other variants — fusion threshold,
-  parallel optimizer, recompute, and the knobs left to the sampler — tried, by the same
-  acquisition, and a layout's third variant only when no layout that has not run could do
-  better than it.
+- Belief: the estimate of each candidate — priced as the program its trials run
+  (`autotune.costmodel.estimate.default_engine`) — is corrected by what was measured,
+  mechanism by mechanism, with an uncertainty that shrinks where measurements exercised the
+  same mechanisms and layout and a scale of the model's error the measurements weigh
+  (`autotune.search.belief`); memory likewise, runs out of memory included, as the probability
+  that the candidate fits.
+- Acquisition: expected improvement of the noise-free log goodput over the best corrected
+  goodput of the candidates measured (or running: believed at their expected value), times the
+  probability of fitting. Candidates under :data:`FIT_AT_LEAST` likely to fit, estimated as
+  large as one that ran out of memory, or — after a run out of memory — under :data:`LIKELY`
+  likely to fit, are not proposed; nothing measured yet, the model's best candidate at least
+  :data:`LIKELY` to fit goes first.
+- Layouts first where a mechanism is mispriced (the belief's error scale at least
+  :data:`MISPRICED_SCALE`): a layout is a (dp, tp, pp, micro-batch count) split. While some
+  layout that has not run, at least :data:`LIKELY` to fit, has an optimistic value
+  (:data:`OPTIMISM` standard deviations above its mean) better than the best measured, the
+  next candidate is such a layout's, with the knobs the cost model does not estimate at the
+  baseline's value; a layout's third variant only when no layout that has not run could do
+  better than it. Where the measurements agree with the model the acquisition alone chooses.
+- Trials running now (``pending``): a running layout's next variant waits while another layout
+  may run, so k trial slots take k layouts.
 - Several objectives the model estimates (goodput, peak memory): the proposer takes them in turn
   (:attr:`Prior.objectives`); by peak memory the prior ranks by the corrected memory estimate.
   ``final_loss`` is not estimated: a study with no estimated objective, or a model without
@@ -40,6 +46,7 @@ from dataclasses import replace
 import numpy as np
 
 from autotune import costmodel
+from autotune.costmodel.estimate import default_engine
 from autotune.costmodel.workload import workload_for
 from autotune.search.belief import PARTS, Belief, Row, memory_parts
 from autotune.search.factors import normal_cdf
@@ -369,9 +376,10 @@ def prior_for(spec, space, note, n_trials: int | None = None) -> Prior | None:
     promising = prior.promising()
     note(
         f"auto: the cost model ranks {len(prior.candidates)} candidates in "
-        f"{len(prior.layout_ids)} layouts; the baseline runs first, then each layout that "
-        "could beat the best measurement, then the best variants under the estimate "
-        "corrected by every measurement"
+        f"{len(prior.layout_ids)} layouts ({default_engine(spec)}'s steps); the baseline "
+        "runs first, then the candidates likeliest to improve on the best measured one, by "
+        "the estimate corrected by every measurement — first each layout that could beat it, "
+        "where the measurements say a mechanism is mispriced"
     )
     if n_trials is not None and promising > n_trials - 1:
         note(
