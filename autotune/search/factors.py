@@ -18,15 +18,19 @@ The model (docs/search.md, "How sure the prior is"):
 candidates it acts on), ε_L one per layout (what no mechanism explains; shared by the layout's
 variants), ε one per observation. Priors are normal in log space: γ with ``sigma_common``,
 δ_m with ``scale × sigma_mechanism``, ε_L with ``scale × sigma_layout``, ε with ``noise``.
+Exact observations fit by Newton steps to the posterior's mode and its curvature; a censored
+one then moves that Gaussian to the mean and covariance of the posterior truncated at its
+bound (assumed-density filtering), so a run out of memory says "at least this large" with the
+spread the belief had, not pinned to the bound.
 
 The **scale** of the model's error and the **noise** are not fixed: each has a few values
 (:attr:`Shape.scales`, :attr:`Shape.noises`), equally likely before anything is observed, and
 the observations weigh them by their evidence (the Laplace approximation of the marginal
-likelihood). So when measurements agree with the model, the small scales win and every
-mechanism nobody measured is believed about as right as those measured; when one mechanism is
-far off, the large scales win and the others are held in doubt too. For each (scale, noise) the
-fit is the posterior's mode (Newton steps; a censored observation adds ``log Φ``) and its
-curvature; predictions are the weighted mixture's mean and variance.
+likelihood; a censored observation adds the ``log Φ`` its truncation took). So when
+measurements agree with the model, the small scales win and every mechanism nobody measured is
+believed about as right as those measured; when one mechanism is far off, the large scales win
+and the others are held in doubt too. Predictions are the weighted mixture's mean and
+variance.
 """
 
 from __future__ import annotations
@@ -130,8 +134,6 @@ class FactorPosterior:
     def _fit_one(self, exact, above, scale: float, noise: float) -> _Fit:
         shape = self.shape
         rows = np.array([i for i, _ in exact] + [i for i, _ in above], dtype=int)
-        y = np.array([v for _, v in exact] + [b for _, b in above])
-        n_exact = len(exact)
         layouts = sorted({int(self.layout[i]) for i in rows})
         n_theta = 1 + len(shape.mechanisms)
         prior = np.array(
@@ -139,26 +141,26 @@ class FactorPosterior:
             + [1 / (scale * shape.sigma_mechanism) ** 2] * len(shape.mechanisms)
             + [1 / (scale * shape.sigma_layout) ** 2] * len(layouts)
         )
-        column = {layout: j for j, layout in enumerate(layouts)}
-        indicator = np.zeros((len(rows), len(layouts)))
-        for r, i in enumerate(rows):
-            indicator[r, column[int(self.layout[i])]] = 1.0
+        column = {layout: n_theta + j for j, layout in enumerate(layouts)}
         params = np.zeros(n_theta + len(layouts))
-        if n_exact:
-            base, _ = self._mean(rows[:n_exact], params[:n_theta])
-            params[0] = float(np.median(y[:n_exact] - base))  # start at the common ratio
-        elif len(rows):
-            base, _ = self._mean(rows, params[:n_theta])
-            params[0] = max(0.0, float(np.max(y - base)))
-        objective, precision = self._newton(rows, y, n_exact, indicator, prior, noise, params)
-        cov = np.linalg.inv(precision)
+        evidence = 0.5 * float(np.sum(np.log(prior)))
+        if exact:
+            measured = np.array([i for i, _ in exact], dtype=int)
+            y = np.array([v for _, v in exact])
+            indicator = np.zeros((len(exact), len(layouts)))
+            for r, i in enumerate(measured):
+                indicator[r, column[int(self.layout[i])] - n_theta] = 1.0
+            base, _ = self._mean(measured, params[:n_theta])
+            params[0] = float(np.median(y - base))  # start at the common ratio
+            objective, precision = self._newton(measured, y, indicator, prior, noise, params)
+            evidence += objective - len(exact) * math.log(noise)
+        else:
+            precision = np.diag(prior)
         _, logdet_h = np.linalg.slogdet(precision)
-        evidence = (
-            objective
-            - n_exact * math.log(noise)
-            + 0.5 * float(np.sum(np.log(prior)))
-            - 0.5 * logdet_h
-        )
+        evidence -= 0.5 * logdet_h
+        cov = np.linalg.inv(precision)
+        for i, bound in above:
+            evidence += self._censor(i, bound, column, noise, params, cov)
         return _Fit(
             scale,
             noise,
@@ -171,52 +173,54 @@ class FactorPosterior:
             evidence,
         )
 
-    def _newton(self, rows, y, n_exact, indicator, prior, noise, params):
-        """Move ``params`` (in place) to the posterior's mode; returns (log posterior there,
-        up to constants; its curvature)."""
+    def _newton(self, rows, y, indicator, prior, noise, params):
+        """Move ``params`` (in place) to the mode of the posterior given the exact observations
+        ``y`` of ``rows``; returns (log posterior there, up to constants; its curvature)."""
         n_theta = 1 + len(self.shape.mechanisms)
 
         def at(p):
             mean, jac = self._mean(rows, p[:n_theta])
-            full = np.hstack([jac, indicator])
-            value = mean + indicator @ p[n_theta:]
-            r = (y[:n_exact] - value[:n_exact]) / noise
-            z = (value[n_exact:] - y[n_exact:]) / noise
-            objective = (
-                -0.5 * float(r @ r) + float(np.sum(log_cdf(z))) - 0.5 * float(p @ (prior * p))
+            r = (y - mean - indicator @ p[n_theta:]) / noise
+            return (
+                -0.5 * float(r @ r) - 0.5 * float(p @ (prior * p)),
+                np.hstack([jac, indicator]),
+                r,
             )
-            return objective, full, r, z
 
-        objective, full, r, z = at(params)
-        precision = np.diag(prior)
-        for _ in range(ITERATIONS if len(rows) else 0):
-            lam = mills(z)
-            exact_j, cens_j = full[:n_exact], full[n_exact:]
-            gradient = exact_j.T @ r / noise + cens_j.T @ lam / noise - prior * params
-            curvature = lam * (z + lam)
-            precision = (
-                exact_j.T @ exact_j / noise**2
-                + (cens_j * curvature[:, None]).T @ cens_j / noise**2
-                + np.diag(prior)
-            )
-            step = np.linalg.solve(precision, gradient)
+        objective, full, r = at(params)
+        for _ in range(ITERATIONS):
+            precision = full.T @ full / noise**2 + np.diag(prior)
+            step = np.linalg.solve(precision, full.T @ r / noise - prior * params)
             for _ in range(20):  # halve until the posterior does not fall
-                trial = params + step
-                found = at(trial)
+                found = at(params + step)
                 if found[0] >= objective - 1e-12:
                     break
                 step = step / 2
             else:
                 break
-            params[:] = trial
-            objective, full, r, z = found
-        lam = mills(z)
-        precision = (
-            full[:n_exact].T @ full[:n_exact] / noise**2
-            + (full[n_exact:] * (lam * (z + lam))[:, None]).T @ full[n_exact:] / noise**2
-            + np.diag(prior)
-        )
-        return objective, precision
+            params += step
+            objective, full, r = found
+        return objective, full.T @ full / noise**2 + np.diag(prior)
+
+    def _censor(self, row: int, bound: float, column: dict, noise, params, cov) -> float:
+        """Take in (in place: ``params``, ``cov``) that one observation of ``row`` was above
+        the log ``bound``: the Gaussian posterior's mean and covariance moved to those of the
+        posterior truncated there (assumed-density filtering, linear at the mean: the mode of
+        a step-shaped likelihood would sit on the bound, far surer than the truncation says).
+        Returns the log probability the belief gave it, log Φ(z)."""
+        n_theta = 1 + len(self.shape.mechanisms)
+        mean, jac = self._mean(np.array([row]), params[:n_theta])
+        j = np.zeros(len(params))
+        j[:n_theta] = jac[0]
+        j[column[int(self.layout[row])]] = 1.0
+        value = float(mean[0] + params[column[int(self.layout[row])]])
+        spread = float(j @ cov @ j) + noise**2
+        z = (value - bound) / math.sqrt(spread)
+        lam = float(mills(np.array([z]))[0])
+        gain = cov @ j
+        params += gain * lam / math.sqrt(spread)
+        cov -= np.outer(gain, gain) * lam * (z + lam) / spread
+        return float(log_cdf(np.array([z]))[0])
 
     # -- what it says ----------------------------------------------------------------------
 

@@ -246,15 +246,20 @@ class Prior:
     def _open(self, measurements, pending=()):
         """(the rows measured, each candidate's probability to fit, which may be proposed)
         after refitting the belief: not tried, not as large as one that ran out of memory, and
-        likely enough to fit — after a run out of memory, more likely than not."""
+        likely enough to fit — at least :data:`FIT_AT_LEAST`; after n runs out of memory at
+        least 1 − (1 − :data:`LIKELY`)ⁿ, or the likeliest to fit there is when none is that
+        likely (a peak to learn from, not the end of the prior)."""
         if self.estimated:
             fits = (self.belief.memory_gb <= self.limit_gb).astype(float)
             self.pending_layouts = set()
             return np.zeros(0, dtype=int), fits, ~self.tried & (fits > 0)
         measured = self._fit(measurements, pending)
         fits = self.belief.fit_probability()
-        floor = LIKELY if self.ooms else FIT_AT_LEAST
-        return measured, fits, ~self.tried & ~self.belief.closed() & (fits >= floor)
+        left = ~self.tried & ~self.belief.closed() & (fits >= FIT_AT_LEAST)
+        if self.ooms and left.any():  # each run out of memory halves the risk the next takes
+            floor = min(1 - (1 - LIKELY) ** len(self.ooms), float(fits[left].max()))
+            left &= fits >= floor
+        return measured, fits, left
 
     def _values(self):
         """(mean, sd) of each candidate's noise-free log goodput."""
