@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import json
 
-from autotune.export.configs import run_backend
-from autotune.export.mindformers import UNSET_BASE, cpu_refusals, on_cpu
+from autotune.mindformers.config import UNSET_BASE, on_cpu
+from autotune.mindformers.run_settings import run_backend
 from autotune.spec.candidate import Candidate
+from autotune.spec.mindformers_trial import cpu_refusals
 from autotune.spec.specs import Spec
 from autotune.train.msrun import MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args, node_count
 
@@ -194,7 +195,7 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
         msrun=msrun,
         environment="".join(f"export {name}={value}\n" for name, value in backend.environment),
         no_mindformers=f'  fail "--mindformers: {refusal}"\n' if refusal else "",
-        # autotune's CPU training step, beside mindformers.yaml (autotune.export.mindformers)
+        # autotune's CPU training step, beside mindformers.yaml (autotune.mindformers.config)
         register='  ARGS+=(--register_path "$HERE")\n' if on_cpu(spec, c) else "",
     )
     if workers == 1:
