@@ -21,7 +21,8 @@ Contract:
   forward per micro-batch, 1F1B retention; gradients accumulated in place; its parallel
   optimizer at the default level; sequence parallelism when ``model.sequence_parallel``:
   ``memory.py``, ``timing.py``), the default for the ``simulate`` backend, whose trials stand
-  for that run;
+  for that run, and for a study whose trials are MindFormers runs (``trial.program:
+  mindformers``) on every backend;
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
@@ -153,6 +154,8 @@ def not_modelled(model, engine: str) -> tuple[str, ...]:
 
 def default_engine(spec) -> str:
     """What executes ``spec``'s trials (see the module doc)."""
+    if spec.trial.program == "mindformers":  # MindFormers runs MindSpore's engine everywhere
+        return "mindspore"
     return "mindspore" if backend_of(spec.cluster.backend).kind == "estimate" else "trainer"
 
 

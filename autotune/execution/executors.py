@@ -21,7 +21,10 @@ loop (`autotune.study.loop`) drives every executor the same way:
 
 :class:`SimulateExecutor` answers with the cost model's estimate, :class:`ReplayExecutor` with
 the row of a replay table (`autotune.execution.replay`), :class:`DispatchedExecutor` runs the
-real MindSpore program through Ray (`autotune.execution.dispatch`).
+real MindSpore program through Ray (`autotune.execution.dispatch`): autotune's trainer, or for
+``trial.program: mindformers`` MindFormers' ``run_mindformer.py`` on the trial's config
+(`autotune.mindformers.trial`), each trial in processes of its own, on a synthetic dataset
+written before the first trial when the study asks for one (`autotune.mindformers.data`).
 """
 
 from __future__ import annotations
@@ -189,6 +192,10 @@ class DispatchedExecutor:
             if os.environ.get(COMPILE_CACHE) == "0"
             else (study_dir.parent / ".compile-cache").resolve()
         )
+        # MindFormers' run_mindformer.py as the trial (`autotune.mindformers`): each a fresh
+        # process (one-shot, global state), no warm pools, no autotune compile cache
+        self.mindformers = spec.trial.program == "mindformers"
+        self.data = None  # a MindFormers study's synthetic dataset, once written
         self._dispatcher = None
 
     def __enter__(self):
@@ -197,7 +204,12 @@ class DispatchedExecutor:
         cluster = self.spec.cluster
         # trials of one size run one after another in workers that stay up (execution.warm),
         # unless AUTOTUNE_FRESH_TRIALS=1 asks for a fresh launch per trial
-        warm = None if os.environ.get(FRESH_TRIALS) == "1" else self.study_dir.parent / ".pools"
+        fresh = os.environ.get(FRESH_TRIALS) == "1" or self.mindformers
+        warm = None if fresh else self.study_dir.parent / ".pools"
+        if self.mindformers and self.spec.trial.data == "synthetic":  # before any trial
+            from autotune.mindformers.data import synthetic_dataset
+
+            self.data = synthetic_dataset(self.spec, self.study_dir.parent / ".mindformers-data")
         self._dispatcher = Dispatcher(
             backend_of(cluster.backend),
             cluster.devices_per_node,
@@ -234,8 +246,20 @@ class DispatchedExecutor:
             measure_after=self.spec.trial.measure_after,
             stop_rule=self.spec.stop_rule(),
             device_memory=self.device_memory,
-            compile_cache=self.compile_cache,
+            compile_cache=None if self.mindformers else self.compile_cache,
         )
+        if self.mindformers:
+            from autotune.execution.runner import MINDFORMERS
+            from autotune.mindformers.trial import trial_section
+
+            config[MINDFORMERS] = trial_section(
+                self.spec,
+                job.candidate,
+                job.number,
+                trial_dir.resolve(),
+                self.data,
+                stop_rule=self.spec.stop_rule() is not None,
+            )
         # a warm pool runs one size of trial: by the cost model's own estimate, which the
         # study's calibration (refit after every measurement) would move between trials
         from autotune import costmodel
