@@ -15,8 +15,9 @@ config's ``mindformers`` section (`autotune.mindformers.trial.trial_section`) na
 - the environment: the checkout first on PYTHONPATH (``scripts/msrun_launcher.sh``'s one real
   effect: a source checkout's ``mindformers`` wins), MindFormers' module cache
   (``OM_MODULES_CACHE``) and logs (``LOG_MF_PATH``) under the trial folder — else it writes
-  them into the checkout, and concurrent trials overwrite each other's copies —, no
-  ``MS_ENABLE_TFT`` (fault tolerance refuses a run without ``CheckpointMonitor``);
+  them into the checkout, and concurrent trials overwrite each other's copies —, a failed
+  compile's ``analyze_fail.ir`` there too (``MS_OM_PATH``; else ``./rank_<r>/om/`` in the
+  checkout), no ``MS_ENABLE_TFT`` (fault tolerance refuses a run without ``CheckpointMonitor``);
 - the working folder: the checkout (users' configs name files relative to it).
 """
 
@@ -32,6 +33,7 @@ from autotune.train.msrun import msrun_args
 ENTRY = CLUSTER_DIR / "autotune_mf_entry.py"
 MODULES_DIR = "om_modules"  # MindFormers' copies of the registered files, per trial
 LOG_SUBDIR = "mf"  # MindFormers' own logs, under the trial's log folder (classify reads them)
+GRAPHS_DIR = "graphs"  # a failed compile's analyze_fail.ir (MindSpore's MS_OM_PATH), per trial
 # Variables a trial's MindFormers must not inherit: fault tolerance needs CheckpointMonitor
 # (`check_tft_valid`), and autotune's venv is not MindFormers'.
 DROPPED_VARIABLES = ("MS_ENABLE_TFT", "VIRTUAL_ENV", "PYTHONHOME")
@@ -81,6 +83,7 @@ def launch(
         PYTHONPATH=os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")])),
         OM_MODULES_CACHE=str(trial_dir / MODULES_DIR),
         LOG_MF_PATH=str(log_dir / LOG_SUBDIR),
+        MS_OM_PATH=str(trial_dir / GRAPHS_DIR),
     )
     environment.setdefault("GLOG_v", "3")  # MindSpore's C++ logs: errors only
     return [str(python.with_name("msrun")), *options, *program], environment, checkout

@@ -11,7 +11,8 @@ It runs RUN_MINDFORMER_PY as ``__main__`` (``runpy``, its folder first on ``sys.
 
 - msrun's scheduler role only joins the cluster (``set_device`` of the host, ``communication.init``:
   `autotune.train.runtime.device.serve_cluster`'s rule) instead of importing MindFormers and
-  parsing the config;
+  parsing the config, and on a node other than rank 0's (``AUTOTUNE_NODE``) exits at once, as
+  autotune's own program does (``autotune/train/__main__.py``);
 - ``AUTOTUNE_MF_STARTED``: the epoch second the process started (the trial's ``started_at``);
 - once MindFormers' ``build_context`` returned (the context set, communication initialised: the
   launch is done), the line ``autotune.train running the candidate`` on stderr; a failure inside
@@ -32,6 +33,9 @@ STARTED = "AUTOTUNE_MF_STARTED"
 TRAINING = "AUTOTUNE_MF_TRAINING"  # set by the recorder's on_train_begin
 CANDIDATE_STARTED = "autotune.train running the candidate"
 VERDICT = "autotune.train:"
+REFUSED = "autotune.train: Refused:"
+LAUNCH_FAILED = "autotune.train: LaunchError:"
+NODE = "AUTOTUNE_NODE"  # a trial's node index, on each node of one that spans several
 
 
 def _say(line: str) -> None:
@@ -60,7 +64,17 @@ def main() -> int:
     os.environ[STARTED] = repr(time.time())
     os.environ.pop(TRAINING, None)
     if os.environ.get("MS_ROLE") == "MS_SCHED":
-        return _serve_cluster()
+        if os.environ.get(NODE, "0") != "0":  # rank 0's node serves the job
+            print(f"autotune.mf scheduler of node {os.environ[NODE]} stands down", flush=True)
+            return 0
+        try:
+            return _serve_cluster()
+        except Exception as exc:  # noqa: BLE001  (the cluster's failure, never the candidate's)
+            import traceback
+
+            traceback.print_exc()
+            _say(f"{LAUNCH_FAILED} scheduler: {type(exc).__name__}: {_first_line(exc)}")
+            return 3
     script = os.path.abspath(sys.argv[1])
     sys.argv = sys.argv[1:]
     import mindformers.core.context as mf_context
@@ -87,9 +101,9 @@ def main() -> int:
 
         traceback.print_exc()
         if isinstance(exc, LaunchError):
-            _say(f"{VERDICT} LaunchError: {_first_line(exc)}")
+            _say(f"{LAUNCH_FAILED} {_first_line(exc)}")
         elif os.environ.get(TRAINING) != "1":
-            _say(f"{VERDICT} Refused: {type(exc).__name__}: {_first_line(exc)}")
+            _say(f"{REFUSED} {type(exc).__name__}: {_first_line(exc)}")
         else:
             _say(f"{VERDICT} {type(exc).__name__}: {_first_line(exc)}")
         _leave_cluster()
