@@ -7,18 +7,17 @@ trial in one epoch (global batch × (``UPDATE_CAP`` × ``trial.steps`` + 1)), so
 boundary falls inside the steps a trial measures. It is written once per shape under ``root``
 (then reused by every trial and study of that shape) by MindFormers' own interpreter
 (`autotune.mindformers.CLUSTER_DIR`, ``autotune_mf_data.py``: the MindSpore that reads it writes
-it), into a folder of its own that is renamed into place whole. Random tokens give a loss near
+it), into a folder that appears whole or not at all (`autotune.files.staged_folder`). Random tokens give a loss near
 ln(vocab) that does not fall: a ``final_loss`` objective means nothing on them, and overflow
 behaves as on random data (docs/mindformers.md, "Data").
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
+from autotune.files import staged_folder
 from autotune.mindformers import CLUSTER_DIR
 from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_file import load_config
@@ -47,12 +46,9 @@ def synthetic_dataset(spec: Spec, root: Path) -> str:
     folder = root / f"tokens-{tokens}x{rows}-vocab{vocab}-{'-'.join(columns)}"
     if (folder / DATA_FILE).is_file():
         return str(folder / DATA_FILE)
-    staged = root / f".{folder.name}.{os.getpid()}"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
     script = CLUSTER_DIR / "autotune_mf_data.py"
-    args = [str(staged / DATA_FILE), str(rows), str(tokens), str(vocab), *columns]
-    try:
+    with staged_folder(folder) as staged:
+        args = [str(staged / DATA_FILE), str(rows), str(tokens), str(vocab), *columns]
         done = subprocess.run(
             [spec.trial.python, str(script), *args],
             capture_output=True,
@@ -62,11 +58,4 @@ def synthetic_dataset(spec: Spec, root: Path) -> str:
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise DataError(f"writing the synthetic dataset {folder} failed: {last}")
-        try:
-            os.rename(staged, folder)
-        except OSError:  # another driver wrote it meanwhile: theirs stands
-            if not (folder / DATA_FILE).is_file():
-                raise
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
     return str(folder / DATA_FILE)

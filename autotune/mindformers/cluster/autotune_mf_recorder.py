@@ -179,7 +179,6 @@ class AutotuneStepRecorder(Callback):
         self.file.close()
         if self.live is not None:
             self.live.close()
-        path = os.path.join(self.out_dir, f"metrics.rank{self.rank}.json")
-        with open(path + ".tmp", "w") as f:
+        # read once the run is over (`autotune.mindformers.results`), never while it is written
+        with open(os.path.join(self.out_dir, f"metrics.rank{self.rank}.json"), "w") as f:
             json.dump(summary, f)
-        os.replace(path + ".tmp", path)
