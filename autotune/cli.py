@@ -263,6 +263,13 @@ def cmd_export(args) -> int:
             f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
             "(listed at its top)"
         )
+    if merged and merged.get("launch"):
+        print(f"run it as the study's MindFormers trials ran: {merged['launch']}")
+        if merged.get("data") == "synthetic":
+            print(
+                "  (they read a synthetic MindRecord: add -- --train_dataset_dir PATH, or train "
+                "on the config's own dataset)"
+            )
     return 0
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from autotune import mindformers as mf
 from autotune.export import configs
-from autotune.export.launch_sh import launch_script
+from autotune.export.launch_sh import launch_script, mindformers_launch_line
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
@@ -177,6 +177,10 @@ def write_export(
                 "base": str(Path(mindformers_base).resolve()),
                 "changes": changes,
             }
+            if spec.trial.program == "mindformers":  # the run its trials were
+                script = str(out_dir / "launch.sh")
+                extra["mindformers"]["launch"] = mindformers_launch_line(spec, script)
+                extra["mindformers"]["data"] = spec.trial.data
         _write_documents(staged, spec, c, trial, run_config, layouts, extra, mindformers_yaml)
         if plan:
             reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)
