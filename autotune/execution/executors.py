@@ -24,7 +24,10 @@ the row of a replay table (`autotune.execution.replay`), :class:`DispatchedExecu
 real MindSpore program through Ray (`autotune.execution.dispatch`): autotune's trainer, or for
 ``trial.program: mindformers`` MindFormers' ``run_mindformer.py`` on the trial's config
 (`autotune.mindformers.trial`), each trial in processes of its own, on a synthetic dataset
-written before the first trial when the study asks for one (`autotune.mindformers.data`).
+written before the first trial when the study asks for one (`autotune.mindformers.data`), with
+MindSpore's compile cache in a folder of the candidate's own (`autotune.mindformers.trial.
+compile_cache_key`: a re-run of it, as the confirm phase's, loads its graphs; one trial of a
+candidate at a time uses it).
 """
 
 from __future__ import annotations
@@ -196,6 +199,15 @@ class DispatchedExecutor:
         # process (one-shot, global state), no warm pools, no autotune compile cache
         self.mindformers = spec.trial.program == "mindformers"
         self.data = None  # a MindFormers study's synthetic dataset, once written
+        # MindSpore's compile cache under MindFormers: a folder per candidate, filled by its
+        # first run and loaded by its re-runs, one trial at a time (number → its folder's key)
+        self.mindformers_cache = (
+            None
+            if os.environ.get(COMPILE_CACHE) == "0"
+            else (study_dir.parent / ".mindformers-cache").resolve()
+        )
+        self.versions = ""  # MindFormers' and MindSpore's, as the trials' interpreter finds them
+        self._caching: dict[int, str] = {}
         self._dispatcher = None
 
     def __enter__(self):
@@ -206,7 +218,9 @@ class DispatchedExecutor:
         # unless AUTOTUNE_FRESH_TRIALS=1 asks for a fresh launch per trial
         fresh = os.environ.get(FRESH_TRIALS) == "1" or self.mindformers
         warm = None if fresh else self.study_dir.parent / ".pools"
-        if self.mindformers and self.spec.trial.data == "synthetic":  # before any trial
+        if self.mindformers:  # before any trial: the interpreter, the synthetic dataset
+            self.versions = _mindformers_versions(self.spec)
+        if self.mindformers and self.spec.trial.data == "synthetic":
             from autotune.mindformers.data import synthetic_dataset
 
             self.data = synthetic_dataset(self.spec, self.study_dir.parent / ".mindformers-data")
@@ -250,9 +264,9 @@ class DispatchedExecutor:
         )
         if self.mindformers:
             from autotune.execution.runner import MINDFORMERS
-            from autotune.mindformers.trial import trial_section
+            from autotune.mindformers.trial import compile_cache_key, trial_section
 
-            config[MINDFORMERS] = trial_section(
+            mf = trial_section(
                 self.spec,
                 job.candidate,
                 job.number,
@@ -260,6 +274,11 @@ class DispatchedExecutor:
                 self.data,
                 stop_rule=self.spec.stop_rule() is not None,
             )
+            key = compile_cache_key(mf, self.versions)
+            if self.mindformers_cache is not None and key not in self._caching.values():
+                mf["compile_cache"] = str(self.mindformers_cache / key)
+                self._caching[job.number] = key
+            config[MINDFORMERS] = mf
         # a warm pool runs one size of trial: by the cost model's own estimate, which the
         # study's calibration (refit after every measurement) would move between trials
         from autotune import costmodel
@@ -276,16 +295,36 @@ class DispatchedExecutor:
         )
 
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
-        return self._dispatcher.wait(timeout_s=timeout_s)
+        done = self._dispatcher.wait(timeout_s=timeout_s)
+        for number, _ in done:
+            self._caching.pop(number, None)
+        return done
 
     def cancel(self, number: int) -> None:
+        self._caching.pop(number, None)
         self._dispatcher.cancel(number)
 
     def cancel_all(self) -> list[int]:
+        self._caching.clear()
         return self._dispatcher.cancel_all()
 
     def continue_from(self, runs: dict) -> None:
         pass  # a real run measures anew
+
+
+def _mindformers_versions(spec) -> str:
+    """MindFormers' and MindSpore's versions as ``trial.python`` finds them: a driver whose
+    trials' interpreter does not run MindFormers fails here, before any trial."""
+    from autotune.spec.errors import SpecError
+    from autotune.spec.mindformers_trial import mindformers_versions
+
+    versions = mindformers_versions(spec.trial.python, Path(spec.trial.run_mindformer).parent)
+    if versions is None:
+        raise SpecError(
+            f"{spec.source}: trial.python: {spec.trial.python} does not run, or finds no "
+            "mindformers and mindspore packages"
+        )
+    return versions
 
 
 def make_executor(spec, study_dir: Path, ray_address: str | None = None, replay_table=None):

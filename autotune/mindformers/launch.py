@@ -17,7 +17,10 @@ config's ``mindformers`` section (`autotune.mindformers.trial.trial_section`) na
   (``OM_MODULES_CACHE``) and logs (``LOG_MF_PATH``) under the trial folder — else it writes
   them into the checkout, and concurrent trials overwrite each other's copies —, a failed
   compile's ``analyze_fail.ir`` there too (``MS_OM_PATH``; else ``./rank_<r>/om/`` in the
-  checkout), no ``MS_ENABLE_TFT`` (fault tolerance refuses a run without ``CheckpointMonitor``);
+  checkout), no ``MS_ENABLE_TFT`` (fault tolerance refuses a run without ``CheckpointMonitor``),
+  and with ``compile_cache`` (a folder of the candidate's own) MindSpore's compile cache
+  (``MS_COMPILER_CACHE_ENABLE``, ``MS_COMPILER_CACHE_PATH``): a re-run of the candidate loads
+  the graphs its first run compiled;
 - the working folder: the checkout (users' configs name files relative to it).
 """
 
@@ -85,5 +88,7 @@ def launch(
         LOG_MF_PATH=str(log_dir / LOG_SUBDIR),
         MS_OM_PATH=str(trial_dir / GRAPHS_DIR),
     )
+    if mf.get("compile_cache"):  # this candidate's own folder (`trial.compile_cache_key`)
+        environment.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=mf["compile_cache"])
     environment.setdefault("GLOG_v", "3")  # MindSpore's C++ logs: errors only
     return [str(python.with_name("msrun")), *options, *program], environment, checkout

@@ -19,11 +19,13 @@ same call ``autotune export`` makes — with :data:`RUN_KEYS` set for the trial,
 
 ``changes`` lists ``(key, old, new)`` for each key whose value the trial changed; the text's
 header says so. tests/mindformers/ diffs the two documents with the reader both sides share
-(`autotune.spec.mindformers_file.load_config`).
+(`autotune.spec.mindformers_file.load_config`). :func:`compile_cache_key` names the folder of
+MindSpore's compile cache a trial may fill or load (a re-run of the same candidate).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -166,3 +168,28 @@ def trial_section(
         "loss_scaled": scaled,
         "initial_scale": float(c.loss_scale) if scaled else 1.0,
     }
+
+
+def compile_cache_key(mf: dict, versions: str) -> str:
+    """The folder name of MindSpore's compile cache for the trial whose ``mindformers`` section
+    is ``mf`` (:func:`trial_section`): a digest of everything that can change its graphs — its
+    config less the trial's own paths (``output_dir``, the recorder's files), the data, the
+    interpreter and MindFormers' and MindSpore's ``versions``, ``run_mindformer.py``'s source.
+    MindSpore's cache finds a graph by the order a process compiles, not by the graph
+    (docs/mindspore-cpu.md, "Compile cache"): only a run of the same key may load a folder."""
+    config = yaml.safe_load(mf["trial_yaml"])
+    config.pop("output_dir", None)
+    config["callbacks"] = [
+        {k: v for k, v in cb.items() if k not in ("out_dir", "stop_file")}
+        if isinstance(cb, dict) and cb.get("type") == RECORDER
+        else cb
+        for cb in config.get("callbacks") or []
+    ]
+    script = Path(mf["run_mindformer"])
+    digest = hashlib.sha256(
+        json.dumps(
+            [config, mf["data"], mf["python"], versions, str(script)], sort_keys=True, default=str
+        ).encode()
+    )
+    digest.update(script.read_bytes() if script.is_file() else b"")
+    return digest.hexdigest()[:24]

@@ -250,10 +250,13 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
     raw = {**defaults, **raw, **(overrides or {})}
     backend, notes, domains = backend_of(spec.cluster.backend), [], {}
     if mindformers_on_cpu(spec):  # known before running: the CPU runs MindFormers' DP only
-        raw.update(tp=[1], pp=[1], parallel_optimizer=[False])
+        # and folds accumulation into the per-rank batch: every grad_accum is the same run
+        accum = spec.baseline.get("grad_accum", KNOBS["grad_accum"].default)
+        raw.update(tp=[1], pp=[1], parallel_optimizer=[False], grad_accum=[accum])
         notes.append(
             "trial.program mindformers on cpu: MindFormers runs data parallel only here "
-            "(tp, pp and the parallel optimizer are semi-auto/Ascend-only: not searched)"
+            "(tp, pp and the parallel optimizer are semi-auto/Ascend-only: not searched; "
+            f"grad_accum, folded into the batch, is one run: {accum})"
         )
     for name in KNOB_NAMES:
         values = parse_domain(name, raw[name], source)

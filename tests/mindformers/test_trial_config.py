@@ -19,6 +19,7 @@ from autotune.mindformers.trial import (
     RECORDER_FILE,
     RUN_KEYS,
     TRIAL_FILE,
+    compile_cache_key,
     trial_document,
     trial_section,
 )
@@ -161,6 +162,7 @@ def test_the_cpu_screens_what_mindformers_refuses_there_and_says_so_first(study)
     assert space.notes[0].startswith("trial.program mindformers on cpu: MindFormers runs data")
     assert space.domains["tp"] == space.domains["pp"] == (1,)
     assert space.domains["parallel_optimizer"] == (False,)
+    assert space.domains["grad_accum"] == (baseline.grad_accum,)  # folded: one run whatever K
     from autotune.spec.constraints import violations
 
     for knobs in ({"dp": 1, "tp": 2}, {"parallel_optimizer": True}):
@@ -176,3 +178,27 @@ def test_the_trial_yaml_is_valid_yaml_with_its_header_first(study, tmp_path):
     text, _ = trial_document(spec, baseline, 0, tmp_path)
     assert text.startswith("# autotune study ")
     assert yaml.safe_load(text)["callbacks"][-1]["type"] == RECORDER
+
+
+def test_a_rerun_of_a_candidate_and_only_it_finds_its_compile_cache(study, tmp_path):
+    """MindSpore's compile cache finds a graph by compile order, not by graph: a folder per
+    candidate, the same for its re-runs (another trial folder and number), another for any
+    other candidate, MindFormers or MindSpore version, or dataset."""
+    spec, baseline, _ = study
+    key = compile_cache_key(trial_section(spec, baseline, 3, tmp_path / "3", "/d"), "1.9.0 2.9.0")
+    rerun = trial_section(spec, baseline, 11, tmp_path / "11", "/d", stop_rule=True)
+    assert compile_cache_key(rerun, "1.9.0 2.9.0") == key
+    other = Candidate(**{**baseline.as_dict(), "recompute": "full"})
+    assert (
+        compile_cache_key(trial_section(spec, other, 3, tmp_path / "3", "/d"), "1.9.0 2.9.0") != key
+    )
+    assert compile_cache_key(rerun, "1.9.0 2.10.0") != key
+    assert (
+        compile_cache_key(trial_section(spec, baseline, 3, tmp_path / "3", "/e"), "1.9.0 2.9.0")
+        != key
+    )
+    mf = {**rerun, "compile_cache": str(tmp_path / "cache" / key)}
+    _, env, _ = launch(
+        mf, tmp_path, tmp_path / "logs", {}, workers=2, local_workers=2, master_port=1
+    )
+    assert env["MS_COMPILER_CACHE_ENABLE"] == "1" and env["MS_COMPILER_CACHE_PATH"].endswith(key)
