@@ -1,7 +1,10 @@
 """Run one trial as a subprocess.
 
 Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launches the trial
-program (directly for one worker, under ``msrun`` for several), enforces the wall-clock timeout
+program (directly for one worker, under ``msrun`` for several; a config with a ``mindformers``
+section is MindFormers' ``run_mindformer.py`` instead, always under msrun, its ``trial.yaml``
+written beside ``config.json``, the stop rule followed from its live steps and its recorder's
+files read into ``metrics.json`` once it exits: `autotune.mindformers`), enforces the wall-clock timeout
 (from when a rank starts the candidate: :func:`trial_clock`) and the per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
 of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program is read:
 `autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as

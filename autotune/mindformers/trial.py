@@ -98,8 +98,9 @@ def recorder_entry(spec: Spec, trial_dir: Path, stop_rule: bool) -> dict:
         "cap": UPDATE_CAP * steps,
         "device_memory": backend_of(spec.cluster.backend).device_memory,
     }
-    if stop_rule:
+    if stop_rule:  # read from the first step the pilot can end at (its steps after the back-off)
         entry["stop_file"] = str(trial_dir / STOP_FILE)
+        entry["stop_from"] = spec.trial.measure_after + spec.trial.min_steps
     return entry
 
 

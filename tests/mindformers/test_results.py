@@ -148,3 +148,25 @@ def test_the_cluster_files_speak_the_words_autotunes_launcher_reads():
     assert entry["REFUSED"] == train.REFUSED and entry["LAUNCH_FAILED"] == train.LAUNCH_FAILED
     assert entry["NODE"] == train.NODE_VARIABLE
     assert entry["TRAINING"] == recorder["TRAINING"] and entry["STARTED"] == recorder["STARTED"]
+
+
+def test_a_real_trial_stopped_where_the_stop_rule_said_on_every_rank(tmp_path):
+    """The recorded run whose runner followed the stop rule (README): the plan autotune's
+    StepLog makes from rank 0's steps is the step both ranks stopped after, and the metrics are
+    the rule's estimate."""
+    trial = shutil.copytree(FIXTURES / "stopped", tmp_path / "trial")
+    config = {
+        **CONFIG,
+        "trial": {"steps": 30, "measure_after": 2, "precision": 0.2, "min_steps": 10},
+    }
+    ranks = [_lines(trial / f"steps.rank{r}.jsonl") for r in (0, 1)]
+    stop = json.loads((trial / STOP_FILE).read_text())["stop_after"]
+    assert len(ranks[0]) == len(ranks[1]) == stop < 30
+    replayed = tmp_path / "replayed"
+    replayed.mkdir()
+    (replayed / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ranks[0][:stop]))
+    StopPlan(config, replayed).poll()
+    assert json.loads((replayed / STOP_FILE).read_text())["stop_after"] == stop
+    assert write_metrics(trial, config)
+    metrics = json.loads((trial / "metrics.json").read_text())
+    assert metrics["steps"] == stop and metrics["step_time_ci"] <= 0.2

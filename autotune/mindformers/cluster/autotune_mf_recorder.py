@@ -25,8 +25,9 @@ Each rank writes, into ``out_dir``:
 
 It stops the run (``run_context.request_stop``) once ``steps`` updates were applied (a step whose
 gradients overflowed is skipped and does not count) or after ``cap`` steps, or at the step
-``stop_file`` names once it exists (the launcher's stop rule: every rank reads it after every
-step and the ranks agree on it through one all-reduce, so all stop after the same step).
+``stop_file`` names once it exists (the launcher's stop rule: from step ``stop_from`` on, the
+first the rule can end its pilot at, every rank reads it after every step and the ranks agree on
+it through one all-reduce of rank 0's reading, so all stop after the same step).
 On the train's begin it sets ``AUTOTUNE_MF_TRAINING`` (the entry's verdict: a failure from then
 on is no start-up refusal).
 """
@@ -74,13 +75,14 @@ def _vm(field: str) -> float:
 class AutotuneStepRecorder(Callback):
     """Records every step and stops the trial (see the module doc)."""
 
-    def __init__(self, out_dir, steps, cap, stop_file=None, device_memory=False, **_):
+    def __init__(self, out_dir, steps, cap, stop_file=None, stop_from=0, device_memory=False, **_):
         super().__init__()
         from mindformers.tools.utils import get_real_rank
 
         self.rank = int(get_real_rank() or 0)
         self.out_dir, self.steps, self.cap = out_dir, int(steps), int(cap)
-        self.stop_file, self.device_memory = stop_file, bool(device_memory)
+        self.stop_file, self.stop_from = stop_file, int(stop_from)
+        self.device_memory = bool(device_memory)
         self.stop_at = None  # the launcher's step to stop after, once agreed
         self.records = self.applied = self.step_num = 0
         self.t0 = self.last_end = None
@@ -136,7 +138,7 @@ class AutotuneStepRecorder(Callback):
     def _stop(self) -> bool:
         if self.applied >= self.steps or self.records >= self.cap:
             return True
-        if self.stop_file is None:
+        if self.stop_file is None or self.records < self.stop_from:
             return False
         if self.stop_at is None:
             self.stop_at = self._agreed_stop()
