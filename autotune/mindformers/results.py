@@ -91,6 +91,15 @@ def _step_log(config: dict, path: Path | None) -> StepLog:
     )
 
 
+def steps_left(config: dict, records: list[dict]) -> int:
+    """At most how many steps a trial with ``records`` so far has to run (if none of them
+    overflows): autotune's trainer's rule, ``trial.steps`` applied updates within
+    ``UPDATE_CAP`` × ``trial.steps`` steps."""
+    steps = config["trial"]["steps"]
+    applied = sum(not r["overflow"] for r in records)
+    return min(UPDATE_CAP * steps - len(records), steps - applied)
+
+
 class StopPlan:
     """The trainer's stop rule (`autotune.train.metrics.StepLog`, ``plan``) over a running
     MindFormers trial's live ``steps.jsonl``: :meth:`poll` reads the steps rank 0 added and, once
@@ -103,7 +112,6 @@ class StopPlan:
         self.log = _step_log(config, None)
         self.read = 0
         self.done = self.precision is None
-        self.steps = config["trial"]["steps"]
 
     def poll(self) -> None:
         if self.done:
@@ -112,8 +120,7 @@ class StopPlan:
         for r in records[self.read :]:
             self.log.add(r["step"], r["step_time_ms"] / 1000.0, r["loss"], r["overflow"], 0.0)
             self.read += 1
-            applied = sum(not r["overflow"] for r in self.log.records)
-            left = min(UPDATE_CAP * self.steps - self.read, self.steps - applied)
+            left = steps_left(self.config, self.log.records)
             if self.log.pilot_ended() and left > 0:
                 block = self.log.plan(self.precision, left)
                 if block < left:
@@ -134,15 +141,12 @@ def write_metrics(trial_dir: Path, config: dict) -> bool:
     losses = global_losses(records, mf["data_parallel"])
     scales = scales_used(rank0, mf["initial_scale"])
     log = _step_log(config, trial_dir / "steps.jsonl")
-    precision, left_at = config["trial"].get("precision"), None
+    precision = config["trial"].get("precision")
     for i, record in enumerate(rank0):
         log.add(i, record["step_time_ms"] / 1000.0, losses[i], record["overflow"], scales[i])
-        if precision is not None and left_at is None and log.pilot_ended():
-            applied = sum(not r["overflow"] for r in rank0[: i + 1])
-            steps_target = config["trial"]["steps"]
-            left_at = min(UPDATE_CAP * steps_target - (i + 1), steps_target - applied)
-            if left_at > 0:
-                log.plan(precision, left_at)  # fixes the pilot's weight, as the run did
+        left = steps_left(config, rank0[: i + 1])
+        if precision is not None and log.pilot_ended() and left > 0:
+            log.plan(precision, left)  # fixes the pilot's weight, as the run did
     log.close()
     first = summaries[0]
     timing = {
