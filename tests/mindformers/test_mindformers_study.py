@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -137,33 +138,33 @@ def test_a_study_of_mindformers_trials_runs_classifies_and_exports_what_ran(tmp_
     )
     assert list(checkout.iterdir()) == [checkout / RUN_MINDFORMER.name]
 
-    # forced past the screen: MindFormers refuses the parallel optimizer on CPU at start-up ...
-    spec = load_spec(model)
-    data = next((artifacts / ".mindformers-data").glob("*/tokens.mindrecord"))
-    refused = _forced(
-        spec, {}, {"parallel.enable_parallel_optimizer": True}, tmp_path / "refused", str(data)
-    )
+    # forced past the screen, side by side (their times are not compared): MindFormers refuses
+    # the parallel optimizer on CPU at start-up, and one data-parallel rank at a learning rate
+    # of 30 diverges
+    data = str(next((artifacts / ".mindformers-data").glob("*/tokens.mindrecord")))
+    (tmp_path / "dp1").mkdir()
+    dp1 = {**settings, "cluster.devices": 1, "cluster.devices_per_node": 1, "baseline.dp": 1}
+    one = load_spec(mindformers_model(tmp_path / "dp1", python, **dp1))
+    with ThreadPoolExecutor(2) as pool:
+        refusing = pool.submit(
+            _forced,
+            load_spec(model),
+            {},
+            {"parallel.enable_parallel_optimizer": True},
+            tmp_path / "refused",
+            data,
+        )
+        diverging = pool.submit(
+            _forced,
+            one,
+            {"dp": 1},
+            {"lr_schedule.learning_rate": 30.0},
+            tmp_path / "dp1" / "t",
+            data,
+        )
+        refused, diverged = refusing.result(), diverging.result()
     assert refused.outcome == "infeasible" and not refused.infrastructure, refused.detail[:2000]
     assert "parallel optimizer only supports" in refused.detail.splitlines()[0]
-    # ... and one data-parallel rank at a learning rate of 30 diverges
-    (tmp_path / "dp1").mkdir()
-    one = mindformers_model(
-        tmp_path / "dp1",
-        python,
-        **{
-            **settings,
-            "cluster.devices": 1,
-            "cluster.devices_per_node": 1,
-            "baseline.dp": 1,
-        },
-    )
-    diverged = _forced(
-        load_spec(one),
-        {"dp": 1},
-        {"lr_schedule.learning_rate": 30.0},
-        tmp_path / "dp1" / "t",
-        str(data),
-    )
     assert diverged.outcome == "diverged", diverged.detail[:2000]
     assert diverged.metrics["diverged"] and diverged.metrics["steps"] >= STEPS
 
