@@ -174,8 +174,9 @@ def trial_section(
 def compile_cache_key(mf: dict, versions: str) -> str:
     """The folder name of MindSpore's compile cache for the trial whose ``mindformers`` section
     is ``mf`` (:func:`trial_section`): a digest of everything that can change its graphs — its
-    config less the trial's own paths (``output_dir``, the recorder's files and stop step), the data, the
-    interpreter and MindFormers' and MindSpore's ``versions``, ``run_mindformer.py``'s source.
+    config less the trial's own paths (``output_dir``, the recorder's files and stop step), the
+    data, the interpreter and MindFormers' and MindSpore's ``versions``, ``run_mindformer.py``'s
+    source.
     MindSpore's cache finds a graph by the order a process compiles, not by the graph
     (docs/mindspore-cpu.md, "Compile cache"): only a run of the same key may load a folder."""
     config = yaml.safe_load(mf["trial_yaml"])

@@ -93,7 +93,7 @@ def test_init_writes_the_trial_section_or_says_in_one_line_how_to(tmp_path, caps
     )
 
 
-def test_mindformers_trials_are_priced_on_mindsporess_engine_on_every_backend(tmp_path):
+def test_mindformers_trials_are_priced_on_mindspores_engine_on_every_backend(tmp_path):
     """The published Llama 2 7B and 13B configs' own layouts: over their 58 GB cap as autotune's
     trainer would run them (a second forward per micro-batch, its own optimizer step), within it
     as MindFormers runs them — the engine a study of MindFormers trials prices, on ascend too."""
