@@ -55,7 +55,7 @@ def _load(args, extra_overrides: dict | None = None):
 
 
 def cmd_init(args) -> int:
-    from autotune.spec.mindformers_init import init_text
+    from autotune.spec.mindformers_init import HOW_TO_RUN_MINDFORMERS, init_text
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -63,12 +63,22 @@ def cmd_init(args) -> int:
     if not out.parent.is_dir():
         raise SpecError(f"--out {out}: no folder {out.parent}")
     text, warnings = init_text(
-        args.mindformers, out, args.devices, args.devices_per_node, args.backend, args.total_steps
+        args.mindformers,
+        out,
+        args.devices,
+        args.devices_per_node,
+        args.backend,
+        args.total_steps,
+        args.run_mindformer,
+        args.mindformers_python,
+        args.synthetic_data,
     )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     out.write_text(text, encoding="utf-8")
     print(f"wrote {out} from {args.mindformers} ({len(warnings)} warnings, listed at its top)")
+    if args.run_mindformer is None:
+        print(f"note: {HOW_TO_RUN_MINDFORMERS}")
     return 0
 
 
@@ -253,6 +263,13 @@ def cmd_export(args) -> int:
             f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
             "(listed at its top)"
         )
+    if merged and merged.get("launch"):
+        print(f"run it as the study's MindFormers trials ran: {merged['launch']}")
+        if merged.get("data") == "synthetic":
+            print(
+                "  (they read a synthetic MindRecord: add -- --train_dataset_dir PATH, or train "
+                "on the config's own dataset)"
+            )
     return 0
 
 
@@ -284,6 +301,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--total-steps",
         type=_positive,
         help="length of the real run (required when the config says -1)",
+    )
+    init.add_argument(
+        "--run-mindformer",
+        metavar="PATH",
+        help="MindFormers' run_mindformer.py: every trial runs it on the config (trial.program "
+        "mindformers; default: autotune's own trainer)",
+    )
+    init.add_argument(
+        "--mindformers-python",
+        metavar="PATH",
+        help="the interpreter of MindFormers' venv (default: found beside run_mindformer.py)",
+    )
+    init.add_argument(
+        "--synthetic-data",
+        action="store_true",
+        help="MindFormers trials read a generated MindRecord (trial.data synthetic), not the "
+        "config's dataset",
     )
     init.add_argument("--out", default="model.yaml", help="the file to write (default model.yaml)")
     init.add_argument("--force", action="store_true", help="replace an existing --out")

@@ -19,6 +19,8 @@ import warnings
 MOVED = {
     "autotune.costmodel.timing": "autotune.costmodel.step_time",
     "autotune.execution.timing": "autotune.execution.launch_time",
+    "autotune.export.mindformers": "autotune.mindformers.config",
+    "autotune.export.mindformers_base": "autotune.mindformers.base",
     "autotune.storage.opening": "autotune.storage.connection",
     "autotune.train.compile_cache": "autotune.train.runtime.compile_cache",
     "autotune.train.data": "autotune.train.models.data",

@@ -41,7 +41,7 @@ second per device). Per row: the precision the config runs (compute / parameters
 card's "DataType" beside it where it says otherwise), the error, the memory estimate beside the
 config's ``max_device_memory`` with the verdict — every published run fitted its cap — and the
 config's settings the estimate does not price: init's warnings, and the keys an export keeps
-from the base (`autotune.export.mindformers_base.kept`) that are neither priced nor at their
+from the base (`autotune.mindformers.base.kept`) that are neither priced nor at their
 default. Target ±15% per row; a row outside it is reported, with its cause where known, not
 fitted. Source for every row: github.com/mindspore-ai/mindformers at 15218ea4 (the last commit
 with Llama 2), ``docs/model_cards/llama2.md``, "模型性能" (Atlas 800T A2 table); the configs are
@@ -63,7 +63,7 @@ from pathlib import Path
 import yaml
 
 from autotune.costmodel import PROFILES, estimate
-from autotune.export.mindformers_base import kept
+from autotune.mindformers.base import kept
 from autotune.spec.candidate import Candidate
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.mindformers_init import init_text

@@ -15,7 +15,9 @@ In order, one line each (``[n name] …``), then a verdict line:
             reserved peak, the vendor tool's (and whether it saw the process), the device's size;
 5 fresh     two quickstart trials on the device, each in processes of its own;
 6 warm      four quickstart trials of one layout in one warm pool (the first starts it);
-7 hidden    a trial with the plugin's libraries hidden: must be the infrastructure's error.
+7 hidden    a trial with the plugin's libraries hidden: must be the infrastructure's error;
+8 mindformers  a 2-trial study whose trials are MindFormers runs, dp2 and tp2 (Ascend, 2 devices
+            or more: benchmarks/device_check_mindformers.py; skipped with the reason on GPU).
 
     bash benchmarks/device_check.sh gpu|ascend [--devices N] [--dry-run]
 
@@ -37,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import device_check_mindformers  # noqa: E402  (step 8, beside this file)
 
 from autotune.execution.warmup import kernel_targets  # noqa: E402
 from autotune.spec.backends import BACKENDS  # noqa: E402
@@ -189,6 +193,7 @@ def plan(backend, devices: int) -> list[tuple[str, list[str], dict]]:
             {"LD_LIBRARY_PATH": "<without the nvidia/cuda/Ascend folders>"},
         )
     )
+    steps += [(name, what, {}) for name, what in device_check_mindformers.plan(backend, devices)]
     return steps
 
 
@@ -361,6 +366,7 @@ def check(backend, devices: int) -> int:
             f"{(result.detail.splitlines() or [''])[0][:300]}",
             result.outcome == "error" and result.infrastructure,
         )
+    device_check_mindformers.check(backend, devices, work, say, _trial_line)
     print(
         f"[verdict] {'every check as it should be' if not failed else 'FAILED: ' + ', '.join(failed)}"
         f" (work folder {work})",

@@ -21,7 +21,9 @@ Contract:
   forward per micro-batch, 1F1B retention; gradients accumulated in place; its parallel
   optimizer at the default level; sequence parallelism when ``model.sequence_parallel``:
   ``memory.py``, ``timing.py``), the default for the ``simulate`` backend, whose trials stand
-  for that run, and for a ``replay`` table whose rows it ran (:func:`default_engine`);
+  for that run, for a study whose trials are MindFormers runs (``trial.program:
+  mindformers``) on every backend, and for a ``replay`` table whose rows it ran
+  (:func:`default_engine`);
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
@@ -152,10 +154,13 @@ def not_modelled(model, engine: str) -> tuple[str, ...]:
 
 
 def default_engine(spec) -> str:
-    """What executes ``spec``'s trials (see the module doc): MindSpore's engine on a backend
-    whose trials are estimates of MindSpore's run; on a replay table, the engine its rows ran
+    """What executes ``spec``'s trials (see the module doc): MindSpore's engine for
+    MindFormers runs (``trial.program: mindformers``) on every backend, and on a backend whose
+    trials are estimates of MindSpore's run; on a replay table, the engine its rows ran
     (``cluster.replay_engine``, or the table's ``engine`` column; autotune's trainer when
     neither says); autotune's trainer on a backend that runs it."""
+    if spec.trial.program == "mindformers":
+        return "mindspore"
     kind = backend_of(spec.cluster.backend).kind
     if kind == "estimate":
         return "mindspore"

@@ -124,6 +124,15 @@ _HOPPER = (
     "CUDA 11 GPU plugin does not have; run a few trials before trusting its ranking"
 )
 
+# The 910B's compute efficiency is the A100 fit (achievable above): unmeasured on Ascend, and
+# every published MindFormers Llama 2 run of docs/costmodel.md's table 3 is slower than it
+# predicts (+10 to +21 %).
+_ASCEND_FIT = (
+    "calibrate first: its compute efficiency is the A100's fit, unmeasured on Ascend (MindFormers' "
+    "published Llama 2 runs are 10-21 % slower than it predicts); run a few trials before "
+    "trusting its ranking"
+)
+
 PROFILES: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16/FP16 312 TFLOPS dense, FP32 19.5,
     # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (both directions → 300 per direction).
@@ -159,6 +168,7 @@ PROFILES: dict[str, DeviceProfile] = {
         25.0,
         **_ACCEL,
         mesh_link_gbps=28.0,
+        caveat=_ASCEND_FIT,
     ),
 }
 

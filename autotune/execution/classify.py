@@ -20,8 +20,10 @@ candidate — a rank printed `autotune.train.CANDIDATE_STARTED` (the launch was 
 program gave a verdict other than `autotune.train.LAUNCH_FAILED` (a config error, a bad model
 entry, an exception while building, compiling or training); the infrastructure's when the
 program never got there (msrun or the process launch failed before any verdict, or the verdict
-is ``LaunchError``: communication init, the cluster join). The detail is one line of reason,
-then :func:`log_tail`.
+is ``LaunchError``: communication init, the cluster join). A verdict of `autotune.train.REFUSED`
+after the launch — a MindFormers trial refused at start-up, before training, by MindFormers or
+MindSpore (`autotune.mindformers`) — is the candidate's ``infeasible``. The verdict is searched in
+the whole logs (:func:`program_verdict`). The detail is one line of reason, then :func:`log_tail`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from autotune.jobs import Result
 from autotune.procfs import kernel_oom_kills, start_seconds
 from autotune.spec.backends import Backend
-from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, VERDICT
+from autotune.train import CANDIDATE_STARTED, LAUNCH_FAILED, REFUSED, VERDICT
 from autotune.train.metrics import PROBE_UNFINISHED
 
 
@@ -92,9 +94,10 @@ def classify(
         outcome = "diverged" if metrics.get("diverged") else "ok"
         return Result(outcome, metrics, detail=metrics.get("underflow_note") or "", run_s=run_s)
     tail = log_tail(log_dir)
-    # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue.
-    verdicts = [line for line in tail.splitlines() if line.startswith(VERDICT)]
-    reason = verdicts[-1] if verdicts else (tail.splitlines() or [""])[-1]
+    # The trial program's own one-line verdict, if it got to say one, beats msrun's epilogue
+    # (searched in the whole logs: teardown lines can push it out of the tail).
+    verdict = program_verdict(log_dir)
+    reason = verdict or (tail.splitlines() or [""])[-1]
     infrastructure = not _candidate_ran(log_dir)
     killed = returncode in (-signal.SIGKILL, 137)
     if killed and kernel_kills is None:
@@ -112,6 +115,8 @@ def classify(
             f"kernel OOM report for its processes{unread}"
         )
         return Result("error", detail=f"{why}\n{tail}", run_s=run_s, infrastructure=True)
+    if verdict and verdict.startswith(REFUSED) and not infrastructure:
+        return Result("infeasible", detail=f"{verdict}\n{tail}", run_s=run_s)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
     if infrastructure:
         why = f"infrastructure: {why}, before the candidate ran"
@@ -120,6 +125,21 @@ def classify(
     return Result(
         "error", detail=f"{why}: {reason}\n{tail}", run_s=run_s, infrastructure=infrastructure
     )
+
+
+def program_verdict(log_dir: Path) -> str | None:
+    """The trial program's last verdict line (`autotune.train.VERDICT`) in the logs under
+    ``log_dir``, the lowest rank's first (msrun's worker logs, then the rest); None without."""
+
+    def order(log: Path):
+        number = log.stem.removeprefix("worker_")
+        return (0, int(number)) if number.isdigit() else (1, 0)
+
+    for _, lines in sorted(_logs(log_dir).items(), key=lambda item: order(item[0])):
+        said = [line.strip() for line in lines if line.startswith(VERDICT)]
+        if said:
+            return said[-1]
+    return None
 
 
 def oom_evidence(log_dir: Path, backend: Backend) -> str | None:

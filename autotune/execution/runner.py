@@ -1,7 +1,10 @@
 """Run one trial as a subprocess.
 
 Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launches the trial
-program (directly for one worker, under ``msrun`` for several), enforces the wall-clock timeout
+program (directly for one worker, under ``msrun`` for several; a config with a ``mindformers``
+section is MindFormers' ``run_mindformer.py`` instead, always under msrun, its ``trial.yaml``
+written beside ``config.json``, the stop rule followed from its live steps and its recorder's
+files read into ``metrics.json`` once it exits: `autotune.mindformers`), enforces the wall-clock timeout
 (from when a rank starts the candidate: :func:`trial_clock`) and the per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
 of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program is read:
 `autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as
@@ -40,6 +43,9 @@ from autotune.execution.processes import ProcessTree
 from autotune.execution.warmup import jit_environment, warm_up
 from autotune.files import write_json
 from autotune.jobs import Result
+from autotune.mindformers.launch import launch as mindformers_launch
+from autotune.mindformers.results import StopPlan, write_metrics
+from autotune.mindformers.trial import TRIAL_FILE
 from autotune.spec import entry as entry_loader
 from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
@@ -55,6 +61,9 @@ STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, 
 # trial's timeout, if longer) is stopped as the infrastructure's: msrun itself gives up joining
 # after `autotune.train.msrun.CLUSTER_TIME_OUT_S` (120 s).
 LAUNCH_LIMIT_S = 300.0
+MINDFORMERS = (
+    "mindformers"  # a config's section naming a MindFormers trial (`autotune.mindformers`)
+)
 
 
 def trial_clock(log_dir: Path, timeout_s: float):
@@ -222,20 +231,24 @@ def run_trial(
     fresh_trial_dir(trial_dir, log_dir, outputs=node is None or node.launch.index == 0)
     # Pinning starts from core 0 on every msrun: nodes of one trial may share a host (as Ray
     # nodes on one machine do), so only a single-node trial pins.
-    argv = command(
-        config_path,
-        workers,
-        log_dir,
-        free_port(),
-        bind_cores=backend.pins_cores and node is None,
-        node=node,
-    )
+    pins = backend.pins_cores and node is None
     if node is not None:
         env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
-    full_env = environment(env, config, node.launch.local_workers if node else workers)
-    warmed = warm_up(backend, full_env, str(PROJECT_ROOT))  # before the trial's clock starts
+    local = node.launch.local_workers if node else workers
+    mf, cwd, plan = config.get(MINDFORMERS), trial_dir, None
+    if mf is not None:  # MindFormers' run_mindformer.py (`autotune.mindformers`), fresh each time
+        argv, full_env, cwd = _mindformers_launch(
+            mf, trial_dir, log_dir, env, workers, node, pins, backend
+        )
+        warmed = ""  # autotune's kernel JIT cache is its own MindSpore's, not MindFormers'
+        plan = StopPlan(config, trial_dir) if node is None or node.launch.index == 0 else None
+    else:
+        argv = command(config_path, workers, log_dir, free_port(), bind_cores=pins, node=node)
+        full_env = environment(env, config, local)
+        warmed = warm_up(backend, full_env, str(PROJECT_ROOT))  # before the trial's clock starts
     started, handed_over = time.monotonic(), time.time()
-    with open(log_dir / ("worker_0.log" if workers == 1 else "msrun.log"), "w") as out:
+    single = workers == 1 and mf is None  # MindFormers runs under msrun always
+    with open(log_dir / ("worker_0.log" if single else "msrun.log"), "w") as out:
         # msrun does not say how it was started, nor which devices Ray gave: the log does
         given = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
         out.write(f"launched: {' '.join(given + [shlex.join(argv)])}\n{warmed}")
@@ -246,7 +259,7 @@ def run_trial(
             argv,
             stdout=out,
             stderr=subprocess.STDOUT,
-            cwd=trial_dir,
+            cwd=cwd,
             env=full_env,
             start_new_session=True,
             preexec_fn=die_with_parent_hook(),
@@ -259,7 +272,8 @@ def run_trial(
                 started,
                 trial_clock(log_dir, timeout_s),
                 memory_limit_mb,
-                launcher=proc.pid if workers > 1 else None,
+                launcher=proc.pid if not single else None,
+                poll=plan.poll if plan is not None else None,
             )
         except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
             tree.stop(STOP_GRACE_S, reap=proc.poll)
@@ -276,9 +290,44 @@ def run_trial(
         )
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
+    if mf is not None and proc.returncode == 0:
+        write_metrics(trial_dir, config)  # the recorder's files → metrics.json
     result = classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
     result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
     return result
+
+
+def _mindformers_launch(
+    mf: dict,
+    trial_dir: Path,
+    log_dir: Path,
+    env: dict | None,
+    workers: int,
+    node,
+    pins: bool,
+    backend,
+) -> tuple[list[str], dict, Path]:
+    """A MindFormers trial's ``(argv, environment, cwd)`` on this node, its trial.yaml written
+    (`autotune.mindformers.launch`): from ours plus ``env`` and the backend's own variables
+    (and on an accelerator the host's threads shared among the node's workers, as
+    :func:`environment` gives autotune's own trials)."""
+    (trial_dir / TRIAL_FILE).write_text(mf["trial_yaml"], encoding="utf-8")
+    local = node.launch.local_workers if node else workers
+    base = {**os.environ, **(env or {}), **dict(backend.environment)}
+    if backend.accelerator:
+        base["OMP_NUM_THREADS"] = str(host_threads(local))
+    place = (
+        {"master_port": free_port()}
+        if node is None
+        else {
+            "master_port": node.master_port,
+            "master_addr": node.master_addr,
+            "node_rank": node.launch.msrun_node_rank,
+        }
+    )
+    return mindformers_launch(
+        mf, trial_dir, log_dir, base, workers=workers, local_workers=local, bind_core=pins, **place
+    )
 
 
 def _supervise(
@@ -288,13 +337,17 @@ def _supervise(
     clock,
     memory_limit_mb: float | None,
     launcher: int | None,
+    poll=None,
 ) -> tuple[str, str, float | None]:
     """Wait for exit; stop the tree when the trial's ``clock`` (:func:`trial_clock`) says so or
-    a worker exceeds the memory budget. Returns (outcome, detail, seconds from launch to the
-    decision) for a stopped trial."""
+    a worker exceeds the memory budget; ``poll()`` at every look (a MindFormers trial's stop
+    rule: `autotune.mindformers.results.StopPlan`). Returns (outcome, detail, seconds from
+    launch to the decision) for a stopped trial."""
     while True:
         exited = proc.poll() is not None
         tree.refresh()
+        if poll is not None:
+            poll()
         now = time.monotonic() - started
         if exited:
             break

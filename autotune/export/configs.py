@@ -1,5 +1,6 @@
 """The export's config documents, as plain dicts: train_config.json, launch.yaml, summary.json
-(mindformers.yaml: :mod:`autotune.export.mindformers`).
+(mindformers.yaml: :mod:`autotune.mindformers.config`; the settings both state:
+`autotune.mindformers.run_settings`).
 
 Contract (all pure functions of spec, candidate and trial; nothing here touches the disk):
 - :func:`export_reasons` says why a candidate cannot be exported as configs MindSpore and
@@ -22,36 +23,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.costmodel import device_memory_cap, resolve_profile
+from autotune.costmodel import device_memory_cap
 from autotune.export.knob_writers import LAUNCH_YAML
 from autotune.files import json_safe
-from autotune.layout import OPTIMIZER_SHARD_THRESHOLD_KB, ParamLayout
-from autotune.spec.backends import Backend, backend_of
+from autotune.layout import ParamLayout
+from autotune.mindformers.run_settings import (  # noqa: F401  (the export's names for them)
+    GRAPH_MODE,
+    PYNATIVE_MODE,
+    SCALE_FACTOR,
+    loss_scale_cell,
+    loss_scaled,
+    micro_batch_size,
+    parallel_optimizer,
+    run_backend,
+)
 from autotune.spec.candidate import Candidate
-from autotune.spec.knobs import KNOBS, LOSS_SCALED_DTYPES, SCALE_WINDOW, micro_steps
+from autotune.spec.knobs import KNOBS
 from autotune.spec.specs import Spec
 from autotune.train.config import trial_config
 
-# The dynamic loss scaler's fixed arguments (the searched knob is the initial value only; the
-# window is the trial program's own, `autotune.spec.knobs.SCALE_WINDOW`).
-SCALE_FACTOR = 2
-# mindspore.set_context(mode=...) takes the integer: GRAPH_MODE = 0, PYNATIVE_MODE = 1.
-GRAPH_MODE, PYNATIVE_MODE = 0, 1
 RUN_DIR = "run"
-
-
-def run_backend(spec: Spec) -> Backend:
-    """The backend the exported run executes on: a simulated or replayed study targets its
-    device profile's kind (``cpu``, ``gpu``, ``ascend``: `autotune.costmodel.resolve_profile`)."""
-    if backend_of(spec.cluster.backend).runs_program:
-        return backend_of(spec.cluster.backend)
-    return backend_of(resolve_profile(spec.cluster).kind)
-
-
-def micro_batch_size(spec: Spec, c: Candidate) -> int:
-    """Samples per device per forward pass (per micro-batch with pipeline stages)."""
-    splits = micro_steps(pp=c.pp, micro_batches=c.micro_batches, grad_accum=c.grad_accum)
-    return spec.train.global_batch_size // (c.dp * splits)
 
 
 def parallel_mode(c: Candidate) -> str:
@@ -106,31 +97,6 @@ def train_config(spec: Spec, c: Candidate, trial: dict) -> dict:
     return config
 
 
-def parallel_optimizer(c: Candidate) -> dict:
-    """The parallel-optimizer keys of MindSpore's auto-parallel context (MindFormers' ``parallel``
-    section has the same): on with the threshold the trials ran (MindSpore's default), or off."""
-    keys = {"enable_parallel_optimizer": c.parallel_optimizer}
-    if c.parallel_optimizer:
-        keys["parallel_optimizer_config"] = {
-            "parallel_optimizer_threshold": OPTIMIZER_SHARD_THRESHOLD_KB
-        }
-    return keys
-
-
-def loss_scale_cell(c: Candidate) -> dict:
-    """``DynamicLossScaleUpdateCell``'s arguments for the tuned initial scale."""
-    return {
-        "loss_scale_value": c.loss_scale,
-        "scale_factor": SCALE_FACTOR,
-        "scale_window": SCALE_WINDOW,
-    }
-
-
-def loss_scaled(spec: Spec) -> bool:
-    """Whether the run scales its loss: only float16 can overflow (knobs.LOSS_SCALED_DTYPES)."""
-    return spec.model.dtype in LOSS_SCALED_DTYPES
-
-
 def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
     mode = parallel_mode(c)
     # Semi-auto computes the loss over the global batch, so its gradients are already means.
@@ -171,7 +137,7 @@ def launch_yaml(spec: Spec, c: Candidate, trial: dict) -> dict:
 
 LAUNCH_YAML.in_place(
     "dp",
-    "autotune.export.configs:micro_batch_size",
+    "autotune.mindformers.run_settings:micro_batch_size",
     "the layout: auto_parallel_context.device_num (dp·tp·pp), the per-device "
     "batch.micro_batch_size, and strategy.ckpt",
 )

@@ -9,20 +9,21 @@ temporary sibling folder, checks the strategy file covers every parameter, and r
 folder into place, so a failure at any point leaves no half-written export. Returns the files of
 the finished folder, sorted. A run backend MindFormers cannot run (``Backend.no_mindformers``:
 gpu) gets no mindformers.yaml, and a ``mindformers_base`` for it is refused with that reason; a
-CPU export MindFormers runs gets its CPU training step beside it (``mindformers.CPU_WRAPPER_FILE``).
+CPU export MindFormers runs gets its CPU training step beside it
+(`autotune.mindformers.config.CPU_WRAPPER_FILE`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
-from autotune.export import configs, mindformers
-from autotune.export.launch_sh import launch_script
+from autotune import mindformers as mf
+from autotune.export import configs
+from autotune.export.launch_sh import launch_script, mindformers_launch_line
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
@@ -34,6 +35,7 @@ from autotune.layout import (
     with_optimizer_shards,
     with_optimizer_states,
 )
+from autotune.mindformers import config as mf_config
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
@@ -101,9 +103,9 @@ def _write_documents(
         **({"mindformers.yaml": mindformers_yaml} if mindformers_yaml is not None else {}),
         "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
     }
-    if mindformers_yaml is not None and mindformers.on_cpu(spec, c):
-        documents[mindformers.CPU_WRAPPER_FILE] = (
-            resources.files(mindformers.__package__) / mindformers.CPU_WRAPPER_FILE
+    if mindformers_yaml is not None and mf_config.on_cpu(spec, c):
+        documents[mf_config.CPU_WRAPPER_FILE] = (
+            mf.CLUSTER_DIR / mf_config.CPU_WRAPPER_FILE
         ).read_text()
     for name, text in documents.items():
         (folder / name).write_text(text.rstrip("\n") + "\n", encoding="utf-8")
@@ -160,7 +162,7 @@ def write_export(
         raise SpecError(f"--mindformers-base: {refusal}")
     plan = plan_reshard(reshard_from, layouts) if reshard_from else None
     mindformers_yaml, changes = (
-        (None, []) if refusal else mindformers.document(spec, c, trial, mindformers_base)
+        (None, []) if refusal else mf_config.document(spec, c, trial, mindformers_base)
     )
 
     with staged_folder(out_dir) as staged:
@@ -175,6 +177,10 @@ def write_export(
                 "base": str(Path(mindformers_base).resolve()),
                 "changes": changes,
             }
+            if spec.trial.program == "mindformers":  # the run its trials were
+                script = str(out_dir / "launch.sh")
+                extra["mindformers"]["launch"] = mindformers_launch_line(spec, script)
+                extra["mindformers"]["data"] = spec.trial.data
         _write_documents(staged, spec, c, trial, run_config, layouts, extra, mindformers_yaml)
         if plan:
             reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)

@@ -145,7 +145,7 @@ class Backend:
     # cost model prices O2 only on a device profile of such a backend's kind.
     graph_engine: bool = False
     # Whether MindFormers runs this backend's export in its CPU form (data parallel, autotune's
-    # CPU training step: `autotune.export.mindformers.cpu_refusals` says when it cannot).
+    # CPU training step: `autotune.spec.mindformers_trial.cpu_refusals` says when it cannot).
     mindformers_cpu_form: bool = False
 
     @property

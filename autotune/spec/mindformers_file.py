@@ -12,7 +12,7 @@ Contract (docs/mindformers.md, "The merge: base_config"):
   the value whole. It returns the merged dict and every leaf it changed.
 
 `autotune init --mindformers` reads configs through it (`autotune.spec.mindformers_config`) and
-`autotune export` merges the tuned settings into one (`autotune.export.mindformers`).
+`autotune export` merges the tuned settings into one (`autotune.mindformers.config`).
 """
 
 from __future__ import annotations

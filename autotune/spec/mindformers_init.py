@@ -8,7 +8,9 @@ settings in knob names), an inline search space that contains the baseline, and
 ``export.mindformers_base`` (the config's path, relative to ``out``'s folder, absolute when it
 is not under it) so ``autotune export`` merges into it. absolute when the config is not under that folder). The text is validated as a model.yaml would be (`parse_spec`, the
 space and its baseline: `autotune.spec.space.build_space`) before it is returned: what it
-returns runs; else a :class:`SpecError` naming the field.
+returns runs; else a :class:`SpecError` naming the field. With ``run_mindformer`` it has a
+``trial:`` section (``program: mindformers``, the script, MindFormers' interpreter, the data),
+else one header line saying how to get one (:data:`HOW_TO_RUN_MINDFORMERS`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import yaml
 
 from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_config import read_config
+from autotune.spec.mindformers_trial import find_mindformers_python
 from autotune.spec.model_yaml import parse_spec
 from autotune.spec.space import build_space
 
@@ -46,6 +49,39 @@ def _section(name: str, rows: list) -> list[str]:
     return lines
 
 
+def trial_lines(run_mindformer: str, python: str | None, synthetic: bool) -> tuple[list, list]:
+    """(header lines, ``trial:`` section lines) making every trial a MindFormers run:
+    ``run_mindformer.py`` in the interpreter given or found beside it
+    (`autotune.spec.mindformers_trial.find_mindformers_python`)."""
+    script = Path(run_mindformer).expanduser().absolute()
+    if not script.is_file():
+        raise SpecError(f"--run-mindformer {script}: no such file")
+    interpreter, versions = find_mindformers_python(script, python)
+    mindformers, mindspore = versions.split()
+    header = [
+        f"# Trials are MindFormers runs of this config: {script}",
+        f"# in {interpreter} (mindformers {mindformers}, mindspore {mindspore}).",
+    ]
+    rows = [
+        ("program", "mindformers", "--run-mindformer"),
+        ("run_mindformer", str(script), "--run-mindformer"),
+        ("python", interpreter, "--mindformers-python" if python else "found beside it"),
+        (
+            "data",
+            "synthetic" if synthetic else "config",
+            "--synthetic-data" if synthetic else "the config's train_dataset",
+        ),
+    ]
+    return header, _section("trial", rows)
+
+
+# What init says, in one line, when the trials stay autotune's trainer.
+HOW_TO_RUN_MINDFORMERS = (
+    "trials run autotune's own trainer; to make each trial a MindFormers run of this config, "
+    "add --run-mindformer PATH/run_mindformer.py [--mindformers-python PATH] [--synthetic-data]"
+)
+
+
 def init_text(
     config: str | os.PathLike,
     out: str | os.PathLike,
@@ -53,10 +89,20 @@ def init_text(
     devices_per_node: int | None = None,
     backend: str | None = None,
     total_steps: int | None = None,
+    run_mindformer: str | None = None,
+    python: str | None = None,
+    synthetic: bool = False,
 ) -> tuple[str, list[str]]:
-    """(model.yaml text, warnings) for MindFormers config ``config`` written to ``out``."""
+    """(model.yaml text, warnings) for MindFormers config ``config`` written to ``out``; with
+    ``run_mindformer``, a ``trial:`` section making every trial a MindFormers run (:func:`trial_lines`)."""
     config, out = Path(config), Path(out)
+    if run_mindformer is None and (python is not None or synthetic):
+        flag = "--mindformers-python" if python is not None else "--synthetic-data"
+        raise SpecError(f"{flag}: is for MindFormers trials: pass --run-mindformer too")
     r = read_config(config, devices, devices_per_node, backend, total_steps)
+    trial_header, trial = (
+        trial_lines(run_mindformer, python, synthetic) if run_mindformer else ([], [])
+    )
     relative = os.path.relpath(config.resolve(), out.resolve().parent)
     if relative.startswith(".."):  # outside out's folder: the absolute path says more
         relative = str(config.resolve())
@@ -67,6 +113,7 @@ def init_text(
         "# the config's own settings: the study runs it first (trial 0) and prints every gain",
         "# against it. autotune export merges the tuned settings into export.mindformers_base.",
     ]
+    header += trial_header or [f"# NOTE: {HOW_TO_RUN_MINDFORMERS}"]
     header += [f"# NOTE: {note}" for note in r.notes]
     header += [f"# WARNING: {warning}" for warning in r.warnings]
     lines = header + [f"study: {_flow(r.study)}"]
@@ -79,6 +126,7 @@ def init_text(
         "  space:",
     ]
     lines += [f"    {knob}: {_flow(domain)}" for knob, domain in r.space.items()]
+    lines += trial
     lines += ["export:", f"  mindformers_base: {_flow(relative)}"]
     text = "\n".join(lines) + "\n"
     data = yaml.safe_load(text)

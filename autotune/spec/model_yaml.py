@@ -24,6 +24,12 @@ from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
+from autotune.spec.mindformers_trial import (
+    PROGRAMS,
+    TRIAL_DATA,
+    check_mindformers_trial,
+    mindformers_path,
+)
 from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.specs import (
     DEFAULT_MIN_STEPS,
@@ -132,7 +138,7 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
         )
     search = _parse_search(_Section(data.get("search"), "search", source), path.parent, stored)
     top.used.add("search")
-    trial = _parse_trial(_Section(data.get("trial"), "trial", source))
+    trial = _parse_trial(_Section(data.get("trial"), "trial", source), path.parent, stored)
     top.used.add("trial")
     baseline = _parse_baseline(_Section(data.get("baseline"), "baseline", source))
     top.used.add("baseline")
@@ -143,6 +149,8 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
     unknown = sorted(set(data) - top.used)
     if unknown:
         raise SpecError(f"{source}: {unknown[0]}: unknown field")
+    base = str((path.parent / base).resolve()) if base else None
+    check_mindformers_trial(source, trial, cluster.backend, base, stored)
     return Spec(
         study,
         model,
@@ -153,7 +161,7 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
         source,
         data,
         baseline,
-        str((path.parent / base).resolve()) if base else None,
+        base,
     )
 
 
@@ -373,7 +381,7 @@ def _parse_search(s: _Section, base: Path, stored: bool = False) -> SearchSpec:
     return search
 
 
-def _parse_trial(s: _Section) -> TrialSpec:
+def _parse_trial(s: _Section, base: Path, stored: bool = False) -> TrialSpec:
     steps = s.get("steps", int, default=30, minimum=1)
     measure_after = s.get("measure_after", int, default=5, minimum=0)
     if measure_after >= steps:
@@ -396,5 +404,28 @@ def _parse_trial(s: _Section) -> TrialSpec:
             f"must be ≤ {max(2, measured)} (trial.steps − trial.measure_after = "
             f"{measured} measured steps), got {min_steps}",
         )
+    program = s.get("program", str, default="autotune", choices=PROGRAMS)
+    paths = {}
+    for key in ("run_mindformer", "python"):
+        value = s.get(key, str, default=None if program == "autotune" else ...)
+        if value is not None and program == "autotune":
+            s.fail(key, "is read by trial.program mindformers only (program is autotune)")
+        if value is not None:
+            paths[key] = mindformers_path(value, base, stored, f"{s.source}: trial.{key}")
+    data = s.get("data", str, default=None, choices=TRIAL_DATA)
+    if data is not None and program == "autotune":
+        s.fail("data", "is read by trial.program mindformers only (program is autotune)")
+    if program != "autotune":
+        data = data or TRIAL_DATA[0]
     s.reject_unknown()
-    return TrialSpec(steps, measure_after, timeout_s, precision, min_steps)
+    return TrialSpec(
+        steps,
+        measure_after,
+        timeout_s,
+        precision,
+        min_steps,
+        program,
+        paths.get("run_mindformer"),
+        paths.get("python"),
+        data,
+    )

@@ -25,7 +25,7 @@ from functools import cached_property
 
 from autotune.spec.backends import backend_of
 from autotune.spec.candidate import Candidate
-from autotune.spec.constraints import violations
+from autotune.spec.constraints import mindformers_on_cpu, violations
 from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active, trial_warmup
@@ -249,6 +249,15 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
     defaults = {name: knob.default_space for name, knob in KNOBS.items()} | load_yaml(DEFAULT_SPACE)
     raw = {**defaults, **raw, **(overrides or {})}
     backend, notes, domains = backend_of(spec.cluster.backend), [], {}
+    if mindformers_on_cpu(spec):  # known before running: the CPU runs MindFormers' DP only
+        # and folds accumulation into the per-rank batch: every grad_accum is the same run
+        accum = spec.baseline.get("grad_accum", KNOBS["grad_accum"].default)
+        raw.update(tp=[1], pp=[1], parallel_optimizer=[False], grad_accum=[accum])
+        notes.append(
+            "trial.program mindformers on cpu: MindFormers runs data parallel only here "
+            "(tp, pp and the parallel optimizer are semi-auto/Ascend-only: not searched; "
+            f"grad_accum, folded into the batch, is one run: {accum})"
+        )
     for name in KNOB_NAMES:
         values = parse_domain(name, raw[name], source)
         kept = tuple(v for v in values if v == "auto" or backend.executes(name, v))

@@ -92,6 +92,13 @@ class TrialSpec:
     # measured steps (`autotune.train.program`)
     precision: float = DEFAULT_PRECISION
     min_steps: int = DEFAULT_MIN_STEPS
+    # what a trial runs: autotune's trainer, or MindFormers' run_mindformer.py (absolute) on the
+    # user's config in MindFormers' own interpreter, on its dataset or a synthetic one
+    # (`autotune.spec.mindformers_trial`)
+    program: str = "autotune"
+    run_mindformer: str | None = None
+    python: str | None = None
+    data: str | None = None
 
 
 @dataclass(frozen=True)

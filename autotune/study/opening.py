@@ -81,6 +81,8 @@ def fingerprint(spec: Spec, space) -> dict:
         "objectives": list(spec.search.objectives),
         "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
     }
+    if spec.trial.program != "autotune":  # another program is another measurement (a later field)
+        parts["trial"].update(program=spec.trial.program, data=spec.trial.data)
     return json.loads(json.dumps(parts, default=str))  # what storage gives back
 
 

@@ -38,7 +38,17 @@ import os
 PROGRAM_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 VERDICT = "autotune.train:"  # the program's last word on stderr
 LAUNCH_FAILED = "autotune.train: LaunchError:"  # ... when the launch failed, not the candidate
+# ... when the program refused the candidate at start-up, before training (a MindFormers trial:
+# `autotune.mindformers`): the candidate's `infeasible`
+REFUSED = "autotune.train: Refused:"
 CANDIDATE_STARTED = "autotune.train running the candidate"  # launch done (not a verdict)
 NODE_VARIABLE = "AUTOTUNE_NODE"  # a trial's node index, set for each node of one that spans several
 
-__all__ = ["CANDIDATE_STARTED", "LAUNCH_FAILED", "NODE_VARIABLE", "PROGRAM_PATH", "VERDICT"]
+__all__ = [
+    "CANDIDATE_STARTED",
+    "LAUNCH_FAILED",
+    "NODE_VARIABLE",
+    "PROGRAM_PATH",
+    "REFUSED",
+    "VERDICT",
+]

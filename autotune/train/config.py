@@ -13,6 +13,10 @@ from pathlib import Path
 
 from autotune.spec.knobs import micro_steps as knobs_micro_steps
 
+# A trial's steps, applied or skipped, stop at UPDATE_CAP × trial.steps (a scale that keeps
+# overflowing): autotune's trainer and a MindFormers trial's recorder alike.
+UPDATE_CAP = 2
+
 
 class ConfigError(ValueError):
     """The config cannot be run by the trial program (exit code 2)."""

@@ -85,12 +85,9 @@ from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND
 from autotune.spec.knobs import KNOBS, SCALE_WINDOW, batch_split_problems
 from autotune.train import CANDIDATE_STARTED
 from autotune.train import metrics as metrics_mod
-from autotune.train.config import ConfigError
+from autotune.train.config import UPDATE_CAP, ConfigError
 from autotune.train.runtime import compile_cache
 from autotune.train.runtime.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
-
-UPDATE_CAP = 2  # a trial's steps, applied or skipped, stop at UPDATE_CAP × trial.steps
-
 
 REQUIRED = {
     "model": ("family",),

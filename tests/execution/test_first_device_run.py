@@ -334,6 +334,7 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
         "6 warm 3/4",
         "6 warm 4/4",
         "7 hidden",
+        "8 mindformers",
     ]
     said = dict(steps)
     assert said["0 autotune"].endswith(" install") and said["0 autotune"].startswith("make -C ")
@@ -348,6 +349,12 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
         assert "dp=8 tp=1 pp=1" in said[name]
     assert all(said[n].endswith("(one warm pool)") for n in names[8:12])
     assert said["7 hidden"].startswith("LD_LIBRARY_PATH=") and "dp=1 tp=1 pp=1" in said["7 hidden"]
-    ascend = dict(_dry_run("ascend"))
+    assert said["8 mindformers"].startswith("skipped: MindFormers supports")  # not on GPU
+    ascend = dict(_dry_run("ascend", "--devices", "2"))
     assert "2 kernels" not in ascend
+    for tp, dp in ((1, 2), (2, 1)):  # MindFormers' semi-auto parallel, which no CPU runs
+        assert (
+            f"dp={dp} tp={tp} (autotune search, trial.program mindformers"
+            in ascend[f"8 mindformers tp{tp}"]
+        )
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in ascend["1 install"]

@@ -562,7 +562,7 @@ def test_launch_sh_starts_mindformers_with_the_export(tmp_path):
 
 
 def test_per_stage_recompute_lists_are_rederived_for_the_tuned_stages():
-    from autotune.export.mindformers_base import stage_lists
+    from autotune.mindformers.base import stage_lists
 
     # Llama 2 70B's select_comm_recompute: the first 8, 4, 4, 1, … layers of each 10-layer stage
     base = read_yaml(

@@ -10,19 +10,15 @@ mindformers 1.9.0 with mindspore 2.9.0 lives in a venv of its own (``make mindfo
   computes (``_check_global_batch_size_for_auto_parallel``) is the tuned one;
 - the Llama 2 70B config exported at pp 2, 4 and 8: MindFormers' ``LayerSetting`` builds every
   stage (the base itself at pp 4 raises MindFormers' IndexError: the check can fail);
-- a study of a tiny CPU llama, exported, trained by MindFormers' ``run_mindformer.py`` through
-  ``launch.sh --mindformers`` on 2 data-parallel ranks (its loss lines are printed).
+- (a study of the tiny CPU llama whose trials are MindFormers runs, exported and trained by
+  ``run_mindformer.py`` through ``launch.sh --mindformers``: tests/mindformers/test_mindformers_study.py).
 
 What the CPU run cannot show (tp, pp and the parallel optimizer under MindFormers): docs/mindformers.md.
 """
 
 import json
-import math
 import os
-import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -227,108 +223,3 @@ def test_the_70b_export_builds_its_stages_in_mindformers_at_pp_2_4_8(tmp_path):
         assert f"# Per stage of pp = {pp}, the layers model.recompute_layers marks" in header
         assert yaml.safe_load(text)["parallel_config"]["use_seq_parallel"] is True  # as priced
     assert results[1]["select_comm_recompute"][r".*\.norm"][0] == [12, 5, 2, 2]  # pp 4
-
-
-MAKE_TOKENS = """
-import sys
-import numpy as np
-from mindspore.mindrecord import FileWriter
-out, rows, seq, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-writer = FileWriter(out, shard_num=1, overwrite=True)
-writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]},
-                   "labels": {"type": "int32", "shape": [-1]}}, "tokens")
-rng = np.random.default_rng(0)
-ids = [rng.integers(0, vocab, seq + 1, dtype=np.int32) for _ in range(rows)]
-writer.write_raw_data([{"input_ids": x, "labels": x} for x in ids])
-writer.commit()
-"""
-LOSS_LINE = re.compile(r"step:\[\s*(\d+)/\s*(\d+)\], loss:\[([0-9.e+-]+)/")
-
-
-def test_a_study_exported_for_cpu_trains_under_mindformers_own_trainer(tmp_path, capsys):
-    """init → a simulate study of the CPU → export → run_mindformer.py on 2 ranks."""
-    python = _venv()
-    model = tmp_path / "model.yaml"
-    assert (
-        main(["init", "--mindformers", str(TINY), "--backend", "simulate", "--out", str(model)])
-        == 0
-    )
-    storage = f"sqlite:///{tmp_path}/s.db"
-    assert (
-        main(
-            [
-                "search",
-                str(model),
-                "--storage",
-                storage,
-                "--trials",
-                "3",
-                "--artifacts",
-                str(tmp_path / "trials"),
-            ]
-        )
-        == 0
-    )
-    # trial 0 is the config's own layout: dp 2, 2 accumulated micro-batches of 2
-    assert (
-        main(
-            [
-                "export",
-                "tiny_llama_cpu",
-                "--storage",
-                storage,
-                "--trial",
-                "0",
-                "--out",
-                str(tmp_path / "x"),
-            ]
-        )
-        == 0
-    )
-    exported = yaml.safe_load((tmp_path / "x" / "mindformers.yaml").read_text())
-    assert (
-        exported["parallel"]["parallel_mode"] == 0 and exported["runner_config"]["batch_size"] == 4
-    )
-    data = tmp_path / "tokens.mindrecord"
-    subprocess.run(
-        [python, "-c", MAKE_TOKENS, str(data), "16", "32", "128"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    checkout = tmp_path / "mf"  # run_mindformer.py writes output/ and modules/ where it runs
-    checkout.mkdir()
-    shutil.copy(HERE / "run_mindformer.py", checkout)
-    env = {**os.environ, "PATH": f"{Path(python).parent}:{os.environ['PATH']}"}
-    done = subprocess.run(
-        [
-            "bash",
-            str(tmp_path / "x" / "launch.sh"),
-            "--mindformers",
-            str(checkout),
-            "--out",
-            str(tmp_path / "run"),
-            "--",
-            "--train_dataset_dir",
-            str(data),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    log = (tmp_path / "run" / "logs" / "worker_0.log").read_text(errors="replace")
-    assert done.returncode == 0, log[-4000:]
-    losses = [line for line in log.splitlines() if LOSS_LINE.search(line)]
-    with capsys.disabled():
-        print("\nMindFormers' run_mindformer.py on the export (rank 0):")
-        for line in losses:
-            print("  " + line[line.index("{") :])
-    # 16 samples / global batch 8 = 2 steps an epoch, 2 epochs (the base's runner_config)
-    assert len(losses) == 4
-    values = [float(LOSS_LINE.search(line).group(3)) for line in losses]
-    assert all(math.isfinite(v) for v in values) and values[-1] < values[0]
-    assert (
-        "global_batch_size = batch_size_per_card * device_num * gradient_accumulation_steps "
-        "= 8 = 4 * 2 * 1" in log
-    )

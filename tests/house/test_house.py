@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.moved import MOVED
 from tests.conftest import MINI_MODEL, ROOT
 
 PACKAGE = ROOT / "autotune"
@@ -35,6 +36,8 @@ PLANTED = {
     "stopping": ("stopping/budget.py", "import autotune.search.prior"),
     "analysis": ("analysis/frames.py", "import autotune.study.run"),
     "export": ("export/writer.py", "import autotune.study.run"),
+    "mindformers": ("mindformers/config.py", "import mindspore"),
+    "no-mindformers": ("execution/runner.py", "import mindformers.core"),
 }
 
 
@@ -93,6 +96,26 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
     return found
+
+
+def test_nothing_of_autotune_imports_mindformers_and_its_cluster_files_import_nothing_of_autotune():
+    """autotune never imports MindFormers (its own venv pins numpy < 2 and another MindSpore): no
+    module of the package does, and the files MindFormers' interpreter runs
+    (`autotune.mindformers.CLUSTER_DIR`: not a package, never imported) import MindFormers,
+    MindSpore, numpy and the standard library only."""
+    from autotune.mindformers import CLUSTER_DIR
+
+    cluster = sorted(CLUSTER_DIR.glob("*.py"))
+    assert cluster and not (CLUSTER_DIR / "__init__.py").exists()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent == CLUSTER_DIR:
+            continue
+        tops = {name.split(".")[0] for name in _imports(path)}
+        assert "mindformers" not in tops, path
+    allowed = {"mindformers", "mindspore", "numpy", *sys.stdlib_module_names}
+    for path in cluster:
+        tops = {name.split(".")[0] for name in _imports(path)}
+        assert tops <= allowed, (path.name, tops - allowed)
 
 
 def test_the_encoding_takes_only_distributions_of_optuna():
@@ -178,7 +201,7 @@ def test_the_first_objectives_direction_is_read_in_one_place():
 
 def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     # a temporary folder beside the output, renamed into place: files.staged_folder, used by
-    # the export and the report
+    # the export, the report, the compile cache and MindFormers trials' synthetic dataset
     makers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "mkdtemp(" in text]
     assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
     users = [
@@ -188,6 +211,7 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
         "analysis/report/__init__.py",
         "export/writer.py",
         "files.py",
+        "mindformers/data.py",
         "train/runtime/compile_cache.py",
     ]
 
@@ -495,4 +519,4 @@ def test_a_moved_module_is_importable_by_its_old_name_and_says_where_it_went():
     """)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["ok", "22"]
+    assert done.stdout.split() == ["ok", str(len(MOVED))]

@@ -11,7 +11,7 @@ import re
 import pytest
 
 import autotune.export.configs  # noqa: F401  (registers launch.yaml's writers)
-import autotune.export.mindformers  # noqa: F401  (registers mindformers.yaml's writers)
+import autotune.mindformers.config  # noqa: F401  (registers mindformers.yaml's writers)
 import autotune.train.step.engine  # noqa: F401  (registers the trial program's hooks)
 from autotune.costmodel.knob_pricing import PRICES
 from autotune.export.knob_writers import DOCUMENTS

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import autotune.export.configs  # noqa: F401  (the built-in writers, registered before the toy's)
-import autotune.export.mindformers  # noqa: F401
+import autotune.mindformers.config  # noqa: F401
 from autotune.cli import main
 from autotune.costmodel.knob_pricing import PRICES
 from autotune.export.knob_writers import LAUNCH_YAML, MINDFORMERS_YAML

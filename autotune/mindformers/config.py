@@ -14,7 +14,7 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
 - The base is read and merged by MindFormers' own rule, `autotune.spec.mindformers_file`
   (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too; its
   per-stage recompute lists are re-derived for the tuned pp and the keys it keeps that change
-  layout, memory or schedule are listed (`autotune.export.mindformers_base`).
+  layout, memory or schedule are listed (`autotune.mindformers.base`).
 - The run the study priced is the run written: sequence parallelism, the token table under the
   parallel optimizer and the per-stage recompute lists come from the model.yaml
   (``model.sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``:
@@ -32,7 +32,10 @@ from pathlib import Path
 
 import yaml
 
-from autotune.export.configs import (
+from autotune.families.llama import LLAMA_EMBEDDING
+from autotune.layout import optimizer_whole
+from autotune.mindformers.base import kept, stage_lists
+from autotune.mindformers.run_settings import (
     GRAPH_MODE,
     PYNATIVE_MODE,
     loss_scale_cell,
@@ -41,16 +44,18 @@ from autotune.export.configs import (
     parallel_optimizer,
     run_backend,
 )
-from autotune.export.knob_writers import MINDFORMERS_YAML
-from autotune.export.mindformers_base import kept, stage_lists
-from autotune.families.llama import LLAMA_EMBEDDING
-from autotune.layout import optimizer_whole
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import KNOBS
+from autotune.spec.knobs import KNOBS, KnobHooks
 from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
+from autotune.spec.mindformers_trial import cpu_refusals
 from autotune.spec.specs import Spec
+
+# Where each knob is written in mindformers.yaml (`autotune.export.knob_writers` says what a
+# writer is; launch.yaml's are there). Here, below `autotune.export`, because a MindFormers
+# trial (`autotune.execution`) writes the same document.
+MINDFORMERS_YAML = KnobHooks("export: mindformers.yaml")
 
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.
 UNSET_BASE = "SET-ME-your-model-mindformers-config.yaml"
@@ -63,21 +68,6 @@ CPU_WRAPPER = "CpuTrainOneStepCell"
 def on_cpu(spec: Spec, c: Candidate) -> bool:
     """Whether mindformers.yaml is the CPU form (MindFormers runs ``c`` on this CPU)."""
     return run_backend(spec).mindformers_cpu_form and not cpu_refusals(c)
-
-
-def cpu_refusals(c: Candidate) -> list[str]:
-    """Why MindFormers cannot run ``c`` on CPU (measured: docs/mindformers.md, "On CPU")."""
-    reasons = []
-    if c.tp > 1 or c.pp > 1:
-        reasons.append(
-            f"tp = {c.tp}, pp = {c.pp} is semi-auto parallel, which MindSpore refuses "
-            "on CPU ('Invalid backend: CPU')"
-        )
-    if c.parallel_optimizer:
-        reasons.append(
-            "the parallel optimizer: MindSpore runs it in data-parallel mode on Ascend only"
-        )
-    return reasons
 
 
 def overlay(spec: Spec, c: Candidate) -> dict:
@@ -156,7 +146,7 @@ for _name in (
 ):
     MINDFORMERS_YAML.in_place(
         _name,
-        "autotune.export.mindformers:overlay",
+        "autotune.mindformers.config:overlay",
         "parallel_mode, parallel_config, runner_config and context follow "
         "from the layout, the jit level and the device together",
     )
