@@ -117,6 +117,8 @@ class Prior:
         self.tried = np.zeros(len(self.candidates), dtype=bool)
         self.ran_layouts: dict = {}  # layout id → how many of its candidates ran
         self.ooms: set = set()
+        self.pending_layouts: set = set()  # layouts of the candidates running now
+        self.peaks = 0  # peaks measured so far
 
     # -- the candidates --------------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class Prior:
                 peaks.append((i, memory_mb / 1024))
         waiting = [i for i in map(self._index_of, pending) if i is not None]
         self.belief.fit(times, peaks, sorted(self.ooms), waiting)
+        self.peaks = len(peaks)
         self.pending_layouts = {int(self.belief.layout[i]) for i in waiting}
         # the running ones count as measured at what the belief expects (the believer)
         return np.array(sorted({i for i, _ in times} | set(waiting)), dtype=int)
@@ -208,8 +211,12 @@ class Prior:
         measured, fits, open_ = self._open(measurements, pending)
         if not open_.any():
             return None
-        # a running layout's next variant waits for its outcome while another layout is open
-        elsewhere = open_ & ~np.isin(self.belief.layout, list(self.pending_layouts))
+        likely = open_ & (fits >= LIKELY)
+        if not self.peaks and likely.any():  # no peak yet says how far to trust the memory model
+            open_ = likely
+        # a running layout's next variant waits for its outcome while another layout as likely
+        # to fit may run
+        elsewhere = likely & ~np.isin(self.belief.layout, list(self.pending_layouts))
         open_ = elsewhere if elsewhere.any() else open_
         if (objective or self.objectives[0]) == "peak_memory":
             memory = self.belief.memory_mean()
@@ -218,7 +225,7 @@ class Prior:
         if self.estimated:  # the estimate is the trial: nothing to learn, nothing to explore
             return self.candidates[int(np.argmax(np.where(open_, gain, -np.inf)))], False
         if not len(measured):  # nothing measured: the model's best of those likely to fit
-            likely = open_ & (fits >= LIKELY)
+            likely &= open_
             if likely.any():
                 return self.candidates[int(np.argmax(np.where(likely, gain, -np.inf)))], True
         best = float(gain[measured].max()) if len(measured) else -math.inf
@@ -251,7 +258,7 @@ class Prior:
         likely (a peak to learn from, not the end of the prior)."""
         if self.estimated:
             fits = (self.belief.memory_gb <= self.limit_gb).astype(float)
-            self.pending_layouts = set()
+            self.pending_layouts, self.peaks = set(), 0
             return np.zeros(0, dtype=int), fits, ~self.tried & (fits > 0)
         measured = self._fit(measurements, pending)
         fits = self.belief.fit_probability()
