@@ -120,6 +120,9 @@ class Proposer:
         with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             if fixed is not None:
+                whole = self._whole(*fixed)
+                if whole is not None:
+                    return whole
                 trial = self._new(fixed[0])
             else:
                 trial = self.study.ask() if match is None else self._pop(match)
@@ -134,16 +137,39 @@ class Proposer:
                 trial.set_user_attr(name, value)
         return trial, candidate
 
-    def _new(self, params: dict) -> optuna.Trial:
+    def _new(self, params: dict, **whole) -> optuna.Trial:
         """What ``study.enqueue_trial(params)`` and the ``study.ask()`` that pops it do, in one
         write instead of two and no read of the queue: a RUNNING trial whose params are fixed
-        as Optuna's queue fixes them (system attr ``fixed_params``)."""
+        as Optuna's queue fixes them (system attr ``fixed_params``) — created, with ``whole``
+        (``distributions`` and ``user_attrs``), with its params set already."""
         template = optuna.trial.create_trial(
-            state=TrialState.RUNNING, system_attrs={"fixed_params": params}
+            state=TrialState.RUNNING,
+            system_attrs={"fixed_params": params},
+            **({"params": params, **whole} if whole else {}),
         )
         self.study._thread_local.cached_all_trials = None  # as ask: the sampler reads afresh
         trial_id = self.study._storage.create_new_trial(self.study._study_id, template)
         return optuna.Trial(self.study, trial_id)
+
+    def _whole(self, params: dict, user_attrs: dict):
+        """(trial, candidate) of a new trial whose every param ``params`` fixes, created with
+        its params, its driver's mark, ``user_attrs`` and its knob attrs in the one write that
+        creates it (what :meth:`_ask` writes in two); None when some param is left to the
+        sampler."""
+        try:
+            candidate, attrs = self.space.sample(optuna.trial.FixedTrial(params))
+        except ValueError:  # a param the sampler fills in
+            return None
+        mark = self.drivers.mark() if self.drivers is not None else {}
+        distributions = self.space.distributions()
+        trial = self._new(
+            params,
+            distributions={name: distributions[name] for name in params},
+            user_attrs={**mark, **user_attrs, **attrs},
+        )
+        if self.drivers is not None:
+            self.drivers.beat(trial)
+        return trial, candidate
 
     def _pop(self, match) -> optuna.Trial:
         """What ``study.ask`` does with its queue, for the waiting trial ``match`` accepts."""
