@@ -52,7 +52,7 @@ from autotune.search.prior import layout_of
 from autotune.search.untried import Turns, Untried
 from autotune.spec.constraints import violations
 from autotune.spec.space import SearchSpace
-from autotune.storage.writes import batched
+from autotune.storage.writes import batched, create_running
 
 
 class Proposer:
@@ -137,15 +137,12 @@ class Proposer:
                 trial.set_user_attr(name, value)
         return trial, candidate
 
-    def _new(self, params: dict, **whole) -> optuna.Trial:
+    def _new(self, params: dict) -> optuna.Trial:
         """What ``study.enqueue_trial(params)`` and the ``study.ask()`` that pops it do, in one
         write instead of two and no read of the queue: a RUNNING trial whose params are fixed
-        as Optuna's queue fixes them (system attr ``fixed_params``) — created, with ``whole``
-        (``distributions`` and ``user_attrs``), with its params set already."""
+        as Optuna's queue fixes them (system attr ``fixed_params``)."""
         template = optuna.trial.create_trial(
-            state=TrialState.RUNNING,
-            system_attrs={"fixed_params": params},
-            **({"params": params, **whole} if whole else {}),
+            state=TrialState.RUNNING, system_attrs={"fixed_params": params}
         )
         self.study._thread_local.cached_all_trials = None  # as ask: the sampler reads afresh
         trial_id = self.study._storage.create_new_trial(self.study._study_id, template)
@@ -162,11 +159,14 @@ class Proposer:
             return None
         mark = self.drivers.mark() if self.drivers is not None else {}
         distributions = self.space.distributions()
-        trial = self._new(
+        self.study._thread_local.cached_all_trials = None  # as ask: the sampler reads afresh
+        trial_id = create_running(
+            self.study,
             params,
-            distributions={name: distributions[name] for name in params},
-            user_attrs={**mark, **user_attrs, **attrs},
+            {name: distributions[name] for name in params},
+            {**mark, **user_attrs, **attrs},
         )
+        trial = optuna.Trial(self.study, trial_id)
         if self.drivers is not None:
             self.drivers.beat(trial)
         return trial, candidate
