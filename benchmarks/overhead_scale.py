@@ -67,7 +67,13 @@ def scale_worker(tree: str, sampler: str, n: str, storage: str, timeout: str) ->
                 self.runs += 1
                 if self.runs % 100 == 0 or self.runs == 1:
                     stamps.append(
-                        (self.runs, time.perf_counter() - started, self.driver_seconds, asked())
+                        (
+                            self.runs,
+                            time.perf_counter() - started,
+                            self.driver_seconds,
+                            asked(),
+                            time.process_time(),
+                        )
                     )
 
     def asked() -> int:
@@ -118,18 +124,25 @@ def scale_worker(tree: str, sampler: str, n: str, storage: str, timeout: str) ->
 
 
 def _window(stamps: list, last: bool) -> tuple:
-    """(first run, last run, driver ms per run, trials asked per run) over the first
-    :data:`WINDOW` runs, or the last ``WINDOW`` reached."""
+    """(first run, last run, driver ms per run, trials asked per run, process CPU ms per run)
+    over the first :data:`WINDOW` runs, or the last ``WINDOW`` reached."""
     if len(stamps) < 2:
-        return (0, 0, float("nan"), float("nan"))
+        return (0, 0, float("nan"), float("nan"), float("nan"))
     by_runs = {s[0]: s for s in stamps}
     top = max(by_runs)
     low, high = (max(1, top - WINDOW), top) if last else (1, min(WINDOW, top))
     low = min(by_runs, key=lambda r: abs(r - low))
     a, b = by_runs[low], by_runs[high]
     if b[0] == a[0]:
-        return (a[0], b[0], float("nan"), float("nan"))
-    return (a[0], b[0], (b[2] - a[2]) / (b[0] - a[0]) * 1000, (b[3] - a[3]) / (b[0] - a[0]))
+        return (a[0], b[0], float("nan"), float("nan"), float("nan"))
+    runs = b[0] - a[0]
+    return (
+        a[0],
+        b[0],
+        (b[2] - a[2]) / runs * 1000,
+        (b[3] - a[3]) / runs,
+        (b[4] - a[4]) / runs * 1000,
+    )
 
 
 def _timed(tree: Path, code: str, env: dict) -> tuple[float, float]:
@@ -309,8 +322,10 @@ def _print(sampler: str, trees: dict, results: dict) -> None:
                 "  rejected": f"{r['rejected']}",
                 "  untried": f"{r['untried']}",
                 "driver ms/run, first runs": f"{first[2]:.1f} ({first[0]}-{first[1]})",
+                "  CPU ms/run": f"{first[4]:.1f}",
                 "  trials asked/run": f"{first[3]:.2f}",
                 "driver ms/run, last runs": f"{last[2]:.1f} ({last[0]}-{last[1]})",
+                "  CPU ms/run ": f"{last[4]:.1f}",
                 "  trials asked/run ": f"{last[3]:.2f}",
                 **{
                     f"{name} s (process s)": f"{call:.2f} ({whole:.1f})"
