@@ -9,8 +9,10 @@ Optuna's TPE fits its two densities to every finished trial on every ask: l(x) t
 Contract: a :class:`BoundedTPESampler` is Optuna's ``TPESampler`` (same arguments) that, once a
 study has more than :data:`WINDOW` + :data:`BEST` finished trials, samples from a view of it
 holding (every running trial, for the constant liar, and) the :data:`BEST` best complete trials
-by each objective plus the :data:`WINDOW` latest finished ones. Below that it is exactly Optuna's
-TPE (the same proposals for the same seed).
+by each objective plus the :data:`WINDOW` latest finished ones. Below that it samples from every
+trial, as Optuna's TPE does (the same proposals for the same seed), but from the study as read
+once per ask, not again for each param it samples (its constant liar re-reads the study each
+time: a trial another driver starts within the same ask is not seen as running until the next).
 
 Why this bound keeps what TPE learns: with one objective l(x) is fitted to the same trials as
 before — the best 25 of the study, whatever their age — and g(x) to the latest 500 of the
@@ -55,12 +57,13 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
         )
 
     def _bounded(self, study):
-        """``study``, or once it is long a view of it (see the module doc)."""
+        """A view of ``study``: all of it, or once it is long its best and latest trials (see
+        the module doc) — as read once in this ask."""
         trials = study._get_trials(deepcopy=False, use_cache=True)  # once per ask (Optuna's)
         self._read(study, trials)
         finished = len(trials) - len(self._feed.unfinished)
         if finished <= WINDOW + BEST:
-            return study
+            return _View(study, trials)
         if self._view_of is None or self._view_of[0] is not trials:
             kept = {t.number: t for t in self._latest}
             for ranked in self._best:

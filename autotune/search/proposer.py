@@ -113,10 +113,11 @@ class Proposer:
             return estimate, "; ".join(reasons) or estimate.reason
         return estimate, self.cannot_run(candidate) if self.cannot_run is not None else ""
 
-    def _ask(self, match=None, fixed=None):
-        """Ask a trial: Optuna's next (the oldest waiting, else a new one); with ``match`` the
-        oldest waiting trial it accepts (LookupError when none waits); with ``fixed`` =
-        (params, user attrs) a new one with those params fixed (:meth:`_new`) and those attrs."""
+    def _ask(self, match=None, fixed=None, fresh=False):
+        """Ask a trial: Optuna's next (the oldest waiting, else a new one; ``fresh``: the caller
+        knows none waits, so a new one without reading the queue); with ``match`` the oldest
+        waiting trial it accepts (LookupError when none waits); with ``fixed`` = (params, user
+        attrs) a new one with those params fixed (:meth:`_new`) and those attrs."""
         with warnings.catch_warnings():  # autotune's driver beats for its asked trials itself
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             if fixed is not None:
@@ -124,6 +125,10 @@ class Proposer:
                 if whole is not None:
                     return whole
                 trial = self._new(fixed[0])
+            elif fresh:  # what study.ask does when nothing waits
+                self.study._thread_local.cached_all_trials = None
+                trial_id = self.study._storage.create_new_trial(self.study._study_id)
+                trial = optuna.Trial(self.study, trial_id)
             else:
                 trial = self.study.ask() if match is None else self._pop(match)
         # its driver, role, params and knob attrs: one transaction, not twenty
@@ -203,7 +208,7 @@ class Proposer:
             fixed, sampled = self._from_untried(), False
             if fixed is None:
                 return None
-        trial, candidate = self._ask(fixed=fixed)
+        trial, candidate = self._ask(fixed=fixed, fresh=not queued)
         job = self._screen(trial, candidate, started, memory=not by_prior)
         if sampled:
             self.turns.sampler_proposed(runs=job.settled is None)
