@@ -26,6 +26,8 @@ driver per run at its start and its end, then ``show``, ``report``, ``trials_fra
 on it (`benchmarks/overhead_scale.py`):
 
     python benchmarks/overhead.py --scale [--before REV] [--samplers auto,tpe] [--trials 10000]
+
+``--tpe-cost`` times Optuna's TPE and the bounded one per ask against the study's length.
 """
 
 from __future__ import annotations
@@ -78,7 +80,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10_000, help="--scale: trials per study")
     parser.add_argument("--timeout", type=int, default=1500, help="--scale: seconds per study")
     parser.add_argument("--scale-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--tpe-cost", action="store_true", help="TPE's ms per ask against n")
     args = parser.parse_args()
+    if args.tpe_cost:
+        return overhead_scale.tpe_cost()
     if args.driver_worker:
         return driver_worker(*args.driver_worker)
     if args.scale_worker:

@@ -146,7 +146,7 @@ class Stopper:
     def device_use(self) -> tuple[float, int]:
         """(device-seconds spent by every run in storage, trials running now in any driver):
         see the module doc."""
-        for t in self.feed.update(self.study.get_trials(deepcopy=False)):
+        for t in self.feed.read(self.study):
             if "warm_start" not in t.user_attrs:
                 self.spent += float(t.user_attrs.get("run_s") or 0.0) * _devices(t)
         running = sum(  # a parked repeat runs nothing

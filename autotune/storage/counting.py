@@ -94,7 +94,14 @@ class Tally:
     def update(self, trials) -> list:
         """Judge what finished since the last update (``trials``: the study's, in number
         order); returns those trials."""
-        finished = self.feed.update(trials)
+        return self._judge(self.feed.update(trials))
+
+    def read(self, study) -> list:
+        """:meth:`update` from ``study`` as it is now, read by the feed itself (only what
+        changed: `autotune.storage.feed.Feed.read`)."""
+        return self._judge(self.feed.read(study))
+
+    def _judge(self, finished: list) -> list:
         self.counted += sum(map(counted, finished))
         return finished
 

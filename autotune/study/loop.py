@@ -65,7 +65,7 @@ def load_history(spec, study, proposer: Proposer, recorder: Recorder, trials=Non
         proposer.remember(
             candidate, t.number, schema.outcome_of(t), metrics, t.user_attrs.get("detail", "")
         )
-        if schema.outcome_of(t) == "ok":
+        if schema.outcome_of(t) == "ok" and recorder.calibrates:  # (the estimate costs 1 ms)
             recorder.add_measurement(candidate, costmodel.estimate(spec, candidate), metrics)
     proposer.calibration = recorder.calibration
     return read
@@ -190,10 +190,11 @@ class Loop:
         self.proposer.running = {job.candidate: number for number, job in self.live.items()}
         if self.drivers.shared:
             self._recover()
-        trials = self.study.get_trials(deepcopy=False)
-        finished = self.tally.update(trials)
+        finished = self.tally.read(self.study)  # what changed only, not all 10,000 in order
         if self.drivers.shared:
             self._sync_others(finished)
+        # (a repeat parked: several trials in flight, each of which is minutes long)
+        trials = self.study.get_trials(deepcopy=False) if self.parked else []
         for number, job in list(self.parked.items()):
             original = trials[job.settled.repeat_of]
             if original.state.is_finished():
