@@ -20,6 +20,14 @@ with the ``autotune`` package of git revision REV too, each study in a fresh pro
 interleaved round by round, so the ratio is read side by side on a noisy machine:
 
     python benchmarks/overhead.py --driver --before REV [--rounds 3] [--samplers auto,tpe]
+
+``--scale`` runs a 10,000-trial study on a 20,715-candidate ``simulate`` space and times the
+driver per run at its start and its end, then ``show``, ``report``, ``trials_frame`` and Ctrl-C
+on it (`benchmarks/overhead_scale.py`):
+
+    python benchmarks/overhead.py --scale [--before REV] [--samplers auto,tpe] [--trials 10000]
+
+``--tpe-cost`` times Optuna's TPE and the bounded one per ask against the study's length.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import overhead_scale  # noqa: E402
 
 FUSION = [1, 16, 256]
 
@@ -65,9 +76,22 @@ def main() -> None:
     parser.add_argument("--samplers", default="auto", help="--driver: comma-separated")
     parser.add_argument("--storage", help="--driver: an RDB URL (default: a SQLite file each)")
     parser.add_argument("--driver-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--scale", action="store_true", help="a 10,000-trial study's driver")
+    parser.add_argument("--trials", type=int, default=10_000, help="--scale: trials per study")
+    parser.add_argument("--timeout", type=int, default=1500, help="--scale: seconds per study")
+    parser.add_argument("--scale-worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--tpe-cost", action="store_true", help="TPE's ms per ask against n")
     args = parser.parse_args()
+    if args.tpe_cost:
+        return overhead_scale.tpe_cost()
     if args.driver_worker:
         return driver_worker(*args.driver_worker)
+    if args.scale_worker:
+        return overhead_scale.scale_worker(*args.scale_worker)
+    if args.scale:
+        args.samplers = args.samplers if args.samplers != "auto" else "auto,tpe"
+        work = Path(tempfile.mkdtemp(prefix="autotune-scale-"))
+        return overhead_scale.scale_main(args, _tree_of, work)
     if args.driver:
         args.rounds = args.rounds or 3
         return driver_main(args)

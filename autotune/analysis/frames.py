@@ -26,6 +26,7 @@ from autotune.analysis.text import no_ok_trial
 from autotune.costmodel import diagnosis
 from autotune.jobs import METRICS, OUTCOMES
 from autotune.spec.knobs import KNOB_NAMES
+from autotune.storage.bulk import read_all
 from autotune.storage.connection import load_study
 from autotune.storage.counting import search_trials
 from autotune.storage.schema import is_infrastructure, knobs_of, maximizes, outcome_of
@@ -36,11 +37,10 @@ TIMING = ("run_s", "wall_s", "queued_s", "driver_s")
 
 def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.DataFrame:
     """One row per trial of ``study`` (a name or a loaded Study), knobs and metrics as columns."""
-    if isinstance(study, str):
-        study = load_study(study, storage)
-    objectives = study.user_attrs.get("objectives") or [
-        f"objective{i}" for i in range(len(study.directions))
-    ]
+    study = load_study(study, storage) if isinstance(study, str) else study
+    read_all(study)  # (a study given loaded: its trials in one pass too)
+    attrs = study.user_attrs  # one read: each read of it is a query
+    objectives = attrs.get("objectives") or [f"objective{i}" for i in range(len(study.directions))]
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = {
@@ -51,7 +51,8 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
             "baseline": bool(t.user_attrs.get("baseline")),
             "engine": study.user_attrs.get("engine"),  # what ran it (None: an older study)
         }
-        row.update(knobs_of(t))
+        knobs = knobs_of(t)
+        row.update(knobs)
         for name in METRICS + TIMING:
             row[name] = t.user_attrs.get(name)
         for name, value in zip(objectives, t.values or [None] * len(objectives)):
@@ -61,7 +62,7 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
         row["confirm_of"] = t.user_attrs.get("confirm_of")
         row["infrastructure"] = is_infrastructure(t)
         row["detail"] = t.user_attrs.get("detail", "")
-        found = diagnosis.of_trial(t, knobs_of(t), study.user_attrs)
+        found = diagnosis.of_trial(t, knobs, attrs)
         row["verdict"] = found["verdict"] if found else ""
         rows.append(row)
     columns = [

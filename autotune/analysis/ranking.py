@@ -7,7 +7,9 @@ the confirm-phase re-runs of them):
 - :func:`best_trials`: the best ``ok`` trial (one objective) or the Pareto front of the ``ok``
   trials sorted by the first objective.
 - :func:`ranked_ok`: every ``ok`` trial the search ran, best first objective first.
-- :func:`baseline_of`: the baseline trial that ran (a re-run of an interrupted baseline counts).
+- :func:`baseline_of`: the baseline trial that ran (a re-run of an interrupted baseline counts),
+  or the one that was rejected before it could (`autotune.storage.counting.rejected`: what
+  the study says of its baseline then).
 - :func:`summarize`: for every trial with confirm re-runs (user attr ``confirm_of``), its first
   objective over its ``ok`` re-runs only — measured in the confirm phase, interleaved round by
   round with the baseline's re-runs — as mean and sample standard deviation. The original's own
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.study._multi_objective import _get_pareto_front_trials_by_trials  # Optuna 5.0 (pinned)
 
-from autotune.storage.counting import is_search_trial
+from autotune.storage.counting import is_search_trial, rejected
 from autotune.storage.schema import maximizes
 
 
@@ -56,7 +58,7 @@ def baseline_of(study: optuna.Study):
         (
             t
             for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("baseline") and is_search_trial(t)
+            if t.user_attrs.get("baseline") and (is_search_trial(t) or rejected(t))
         ),
         None,
     )

@@ -1,7 +1,8 @@
 """``autotune show``: a study at a glance in the terminal, or one trial with its diagnosis.
 
 Contract: :func:`show_study` prints the study's trials (outcome, the knobs that vary, the main
-metrics, the largest non-compute part of each ``ok`` trial's step), then the best, the baseline
+metrics, the largest non-compute part of each ``ok`` trial's step; of a study that ran more than
+:data:`SHOWN`, the ``SHOWN`` best and the baseline, and how to list every one), then the best, the baseline
 and the noise floor where the confirm phase measured it, and the diagnosis of the best and the
 baseline. :func:`show_trial` prints one trial: knobs, metrics, outcome and detail, and for an
 ``ok`` trial its step split into parts with the measured facts and the verdict
@@ -32,6 +33,7 @@ SHORT = {
     "recompute": "recomp",
 }  # column headers: ten knobs must fit beside the metrics
 LEFT = ("role", "outcome", "largest non-compute part")
+SHOWN = 40  # trials the table lists at most: of a longer study, the best and the baseline
 
 
 def show_study(v: StudyView, console: Console) -> None:
@@ -41,7 +43,7 @@ def show_study(v: StudyView, console: Console) -> None:
         counts[outcome_of(t)] = counts.get(outcome_of(t), 0) + 1
     console.print(
         f"study [bold]{v.name}[/bold] — backend "
-        f"{v.study.user_attrs.get('backend', '?')}, objectives "
+        f"{v.attrs.get('backend', '?')}, objectives "
         + ", ".join(
             f"{o} ({'max' if d.name == 'MAXIMIZE' else 'min'})"
             for o, d in zip(v.objectives, v.study.directions)
@@ -50,10 +52,22 @@ def show_study(v: StudyView, console: Console) -> None:
     console.print(
         f"{len(v.trials)} trials: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
     )
-    table = Table(
-        title="trials the search ran (repeats, confirm re-runs, interrupted runs and "
-        "retried infrastructure failures left out)"
+    rows, title = (
+        v.ran,
+        (
+            "trials the search ran (rejected candidates, repeats, confirm re-runs, interrupted "
+            "runs and retried infrastructure failures left out)"
+        ),
     )
+    if len(v.ran) > SHOWN:  # a table of thousands of rows is read by no one
+        best = sorted(v.ok, key=v.value, reverse=v.maximize)[:SHOWN]
+        kept = {t.number for t in best} | ({v.baseline.number} if v.baseline else set())
+        rows = [t for t in v.ran if t.number in kept]
+        title = (
+            f"the {len(best)} best of the {len(v.ran)} trials the search ran, and the "
+            f"baseline (every trial: autotune compare {v.name} --csv FILE)"
+        )
+    table = Table(title=title)
     for column in (
         "#",
         "role",
@@ -67,7 +81,7 @@ def show_study(v: StudyView, console: Console) -> None:
         "largest non-compute part",
     ):
         table.add_column(column, justify="right" if column not in LEFT else "left")
-    for t in v.ran:
+    for t in rows:
         found = v.diagnosis(t)
         knobs = v.knobs(t)
         bottleneck = (
@@ -123,7 +137,7 @@ def _device_time(v: StudyView, console: Console) -> None:
 def _layouts(v: StudyView, console: Console) -> None:
     """The layouts the search did not run, and why (study attr ``layouts``, stored by a study
     of sampler ``auto`` when its search ends: `autotune.search.prior.Prior.layouts`)."""
-    layouts = v.study.user_attrs.get("layouts")
+    layouts = v.attrs.get("layouts")
     if not layouts:
         return
     skipped = [entry for entry in layouts if not entry["ran"]]

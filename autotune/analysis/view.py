@@ -44,6 +44,8 @@ class StudyView:
     baseline: object | None
     confirmed: list
     _diagnoses: dict = field(default_factory=dict, repr=False)
+    _knobs: dict = field(default_factory=dict, repr=False)  # number → knobs_of(trial)
+    derived: dict = field(default_factory=dict, repr=False)  # what a figure builds once, by name
 
     @property
     def name(self) -> str:
@@ -61,11 +63,16 @@ class StudyView:
         return maximizes(self.study)
 
     @cached_property
+    def attrs(self) -> dict:
+        """The study's user attrs, read once (each read of ``study.user_attrs`` is a query)."""
+        return self.study.user_attrs
+
+    @cached_property
     def spec(self):
         """The study's model.yaml as a Spec, or None when it cannot be read back."""
         from autotune.spec.model_yaml import parse_spec
 
-        attrs = self.study.user_attrs
+        attrs = self.attrs
         try:
             return parse_spec(
                 attrs["model_yaml"], Path(attrs.get("model_yaml_path", ".")), stored=True
@@ -76,7 +83,7 @@ class StudyView:
     @cached_property
     def budget_gb(self) -> float | None:
         """Device memory of one device (on CPU, a worker's RSS budget), GiB."""
-        return diagnosis.memory_budget_gb(self.study.user_attrs)
+        return diagnosis.memory_budget_gb(self.attrs)
 
     @cached_property
     def searched(self) -> list[str]:
@@ -86,11 +93,13 @@ class StudyView:
     @property
     def noise_floor(self) -> float | None:
         """The study's noise floor: stored by the confirm phase, or from its re-runs so far."""
-        stored = self.study.user_attrs.get("noise_floor")
+        stored = self.attrs.get("noise_floor")
         return stored if stored is not None else ranking.noise_floor(self.confirmed)
 
     def knobs(self, trial) -> dict:
-        return knobs_of(trial)
+        if trial.number not in self._knobs:
+            self._knobs[trial.number] = knobs_of(trial)
+        return self._knobs[trial.number]
 
     def devices(self, trial) -> int:
         """The devices ``trial`` ran on (dp·tp·pp)."""
@@ -99,9 +108,7 @@ class StudyView:
 
     def diagnosis(self, trial) -> dict | None:
         if trial.number not in self._diagnoses:
-            self._diagnoses[trial.number] = diagnosis.of_trial(
-                trial, self.knobs(trial), self.study.user_attrs
-            )
+            self._diagnoses[trial.number] = diagnosis.of_trial(trial, self.knobs(trial), self.attrs)
         return self._diagnoses[trial.number]
 
     def estimate(self, trial):

@@ -38,6 +38,7 @@ import math
 import os
 from pathlib import Path
 
+from autotune.execution.replay import MISSING
 from autotune.execution.runner import fresh_trial_dir
 from autotune.jobs import Job, Result
 from autotune.spec.backends import backend_of
@@ -138,7 +139,7 @@ class ReplayExecutor(InstantExecutor):
     def evaluate(self, candidate, estimate) -> Result:
         rows = self.table.rows_of(candidate)
         if not rows:
-            return Result("infeasible", detail="not in the replay table")
+            return Result("infeasible", detail=MISSING)
         taken = self.runs.get(candidate, 0)
         self.runs[candidate] = taken + 1
         row = rows[taken % len(rows)]

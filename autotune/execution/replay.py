@@ -21,6 +21,9 @@ rows count from 1, the header excluded) and the column; nothing is written eithe
 - A candidate may have several rows, in table order: each run of it in a session takes the next
   (after the last, the first again), so re-runs see the spread that was measured
   (:meth:`ReplayTable.rows_of`; :attr:`ReplayTable.varies` when some candidate has several).
+  A candidate without a row is ``infeasible`` (:data:`MISSING`): a study rejects it before it
+  is dispatched (:meth:`ReplayTable.missing`), the executor answers so for one dispatched
+  anyway (a confirm re-run or retry runs as it is).
 - Rows that are no run of their candidate are skipped: ``interrupted`` ones, and those a study's
   own CSV (``autotune compare --csv``) marks as a repeat (``repeat_of``: answered from storage).
   Its confirm-phase re-runs and retried failures are runs: further rows of their candidate.
@@ -46,6 +49,7 @@ from autotune.spec.knobs import KNOB_NAMES, KNOBS, is_active
 from autotune.spec.objectives import OBJECTIVES
 
 SKIP_MARKERS = ("repeat_of",)
+MISSING = "not in the replay table"  # a candidate without a row: infeasible, never run
 KEPT = ("outcome", "run_s", "detail", "infrastructure", "confirm_of", "retry_of", "engine")
 FALSE, TRUE = ("false", "0", "no"), ("true", "1", "yes")
 
@@ -80,6 +84,10 @@ class ReplayTable:
     def rows_of(self, candidate) -> list[Row]:
         """The rows that measured ``candidate``, in table order (none: not in the table)."""
         return self.rows.get(self.key(candidate), [])
+
+    def missing(self, candidate) -> str:
+        """Why ``candidate`` cannot be replayed (:data:`MISSING`), "" when it has a row."""
+        return "" if self.rows_of(candidate) else MISSING
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -1,7 +1,8 @@
 """The Optuna sampler behind each ``search.sampler`` name.
 
 Contract: :func:`make_sampler` returns a fresh sampler for a study of ``n_trials`` trials for
-each name of :data:`SAMPLERS`, or raises `autotune.spec.errors.SpecError` (exit 2) for another
+each name of :data:`SAMPLERS` (``tpe`` and ``auto``: Optuna's TPE over a bounded view of a long
+study, `autotune.search.bounded_tpe`), or raises `autotune.spec.errors.SpecError` (exit 2) for another
 name or when the sampler's optional package is missing. It
 never sees storage or the search loop; ``grid`` is a random sampler because the loop enqueues
 every candidate itself.
@@ -13,6 +14,7 @@ import importlib.util
 
 import optuna
 
+from autotune.search.bounded_tpe import BoundedTPESampler
 from autotune.spec.errors import SpecError
 
 # The names, defined where the model.yaml's search.sampler and the CLI's --sampler are checked
@@ -27,8 +29,9 @@ def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.
     if name in ("tpe", "auto"):  # auto: the cost model's prior proposes, TPE fills in
         # benchmarks/search_efficiency.py: few random startup trials (≈ n/6, 2 to 10) reach the
         # optimum in far fewer trials than Optuna's default 10; `group` made it worse. The
-        # constant liar keeps concurrent trials apart.
-        return optuna.samplers.TPESampler(
+        # constant liar keeps concurrent trials apart. Bounded: a long study's best trials and
+        # its latest, not all of them (`autotune.search.bounded_tpe`).
+        return BoundedTPESampler(
             seed=seed,
             multivariate=True,
             constant_liar=True,

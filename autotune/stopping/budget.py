@@ -19,7 +19,10 @@ Contract:
     infrastructure failure that was retried, a pruned run (its ``run_s`` is the driver's clock
     from submit to the stop) — at its ``run_s`` × its devices, and every trial running now in
     any driver at the median. A warm-start copy ran in another study and a repeat did not run:
-    neither counts. The median and the flat rule go by the runs that count toward N.
+    neither counts, nor does a candidate rejected before it ran (no run, no device time). The
+    median and the flat rule go by the runs that count toward N. What storage holds is read
+    before every dispatch, each finished trial once (`autotune.storage.feed`), so the check
+    costs the same at the 10,000th trial as at the 10th.
   - ``--stop-when-flat``: stop once at least :data:`FLAT_MIN_RUNS` runs finished and the last
     ``max(FLAT_MIN_WINDOW, runs // 3)`` of them did not improve the best first objective by
     more than :data:`FLAT_GAIN` (relative): a plateau that long rarely ends in these spaces.
@@ -43,7 +46,8 @@ from optuna.trial import TrialState
 from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
 from autotune.storage.counting import counted
-from autotune.storage.schema import knobs_of, maximizes, outcome_of
+from autotune.storage.feed import Feed
+from autotune.storage.schema import knobs_of, maximizes
 
 WALL_UNITS = {"s": 1, "m": 60, "h": 3600}
 FLAT_MIN_RUNS = 8
@@ -96,8 +100,9 @@ class Stopper:
         self.retry_failed = False  # ... a retry among them
         self.ran = False  # whether a run of this session got to its candidate
         self.maximize = maximizes(study)
+        self.feed, self.spent = Feed(), 0.0  # device-seconds of the finished trials read
         for t in study.get_trials(deepcopy=False):  # what earlier sessions ran
-            if counted(t) and outcome_of(t) != "infeasible":
+            if counted(t):
                 self._add(
                     float(t.user_attrs.get("run_s") or 0.0),
                     _devices(t),
@@ -141,13 +146,14 @@ class Stopper:
     def device_use(self) -> tuple[float, int]:
         """(device-seconds spent by every run in storage, trials running now in any driver):
         see the module doc."""
-        spent, running = 0.0, 0
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state == TrialState.RUNNING:
-                running += "repeat_of" not in t.user_attrs  # a parked repeat runs nothing
-            elif t.state.is_finished() and "warm_start" not in t.user_attrs:
-                spent += float(t.user_attrs.get("run_s") or 0.0) * _devices(t)
-        return spent, running
+        for t in self.feed.read(self.study):
+            if "warm_start" not in t.user_attrs:
+                self.spent += float(t.user_attrs.get("run_s") or 0.0) * _devices(t)
+        running = sum(  # a parked repeat runs nothing
+            t.state == TrialState.RUNNING and "repeat_of" not in t.user_attrs
+            for t in self.feed.unfinished.values()
+        )
+        return self.spent, running
 
     def _used(self) -> float:
         return self.device_use()[0] if self.budget.kind == "device" else self.wall_used()

@@ -9,8 +9,8 @@ Contract:
   SQLite) keeps RDB heartbeats (`autotune.storage.drivers`: several drivers may share its
   studies); a trial whose heartbeats stop for ``GRACE_S`` is failed by
   `autotune.storage.recovery.recover_interrupted` and its candidate queued again.
-- :func:`load_study` loads an existing study, or raises SpecError naming it and the studies
-  the storage has.
+- :func:`load_study` loads an existing study, its trials read in one pass
+  (`autotune.storage.bulk`), or raises SpecError naming it and the studies the storage has.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import optuna
 from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
 
 from autotune.spec.errors import SpecError
+from autotune.storage.bulk import read_all
 from autotune.storage.drivers import GRACE_S, HEARTBEAT_S
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
@@ -74,9 +75,11 @@ def load_study(name: str, storage: str | None = None) -> optuna.Study:
     url = resolve_storage(storage)
     opened = open_storage(url)
     try:
-        return optuna.load_study(study_name=name, storage=opened)
+        study = optuna.load_study(study_name=name, storage=opened)
     except KeyError:
         names = optuna.get_all_study_names(opened)
         raise SpecError(
             f"study {name!r} not found in {url} (studies: {', '.join(names) or 'none'})"
         ) from None
+    read_all(study)  # every reader of a study reads all of it: one pass, not Optuna's ORM
+    return study

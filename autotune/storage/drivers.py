@@ -139,6 +139,14 @@ class Drivers:
         the trial's own storage, so that inside `autotune.storage.writes.batched` the mark is
         written before the beat."""
         trial.set_user_attr(OWNER, self.me)
+        self.beat(trial)
+
+    def mark(self) -> dict:
+        """The user attr that marks a trial as this driver's, for a trial created with it."""
+        return {OWNER: self.me}
+
+    def beat(self, trial) -> None:
+        """Beat for ``trial``, marked as this driver's, at once (on a storage that keeps beats)."""
         if self.shared:
             trial.storage.record_heartbeat(trial._trial_id)
 

@@ -20,8 +20,9 @@ nothing (interrupted, infeasible, a repeat) is dropped — the failed trial alre
 ``interrupted``.
 
 Readers: :func:`outcome_of`, :func:`metrics_of`, :func:`knobs_of` (every knob, sampled or not),
-:func:`role_of` (what a trial is for, kept by a trial that runs it again) and :func:`maximizes`
-(the direction of a study's first objective). Which trials count is `autotune.storage.counting`.
+:func:`role_of` (what a trial is for, kept by a trial that runs it again), :func:`maximizes`
+(the direction of a study's first objective) and :func:`loss_signs` (of every objective).
+Which trials count is `autotune.storage.counting`.
 """
 
 from __future__ import annotations
@@ -178,3 +179,9 @@ def knobs_of(frozen: optuna.trial.FrozenTrial) -> dict:
 def maximizes(study: optuna.Study) -> bool:
     """Whether the study's first objective (the one rankings and the pruner go by) is maximised."""
     return study.directions[0] == optuna.study.StudyDirection.MAXIMIZE
+
+
+def loss_signs(study: optuna.Study) -> list[float]:
+    """Per objective, the factor that makes its value a loss (smaller is better): -1 where it is
+    maximised, 1 where minimised."""
+    return [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]

@@ -7,7 +7,9 @@ params, its driver, the knobs it keeps as user attrs) and as many when it is rec
 (`benchmarks/overhead.py --driver`). On a disk shared with a busy neighbour one fsync took 8 to
 20 ms there.
 
-Contract: inside ``with batched(trial):`` the params (``trial.suggest_*``) and user attrs
+Contract: :func:`create_running` creates a trial whose every param is known already (the
+prior's candidate, an untried one) with its params and attrs in the one transaction that
+creates it. Inside ``with batched(trial):`` the params (``trial.suggest_*``) and user attrs
 (``trial.set_user_attr``) written for the live Optuna ``trial`` are held, and written when the
 block ends in one transaction on an RDB storage (one by one on any other, as before), params in
 the order they were made. ``batched(trial, study_attrs, end=(state, values))`` writes the
@@ -44,7 +46,7 @@ from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models
 from optuna.study._tell import _check_values_are_feasible
-from optuna.trial import TrialState
+from optuna.trial import TrialState, create_trial
 from sqlalchemy import insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -170,23 +172,7 @@ def _in_one_transaction(
         if state is None:  # as Optuna's find_or_raise_by_id
             raise KeyError(models.NOT_FOUND_MSG)
         backend.check_trial_is_updatable(trial_id, state)
-        for name, _, distribution in params:
-            previous = known.get(name) or _stored_distribution(session, study_id, name)
-            if previous is not None:
-                check_distribution_compatibility(previous, distribution)
-        if params:  # one statement, rows in this order: the order params are read back in
-            session.execute(
-                insert(models.TrialParamModel.__table__),
-                [
-                    {
-                        "trial_id": trial_id,
-                        "param_name": name,
-                        "param_value": value,
-                        "distribution_json": distribution_to_json(distribution),
-                    }
-                    for name, value, distribution in params
-                ],
-            )
+        _insert_params(session, study_id, trial_id, params, known)
         if attrs:
             _upsert(session, backend, models.TrialUserAttributeModel, "trial_id", trial_id, attrs)
         if study_attrs:
@@ -228,6 +214,96 @@ def _in_one_transaction(
         session.close()
     for name, _, distribution in params:  # as Optuna's cache learns a param's distribution
         known.setdefault(name, distribution)
+
+
+def _insert_params(session, study_id: int, trial_id: int, params: list, known: dict) -> None:
+    """Insert ``params`` ([(name, internal value, distribution)]) of a trial, each distribution
+    checked against the study's (``known``, else the stored one) as Optuna checks it: in one
+    statement, rows in this order — the order params are read back in."""
+    for name, _, distribution in params:
+        previous = known.get(name) or _stored_distribution(session, study_id, name)
+        if previous is not None:
+            check_distribution_compatibility(previous, distribution)
+    if params:
+        session.execute(
+            insert(models.TrialParamModel.__table__),
+            [
+                {
+                    "trial_id": trial_id,
+                    "param_name": name,
+                    "param_value": value,
+                    "distribution_json": distribution_to_json(distribution),
+                }
+                for name, value, distribution in params
+            ],
+        )
+
+
+def create_running(study, params: dict, distributions: dict, user_attrs: dict) -> int:
+    """A new RUNNING trial of ``study`` with ``params`` set — and fixed, as Optuna's queue fixes
+    them (system attr ``fixed_params``) — and ``user_attrs``: on an RDB storage in one
+    transaction of a few statements (what ``create_new_trial`` with such a template writes,
+    Optuna 5.0, pinned, there in three statements per param and two per attr, one of which
+    searched the study's params), put in Optuna's cache as ``create_new_trial`` puts it; on
+    any other storage, ``create_new_trial`` with that template. Returns the trial's id."""
+    storage, study_id = study._storage, study._study_id
+    template = create_trial(
+        state=TrialState.RUNNING,
+        params=params,
+        distributions=distributions,
+        user_attrs=user_attrs,
+        system_attrs={"fixed_params": params},
+    )
+    backend = getattr(storage, "_backend", storage)
+    if not isinstance(backend, RDBStorage) or not isinstance(storage, _CachedStorage):
+        return storage.create_new_trial(study_id, template)
+    internal = [
+        (k, distributions[k].to_internal_repr(v), distributions[k]) for k, v in params.items()
+    ]
+    known = storage._studies[study_id].param_distribution if study_id in storage._studies else {}
+    session = backend.scoped_session()
+    try:
+        # the study's row locked, as Optuna's creation locks it: trial numbers one at a time
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        row = models.TrialModel(
+            study_id=study_id,
+            number=None,
+            state=TrialState.RUNNING,
+            datetime_start=template.datetime_start,
+        )
+        session.add(row)
+        session.flush()
+        row.number = row.count_past_trials(session)
+        trial_id = row.trial_id
+        _insert_params(session, study_id, trial_id, internal, known)
+        for model, attrs in (
+            (models.TrialUserAttributeModel, template.user_attrs),
+            (models.TrialSystemAttributeModel, template.system_attrs),
+        ):
+            if attrs:  # a new trial's: inserted, not upserted
+                session.execute(
+                    insert(model.__table__),
+                    [
+                        {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                        for key, value in attrs.items()
+                    ],
+                )
+        number = row.number
+        session.commit()
+    except SQLAlchemyError as exc:
+        session.rollback()
+        raise StorageInternalError("a new trial failed to commit") from exc
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+    template.number, template._trial_id = number, trial_id
+    with storage._lock:  # as create_new_trial caches it
+        storage._add_trials_to_cache(study_id, [template])
+    for name, _, distribution in internal:
+        known.setdefault(name, distribution)
+    return trial_id
 
 
 def _known_distributions(storage, trial_id: int) -> dict:

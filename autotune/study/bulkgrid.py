@@ -4,7 +4,8 @@ Contract: :func:`run_bulk_grid` settles every candidate left in the proposer's g
 feasibility verdict, then the executor's answer — and stores them with ``add_trials`` in batches:
 a grid needs no sampler, so each trial is one storage write instead of an ask, attrs and a tell.
 The recorder's calibration is refit from the measurements and stored after each batch; the
-progress display hears each batch. A study's run (`autotune.study.run`) calls it for a grid on an
+progress display hears each batch (how many ran: a rejected candidate is no run), and at the
+end one line that the space is exhausted. A study's run (`autotune.study.run`) calls it for a grid on an
 instant executor with no budget and one driver.
 """
 
@@ -21,9 +22,12 @@ def run_bulk_grid(study, proposer, executor, recorder, progress, batch: int = 25
     space = proposer.space
     distributions = space.distributions()
     number, baseline = len(study.get_trials(deepcopy=False)), space.baseline()
+    # the candidates earlier sessions tried, and how many of them ran
+    ran = sum(outcome != "infeasible" for _, outcome, *_ in proposer.seen.values())
+    tried = len(proposer.seen)
     while proposer.grid:
         chunk = [proposer.grid.popleft() for _ in range(min(batch, len(proposer.grid)))]
-        trials, ok_values = [], []
+        trials, ok_values, runs = [], [], 0
         for candidate, params in chunk:
             estimate, reason = proposer.verdict(candidate)
             extra = {"estimate": estimate.as_dict(), **space.attrs_of(candidate)}
@@ -33,6 +37,7 @@ def run_bulk_grid(study, proposer, executor, recorder, progress, batch: int = 25
                 result = Result("infeasible", detail=reason)
             else:
                 result = executor.evaluate(candidate, estimate)
+                runs += result.outcome != "infeasible"
                 extra.update(result.timing())
                 if result.outcome == "ok":
                     recorder.add_measurement(candidate, estimate, result.metrics)
@@ -55,4 +60,9 @@ def run_bulk_grid(study, proposer, executor, recorder, progress, batch: int = 25
         if recorder.calibration is not None:
             recorder.store_calibration()
         number += len(trials)
-        progress.batch_done(len(trials), ok_values)
+        progress.batch_done(len(trials), runs, ok_values)
+        ran, tried = ran + runs, tried + len(trials)
+    progress.note(
+        "the space is exhausted: every candidate has run or is infeasible "
+        f"({ran} ran, {tried - ran} infeasible)"
+    )

@@ -9,8 +9,12 @@ result to the recorder (`autotune.study.recorder`), stops clearly slow trials
 infrastructure failure retried once (`autotune.study.retry`); when every run failed that way,
 a retry among them, the stopper ends the run with one line (`autotune.stopping.budget`).
 
-- :meth:`Loop.run` runs until the study has N trials that count (finished, or running in
-  another driver, which is then waited for). A candidate running now — in this driver, or with
+- :meth:`Loop.run` runs until the study has N trials that count (runs: finished, or running in
+  another driver, which is then waited for; `autotune.storage.counting`), or until the space is
+  exhausted — every candidate ran or is rejected: the proposer says so in one line, noted here
+  (`autotune.search.proposer`). What counts is tallied from the study read before each ask,
+  each finished trial judged once (`autotune.storage.counting.Tally`), so an ask costs the same
+  at the 10,000th trial as at the 10th. A candidate running now — in this driver, or with
   several drivers in any — is never proposed again (`autotune.search.proposer.Proposer.running`):
   a proposal of it is parked as its repeat, settled when that trial ends, and no other ask is
   made until a trial ends. With several drivers (on a storage with
@@ -29,8 +33,6 @@ from __future__ import annotations
 
 import time
 
-from optuna.trial import TrialState
-
 from autotune import costmodel
 from autotune.jobs import RUNNING, Job, Result
 from autotune.search.proposer import Proposer
@@ -45,7 +47,6 @@ from autotune.study import retry
 from autotune.study.progress import Progress
 from autotune.study.recorder import Recorder
 
-MAX_REPEATS = 100  # consecutive repeats that mean the sampler has nothing new to offer
 WAIT_S = 2.0  # how often a driver with nothing to ask looks at the others' trials
 
 
@@ -64,7 +65,7 @@ def load_history(spec, study, proposer: Proposer, recorder: Recorder, trials=Non
         proposer.remember(
             candidate, t.number, schema.outcome_of(t), metrics, t.user_attrs.get("detail", "")
         )
-        if schema.outcome_of(t) == "ok":
+        if schema.outcome_of(t) == "ok" and recorder.calibrates:  # (the estimate costs 1 ms)
             recorder.add_measurement(candidate, costmodel.estimate(spec, candidate), metrics)
     proposer.calibration = recorder.calibration
     return read
@@ -95,7 +96,8 @@ class Loop:
         self.live: dict = {}  # number → Job running
         self.submitted: dict = {}  # number → the driver's clock when it was submitted
         self.watchers: dict = {}  # number → StepWatcher of a running trial
-        self.repeats = 0  # consecutive re-sampled candidates
+        self.tally = counting.Tally()  # what counts toward N, from each read of the study
+        self.exhausted = False  # the proposer found no candidate left to try
         self.retries: list = []  # trials failed by infrastructure whose retry waits, unasked
         self.prunable = isinstance(study.pruner, SlowTrialPruner)
         self.paused = False  # a proposal was parked: ask again once a trial ended
@@ -108,16 +110,10 @@ class Loop:
             self.parked[job.number] = job
         else:
             self.recorder.settled(job)
-        if settled.repeat_of is not None:
-            self.repeats += 1
-            if self.repeats == MAX_REPEATS:
-                self.progress.note(
-                    f"the sampler proposed {MAX_REPEATS} tried candidates in a "
-                    "row: the space looks exhausted, stopping"
-                )
-            return
-        self.repeats = 0
-        self.proposer.remember(job.candidate, job.number, settled.outcome, detail=settled.detail)
+        if settled.repeat_of is None:  # a rejection: remembered, never proposed again
+            self.proposer.remember(
+                job.candidate, job.number, settled.outcome, detail=settled.detail
+            )
 
     def _stop(self, flat: bool = True) -> bool:
         """Whether the budget (or, ``flat``, a flat search) says dispatch no more; each kind
@@ -133,23 +129,25 @@ class Loop:
         (or running in another driver, which is then waited for)."""
 
         def next_job():
-            # a retried failure did not count toward N: one more ask, even past MAX_REPEATS
-            retrying, self.retries = bool(self.retries), []
-            while (self.repeats < MAX_REPEATS or retrying) and not self._stop():
-                retrying = False
+            self.retries = []  # a retried failure did not count toward N: it is asked below
+            while not self._stop():
                 with self.drivers.lock():
                     # one read of the study per ask: what counts, and whether anything waits
-                    trials = self._sync()
-                    if counting.wanted(trials, n_trials) <= 0:
+                    unfinished = self._sync()
+                    if self.tally.wanted(n_trials) <= 0:
                         return None
-                    proposal = self.proposer.propose(trials)
+                    proposal = self.proposer.propose(unfinished)
+                if proposal is None:  # every candidate ran or is rejected
+                    if not self.exhausted:
+                        self.exhausted = True
+                        self.progress.note(self.proposer.exhausted)
+                    return None
                 if proposal.settled is not None:
                     self._settle(proposal)
                     if proposal.settled.outcome == RUNNING:
                         self.paused = True  # the sampler wants what runs: ask after it ends
                         return None
                     continue
-                self.repeats = 0
                 return proposal
             return None
 
@@ -157,18 +155,17 @@ class Loop:
             while True:
                 self._drive(next_job)
                 # settles the repeats of this driver's trials, all ended now
-                trials = self._driving(self._sync)
-                if self.repeats >= MAX_REPEATS or self._stop():
+                self._driving(self._sync)
+                if self._stop() or self.exhausted and not self.parked:
                     return
                 paused, self.paused = self.paused, False
                 shared = self.drivers.shared
-                if counting.wanted(trials, n_trials) > 0 and not (paused and shared):
+                if self.tally.wanted(n_trials) > 0 and not (paused and shared or self.exhausted):
                     continue  # a trial elsewhere ended without counting (or was interrupted)
-                running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                 if (
                     not self.parked
                     and not (paused and shared)
-                    and (not shared or not any(map(counting.will_count, running)))
+                    and (not shared or not any(map(counting.will_count, self.tally.running())))
                 ):
                     return  # one driver: nobody to wait for
                 time.sleep(WAIT_S)  # other drivers run the last trials: wait for them
@@ -184,15 +181,20 @@ class Loop:
             self.parked.clear()
 
     def _sync(self) -> list:
-        """The candidates running now into the proposer (this driver's, and with several
-        drivers every driver's); the repeats parked until their original ended, settled. With
-        several drivers also: what the others asked and finished, into the proposer and the
-        calibration, and every ``HEARTBEAT_S`` the trials of a dead driver failed and queued
-        again. Returns the study's trials as it read them, once (frozen)."""
+        """The study read once: what counts into the tally; the candidates running now into
+        the proposer (this driver's, and with several drivers every driver's); the repeats
+        parked until their original ended, settled. With several drivers also: what the others
+        asked and finished, into the proposer and the calibration, and every ``HEARTBEAT_S``
+        the trials of a dead driver failed and queued again. Returns the trials unfinished at
+        that read (frozen)."""
         self.proposer.running = {job.candidate: number for number, job in self.live.items()}
-        trials = (
-            self._sync_others() if self.drivers.shared else self.study.get_trials(deepcopy=False)
-        )
+        if self.drivers.shared:
+            self._recover()
+        finished = self.tally.read(self.study)  # what changed only, not all 10,000 in order
+        if self.drivers.shared:
+            self._sync_others(finished)
+        # (a repeat parked: several trials in flight, each of which is minutes long)
+        trials = self.study.get_trials(deepcopy=False) if self.parked else []
         for number, job in list(self.parked.items()):
             original = trials[job.settled.repeat_of]
             if original.state.is_finished():
@@ -204,18 +206,22 @@ class Loop:
                 )
                 self.recorder.settled(job)
                 del self.parked[number]
-        return trials
+        return list(self.tally.feed.unfinished.values())
 
-    def _sync_others(self) -> list:
-        """The several-drivers part of :meth:`_sync`; returns the trials it read."""
+    def _recover(self) -> None:
+        """Every ``HEARTBEAT_S``: the trials of a dead driver failed and queued again."""
         if time.monotonic() - self.recovered > HEARTBEAT_S:
             self.recovered = time.monotonic()
             gone = recover_interrupted(self.study, self.drivers.me)
             if gone:
                 self.progress.note(f"trials {gone} lost their driver and will run again")
-        trials = self.study.get_trials(deepcopy=False)
-        new = [t for t in trials if t.number not in self.synced]
-        # this driver's own trials were remembered and measured when they ended
+
+    def _sync_others(self, finished: list) -> None:
+        """The several-drivers part of :meth:`_sync`: ``finished``, the trials that finished
+        since the last read, into the proposer and the calibration (those of other drivers
+        not synced yet: this driver's own were remembered and measured when they ended), and
+        the candidates running in any driver into the proposer and the prior."""
+        new = [t for t in finished if t.number not in self.synced]
         self.synced |= load_history(
             self.spec,
             self.study,
@@ -223,15 +229,14 @@ class Loop:
             self.recorder,
             [t for t in new if t.user_attrs.get(OWNER) != self.drivers.me],
         )
-        self.synced |= {t.number for t in new if t.state.is_finished()}
-        for t in filter(counting.will_count, trials):
+        self.synced |= {t.number for t in new}
+        for t in filter(counting.will_count, self.tally.running()):
             knobs = schema.knobs_of(t)
             if None not in knobs.values():  # else still being sampled
                 candidate = Candidate(**knobs)
                 self.proposer.running[candidate] = t.number
                 if self.proposer.prior is not None:
                     self.proposer.prior.mark(candidate)
-        return trials
 
     def run_confirm(self, originals: list) -> None:
         """Run each trial of ``originals`` again (in order), as a confirm-phase re-run."""

@@ -45,6 +45,7 @@ from autotune.spec.knobs import KNOBS
 from autotune.spec.model_yaml import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
 from autotune.spec.specs import Spec
+from autotune.storage.bulk import read_all
 from autotune.storage.connection import open_storage
 from autotune.storage.drivers import locked
 
@@ -133,7 +134,9 @@ def _create_or_load(spec, space, storage, url, study_name, resume, sampler, prun
         load_if_exists=True,
         pruner=pruner,
     )
-    if not exists:
+    if exists:  # a resume reads all of it: in one pass, not through Optuna's ORM
+        read_all(study)
+    else:
         study.set_user_attr("model_yaml", spec.raw)
         study.set_user_attr("model_yaml_path", spec.source)
         study.set_user_attr("objectives", list(spec.search.objectives))

@@ -1,5 +1,7 @@
 """Live progress of a search: a line per finished trial (n/N, outcome, objective, best so far,
 elapsed and ETA) and, at the end, a table of the best configuration against the baseline.
+``n`` counts runs, as N does (`autotune.storage.counting`): a candidate rejected before it ran
+gets a line of its own (its reason) and leaves ``n`` as it was.
 
 Contract: a study's run (`autotune.study.run`, `autotune.study.loop`) calls these hooks; nothing
 here writes storage, and what is read comes through the ``optuna.Study`` it is handed and the
@@ -104,6 +106,9 @@ class Progress:
                 f"{shown:<20} | {_clock(elapsed)}, ETA {_clock(eta)}"
             )
             return
+        if outcome == "infeasible":  # never ran: not one of the N
+            self.console.print(f"[dim]      #{number:<3} {outcome}: {shown} (not run)[/dim]")
+            return
         self._done += 1
         self._done_here += 1
         if value is not None and (self._best is None or (value > self._best[0]) == self._maximize):
@@ -119,15 +124,18 @@ class Progress:
             f"run{'s' if runs > 1 else ''} each, interleaved ({total} trials)"
         )
 
-    def batch_done(self, count: int, ok_values: list[tuple[float, int]]) -> None:
+    def batch_done(self, count: int, runs: int, ok_values: list[tuple[float, int]]) -> None:
         """Trials settled in bulk (a simulated grid): one line per batch, not per trial.
-        ``ok_values``: (first objective, trial number) of the batch's ok trials."""
-        self._done += count
-        self._done_here += count
+        ``runs``: how many of the ``count`` ran (the others were rejected); ``ok_values``:
+        (first objective, trial number) of the batch's ok trials."""
+        self._done += runs
+        self._done_here += runs
         for value, number in ok_values:
             if self._best is None or (value > self._best[0]) == self._maximize:
                 self._best = (value, number)
-        self._line(f"{count} trials estimated ({len(ok_values)} feasible)")
+        self._line(
+            f"{count} candidates: {runs} ran ({len(ok_values)} ok), {count - runs} infeasible"
+        )
 
     def _line(self, what: str) -> None:
         elapsed = time.monotonic() - self._started

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import optuna
 
-from autotune.storage.counting import is_search_trial
+from autotune.storage.counting import is_search_trial, rejected
 from autotune.storage.schema import is_infrastructure, role_of
 
 RETRY_OF = "retry_of"
@@ -53,8 +53,9 @@ def remembered(trial, result) -> bool:
 
 def remembered_after_restart(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a resumed run answers proposals of this stored trial's candidate from it (one
-    brought in by a warm start too)."""
-    return is_search_trial(frozen) and not is_infrastructure(frozen)
+    brought in by a warm start too, and a rejected one: it is not run, as in the run that
+    rejected it)."""
+    return (is_search_trial(frozen) or rejected(frozen)) and not is_infrastructure(frozen)
 
 
 def retry(study: optuna.Study, trial) -> None:

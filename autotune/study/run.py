@@ -45,7 +45,7 @@ from autotune.spec.space import SearchSpace
 from autotune.spec.specs import Spec
 from autotune.stopping.budget import Budget, Stopper, check_budget_backend
 from autotune.stopping.pruning import SlowTrialPruner
-from autotune.storage.counting import counted, ran, wanted
+from autotune.storage.counting import counted, ran, rejected, wanted
 from autotune.storage.drivers import OWNER, Drivers
 from autotune.storage.recovery import recover_interrupted
 from autotune.storage.schema import knobs_of
@@ -182,6 +182,8 @@ def _run_study(
         recorder.measured,
         drivers,
     )
+    if table is not None:  # a candidate without a row is rejected before it is dispatched
+        proposer.cannot_run = table.missing
     with drivers.lock():  # another driver starting at once neither copies nor enqueues again
         for candidate, estimate, metrics in warm_start(spec, space, study, earlier):
             recorder.add_measurement(candidate, estimate, metrics)
@@ -189,10 +191,13 @@ def _run_study(
         trials = study.get_trials(deepcopy=False)
         executor.continue_from(Counter(Candidate(**knobs_of(t)) for t in trials if ran(t)))
         already = sum(counted(t) for t in trials)
+        runs = None  # the runs a grid will count (it ends when it has run through)
         if spec.search.sampler == "grid":
-            n_trials = already + proposer.start_grid()
+            runs = proposer.start_grid()
+            n_trials = already + len(proposer.grid)
         elif not any(
-            counted(t) or t.state in (TrialState.RUNNING, TrialState.WAITING) for t in trials
+            counted(t) or rejected(t) or t.state in (TrialState.RUNNING, TrialState.WAITING)
+            for t in trials
         ):
             study.enqueue_trial(space.params_of(space.baseline()), user_attrs={"baseline": True})
             # then one trial per other layout, as many as the budget holds: the sampler's
@@ -201,7 +206,7 @@ def _run_study(
             openers = [] if proposer.prior else space.layout_openers(spec)[: max(0, n_trials - 1)]
             for candidate in openers:
                 study.enqueue_trial(space.params_of(candidate))
-    to_run = wanted(study.get_trials(deepcopy=False), n_trials)
+    to_run = wanted(study.get_trials(deepcopy=False), n_trials) if runs is None else runs
     stopper = Stopper(study, budget, stop_when_flat, virtual_clock=executor.virtual_clock)
     progress.status = stopper.used
     progress.start(

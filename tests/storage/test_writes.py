@@ -9,7 +9,7 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 from sqlalchemy import event
 
-from autotune.storage.writes import batched
+from autotune.storage.writes import batched, create_running
 
 
 def _fill(trial) -> None:
@@ -176,3 +176,55 @@ def test_a_storage_without_transactions_writes_as_before():
     assert study.user_attrs == {"calibration": 1}
     frozen = study.trials[0]
     assert frozen.user_attrs == {"dp": 2} and frozen.distributions == {"x": IntDistribution(0, 3)}
+
+
+def _created_as_optuna_creates(url: str) -> None:
+    study = optuna.create_study(storage=url, study_name="c")
+    study.ask().suggest_int("log2_tp", 0, 3)  # the study knows one of the params already
+    params = {"log2_tp": 2, "recompute": "full"}
+    distributions = {
+        "log2_tp": IntDistribution(0, 3),
+        "recompute": optuna.distributions.CategoricalDistribution(["none", "full"]),
+    }
+    attrs = {"driver": "me", "proposed_by": "untried", "dp": 2, "estimate": {"a": [1, 2]}}
+    theirs = study._storage.create_new_trial(
+        study._study_id,
+        optuna.trial.create_trial(
+            state=TrialState.RUNNING,
+            params=params,
+            distributions=distributions,
+            user_attrs=attrs,
+            system_attrs={"fixed_params": params},
+        ),
+    )
+    commits = _commits(study)
+    mine = create_running(study, params, distributions, attrs)
+    assert len(commits) == 1
+    a, b = study._storage.get_trial(theirs), study._storage.get_trial(mine)  # the cache's
+    fresh = optuna.load_study(study_name="c", storage=url)._storage.get_trial(mine)
+    for frozen in (b, fresh):
+        assert frozen.number == a.number + 1 and frozen.state == TrialState.RUNNING
+        assert (frozen.params, frozen.distributions, list(frozen.params)) == (
+            a.params,
+            a.distributions,
+            list(a.params),
+        )
+        assert (frozen.user_attrs, frozen.system_attrs) == (a.user_attrs, a.system_attrs)
+    trial = optuna.Trial(study, mine)  # the sampler is not asked again: the params are set
+    assert trial.suggest_int("log2_tp", 0, 3) == 2 and not commits[1:]
+    with pytest.raises(ValueError, match="different distribution kind"):
+        create_running(
+            study,
+            {"log2_tp": "a"},
+            {"log2_tp": optuna.distributions.CategoricalDistribution(["a"])},
+            {},
+        )
+
+
+def test_a_trial_created_with_its_params_is_stored_as_optuna_creates_it_on_sqlite(tmp_path):
+    _created_as_optuna_creates(f"sqlite:///{tmp_path}/s.db")
+
+
+@pytest.mark.slow
+def test_a_trial_created_with_its_params_is_stored_as_optuna_creates_it_on_postgresql(postgres):
+    _created_as_optuna_creates(postgres)

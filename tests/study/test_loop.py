@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 import autotune
 from autotune.cli import main
+from autotune.search.untried import STALL
 from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage import counting, schema
 from autotune.storage.drivers import OWNER, driver_id
@@ -108,13 +109,16 @@ def test_the_confirm_phase_reruns_the_best_and_the_baseline_and_export_takes_the
     assert f"exported trial #{tp4} of loop" in capsys.readouterr().out
 
 
-def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, monkeypatch):
-    monkeypatch.setattr("autotune.study.loop.MAX_REPEATS", 6)  # the space is exhausted soon
+def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, capsys):
     path, storage = study_files(
         tmp_path, {1: [100.0], 2: [("error", False), 150.0], 4: [("oom", False)]}
     )
     args = ["search", path, "--storage", storage, "--sampler", "random", "--no-confirm"]
-    assert main(args + ["--trials", "5"]) == 0
+    assert main(args + ["--trials", "5"]) == 0  # 3 candidates: the space ends first
+    assert (
+        "the space is exhausted: every candidate has run or is infeasible (3 ran, 0 infeasible)"
+        in capsys.readouterr().out
+    )
     study = load(storage)
     ran = [t for t in study.trials if "repeat_of" not in t.user_attrs]
     assert sorted(t.user_attrs["outcome"] for t in ran) == ["error", "ok", "oom"]
@@ -123,7 +127,9 @@ def test_a_candidates_own_failure_runs_once_in_a_run_and_after_resume(tmp_path, 
         error.user_attrs["detail"] == "replayed error" and "infrastructure" not in error.user_attrs
     )
     repeats = [t for t in study.trials if "repeat_of" in t.user_attrs]
-    assert len(repeats) >= 6  # the last 6 in a row stopped the run; each answered from memory
+    # the sampler's last STALL proposals in a row were repeats, each answered from memory; then
+    # the untried candidates were taken: none was left
+    assert len(repeats) >= STALL
     assert all(
         t.user_attrs["outcome"] == study.trials[t.user_attrs["repeat_of"]].user_attrs["outcome"]
         for t in repeats
@@ -376,10 +382,9 @@ def test_a_late_result_for_a_trial_another_driver_failed_is_kept_without_a_trace
     ]
 
 
-def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path, monkeypatch):
+def test_one_driver_never_runs_a_candidate_that_is_still_running(tmp_path):
     # proposer.running is kept with one driver too: with two trials in flight, the sampler's
     # proposal of a running candidate must not run it a second time
-    monkeypatch.setattr("autotune.study.loop.MAX_REPEATS", 6)
     text = MODEL.replace("device: a100-80g}", "device: a100-80g, pool_devices: 16}").replace(
         "tp: [1, 2, 4]", "tp: [1, 2]"
     )

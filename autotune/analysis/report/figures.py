@@ -5,14 +5,16 @@ list) and returns a :class:`Figure` — or a str saying why the study has no suc
 ``ok`` trial has no importances, a simulated study no measurement to set against its estimate).
 Per-trial figures draw one point (or line) per ``ok`` trial the search ran (``view.ok``; the
 confirm phase shows as the confirmed mean of its trial): ``history``, ``parallel``, ``slice``,
-``pareto``, ``memory``, ``estimate``, ``studies`` (per study). ``importances`` and ``breakdown``
-(the top five and the baseline) are not per trial. Optuna's own visualizations are used where
+``pareto``, ``memory``, ``estimate``, ``studies`` (per study); ``parallel`` the best
+:data:`PARALLEL` of them where there are more. ``importances`` and ``breakdown`` (the top five
+and the baseline) are not per trial. Optuna's own visualizations are used where
 they fit, fed an in-memory copy of the study that holds the ``ok`` trials with the knobs that
 vary as their params (whatever the sampler's encoding) and keeps their trial numbers.
 """
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" per figure
 SIZE = (10, 5.6)  # inches: 1000 × 560 px at the report's DPI
 TOP = 5  # candidates in the time-breakdown figure, besides the baseline
+PARALLEL = 500  # trials in the parallel-coordinates figure at most: the best
 COLOURS = {
     "compute": "#4c72b0",
     "recompute": "#8172b3",
@@ -60,9 +63,39 @@ def _label(v) -> str:
     return f"{v.objectives[0]} ({'higher' if v.maximize else 'lower'} is better)"
 
 
+class _Unshared(optuna.storages.InMemoryStorage):
+    """An in-memory storage whose trials are taken and handed out as they are, never copied:
+    the figures' own study, made of trials made for it, which Optuna's plots only read (one of
+    them copied all 10,000 trials of a long study eight times over)."""
+
+    def get_all_trials(self, study_id, deepcopy=True, states=None):
+        return super().get_all_trials(study_id, deepcopy=False, states=states)
+
+    def create_new_trial(self, study_id, template_trial=None):
+        if template_trial is None:
+            return super().create_new_trial(study_id)
+        with self._lock:  # Optuna 5.0's (pinned), but for the copy of the template
+            self._check_study_id(study_id)
+            self._max_trial_id += 1
+            trial, trial_id = template_trial, self._max_trial_id
+            trial.number = len(self._studies[study_id].trials)
+            trial._trial_id = trial_id
+            self._trial_id_to_study_id_and_number[trial_id] = (study_id, trial.number)
+            self._studies[study_id].trials.append(trial)
+            self._update_cache(trial_id, study_id)
+            return trial_id
+
+
 def _view_study(v) -> optuna.Study:
     """An in-memory study of ``v.ok`` with the varying knobs as params, trial numbers kept (the
-    numbers in between are FAIL placeholders, which every plot leaves out)."""
+    numbers in between are FAIL placeholders, which every plot leaves out); built once per
+    view."""
+    if "study" not in v.derived:
+        v.derived["study"] = _build_view_study(v)
+    return v.derived["study"]
+
+
+def _build_view_study(v) -> optuna.Study:
     # Categorical, sorted: knob values are few and mostly powers of two, which read best evenly
     # spaced (1, 2, 4, 8) rather than on a log axis
     distributions = {
@@ -71,23 +104,45 @@ def _view_study(v) -> optuna.Study:
         )
         for knob in v.searched
     }
-    study = optuna.create_study(directions=v.study.directions)
     ok = {t.number: t for t in v.ok}
-    trials = []
-    for number in range(max(ok, default=-1) + 1):
-        t = ok.get(number)
-        if t is None:
-            trials.append(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
-            continue
-        trials.append(
-            optuna.trial.create_trial(
-                values=t.values,
-                distributions=distributions,
-                params={k: v.knobs(t)[k] for k in distributions},
-            )
-        )
+    trials = [
+        _trial(ok[n].values, {k: v.knobs(ok[n])[k] for k in distributions}, distributions)
+        if n in ok
+        else _trial(None, {}, {})
+        for n in range(max(ok, default=-1) + 1)
+    ]
+    study = optuna.create_study(storage=_Unshared(), directions=v.study.directions)
     study.add_trials(trials)
     return study
+
+
+def _trial(values, params: dict, distributions: dict):
+    """A finished trial of the figures' study: COMPLETE with ``values``, or a FAIL placeholder
+    (None). Made as ``optuna.trial.create_trial`` makes it, less its conversion of
+    distributions from before Optuna 3 (these are new), which took seconds per 10,000 trials."""
+    now = datetime.datetime.now()
+    state = optuna.trial.TrialState.COMPLETE if values else optuna.trial.TrialState.FAIL
+    return optuna.trial.FrozenTrial(
+        number=-1,
+        state=state,
+        value=None,
+        values=values,
+        datetime_start=now,
+        datetime_complete=now,
+        params=params,
+        distributions=distributions,
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
+
+
+def _copy(study: optuna.Study, trials: list) -> optuna.Study:
+    """An in-memory study of ``study``'s directions holding copies of ``trials`` (renumbered)."""
+    copy = optuna.create_study(storage=_Unshared(), directions=study.directions)
+    copy.add_trials([_trial(t.values, t.params, t.distributions) for t in trials])
+    return copy
 
 
 def _optuna_mpl(name: str, study, **kw):
@@ -218,15 +273,22 @@ def importances(v):
 def parallel(v):
     if not v.searched:
         return "no knob varies between ok trials"
-    title = f"{v.name}: knobs of every ok trial"
-    study, kw = _view_study(v), _target(v)
+    best = sorted(v.ok, key=v.value, reverse=v.maximize)[:PARALLEL]
+    which = "every ok trial" if len(best) == len(v.ok) else f"the best {len(best)} ok trials"
+    title = f"{v.name}: knobs of {which}"
+    study = _view_study(v)
+    if len(best) < len(v.ok):  # thousands of lines draw one blot, and take a minute to
+        kept = {t.number for t in best}
+        study = _copy(study, [t for t in study.trials if t.number in kept])
+    kw = _target(v)
     fig = ov.plot_parallel_coordinate(study, **kw)
     ax = _optuna_mpl("plot_parallel_coordinate", study, **kw)
     fig.update_layout(title=title)
     return Figure(
         "parallel",
         "Knobs (parallel coordinates)",
-        f"One line per ok trial across the knobs that varied, coloured by {v.objectives[0]}.",
+        f"One line per ok trial across the knobs that varied, coloured by {v.objectives[0]}"
+        + ("." if len(best) == len(v.ok) else f": the best {len(best)} of {len(v.ok)}."),
         fig,
         _mpl(ax, title, (max(10, 1.6 * len(v.searched)), 6)),
     )

@@ -119,7 +119,7 @@ def memory(v):
 
 def estimate(v):
     """The cost model's step time and memory against what each ok trial measured."""
-    backend = BACKENDS.get(v.study.user_attrs.get("backend"))
+    backend = BACKENDS.get(v.attrs.get("backend"))
     if backend is not None and backend.kind == "estimate":
         return "a simulated trial is its estimate: nothing measured to set against it"
     if v.spec is None:
@@ -127,7 +127,7 @@ def estimate(v):
     pairs = [(v.estimate(t), t) for t in v.ok]
     if any(e is None or e.step_time_s != e.step_time_s for e, _ in pairs):
         return "the cost model has no estimate for this model (no dimensions given)"
-    stored = v.study.user_attrs.get("calibration")
+    stored = v.attrs.get("calibration")
     cal = (
         Calibration.from_dict(stored)
         if stored

@@ -71,7 +71,7 @@ def _standing(v) -> str:
     objective = v.objectives[0]
     confirmed = {c.number: c for c in v.confirmed}
     rows = [
-        f"<p>backend {escape(str(v.study.user_attrs.get('backend', '?')))}, objectives "
+        f"<p>backend {escape(str(v.attrs.get('backend', '?')))}, objectives "
         f"{escape(', '.join(v.objectives))}; {len(v.trials)} trials: "
         f"{escape(', '.join(f'{k} {n}' for k, n in sorted(counts.items())))}</p><ul>"
     ]
