@@ -9,6 +9,8 @@ and the summary lines the acceptance of issue 37 reads (:meth:`Board.report`).
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -51,6 +53,7 @@ class Board:
         self.scores: dict = defaultdict(dict)  # ((space, family), column) → {seed: score}
         self.seconds: dict = defaultdict(list)  # column → seconds of each study
         self._open: dict = {}  # (key, seed) → [truth, studies left, temporary table]
+        self.started = time.perf_counter()
 
     def family(
         self, space: str, family: str, kind: str, reach: float, screen: float, judged: bool
@@ -75,6 +78,9 @@ class Board:
         entry = self._open[(key, seed)]
         self.scores[(key, label)][seed] = score(entry[0], found, self.runs)
         self.seconds[label].append(seconds)
+        done = sum(map(len, self.seconds.values()))
+        if done % 100 == 0:
+            print(f"{done} studies, {time.perf_counter() - self.started:.0f} s", file=sys.stderr)
         entry[1] -= 1
         if entry[1] == 0:
             del self._open[(key, seed)]
