@@ -14,9 +14,11 @@ import another checkout's autotune, ``search_efficiency.py --pre26``):
   of the space that breaks no constraint, over the memory cap or not (the table holds every
   candidate a study can run, none missing).
 - :func:`write_table` writes a truth as a replay table of :data:`ROWS` measurements per
-  candidate, each its own draw of the run noise (a re-run takes the next row, so it draws
-  again); a candidate over the cap is an ``oom`` row every time. :func:`real_truth` reads a
-  measured table as a truth (a candidate's value: its mean over its rows).
+  candidate that fits, each its own draw of the run noise (a re-run takes the next row, so it
+  draws again), and one ``oom`` row per candidate over the cap (every run of it ends so; no
+  peak: a run that ran out measured none). :func:`real_truth` reads a measured table as a truth
+  (a candidate's value: its mean over its rows).
+- :func:`model_reach` and :func:`screen_reach`: how far trusting the prior gets on a truth.
 """
 
 from __future__ import annotations
