@@ -93,6 +93,25 @@ def _keep_tables() -> None:
     replay.load_table = run.load_table = load_table
 
 
+def _one_sampler() -> None:
+    """Make the resumes of the next study go on with its first sampler, as one study asked for
+    enough trials would: a resumed study makes its sampler anew from its seed, and a new
+    RandomSampler proposes its first candidates again — repeats, answered from storage, until
+    100 in a row end the session (`autotune.study.loop.MAX_REPEATS`) and the study spins."""
+    from autotune.study import run
+
+    make = getattr(run.make_sampler, "__wrapped__", run.make_sampler)
+    made = []
+
+    def make_sampler(name, seed, n_trials):
+        if not made:
+            made.append(make(name, seed, n_trials))
+        return made[0]
+
+    make_sampler.__wrapped__ = make
+    run.make_sampler = make_sampler
+
+
 def one_study(task: tuple) -> tuple:
     """Run one replay study; returns ``(task id, [(knobs, outcome, measured goodput)] of its
     runs in order, seconds)``."""
@@ -105,7 +124,7 @@ def one_study(task: tuple) -> tuple:
 
     from autotune.spec.model_yaml import load_spec
     from autotune.spec.space import build_space
-    from autotune.storage.counting import ran
+    from autotune.storage.counting import counted, ran
     from autotune.storage.schema import knobs_of, outcome_of
     from autotune.study.progress import Progress
     from autotune.study.run import run_study
@@ -125,6 +144,7 @@ def one_study(task: tuple) -> tuple:
     space = build_space(spec)
     storage, trials, done = optuna.storages.InMemoryStorage(), runs, []
     quiet = Progress(Console(file=io.StringIO()))
+    _one_sampler()
     while len(done) < runs and trials <= 20 * runs:
         study = run_study(
             spec,
@@ -140,8 +160,8 @@ def one_study(task: tuple) -> tuple:
         done = sorted(
             (t for t in study.get_trials(deepcopy=False) if ran(t)), key=lambda t: t.number
         )
-        if len(study.get_trials(deepcopy=False)) < trials:
-            break  # the study ended before its N (the space ran out): nothing more to ask
+        if sum(map(counted, study.get_trials(deepcopy=False))) < trials:
+            break  # it ended before its N (out of candidates, or only repeats): nothing new
         trials += runs - len(done)
     found = [
         (knobs_of(t), outcome_of(t), t.values[0] if outcome_of(t) == "ok" else None)
