@@ -17,9 +17,10 @@ the confirm phase off), in worker processes (``--jobs``) that import autotune fr
 — or, for sampler ``pre26`` (``auto`` before issue 26), from ``--pre26 CHECKOUT`` (``git worktree
 add --detach CHECKOUT 1dd7f24``) — while every table is built here. A run is a trial that ran
 (`autotune.storage.counting.ran`: not rejected as infeasible, not a repeat answered from
-storage); a study is resumed with more trials until it has ``--runs`` runs. ``NAME:K`` runs
-sampler NAME with K trial slots (``--slots K``: every sampler): ``cluster.pool_devices`` = K ×
-devices, K trials at once on the replay backend's virtual clock.
+storage); a study is resumed with more trials, going on with its first sampler, until it has
+``--runs`` runs. ``NAME:K`` runs sampler NAME with K trial slots (``--slots K``: every
+sampler): ``cluster.pool_devices`` = K × devices, K trials at once on the replay backend's
+virtual clock.
 """
 
 from __future__ import annotations
