@@ -163,9 +163,11 @@ class Board:
                 f"{kind} {sum(k in met for k in self._kind(kind))}/{len(self._kind(kind))}"
                 for kind in ("mild", "time", "memory")
             )
+            studies = [v["@10"] for k in judged for v in self.scores.get((k, c), {}).values()]
             print(
-                f"  {c:<8} ≥ {BAR} within 10 runs on {len(met)} of {len(at10)} "
-                f"({len(met) / len(at10):.0%}; {kinds}); median family @10 "
+                f"  {c:<8} ≥ {BAR} within 10 runs on {len(met)} of {len(at10)} families "
+                f"({len(met) / len(at10):.0%}; {kinds}), in "
+                f"{sum(v >= BAR for v in studies)} of {len(studies)} studies; median family @10 "
                 f"{statistics.median(at10.values()):.3f}, worst {min(at10.values()):.3f}"
             )
         for c in self.columns if mild else ():

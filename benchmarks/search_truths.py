@@ -269,11 +269,15 @@ def write_table(truth: Truth, path: Path, family: str, seed: int) -> dict:
 def model_reach(truth: Truth, setting: Setting) -> float:
     """The truth's best among the prior's own top :data:`TOP` (feasible by its estimate) over
     the truth's optimum: how far trusting the prior gets."""
+    return max(truth.value.get(k, 0.0) for k in prior_top(setting)) / truth.optimum
+
+
+def prior_top(setting: Setting) -> tuple:
+    """The keys of the prior's own top :data:`TOP` (feasible by its estimate), best first."""
     feasible = sorted(
         ((c, e) for c, e in setting.prior if e.feasible), key=lambda ce: -ce[1].samples_per_s
     )
-    top = [key_of(c) for c, _ in feasible[:TOP]]
-    return max(truth.value.get(k, 0.0) for k in top) / truth.optimum
+    return tuple(key_of(c) for c, _ in feasible[:TOP])
 
 
 def screen_reach(truth: Truth, setting: Setting) -> float:
