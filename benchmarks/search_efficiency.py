@@ -1,259 +1,132 @@
 """How fast random search, TPE and ``auto`` find a near-optimal candidate against truths that are
-not the prior (run by hand; prints tables).
+not the prior, scored by noise-free value (run by hand; prints tables).
 
-    .venv/bin/python benchmarks/search_efficiency.py [--seeds 10] [--first-seed 0] [--runs 15]
-        [--families all|mild|single|pairs|NAME...] [--samplers random tpe auto] [--jobs 2]
+    .venv/bin/python benchmarks/search_efficiency.py [--structures report|tune] [--seeds 20]
+        [--families judged|all|mild|time|memory|engine|NAME...] [--runs 15] [--jobs 2]
+        [--samplers random tpe auto pre26 auto:4 ...] [--pre26 CHECKOUT] [--slots 1]
+        [--real examples/quickstart_cpu.csv examples/quickstart.yaml]
 
-Measuring a sampler on the simulate backend measures it against the cost model itself, and a
-search guided by the cost model would look perfect there. So each truth here is a replay table
-(`autotune.execution.replay`) per benchmark seed, made from the cost model and then made wrong,
-in one of three ways (the families, fixed here so that no one tunes them to a sampler):
+The method — the families and the two splits of truth structures (``--structures``: constants
+are chosen on ``tune``, reported on ``report``), the noise per measurement, which families are
+judged and which cut as redundant, the scoring, the oracle and ``pre26`` — is docs/search.md,
+"How well it searches"; the truths are built in `benchmarks/search_truths.py`, the tables
+printed by `benchmarks/search_report.py`.
 
-- ``mild``: every constant of the device profile that prices time — the achievable fraction of
-  peak, the intra- and inter-node link bandwidths, the collective and per-hop latencies — and
-  the recompute and bubble parts, each multiplied by a factor drawn from U[0.8, 1.25];
-- ``MECHANISM×F``: one mechanism's part of the estimate multiplied by F in {0.6, 1.6}: ``tp``
-  (the tp_comm part), ``pipeline`` (the bubble and the stage-to-stage transfers: bubble and
-  pp_comm), ``dp`` (the dp_comm part: the gradient all-reduce and the parallel optimizer's
-  gathers), ``recompute`` (the recompute part), ``optimizer`` (the optimizer update) or
-  ``memory`` (the peak: a candidate whose true peak exceeds device memory × the cost model's
-  safety margin is an ``oom`` row; one the model screens out but that truly fits is a row the
-  study can only reach by running a candidate predicted out of memory);
-- ``A×0.6+B×1.6``: two mechanisms at once, every ordered pair.
-
-and in every family each candidate's step time times lognormal noise (σ = 0.1), a disagreement of
-the size the model shows against published runs (`benchmarks/costmodel_validation.py`). Memory
-gets no noise. A structurally wrong family is **admitted** when the cost model's own top 5
-(feasible by its estimate) reach at most 0.85 of the optimum of the noise-free truth — when
-trusting the prior would lose; the others are reported but not judged.
-
-``--real TABLE.csv MODEL.yaml`` adds a table measured on this machine (no noise added: it is a
-measurement) as one more family of the space MODEL.yaml describes, replayed with the CPU's device
-profile (``cluster.device: cpu``: the prior a study of MODEL.yaml on this machine has). Its
-candidates have several rows (runs), each run of a candidate takes the next, and a run is scored
-by its candidate's mean over its rows against the best candidate's mean: a lucky row is not the
-optimum, and finding the best candidate on an unlucky row still counts as finding it.
-
-Each study is a real `autotune.study.run.run_study` on backend replay (in-memory Optuna
-storage): the baseline first, then the sampler; infeasible proposals are recorded without a
-run and cost nothing here, so "runs" counts executed trials (a study is resumed with more trials
-until it has run ``--runs``). Per family, sampler and seed: the best goodput found after 5, 10
-and 15 runs over the table's optimum; the table shows medians over the seeds.
-
-Spaces: examples/llama7b_64dev_simulate.yaml (LLaMA-7B shape, 64 Ascend 910B) and
-examples/gpt3_1024dev_simulate.yaml (GPT-3 175B shape, 1,024 A100), both as replay studies; the
-jit level is fixed at O1 (its factors on accelerators are the cost model's guesses, so no truth
-for it could be made).
+Each study is a real `autotune.study.run.run_study` on backend replay (in-memory Optuna storage,
+the confirm phase off), in worker processes (``--jobs``) that import autotune from this checkout
+— or, for sampler ``pre26`` (``auto`` before issue 26), from ``--pre26 CHECKOUT`` (``git worktree
+add --detach CHECKOUT 1dd7f24``) — while every table is built here. A run is a trial that ran
+(`autotune.storage.counting.ran`: not rejected as infeasible, not a repeat answered from
+storage); a study is resumed with more trials, going on with its first sampler, until it has
+``--runs`` runs. ``NAME:K`` runs sampler NAME with K trial slots (``--slots K``: every
+sampler): ``cluster.pool_devices`` = K × devices, K trials at once on the replay backend's
+virtual clock.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import io
-import itertools
 import multiprocessing
-import statistics
+import queue
+import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import replace
+from collections import deque
 from pathlib import Path
 
-import numpy as np
+import search_report
+import search_truths as truths
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = {
     "llama7b-64": ROOT / "examples" / "llama7b_64dev_simulate.yaml",
     "gpt3-1024": ROOT / "examples" / "gpt3_1024dev_simulate.yaml",
 }
+FIXED = {"search.space.jit_level": "O1"}
 SAMPLERS = ("random", "tpe", "auto")
-CHECKPOINTS = (5, 10, 15)
-PERTURBED = (
-    "achievable",
-    "intra_node_gbps",
-    "inter_node_gbps",
-    "collective_latency_us",
-    "hop_latency_us",
-)
-NOISE_SIGMA = 0.1
-# mechanism → the parts of the estimated step it prices; "pipeline" only on pipelined candidates
-MECHANISMS = {
-    "tp": ("tp_comm",),
-    "pipeline": ("compute", "recompute", "bubble", "pp_comm"),
-    "dp": ("dp_comm",),
-    "recompute": ("recompute",),
-    "optimizer": ("optimizer",),
-    "memory": (),
-}
-FACTORS = (0.6, 1.6)
 ADMIT_BELOW = 0.85  # the model's top 5 reach at most this of the optimum: a structural miss
-TOP = 5
+CPU = {"cluster.device": "cpu"}
 
 
-def families() -> list[str]:
-    """Every family's name: mild, the single mechanisms, the ordered pairs."""
-    single = [f"{m}×{f:g}" for m in MECHANISMS for f in FACTORS]
-    pairs = [f"{a}×0.6+{b}×1.6" for a, b in itertools.permutations(MECHANISMS, 2)]
-    return ["mild", *single, *pairs]
+# ---------------------------------------------------------------- the worker processes
 
 
-def factors_of(family: str) -> dict:
-    """``{mechanism: factor}`` of a structural family's name."""
-    out = {}
-    for term in family.split("+"):
-        name, factor = term.split("×")
-        out[name] = float(factor)
-    return out
+_WRONG_CODE = ""  # set in a worker that imported autotune from elsewhere than it was told
 
 
-def estimates_of(spec, space) -> list[tuple]:
-    """``[(candidate, estimate)]`` of every candidate that breaks no constraint, priced as a
-    replay study of ``spec`` prices them (its engine: what runs a trial)."""
-    from autotune.costmodel import estimate
+def _start_worker(code: str | None) -> None:
+    """Pool initializer: import autotune from ``code`` (a checkout), else from this one (an
+    error here would only respawn the worker: :func:`one_study` raises it)."""
+    global _WRONG_CODE
+    if code:
+        sys.path.insert(0, code)
+    import autotune
 
-    spec = replace(spec, cluster=replace(spec.cluster, backend="replay"))
-    found = ((c, estimate(spec, c)) for c in space.candidates())
-    return [(c, e) for c, e in found if e.breakdown]
-
-
-def truth_rows(
-    spec, space, family: str, seed: int, noise: bool = True, estimates=None
-) -> list[tuple]:
-    """``[(candidate, goodput or None when oom, step ms, peak MB)]`` of ``family``'s truth for
-    ``seed`` (``noise`` False: the same truth without its noise). ``estimates``: the cost
-    model's, when already computed (:func:`estimates_of`)."""
-    from autotune.costmodel import SAFETY_MARGIN, resolve_profile
-
-    rng = np.random.default_rng(seed)
-    profile = resolve_profile(spec.cluster)
-    factors, scaled = {}, {}
-    if family == "mild":
-        device = {
-            "base": profile.name,
-            **{k: getattr(profile, k) * rng.uniform(0.8, 1.25) for k in PERTURBED},
-        }
-        world = replace(spec, cluster=replace(spec.cluster, device=device))
-        scaled = dict(zip(("recompute", "bubble"), rng.uniform(0.8, 1.25, size=2)))
-        estimates = estimates_of(world, space)
-    else:
-        factors = factors_of(family)
-        estimates = estimates or estimates_of(spec, space)
-    limit = spec.cluster.max_device_memory_gb or profile.memory_gb * SAFETY_MARGIN
-    rows = []
-    for candidate, est in estimates:
-        parts = est.breakdown["time_s"]
-        scale = dict(scaled)
-        for mechanism, factor in factors.items():
-            if mechanism != "pipeline" or candidate.pp > 1:
-                for part in MECHANISMS[mechanism]:
-                    scale[part] = scale.get(part, 1.0) * factor
-        seconds = sum(v * scale.get(k, 1.0) for k, v in parts.items())
-        draw = rng.lognormal(0.0, NOISE_SIGMA)  # drawn either way: the same truth, noise or not
-        seconds *= draw if noise else 1.0
-        memory = est.memory_gb_per_device * factors.get("memory", 1.0)
-        fits = memory <= limit * (1 + 1e-9)
-        rows.append(
-            (
-                candidate,
-                spec.train.global_batch_size / seconds if fits else None,
-                seconds * 1000,
-                memory * 1024,
-            )
-        )
-    return rows
+    where = Path(autotune.__file__).resolve().parent.parent
+    expected = Path(code).resolve() if code else ROOT
+    if where != expected:
+        _WRONG_CODE = f"a worker imported autotune from {where}, not {expected}"
+    _keep_tables()
 
 
-def model_top_reach(rows, estimates) -> float:
-    """The truth's best among the cost model's own top :data:`TOP` (feasible by its estimate)
-    over the truth's optimum."""
-    truth = {c: g for c, g, *_ in rows}
-    ranked = [
-        c
-        for c, e in sorted(
-            ((c, e) for c, e in estimates if e.feasible), key=lambda ce: -ce[1].samples_per_s
-        )
-    ][:TOP]
-    optimum = max(g for g in truth.values() if g)
-    return max((truth[c] or 0.0) for c in ranked) / optimum
+def _keep_tables() -> None:
+    """Read each table once per worker, not once per resumed study: a study's runs do not
+    change its table, and a LLaMA table (21,300 rows) takes ~2.4 s to read — more than the
+    study. Wraps ``load_table`` where the study code looks it up (the last two kept)."""
+    from autotune.execution import replay
+    from autotune.study import run
+
+    read = replay.load_table
+    kept: dict = {}
+
+    def load_table(spec, space, *args, **kwargs):
+        path = Path(spec.cluster.replay)
+        stat = path.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size, args, tuple(sorted(kwargs.items())))
+        if key not in kept:
+            while len(kept) >= 2:
+                kept.pop(next(iter(kept)))
+            kept[key] = read(spec, space, *args, **kwargs)
+        return kept[key]
+
+    replay.load_table = run.load_table = load_table
 
 
-def write_table(rows, path: Path) -> float:
-    """Write ``rows`` as a replay table; returns the optimum goodput."""
-    from autotune.spec.knobs import KNOB_NAMES
+def _one_sampler() -> None:
+    """Make the resumes of the next study go on with its first sampler, as one study asked for
+    enough trials would: a resumed study makes its sampler anew from its seed, and a new
+    RandomSampler proposes its first candidates again — repeats, answered from storage, until
+    100 in a row end the session (`autotune.study.loop.MAX_REPEATS`) and the study spins."""
+    from autotune.study import run
 
-    with path.open("w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow([*KNOB_NAMES, "goodput", "step_time_ms", "peak_memory_mb", "outcome"])
-        for c, goodput, ms, mb in rows:
-            out.writerow(
-                [
-                    *(getattr(c, k) for k in KNOB_NAMES),
-                    goodput or "",
-                    ms,
-                    mb,
-                    "ok" if goodput else "oom",
-                ]
-            )
-    return max(g for _, g, *_ in rows if g)
+    make = getattr(run.make_sampler, "__wrapped__", run.make_sampler)
+    made = []
 
+    def make_sampler(name, seed, n_trials):
+        if not made:
+            made.append(make(name, seed, n_trials))
+        return made[0]
 
-def oracle(rows, clean, optimum: float) -> dict:
-    """What a sampler that knew the truth without its noise would score: its candidates run
-    best first (every mechanism known, no candidate's own deviation)."""
-    noisy = {c: g or 0.0 for c, g, *_ in rows}
-    ranked = [c for c, g, *_ in sorted((r for r in clean if r[1]), key=lambda r: -r[1])]
-    return score([noisy[c] for c in ranked[: max(CHECKPOINTS)]], optimum)
+    make_sampler.__wrapped__ = make
+    run.make_sampler = make_sampler
 
 
-def runs_of(study, means: dict | None = None) -> list[float]:
-    """Goodput of each run of ``study`` in order (0 for a run that was not ok); with ``means``
-    (a real table's: :func:`candidate_means`), its candidate's mean instead."""
-    from autotune.storage.counting import counted
-    from autotune.storage.schema import knobs_of, outcome_of
-
-    ran = sorted(
-        (
-            t
-            for t in study.get_trials(deepcopy=False)
-            if counted(t) and outcome_of(t) != "infeasible"
-        ),
-        key=lambda t: t.number,
-    )
-    if means is None:
-        return [t.values[0] if t.values else 0.0 for t in ran]
-    columns, mean_of = means
-    return [
-        mean_of.get(tuple(knobs_of(t)[name] for name in columns), 0.0) if t.values else 0.0
-        for t in ran
-    ]
-
-
-def candidate_means(table) -> tuple:
-    """``(knob columns, {their values: mean goodput over the candidate's rows})`` of a loaded
-    replay table (`autotune.execution.replay.ReplayTable`), for its candidates whose every row
-    is ok."""
-    return table.knobs, {
-        key: statistics.mean(r.metrics["goodput"] for r in found)
-        for key, found in table.rows.items()
-        if all(r.outcome == "ok" for r in found)
-    }
-
-
-def one_study(
-    model: Path,
-    table: Path,
-    sampler: str,
-    seed: int,
-    runs: int,
-    overrides: dict,
-    means: dict | None = None,
-) -> list[float]:
-    """The goodput of the first ``runs`` runs of a replay study of ``model`` on ``table``."""
+def one_study(task: tuple) -> tuple:
+    """Run one replay study; returns ``(task id, [(knobs, outcome, measured goodput)] of its
+    runs in order, seconds)``."""
+    ident, model, table, sampler, seed, runs, overrides = task
+    if _WRONG_CODE:
+        raise RuntimeError(_WRONG_CODE)
+    started = time.perf_counter()
     import optuna
     from rich.console import Console
 
     from autotune.spec.model_yaml import load_spec
     from autotune.spec.space import build_space
+    from autotune.storage.counting import counted, ran
+    from autotune.storage.schema import knobs_of, outcome_of
     from autotune.study.progress import Progress
     from autotune.study.run import run_study
 
@@ -270,9 +143,10 @@ def one_study(
         },
     )
     space = build_space(spec)
-    storage, trials, ran = optuna.storages.InMemoryStorage(), runs, []
+    storage, trials, done = optuna.storages.InMemoryStorage(), runs, []
     quiet = Progress(Console(file=io.StringIO()))
-    while len(ran) < runs and trials <= 20 * runs:
+    _one_sampler()
+    while len(done) < runs and trials <= 20 * runs:
         study = run_study(
             spec,
             space,
@@ -284,51 +158,136 @@ def one_study(
             progress=quiet,
             confirm_top=0,
         )
-        ran = runs_of(study, means)
-        trials += runs - len(ran)
-    return ran[:runs]
+        done = sorted(
+            (t for t in study.get_trials(deepcopy=False) if ran(t)), key=lambda t: t.number
+        )
+        if sum(map(counted, study.get_trials(deepcopy=False))) < trials:
+            break  # it ended before its N (out of candidates, or only repeats): nothing new
+        trials += runs - len(done)
+    found = [
+        (knobs_of(t), outcome_of(t), t.values[0] if outcome_of(t) == "ok" else None)
+        for t in done[:runs]
+    ]
+    return ident, found, time.perf_counter() - started
 
 
-def score(ran: list[float], optimum: float) -> dict:
-    """Best/optimum at each checkpoint."""
-    best = np.maximum.accumulate(np.array(ran or [0.0]) / optimum)
-    return {k: float(best[min(k, len(best)) - 1]) for k in CHECKPOINTS}
+def oracle_runs(truth, first: dict, runs: int) -> list:
+    """What the oracle runs (see the module doc), as a study's runs: (key, outcome, measured)."""
+    order = ([truth.baseline] if truth.baseline_runs else []) + [
+        k for k in truth.best_first() if k != truth.baseline
+    ]
+    return [(k, "ok" if truth.value[k] > 0 else "oom", first[k] or None) for k in order[:runs]]
 
 
-def _task(args) -> tuple:
-    key, model, table, optimum, sampler, seed, runs, overrides, *means = args
-    return (
-        key,
-        sampler,
-        score(one_study(model, table, sampler, seed, runs, overrides, *means), optimum),
-    )
+# ---------------------------------------------------------------- the families run
 
 
-def _select(wanted: list[str]) -> list[str]:
-    every = families()
-    if wanted == ["all"]:
-        return every
+def contenders(args) -> list[tuple]:
+    """``[(label, sampler, code, slots)]`` of ``--samplers`` (``pre26``: auto from
+    ``--pre26``; ``NAME:K``: K slots)."""
     out = []
-    for w in wanted:
-        out += {
-            "mild": ["mild"],
-            "single": [f for f in every if "×" in f and "+" not in f],
-            "pairs": [f for f in every if "+" in f],
-        }.get(w, [w])
-    unknown = set(out) - set(every)
-    if unknown:
-        raise SystemExit(f"unknown families {sorted(unknown)}; known: {', '.join(every)}")
+    for label in args.samplers:
+        name, _, slots = label.partition(":")
+        code = None
+        if name == "pre26":
+            if not args.pre26:
+                raise SystemExit("sampler pre26 needs --pre26 CHECKOUT (git worktree of 1dd7f24)")
+            name, code = "auto", str(Path(args.pre26).resolve())
+        out.append((label, name, code, int(slots or args.slots)))
     return out
+
+
+def select_families(setting, structures, wanted: list[str]) -> list[tuple]:
+    """``[(family, kind, model reach, screen reach, judged, cut)]`` of the families ``wanted``
+    on ``setting`` (``cut``: why ``--families judged`` leaves it out, else ""; the rules in the
+    module doc)."""
+    every = structures.families()
+    names = every
+    if wanted not in (["judged"], ["all"]):
+        kinds = ("mild", "time", "memory", "engine")
+        names = []
+        for w in wanted:
+            names += [f for f in every if truths.kind_of(f) == w] if w in kinds else [w]
+        unknown = sorted(set(names) - set(every))
+        if unknown:
+            raise SystemExit(f"unknown families {unknown}; known: {', '.join(every)}")
+    out = []
+    # a structural family whose top 5 are the prior's own poses mild's problem
+    seen = {(truths.prior_top(setting), False): "the prior's own top 5, as mild"}
+    for family in every:
+        kind = truths.kind_of(family)
+        truth = truths.truth_of(setting, family, structures.first_seed, structures)
+        reach = truths.model_reach(truth, setting)
+        admitted = reach <= ADMIT_BELOW
+        signature = (tuple(truth.best_first()[: truths.TOP]), admitted)
+        cut = ""
+        if kind in ("time", "memory"):
+            cut = "not admitted" if kind == "memory" and not admitted else seen.get(signature, "")
+            seen.setdefault(signature, f"the same top 5 and admission as {family}")
+        if family in names:
+            judged = kind != "engine" and not (kind == "memory" and not admitted)
+            out.append((family, kind, reach, truths.screen_reach(truth, setting), judged, cut))
+    return out
+
+
+class Runner:
+    """Runs studies on at most ``jobs`` processes at once, whichever checkout each imports (one
+    pool per checkout); :meth:`run` takes groups of tasks, each group prepared (its tables
+    written) only when the tasks before it are nearly all dispatched."""
+
+    def __init__(self, codes: set, jobs: int):
+        context = multiprocessing.get_context("spawn")
+        self.jobs, self.ended = jobs, queue.Queue()
+        self.pools = {
+            code: context.Pool(jobs, initializer=_start_worker, initargs=(code,)) for code in codes
+        }
+
+    def run(self, groups, done) -> None:
+        """``groups``: an iterator of task lists ``[(code, task)]``; ``done(task id, found,
+        seconds)`` is called as each study ends (in this thread)."""
+        pending, inflight, groups = deque(), 0, iter(groups)
+        more = True
+        while more or pending or inflight:
+            while more and len(pending) < 2 * self.jobs:
+                group = next(groups, None)
+                more = group is not None
+                pending.extend(group or ())
+            while pending and inflight < self.jobs:
+                code, task = pending.popleft()
+                self.pools[code].apply_async(
+                    one_study, (task,), callback=self.ended.put, error_callback=self.ended.put
+                )
+                inflight += 1
+            ended = self.ended.get()
+            inflight -= 1
+            if isinstance(ended, BaseException):
+                raise ended
+            done(*ended)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.terminate()
+
+
+def _commit(code: str) -> str:
+    """The commit a checkout is at (for the output)."""
+    out = subprocess.run(
+        ["git", "-C", code, "log", "-1", "--format=%h %s"], capture_output=True, text=True
+    )
+    return out.stdout.strip()[:80] or "not a git checkout"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--runs", type=int, default=max(CHECKPOINTS))
+    parser.add_argument("--structures", choices=list(truths.STRUCTURES), default="report")
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, help="default: the structures' first")
+    parser.add_argument("--runs", type=int, default=max(search_report.CHECKPOINTS))
     parser.add_argument("--spaces", nargs="*", default=list(SPACES), choices=list(SPACES))
-    parser.add_argument("--families", nargs="+", default=["all"])
+    parser.add_argument("--families", nargs="+", default=["judged"])
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
+    parser.add_argument("--pre26", metavar="CHECKOUT", help="the checkout sampler pre26 runs")
+    parser.add_argument("--slots", type=int, default=1, help="trial slots of every sampler")
     parser.add_argument(
         "--real",
         nargs=2,
@@ -339,118 +298,85 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    from autotune.spec.model_yaml import load_spec
-    from autotune.spec.space import build_space
-
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if not 1 <= args.runs <= truths.ROWS:
+        raise SystemExit(f"--runs must be 1..{truths.ROWS} (the rows a table has per candidate)")
+    structures = truths.STRUCTURES[args.structures]
+    first = structures.first_seed if args.first_seed is None else args.first_seed
+    seeds = range(first, first + args.seeds)
     started = time.perf_counter()
-    tasks, info, results = [], {}, {}
-    fixed = {"search.space.jit_level": "O1"}
-    with tempfile.TemporaryDirectory() as work:
-        for name in args.spaces:
-            spec = load_spec(SPACES[name], fixed)
-            space = build_space(spec)
-            estimates = estimates_of(spec, space)
-            for family in _select(args.families):
-                clean = truth_rows(spec, space, family, 0, noise=False, estimates=estimates)
-                reach = model_top_reach(clean, estimates)
-                admitted = family == "mild" or reach <= ADMIT_BELOW
-                info[(name, family)] = (reach, admitted)
-                for seed in seeds:
-                    table = Path(work) / f"{name}-{family}-{seed}.csv"
-                    rows = truth_rows(spec, space, family, seed, estimates=estimates)
-                    optimum = write_table(rows, table)
-                    results.setdefault(((name, family), "oracle"), []).append(
-                        oracle(
-                            rows,
-                            truth_rows(spec, space, family, seed, noise=False, estimates=estimates),
-                            optimum,
-                        )
-                    )
-                    tasks += [
-                        ((name, family), SPACES[name], table, optimum, s, seed, args.runs, fixed)
-                        for s in args.samplers
-                    ]
-        for table, model in args.real:
-            on_cpu = {"cluster.device": "cpu"}
-            spec = load_spec(
-                Path(model),
-                {
-                    "cluster.backend": "replay",
-                    **on_cpu,
-                    "cluster.replay": str(Path(table).resolve()),
-                },
-            )
-            from autotune.execution.replay import load_table
-
-            means = candidate_means(load_table(spec, build_space(spec)))
-            optimum = max(means[1].values())
-            key = (Path(model).stem, f"real:{Path(table).name}")
-            info[key] = (float("nan"), True)
-            tasks += [
-                (
-                    key,
-                    Path(model).resolve(),
-                    Path(table).resolve(),
-                    optimum,
-                    s,
-                    seed,
-                    args.runs,
-                    on_cpu,
-                    means,
-                )
-                for seed in seeds
-                for s in args.samplers
-            ]
-        print(f"{len(tasks)} studies on {args.jobs} processes", flush=True)
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            for key, sampler, scored in pool.imap_unordered(_task, tasks, chunksize=4):
-                results.setdefault((key, sampler), []).append(scored)
-    report(results, info, args)
-    print(f"\n{time.perf_counter() - started:.0f} s")
+    who = contenders(args)
+    print(f"structures {structures.name}, seeds {seeds.start}–{seeds.stop - 1}, {args.runs} runs")
+    for label, _, code, _ in who:
+        if code:
+            print(f"{label}: auto of {code} ({_commit(code)})")
+    board = search_report.Board([label for label, *_ in who], args.runs)
+    runner = Runner({code for _, _, code, _ in who}, args.jobs)
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            runner.run(_groups(args, structures, seeds, who, board, Path(work)), board.add)
+    finally:
+        runner.close()
+    board.report(seeds)
+    print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 
-def report(results: dict, info: dict, args) -> None:
-    """The per-family table and the summary the acceptance reads."""
-    print(
-        f"\nmedian over {args.seeds} seeds (from {args.first_seed}) of best found / optimum "
-        f"after N runs; 'top5': the cost model's own top {TOP} over the noise-free optimum\n"
+def _groups(args, structures, seeds, who, board, work: Path):
+    """Each family's tasks, one seed at a time: its table written, the oracle scored, the
+    studies to run (``(code, task)``)."""
+    for name in args.spaces:
+        setting = truths.Setting(name, SPACES[name], FIXED)
+        devices = setting.spec.cluster.devices
+        for family, kind, reach, screen, judged, cut in select_families(
+            setting, structures, args.families
+        ):
+            if cut and _by_kind(args.families):
+                board.skip(name, family, kind, reach, cut)
+                continue
+            board.family(name, family, kind, reach, screen, judged)
+            for seed in seeds:
+                truth = truths.truth_of(setting, family, seed, structures)
+                table = work / f"{name}-{len(board.families)}-{seed}.csv"
+                first = truths.write_table(truth, table, family, seed)
+                yield _tasks(args, who, board, (name, family), seed, truth, first, table, devices)
+    for table, model in args.real:
+        table, model = Path(table).resolve(), Path(model).resolve()
+        truth, first = truths.real_truth(table, model, CPU)
+        key = (model.stem, f"real:{table.name}")
+        board.family(*key, "real", float("nan"), float("nan"), False)
+        devices = _devices(model)
+        for seed in seeds:
+            yield _tasks(args, who, board, key, seed, truth, first, table, devices, model, False)
+
+
+def _by_kind(wanted: list[str]) -> bool:
+    """Whether ``--families`` chose by kind (``judged``, ``mild``, ``time``, …: redundant and
+    unadmitted families left out), not by name or ``all``."""
+    return all(w in ("judged", "mild", "time", "memory", "engine") for w in wanted)
+
+
+def _devices(model: Path) -> int:
+    """The ``cluster.devices`` of a model.yaml (on the CPU)."""
+    from autotune.spec.model_yaml import load_spec
+
+    return load_spec(model, CPU).cluster.devices
+
+
+def _tasks(args, who, board, key, seed, truth, first, table, devices, model=None, temporary=True):
+    """The studies of one table and seed, as ``(code, task)``; the oracle scored, and the
+    table and truth handed to ``board`` (which deletes a temporary table once its studies
+    ended)."""
+    model = model or SPACES[key[0]]
+    overrides = FIXED if model in SPACES.values() else CPU
+    board.table(
+        key, seed, truth, oracle_runs(truth, first, args.runs), table if temporary else None
     )
-    samplers = [*args.samplers, "oracle"]
-    cols = "".join(f"{f'{s}@{k}':>11}" for s in samplers for k in CHECKPOINTS)
-    head = f"{'space':<12}{'family':<28}{'top5':>6}{'adm':>4}{cols}"
-    print(head)
-    print("-" * len(head))
-    medians = {}
-    for (space, family), (reach, admitted) in info.items():
-        cells = ""
-        for s in samplers:
-            rows = results.get(((space, family), s), [])
-            for k in CHECKPOINTS:
-                value = statistics.median(r[k] for r in rows) if rows else float("nan")
-                medians[(space, family, s, k)] = value
-                cells += f"{value:>11.3f}"
-        print(f"{space:<12}{family:<28}{reach:>6.2f}{'yes' if admitted else 'no':>4}{cells}")
-    structural = [
-        (sp, f)
-        for (sp, f), (_, adm) in info.items()
-        if adm and f != "mild" and not f.startswith("real:")
-    ]
-    print(
-        f"\nadmitted structural families: {len(structural)} of "
-        f"{sum(1 for _, f in info if f != 'mild' and not f.startswith('real:'))}"
-    )
-    if structural and "auto" in args.samplers:
-        at10 = [medians[(sp, f, "auto", 10)] for sp, f in structural]
-        print(
-            f"auto @10 ≥ 0.97: {sum(v >= 0.97 for v in at10)} of {len(at10)}; "
-            f"≥ 0.90: {sum(v >= 0.90 for v in at10)}; worst {min(at10):.3f}"
-        )
-        for s in args.samplers:
-            per = [medians[(sp, f, s, 10)] for sp, f in structural]
-            print(f"  {s:<7} median family @10: {statistics.median(per):.3f}")
-        misses = sorted((medians[(sp, f, "auto", 10)], sp, f) for sp, f in structural)[:8]
-        print("  lowest auto@10: " + ", ".join(f"{sp}/{f} {v:.3f}" for v, sp, f in misses))
+    out = []
+    for label, sampler, code, slots in who:
+        pool = {"cluster.pool_devices": devices * slots} if slots > 1 else {}
+        task = (model, table, sampler, seed, args.runs, {**overrides, **pool})
+        out.append((code, ((key, seed, label), *task)))
+    board.expect(key, seed, len(out))
+    return out
 
 
 if __name__ == "__main__":
