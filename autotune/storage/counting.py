@@ -9,7 +9,9 @@ Contract (reads trials only; every rule on a frozen trial's state and user attrs
 
 - :func:`rejected`: a candidate turned down before it ran — by the constraints or the memory
   screen, or a replay table without it (outcome ``infeasible``, its reason in ``detail``); a
-  repeat of one (``repeat_of``) is a repeat, not a rejection.
+  repeat of one (``repeat_of``) is a repeat, not a rejection. A candidate the trial program
+  itself refused at start-up (MindFormers refusing a setting for the backend) is ``infeasible``
+  too, but it was dispatched and ran until refused (its ``run_s`` is recorded): a run, counted.
 - :func:`counted`: a trial counts toward the study's N — finished, not rejected (never ran), not
   interrupted (its candidate runs again), not a repeat of an earlier candidate (``repeat_of``:
   answered from storage, not run), not a confirm-phase re-run (``confirm_of``: it measures a
@@ -21,7 +23,7 @@ Contract (reads trials only; every rule on a frozen trial's state and user attrs
   (`autotune.storage.feed`): what a loop asks before every proposal, at a cost that does not
   grow with the study.
 - :func:`ran` — a trial that ran its candidate to an end, whatever came of it: finished, not a
-  repeat, not a warm-start copy, neither ``infeasible`` (never run) nor ``interrupted``.
+  repeat, not a warm-start copy, neither rejected (never run) nor ``interrupted``.
 - :func:`is_search_trial` — the one definition of *the trials the search ran*: the study's own
   measurement of each candidate it ran, i.e. a counted trial or one a warm start brought in.
   Rankings, the confirm phase, export, ``show``, ``report`` and ``compare`` (its "trials to
@@ -40,7 +42,6 @@ from autotune.storage.feed import Feed
 from autotune.storage.schema import is_infrastructure, outcome_of
 
 NOT_COUNTED = ("repeat_of", "confirm_of", "warm_start")
-NEVER_RAN = ("infeasible", "interrupted")
 
 
 def retried(frozen) -> bool:
@@ -52,8 +53,17 @@ def rejected(frozen) -> bool:
     """Whether a trial is a candidate turned down before it ran (see the module doc)."""
     return (
         frozen.state.is_finished()
+        and _never_ran(frozen)
         and outcome_of(frozen) == "infeasible"
         and not {"repeat_of", "warm_start"} & set(frozen.user_attrs)
+    )
+
+
+def _never_ran(frozen) -> bool:
+    """Interrupted, or infeasible without a run (a program's refusal at start-up ran: run_s)."""
+    outcome = outcome_of(frozen)
+    return outcome == "interrupted" or (
+        outcome == "infeasible" and "run_s" not in frozen.user_attrs
     )
 
 
@@ -61,7 +71,7 @@ def counted(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial counts toward the study's N finished trials (see the module doc)."""
     return (
         frozen.state.is_finished()
-        and outcome_of(frozen) not in NEVER_RAN
+        and not _never_ran(frozen)
         and not set(NOT_COUNTED) & set(frozen.user_attrs)
         and not retried(frozen)
     )
@@ -123,7 +133,7 @@ def ran(frozen: optuna.trial.FrozenTrial) -> bool:
     """Whether a trial ran its candidate (see the module doc)."""
     return (
         frozen.state.is_finished()
-        and outcome_of(frozen) not in NEVER_RAN
+        and not _never_ran(frozen)
         and not {"repeat_of", "warm_start"} & set(frozen.user_attrs)
     )
 

@@ -315,7 +315,8 @@ class Loop:
         self.submitted.pop(number, None)
         again = self.recorder.finished(job, result)
         values = objective_values(self.recorder.objectives, result.metrics)
-        if result.outcome != "infeasible":  # a replay table without the candidate: no run
+        # a replay table without the candidate ran nothing; a program's refusal at start-up ran
+        if result.outcome != "infeasible" or result.run_s is not None:
             lost = (
                 ((result.detail.strip().splitlines() or [""])[0][:200] or "no reason given")
                 if retry.attrs(result)

@@ -88,8 +88,10 @@ class Progress:
         metrics: dict,
         detail: str = "",
         again_of: int | None = None,
+        ran: bool = False,
     ) -> None:
-        """A trial ended; ``again_of``: it was a confirm-phase re-run of that trial."""
+        """A trial ended; ``again_of``: it was a confirm-phase re-run of that trial; ``ran``: it
+        was dispatched (an ``infeasible`` one the trial program refused is one of the N)."""
         main = self._objectives[0]
         value = metrics.get(OBJECTIVES[main].metric) if outcome == "ok" else None
         shown = f"{main} {fmt(value)}" if value is not None else ""
@@ -106,7 +108,7 @@ class Progress:
                 f"{shown:<20} | {_clock(elapsed)}, ETA {_clock(eta)}"
             )
             return
-        if outcome == "infeasible":  # never ran: not one of the N
+        if outcome == "infeasible" and not ran:  # never ran: not one of the N
             self.console.print(f"[dim]      #{number:<3} {outcome}: {shown} (not run)[/dim]")
             return
         self._done += 1

@@ -112,6 +112,7 @@ class Recorder:
             result.metrics,
             result.detail,
             again_of=trial.user_attrs.get("confirm_of"),
+            ran=result.run_s is not None,
         )
         return False
 

@@ -74,6 +74,28 @@ def test_a_rejected_candidate_is_recorded_and_does_not_count(tmp_path, capsys):
     assert len(optuna.load_study(study_name="runs", storage=storage).trials) == len(study.trials)
 
 
+
+def test_a_candidate_the_program_refused_after_it_was_dispatched_counts(tmp_path, capsys):
+    # MindFormers refusing a setting at start-up: infeasible, but the run was dispatched and
+    # took its seconds (run_s), so it is one of the study's N runs, not a rejection
+    with open(tmp_path / "table.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["tp", "outcome", "run_s", "detail", "goodput", "step_time_ms"])
+        writer.writerow([1, "ok", 30.0, "", 100.0, 1000.0])
+        writer.writerow([2, "infeasible", 12.0, "Invalid backend: CPU", "", ""])
+    (tmp_path / "model.yaml").write_text(REPLAYED.replace("tp: [1, 2, 4, 8]", "tp: [1, 2]"))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    args = ["search", str(tmp_path / "model.yaml"), "--storage", storage, "--no-confirm"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    trials = optuna.load_study(study_name="runs", storage=storage).trials
+    assert len(trials) == 2
+    refused = next(t for t in trials if schema.knobs_of(t)["tp"] == 2)
+    assert schema.outcome_of(refused) == "infeasible" and refused.user_attrs["run_s"] == 12.0
+    assert counting.counted(refused) and counting.ran(refused)
+    assert not counting.rejected(refused)
+    assert "[2/2" in out
+
 SIMULATED = (
     "study: small\n"
     + SIM8_MODEL
