@@ -3,7 +3,8 @@ not the prior, scored by noise-free value (run by hand; prints tables).
 
     .venv/bin/python benchmarks/search_efficiency.py [--structures report|tune] [--seeds 20]
         [--families judged|all|mild|time|memory|engine|NAME...] [--runs 15] [--jobs 2]
-        [--samplers random tpe auto pre26 auto:4 ...] [--pre26 CHECKOUT] [--slots 1]
+        [--samplers random tpe auto pre26 before auto:4 ...] [--pre26 CHECKOUT]
+        [--before CHECKOUT] [--slots 1]
         [--real examples/quickstart_cpu.csv examples/quickstart.yaml]
 
 The method — the families and the two splits of truth structures (``--structures``: constants
@@ -15,7 +16,8 @@ printed by `benchmarks/search_report.py`.
 Each study is a real `autotune.study.run.run_study` on backend replay (in-memory Optuna storage,
 the confirm phase off), in worker processes (``--jobs``) that import autotune from this checkout
 — or, for sampler ``pre26`` (``auto`` before issue 26), from ``--pre26 CHECKOUT`` (``git worktree
-add --detach CHECKOUT 1dd7f24``) — while every table is built here. A run is a trial that ran
+add --detach CHECKOUT 1dd7f24``), and for sampler ``before`` (``auto`` of any other commit, e.g.
+the one before a change), from ``--before CHECKOUT`` — while every table is built here. A run is a trial that ran
 (`autotune.storage.counting.ran`: not rejected as infeasible, not a repeat answered from
 storage); a study is resumed with more trials, going on with its first sampler, until it has
 ``--runs`` runs. ``NAME:K`` runs sampler NAME with K trial slots (``--slots K``: every
@@ -183,16 +185,17 @@ def oracle_runs(truth, first: dict, runs: int) -> list:
 
 
 def contenders(args) -> list[tuple]:
-    """``[(label, sampler, code, slots)]`` of ``--samplers`` (``pre26``: auto from
-    ``--pre26``; ``NAME:K``: K slots)."""
+    """``[(label, sampler, code, slots)]`` of ``--samplers`` (``pre26``, ``before``: auto from
+    ``--pre26``, ``--before``; ``NAME:K``: K slots)."""
     out = []
     for label in args.samplers:
         name, _, slots = label.partition(":")
         code = None
-        if name == "pre26":
-            if not args.pre26:
-                raise SystemExit("sampler pre26 needs --pre26 CHECKOUT (git worktree of 1dd7f24)")
-            name, code = "auto", str(Path(args.pre26).resolve())
+        if name in ("pre26", "before"):
+            checkout = getattr(args, name)
+            if not checkout:
+                raise SystemExit(f"sampler {name} needs --{name} CHECKOUT (a git worktree)")
+            name, code = "auto", str(Path(checkout).resolve())
         out.append((label, name, code, int(slots or args.slots)))
     return out
 
@@ -287,6 +290,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=["judged"])
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
     parser.add_argument("--pre26", metavar="CHECKOUT", help="the checkout sampler pre26 runs")
+    parser.add_argument("--before", metavar="CHECKOUT", help="the checkout sampler before runs")
     parser.add_argument("--slots", type=int, default=1, help="trial slots of every sampler")
     parser.add_argument(
         "--real",
