@@ -55,7 +55,8 @@ from autotune.spec.knobs import KNOB_NAMES, KNOBS, micro_steps
 
 PRIOR_LIMIT = 20_000  # candidates estimated at most (≈0.2 ms each)
 ESTIMATED = ("goodput", "peak_memory")
-# OPTIMISM was chosen on benchmarks/search_efficiency.py's seeds 100-109 (docs/search.md).
+# OPTIMISM, LIKELY and MISPRICED_SCALE were chosen on benchmarks/search_efficiency.py --structures
+# tune (other truth structures, seeds 100-109), reported on --structures report (docs/search.md).
 OPTIMISM = 0.5  # standard deviations above the mean a layout's optimistic value is taken
 MEMORY_REACH = 2.0  # candidates estimated up to this × the limit may still fit
 FIT_AT_LEAST = 0.05  # a candidate less likely than this to fit is not proposed
