@@ -49,7 +49,7 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
             "state": t.state.name,
             "outcome": outcome_of(t),
             "baseline": bool(t.user_attrs.get("baseline")),
-            "engine": study.user_attrs.get("engine"),  # what ran it (None: an older study)
+            "engine": attrs.get("engine"),  # what ran it (None: an older study)
         }
         knobs = knobs_of(t)
         row.update(knobs)

@@ -120,6 +120,7 @@ class Prior:
         self.ooms: set = set()
         self.pending_layouts: set = set()  # layouts of the candidates running now
         self.peaks = 0  # peaks measured so far
+        self._fixed_values = None  # an estimate backend's (mean, sd): the belief never moves
 
     # -- the candidates --------------------------------------------------------------------
 
@@ -270,9 +271,15 @@ class Prior:
         return measured, fits, left
 
     def _values(self):
-        """(mean, sd) of each candidate's noise-free log goodput."""
+        """(mean, sd) of each candidate's noise-free log goodput — once on an estimate backend,
+        whose belief nothing measured moves (15,000 candidates: 0.15 s a prediction)."""
+        if self._fixed_values is not None:
+            return self._fixed_values
         mean, var = self.belief.predict()
-        return math.log(self.spec.train.global_batch_size) - mean, np.sqrt(var)
+        values = math.log(self.spec.train.global_batch_size) - mean, np.sqrt(var)
+        if self.estimated:
+            self._fixed_values = values
+        return values
 
     def _unexplored(self) -> np.ndarray:
         """Candidates of layouts that never ran and are not running."""
