@@ -74,7 +74,6 @@ def test_a_rejected_candidate_is_recorded_and_does_not_count(tmp_path, capsys):
     assert len(optuna.load_study(study_name="runs", storage=storage).trials) == len(study.trials)
 
 
-
 def test_a_candidate_the_program_refused_after_it_was_dispatched_counts(tmp_path, capsys):
     # MindFormers refusing a setting at start-up: infeasible, but the run was dispatched and
     # took its seconds (run_s), so it is one of the study's N runs, not a rejection
@@ -95,6 +94,7 @@ def test_a_candidate_the_program_refused_after_it_was_dispatched_counts(tmp_path
     assert counting.counted(refused) and counting.ran(refused)
     assert not counting.rejected(refused)
     assert "[2/2" in out
+
 
 SIMULATED = (
     "study: small\n"
