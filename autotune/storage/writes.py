@@ -164,8 +164,8 @@ def _in_one_transaction(
     ``StorageInternalError``, as theirs."""
     trial_id, study_id = trial._trial_id, trial.study._study_id
     known = _known_distributions(storage, trial_id)
-    session = backend.scoped_session()
-    try:
+    failed = "a trial's batched writes failed to commit"
+    with _committed(backend, failed, unwrapped=(IntegrityError,)) as session:
         trials = models.TrialModel.__table__
         query = select(trials.c.state).where(trials.c.trial_id == trial_id)
         state = session.execute(query.with_for_update() if end else query).scalar_one_or_none()
@@ -200,20 +200,30 @@ def _in_one_transaction(
                 .where(trials.c.trial_id == trial_id)
                 .values(state=state, datetime_complete=datetime.now())
             )
+    for name, _, distribution in params:  # as Optuna's cache learns a param's distribution
+        known.setdefault(name, distribution)
+
+
+@contextmanager
+def _committed(backend: RDBStorage, failed: str, unwrapped: tuple = ()):
+    """A session of ``backend``, committed when the block ends and rolled back on any error,
+    then closed; a database error is raised as Optuna's ``StorageInternalError`` (``failed``:
+    what failed) but for the ``unwrapped`` kinds, raised as they are."""
+    session = backend.scoped_session()
+    try:
+        yield session
         session.commit()
-    except IntegrityError:
+    except unwrapped:
         session.rollback()
         raise
     except SQLAlchemyError as exc:
         session.rollback()
-        raise StorageInternalError("a trial's batched writes failed to commit") from exc
+        raise StorageInternalError(failed) from exc
     except BaseException:
         session.rollback()
         raise
     finally:
         session.close()
-    for name, _, distribution in params:  # as Optuna's cache learns a param's distribution
-        known.setdefault(name, distribution)
 
 
 def _insert_params(session, study_id: int, trial_id: int, params: list, known: dict) -> None:
@@ -261,8 +271,7 @@ def create_running(study, params: dict, distributions: dict, user_attrs: dict) -
         (k, distributions[k].to_internal_repr(v), distributions[k]) for k, v in params.items()
     ]
     known = storage._studies[study_id].param_distribution if study_id in storage._studies else {}
-    session = backend.scoped_session()
-    try:
+    with _committed(backend, "a new trial failed to commit") as session:
         # the study's row locked, as Optuna's creation locks it: trial numbers one at a time
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         row = models.TrialModel(
@@ -289,15 +298,6 @@ def create_running(study, params: dict, distributions: dict, user_attrs: dict) -
                     ],
                 )
         number = row.number
-        session.commit()
-    except SQLAlchemyError as exc:
-        session.rollback()
-        raise StorageInternalError("a new trial failed to commit") from exc
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
     template.number, template._trial_id = number, trial_id
     with storage._lock:  # as create_new_trial caches it
         storage._add_trials_to_cache(study_id, [template])
