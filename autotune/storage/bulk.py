@@ -52,47 +52,65 @@ def read_all(study) -> None:
         ).all()
         parts = {trial_id: _Parts() for trial_id, *_ in rows}
 
-        def each(model, *columns, order):
+        def plain(model, *columns):
+            """Rows of a table whose columns need no conversion, straight from the database's
+            driver: a SQLAlchemy row per row cost more than the read itself (175,000 rows). In
+            the database's order, as Optuna's own read (no ORDER BY: a sort of them all)."""
+            table = model.__table__
+            query = select(table.c.trial_id, *(table.c[c] for c in columns)).where(
+                table.c.trial_id.in_(ids)
+            )
+            sql = query.compile(dialect=connection.dialect, compile_kwargs={"literal_binds": True})
+            cursor = connection.connection.cursor()
+            try:
+                cursor.execute(str(sql))
+                return [row for row in cursor.fetchall() if row[0] in parts]  # else created since
+            finally:
+                cursor.close()
+
+        def typed(model, *columns, order):
+            """Rows of a table with enum columns, converted by SQLAlchemy (one per trial or so)."""
             table = model.__table__
             query = select(table.c.trial_id, *(table.c[c] for c in columns))
-            for trial_id, *values in connection.execute(
-                query.where(table.c.trial_id.in_(ids)).order_by(table.c[order])
-            ).all():
-                if trial_id in parts:  # else a trial created after the first read
-                    yield parts[trial_id], values
+            return [
+                row
+                for row in connection.execute(
+                    query.where(table.c.trial_id.in_(ids)).order_by(table.c[order])
+                ).all()
+                if row[0] in parts
+            ]
 
         distributions: dict = {}
-        scalars: dict = {}  # JSON text → its value, for values that cannot be changed in place
-        for part, (name, value, text) in each(
+        for trial_id, name, value, text in plain(
             models.TrialParamModel,
             "param_name",
             "param_value",
             "distribution_json",
-            order="param_id",
         ):
             if text not in distributions:
                 distributions[text] = json_to_distribution(text)
-            part.params[name] = (value, distributions[text])
-        for part, (objective, value, kind) in each(
+            parts[trial_id].params[name] = (value, distributions[text])
+        for trial_id, objective, value, kind in typed(
             models.TrialValueModel, "objective", "value", "value_type", order="trial_value_id"
         ):
-            part.values[objective] = models.TrialValueModel.stored_repr_to_value(value, kind)
+            parts[trial_id].values[objective] = models.TrialValueModel.stored_repr_to_value(
+                value, kind
+            )
         for model, attrs in (
             (models.TrialUserAttributeModel, "user_attrs"),
             (models.TrialSystemAttributeModel, "system_attrs"),
         ):
-            for part, (key, text) in each(
-                model, "key", "value_json", order=model.__table__.c[0].name
-            ):
-                getattr(part, attrs)[key] = _parsed(text, scalars)
-        for part, (step, value, kind) in each(
+            found = plain(model, "key", "value_json")
+            for (trial_id, key, _), value in zip(found, _parsed([text for *_, text in found])):
+                getattr(parts[trial_id], attrs)[key] = value
+        for trial_id, step, value, kind in typed(
             models.TrialIntermediateValueModel,
             "step",
             "intermediate_value",
             "intermediate_value_type",
             order="trial_intermediate_value_id",
         ):
-            part.intermediate[step] = (
+            parts[trial_id].intermediate[step] = (
                 models.TrialIntermediateValueModel.stored_repr_to_intermediate_value(value, kind)
             )
     trials = [
@@ -109,16 +127,10 @@ def read_all(study) -> None:
                 info.unfinished_trial_ids.add(t._trial_id)
 
 
-def _parsed(text: str, scalars: dict):
-    """``json.loads(text)``; a number, string, bool or None parsed once per distinct text (a
-    knob's value recurs in thousands of trials), a dict or list anew each time (its owner may
-    change it)."""
-    if text in scalars:
-        return scalars[text]
-    value = json.loads(text)
-    if not isinstance(value, dict | list):
-        scalars[text] = value
-    return value
+def _parsed(texts: list[str]) -> list:
+    """``[json.loads(t) for t in texts]`` in one call: the texts are Optuna's ``json.dumps`` of
+    one value each, so joined by commas they are one JSON array (a third faster for 175,000)."""
+    return json.loads("[" + ",".join(texts) + "]")
 
 
 def _local(utc: datetime.datetime | None) -> datetime.datetime | None:

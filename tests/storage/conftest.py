@@ -32,10 +32,11 @@ def _pg_bin() -> Path | None:
     return Path(on_path).parent if on_path else None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server of its own on 127.0.0.1 (trust auth: a throw-away test server),
-    with a database ``autotune``; yields its URL, and stops and removes it after."""
+    with a database ``autotune``; yields its URL, and stops and removes it after the session
+    (one server for every test: each names its studies apart)."""
     try:
         import psycopg2  # noqa: F401
     except ImportError:

@@ -18,10 +18,10 @@ DISTRIBUTIONS = {
 }
 
 
-def make(url: str) -> optuna.Study:
+def make(url: str, name: str = "s") -> optuna.Study:
     """A study with a trial of every state, every kind of value and attribute."""
     study = optuna.create_study(
-        study_name="s",
+        study_name=name,
         storage=url,
         directions=["maximize", "minimize"],
         sampler=optuna.samplers.RandomSampler(seed=0),
@@ -39,6 +39,7 @@ def make(url: str) -> optuna.Study:
         trial.set_user_attr("detail", "x" * i)
         trial.set_user_attr("baseline", i == 0)
         trial.set_user_attr("run_s", None if i % 5 else 1.5 * i)
+        trial.set_user_attr("bound", [math.inf, -math.inf, 0.1 * i, "x\n,]"][i % 4])
         study._storage.set_trial_system_attr(trial._trial_id, "fixed_params", {"tp": i % 4})
         for step, value in enumerate([1.0, math.inf, -math.inf, math.nan][: i % 5]):
             # (trial.report refuses a study of two objectives)
@@ -55,11 +56,18 @@ def make(url: str) -> optuna.Study:
 
 
 def test_one_pass_reads_what_optuna_reads(tmp_path):
-    url = f"sqlite:///{tmp_path}/s.db"
-    make(url)
+    _reads_what_optuna_reads(f"sqlite:///{tmp_path}/s.db", "s")
+
+
+def test_one_pass_reads_what_optuna_reads_on_postgresql(postgres):
+    _reads_what_optuna_reads(postgres, "bulk")  # its rows come from psycopg2's cursor
+
+
+def _reads_what_optuna_reads(url: str, name: str):
+    make(url, name)
     optunas = optuna.storages.get_storage(url)
-    theirs = optunas.get_all_trials(optunas.get_study_id_from_name("s"), deepcopy=False)
-    study = optuna.load_study(study_name="s", storage=url)  # a fresh cache: nothing read yet
+    theirs = optunas.get_all_trials(optunas.get_study_id_from_name(name), deepcopy=False)
+    study = optuna.load_study(study_name=name, storage=url)  # a fresh cache: nothing read yet
     read_all(study)
     mine = study._storage._studies[study._study_id].trials
     assert len(mine) == len(theirs) == 13
