@@ -9,6 +9,8 @@ Contract:
   SQLite) keeps RDB heartbeats (`autotune.storage.drivers`: several drivers may share its
   studies); a trial whose heartbeats stop for ``GRACE_S`` is failed by
   `autotune.storage.recovery.recover_interrupted` and its candidate queued again.
+- :func:`check_storage` raises the SpecError :func:`open_storage` would, creating nothing: a
+  search checks its storage before it starts a pool.
 - :func:`load_study` loads an existing study, its trials read in one pass
   (`autotune.storage.bulk`), or raises SpecError naming it and the studies the storage has.
 """
@@ -52,6 +54,13 @@ def open_storage(url: str, create: bool = False) -> optuna.storages.BaseStorage:
             (line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__
         )
         raise SpecError(f"--storage: cannot open {url}: {reason}") from None
+
+
+def check_storage(url: str) -> None:
+    """Raise :func:`open_storage`'s SpecError for ``url`` if it has one. A SQLite file that is
+    not there yet passes (the study's creation makes it), and nothing is created."""
+    if not url.startswith("sqlite:///") or Path(url.removeprefix("sqlite:///")).exists():
+        open_storage(url)
 
 
 def _server_storage(url: str, attempts: int = 4) -> optuna.storages.RDBStorage:

@@ -45,6 +45,7 @@ from autotune.spec.space import SearchSpace
 from autotune.spec.specs import Spec
 from autotune.stopping.budget import Budget, Stopper, check_budget_backend
 from autotune.stopping.pruning import SlowTrialPruner
+from autotune.storage.connection import check_storage
 from autotune.storage.counting import counted, ran, rejected, wanted
 from autotune.storage.drivers import OWNER, Drivers
 from autotune.storage.recovery import recover_interrupted
@@ -101,6 +102,8 @@ def run_study(
     if table is not None:  # the prior prices the program that ran its rows
         spec = with_engine(spec, table)
     check_budget_backend(budget, spec, table)
+    if isinstance(storage, str):  # a storage that cannot be opened fails before a pool starts
+        check_storage(storage)
     earlier = earlier_studies(spec, space, study_name, warm, storage)
     progress = progress or Progress()
     with make_executor(spec, artifacts / study_name, ray_address, table) as executor:
