@@ -179,13 +179,8 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
     warmup = DP2.replace(warmup_steps=1000)  # 4 of the trial's 8 steps
     accum = DP2.replace(grad_accum=2)
     accum_other = accum.replace(fusion_mb=1, parallel_optimizer=True)
-    uncached = {}
-    for name, candidate in (
-        ("none", DP2),
-        ("full", full),
-        ("warmup", warmup),
-        ("accum-other", accum_other),
-    ):
+    uncached = {}  # runs without the cache, for the graphs the pool only loads
+    for name, candidate in (("warmup", warmup), ("accum-other", accum_other)):
         folder = tmp_path / f"uncached-{name}"
         result = run_trial(_config(folder, candidate), folder, 300, None, 2)
         uncached[name] = result.metrics["loss_last"]
@@ -231,19 +226,23 @@ def test_a_graph_compiled_once_loads_in_a_later_trial_and_never_in_another_graph
         uncached["accum-other"], rel=1e-6
     )
     assert runs["warmup"].metrics["loss_last"] == pytest.approx(uncached["warmup"], rel=1e-6)
-    assert uncached["warmup"] != pytest.approx(uncached["none"], rel=1e-5)  # B is not A
+    compiled = runs["none"].metrics["loss_last"]  # the pool's first run compiled its graph
+    assert uncached["warmup"] != pytest.approx(compiled, rel=1e-5)  # B is not A
     log = (tmp_path / "none-again" / "logs" / "worker_0.log").read_text()
     assert "Use the compilation cache and execute the backend actions only" in log
+    # a loaded graph trains as the run that compiled it ("none" and "full" compiled theirs, as
+    # a run without the cache does: warmup and accum-other load graphs, and equal theirs)
     for name in ("none", "full"):
-        for run in (name, f"{name}-again"):
-            assert runs[run].metrics["loss_last"] == pytest.approx(uncached[name], rel=1e-6)
+        assert runs[f"{name}-again"].metrics["loss_last"] == pytest.approx(
+            runs[name].metrics["loss_last"], rel=1e-6
+        )
     for run in ("probed", "probed-again"):
-        assert runs[run].metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
+        assert runs[run].metrics["loss_last"] == pytest.approx(compiled, rel=1e-6)
     # a fresh process of the same graph loads it too
     folder = tmp_path / "fresh"
     fresh = run_trial(_config(folder, DP2, cache), folder, 300, None, 2)
     assert _hits(folder) == [("1", "1")]
-    assert fresh.metrics["loss_last"] == pytest.approx(uncached["none"], rel=1e-6)
+    assert fresh.metrics["loss_last"] == pytest.approx(compiled, rel=1e-6)
     assert runs["none-again"].metrics["first_step_s"] < runs["none"].metrics["first_step_s"]
     stored = json.dumps(
         sorted(str(p.relative_to(cache)) for p in (cache / "graphs").rglob("*.mindir"))
