@@ -85,6 +85,16 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with ({} when gone or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in items if "=" in item)
+
+
 def started_at() -> float:
     """Wall-clock time (epoch s) the calling process started; now where /proc is unavailable."""
     info = stat("self")

@@ -1,7 +1,8 @@
 """How a trial ended, read from what it left: its exit code, its ``metrics.json``, its logs.
 
 Contract: :func:`classify` turns a finished trial program (exit code, trial folder, log folder)
-into an `autotune.jobs.Result`: ``ok`` or ``diverged`` with the metrics (and their
+into an `autotune.jobs.Result` (:func:`outputs_complete`: whether every rank wrote its last
+outputs, so a program whose workers all exited after them has finished): ``ok`` or ``diverged`` with the metrics (and their
 ``underflow_note`` as the detail), ``oom``, or ``error``; :func:`stopped_in_probe` one its
 launcher stopped while the underflow probe ran after training (``ok``, the share unmeasured).
 
@@ -73,6 +74,18 @@ def log_tail(log_dir: Path, lines: int = 20) -> str:
         if texts[log]
     ]
     return "\n".join(chunks[:2])
+
+
+def outputs_complete(trial_dir: Path, workers: int) -> bool:
+    """Every rank wrote ``metrics.rank<r>.json`` (after its probe) and rank 0 its final
+    ``metrics.json`` (not the one written before the probe): the program's last outputs."""
+    if not all((trial_dir / f"metrics.rank{r}.json").exists() for r in range(workers)):
+        return False
+    try:
+        metrics = json.loads((trial_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return metrics.get("underflow_note") != PROBE_UNFINISHED
 
 
 def classify(

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.procfs import Stat, snapshot, stat
+from autotune.procfs import Stat, environ, snapshot, stat
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 GUARD_POLL_S = 0.5
@@ -133,6 +133,14 @@ class ProcessTree:
             else:
                 return True
         return not self.refresh()
+
+
+def msrun_workers_gone(tree: ProcessTree) -> bool:
+    """True when no live process of ``tree`` (last refresh) is one of msrun's workers (``MS_ROLE``
+    ``MS_WORKER``, as msrun starts them): what is left is msrun and its scheduler."""
+    return not any(
+        environ(pid).get("MS_ROLE") == "MS_WORKER" for pid in tree.live if pid != tree.root
+    )
 
 
 class Guard:

@@ -36,10 +36,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.execution.classify import CandidateStart, classify, stopped_in_probe
+from autotune.execution.classify import (
+    CandidateStart,
+    classify,
+    outputs_complete,
+    stopped_in_probe,
+)
 from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.execution.nodes import NodeLaunch
-from autotune.execution.processes import ProcessTree
+from autotune.execution.processes import ProcessTree, msrun_workers_gone
 from autotune.execution.warmup import jit_environment, warm_up
 from autotune.files import write_json
 from autotune.jobs import Result
@@ -266,7 +271,7 @@ def run_trial(
         )
         tree = ProcessTree(proc.pid)
         try:
-            outcome, detail, stop_s = _supervise(
+            outcome, detail, stop_s, finished = _supervise(
                 proc,
                 tree,
                 started,
@@ -274,6 +279,9 @@ def run_trial(
                 memory_limit_mb,
                 launcher=proc.pid if not single else None,
                 poll=plan.poll if plan is not None else None,
+                done=(lambda: outputs_complete(trial_dir, workers))
+                if not single and mf is None and node is None
+                else None,
             )
         except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
             tree.stop(STOP_GRACE_S, reap=proc.poll)
@@ -292,7 +300,8 @@ def run_trial(
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
     if mf is not None and proc.returncode == 0:
         write_metrics(trial_dir, config)  # the recorder's files → metrics.json
-    result = classify(proc.returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
+    returncode = 0 if finished else proc.returncode  # msrun stopped once its workers were done
+    result = classify(returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
     result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
     return result
 
@@ -338,11 +347,13 @@ def _supervise(
     memory_limit_mb: float | None,
     launcher: int | None,
     poll=None,
-) -> tuple[str, str, float | None]:
+    done=None,
+) -> tuple[str, str, float | None, bool]:
     """Wait for exit; stop the tree when the trial's ``clock`` (:func:`trial_clock`) says so or
     a worker exceeds the memory budget; ``poll()`` at every look (a MindFormers trial's stop
     rule: `autotune.mindformers.results.StopPlan`). Returns (outcome, detail, seconds from
-    launch to the decision) for a stopped trial."""
+    launch to the decision) for a stopped trial, and whether msrun was stopped because its
+    workers had exited after ``done()`` said the outputs were complete."""
     while True:
         exited = proc.poll() is not None
         tree.refresh()
@@ -351,11 +362,18 @@ def _supervise(
         now = time.monotonic() - started
         if exited:
             break
+        if done is not None and done() and msrun_workers_gone(tree):
+            # Finished: what msrun waits for now is its scheduler, which checks for exited
+            # workers every 5 s (MindSpore's ClusterContext::Finalize), 2.5 s of a trial on
+            # average (docs/trials.md)
+            tree.stop(0, reap=proc.poll)
+            proc.wait()
+            return "", "", None, True
         outcome, detail = clock(now)
         if outcome:
             tree.stop(STOP_GRACE_S, reap=proc.poll)
             proc.wait()
-            return outcome, detail, now
+            return outcome, detail, now, False
         if memory_limit_mb:
             pid, rss = tree.largest_rss(exclude=launcher)
             if rss > memory_limit_mb:
@@ -369,8 +387,9 @@ def _supervise(
                         f"{now:.1f} s in)"
                     ),
                     now,
+                    False,
                 )
         time.sleep(POLL_S)
     # Processes msrun left behind (it exits when the scheduler does) must not outlive the trial.
     tree.stop(STOP_GRACE_S)
-    return "", "", None
+    return "", "", None, False
