@@ -267,6 +267,17 @@ def test_tensor_and_pipeline_together_on_four_workers(tmp_path, reference):
     np.testing.assert_allclose(losses, reference, rtol=1e-4)
 
 
+OVERFLOWING = dict(steps=6, dtype="float16")  # from a loss scale of 2^20
+
+
+@pytest.fixture(scope="module")
+def overflow_reference(tmp_path_factory):
+    """One process's losses and steps.jsonl records, from a loss scale of 2^20."""
+    out = tmp_path_factory.mktemp("overflow") / "one"
+    losses, _ = _launch(out, dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=2**20), **OVERFLOWING)
+    return losses, [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "knobs",
@@ -277,18 +288,16 @@ def test_tensor_and_pipeline_together_on_four_workers(tmp_path, reference):
     ],
     ids=["tp2-full-recompute", "pp2-selective-recompute", "pp2-pynative"],
 )
-def test_float16_overflows_are_agreed_and_knobs_act_under_every_layout(tmp_path, knobs):
+def test_float16_overflows_are_agreed_and_knobs_act_under_every_layout(
+    tmp_path, overflow_reference, knobs
+):
     """float16 from a loss scale of 2^20: every rank skips the same steps (or the run would hang
     or diverge between ranks), with the same scale and losses as one process."""
-    common = dict(steps=6, dtype="float16")
-    single, _ = _launch(
-        tmp_path / "one", dict(dp=1, tp=1, pp=1, grad_accum=2, loss_scale=2**20), **common
-    )
-    split, _ = _launch(tmp_path / "split", dict(loss_scale=2**20, **knobs), **common)
-    one, many = (
-        [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
-        for folder in (tmp_path / "one", tmp_path / "split")
-    )
+    single, one = overflow_reference
+    split, _ = _launch(tmp_path / "split", dict(loss_scale=2**20, **knobs), **OVERFLOWING)
+    many = [
+        json.loads(line) for line in (tmp_path / "split" / "steps.jsonl").read_text().splitlines()
+    ]
     assert [s["overflow"] for s in many] == [s["overflow"] for s in one] and one[0]["overflow"]
     assert [s["loss_scale"] for s in many] == [s["loss_scale"] for s in one]
     np.testing.assert_allclose(split, single, rtol=2e-3)  # float16 sums in another order
