@@ -363,9 +363,9 @@ def _supervise(
         if exited:
             break
         if done is not None and done() and msrun_workers_gone(tree):
-            # Finished: what msrun waits for now is its scheduler, which checks for exited
-            # workers every 5 s (MindSpore's ClusterContext::Finalize), 2.5 s of a trial on
-            # average (docs/trials.md)
+            # Finished: what msrun waits for now is its scheduler, which looks for exited
+            # workers every 5 s (MindSpore's ClusterContext::Finalize): up to 5 s a trial
+            # (docs/trials.md)
             tree.stop(0, reap=proc.poll)
             proc.wait()
             return "", "", None, True
