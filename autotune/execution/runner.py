@@ -17,7 +17,9 @@ It owns the trial's whole process tree (`autotune.execution.processes`): msrun s
 worker in a session of its own, out of reach of a process-group kill, so every descendant of the
 launched process is tracked while it runs. The budget is the largest RSS of any of them (msrun
 itself aside: it is no device), and however the trial ends — done, timeout, over budget,
-cancelled (a prune, Ctrl-C) — none of them outlives :func:`run_trial`. Should the runner
+cancelled (a prune, Ctrl-C) — none of them outlives :func:`run_trial`; a single-node trial of
+autotune's program ends once every rank wrote its last outputs and no msrun worker is left (the
+runner stops msrun and its scheduler rather than wait for MindSpore's scheduler to notice). Should the runner
 itself be killed, the launched process dies with it (``PR_SET_PDEATHSIG``) and msrun's workers
 die with msrun. A trial starts from a clean folder (:func:`fresh_trial_dir`): nothing an
 earlier study of the same name left there — a log with an out-of-memory line, a "running the
