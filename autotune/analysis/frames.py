@@ -71,6 +71,7 @@ def trials_frame(study: str | optuna.Study, storage: str | None = None) -> pd.Da
         "state",
         "outcome",
         "baseline",
+        "engine",
         *KNOB_NAMES,
         *METRICS,
         *(f"value_{o}" for o in objectives),

@@ -122,7 +122,12 @@ def test_a_studys_own_csv_replays_to_the_same_results(tmp_path, capsys):
     assert main(["compare", "sim", "--storage", storage, "--csv", str(tmp_path / "table.csv")]) == 0
     path = model(tmp_path)
     assert main(["search", str(path), "--storage", storage, "--sampler", "grid"]) == 0
-    assert "replay: columns ignored: study, number" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "replay: columns ignored: study, number" in out
+    # the frame names the engine its study priced, so the table replays with that engine
+    assert "replay: its rows ran the mindspore engine (column engine)" in out, out
+    rep = optuna.load_study(study_name="rep", storage=storage)
+    assert rep.user_attrs["engine"] == "mindspore"
     original = autotune.trials_frame("sim", storage)
     original = original[original["outcome"] == "ok"].drop_duplicates("goodput")
     replayed = autotune.trials_frame("rep", storage).set_index(list(KNOB_NAMES))
