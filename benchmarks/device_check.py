@@ -202,7 +202,7 @@ def memory_probe(name: str) -> int:
     import mindspore as ms
     import numpy as np
 
-    from autotune.train.runtime.device import memory_settings
+    from autotune.train.runtime.device_memory import memory_settings
     from autotune.train.runtime.device_smi import process_memory
     from autotune.train.runtime.session import numpy2_workaround
 

@@ -260,6 +260,9 @@ def test_device_memory_cap_is_the_screens_budget():
     ascend = replace(spec.cluster, backend="ascend", device_memory_gb=None)
     assert device_memory_cap(ascend) == {"size_gb": 64.0, "max_size_gb": 57.6}
     assert device_memory_cap(replace(spec.cluster, backend="cpu")) is None
+    # MindSpore's max_device_memory, where given, is the screen's cap: the trial's too
+    capped = replace(ascend, max_device_memory_gb=58.0)
+    assert device_memory_cap(capped) == {"size_gb": 64.0, "max_size_gb": 58.0}
 
 
 # what a trial's memory on a device is, read per trial (a warm pool's earlier trials do not count)
@@ -604,7 +607,7 @@ def test_the_memory_settings_are_sizes_mindspore_accepts():
 
     from mindspore.runtime import memory
 
-    from autotune.train.runtime.device import memory_settings
+    from autotune.train.runtime.device_memory import memory_settings
 
     for size in (57.6, 72.0, 14.4, 0.5):
         settings = memory_settings(
