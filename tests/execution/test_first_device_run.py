@@ -202,36 +202,37 @@ def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, 
 
 
 def test_gpu_trials_get_a_persistent_jit_cache_large_enough_for_every_kernel(tmp_path, monkeypatch):
-    from autotune.execution import runner
+    from autotune.execution import environment as trial_env
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("CUDA_CACHE_PATH", raising=False)
     monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
-    env = runner.environment({}, {"backend": "gpu", "model": {}}, 8)
+    env = trial_env.environment({}, {"backend": "gpu", "model": {}}, 8)
     assert env["CUDA_CACHE_PATH"] == f"{tmp_path}/cache/autotune/gpu-jit"
     assert Path(env["CUDA_CACHE_PATH"]).is_dir()
     assert env["CUDA_CACHE_MAXSIZE"] == "4294967296"  # the driver's maximum, 4 GiB
     monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path / "mine"))  # a user's own is kept
-    assert runner.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == str(
+    assert trial_env.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == str(
         tmp_path / "mine"
     )
     monkeypatch.delenv("CUDA_CACHE_PATH")
-    assert "CUDA_CACHE_PATH" not in runner.environment({}, {"backend": "ascend", "model": {}}, 8)
+    assert "CUDA_CACHE_PATH" not in trial_env.environment({}, {"backend": "ascend", "model": {}}, 8)
 
 
 def test_a_node_warms_up_once_with_a_real_first_op(tmp_path, monkeypatch):
     """The warm-up is the real trial program's (``--warm-up``), here on CPU through a copy of the
     cpu backend that asks for it; a node whose marker is there is not warmed again."""
-    from autotune.execution import runner, warmup
+    from autotune.execution import environment as trial_env
+    from autotune.execution import warmup
 
     cpu = replace(BACKENDS["cpu"], warm_up_per_node=True, jit_cache="AUTOTUNE_TEST_JIT")
     monkeypatch.setitem(BACKENDS, "cpu", cpu)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    env = runner.environment({}, {"backend": "cpu", "model": {}}, 1)
-    said = warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT))
+    env = trial_env.environment({}, {"backend": "cpu", "model": {}}, 1)
+    said = warmup.warm_up(cpu, env, str(trial_env.PROJECT_ROOT))
     assert said.startswith("warm-up: autotune.train warm-up: first op on CPU in "), said
     assert list((tmp_path / "cache" / "autotune" / "cpu-jit").glob(f"{warmup.MARKER}*"))
-    assert warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT)).startswith(
+    assert warmup.warm_up(cpu, env, str(trial_env.PROJECT_ROOT)).startswith(
         "warm-up: this node's JIT cache is warm"
     )
 
@@ -272,7 +273,7 @@ def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason
 def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
     from autotune.execution import runner
 
-    offered = iter([60000, 60017, 60031, 45123])
+    offered = iter([60000, 60017, 60031, 60511, 45123])  # HCCL's and LCCL's slots (16 × 32)
 
     class Socket:
         def __enter__(self):
@@ -289,7 +290,7 @@ def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
 
     monkeypatch.setattr(runner.socket, "socket", Socket)
     assert runner.free_port() == 45123
-    assert (60000, 60031) in reserved_ports()
+    assert (60000, 60511) in reserved_ports()
 
 
 def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, capsys):
