@@ -49,10 +49,10 @@ from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree, msrun_workers_gone
 from autotune.execution.warmup import warm_up
-from autotune.files import write_json
+from autotune.files import write_json, write_text
 from autotune.jobs import Result
 from autotune.mindformers.launch import launch as mindformers_launch
-from autotune.mindformers.results import StopPlan, write_metrics
+from autotune.mindformers.results import MissingRanks, StopPlan, write_metrics
 from autotune.mindformers.trial import TRIAL_FILE
 from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
@@ -262,7 +262,12 @@ def run_trial(
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
     if mf is not None and proc.returncode == 0:
-        write_metrics(trial_dir, config)  # the recorder's files → metrics.json
+        try:
+            write_metrics(trial_dir, config)  # the recorder's files → metrics.json
+        except MissingRanks as missing:  # the trial folder is not the nodes' shared one
+            return Result(
+                "error", detail=f"infrastructure: {missing}", run_s=run_s, infrastructure=True
+            )
     returncode = 0 if finished else proc.returncode  # msrun stopped once its workers were done
     result = classify(returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
     result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
@@ -281,10 +286,11 @@ def _mindformers_launch(
     timeout_s: float,
 ) -> tuple[list[str], dict, Path]:
     """A MindFormers trial's ``(argv, environment, cwd)`` on this node, its trial.yaml written
-    (`autotune.mindformers.launch`): from ours plus ``env``, the backend's own variables and
-    what an accelerator's trial gets beside its devices, as autotune's own trials do
-    (`autotune.execution.environment.device_environment`)."""
-    (trial_dir / TRIAL_FILE).write_text(mf["trial_yaml"], encoding="utf-8")
+    whole (nodes sharing the folder each write it; a reader never sees half of it:
+    `autotune.files.write_text`) (`autotune.mindformers.launch`): from ours plus ``env``, the
+    backend's own variables and what an accelerator's trial gets beside its devices, as
+    autotune's own trials do (`autotune.execution.environment.device_environment`)."""
+    write_text(trial_dir / TRIAL_FILE, mf["trial_yaml"])
     local = node.launch.local_workers if node else workers
     base = {**os.environ, **(env or {}), **dict(backend.environment)}
     base.update(device_environment(backend, base, local, timeout_s))
