@@ -1,19 +1,23 @@
 """What a MindFormers trial is launched with besides its candidate (issue 44): the user's own
-``--register_path`` kept beside autotune's files, and ``trial.yaml`` written whole."""
+``--register_path`` kept beside autotune's files, candidates MindFormers' ``LayerSetting`` would
+refuse under an interleaved pipeline screened out, and ``trial.yaml`` written whole."""
 
 import os
 
 import pytest
+import yaml
 
 from autotune.execution.runner import _mindformers_launch
 from autotune.mindformers import CLUSTER_DIR
 from autotune.mindformers.launch import ENTRY, launch
 from autotune.mindformers.trial import RECORDER_FILE, TRIAL_FILE, trial_section
 from autotune.spec.backends import BACKENDS
+from autotune.spec.candidate import Candidate
+from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import load_spec
 from autotune.spec.space import build_space
-from tests.mindformers.conftest import RUN_MINDFORMER, mindformers_model
+from tests.mindformers.conftest import RUN_MINDFORMER, TINY, mindformers_model
 
 
 def _register_path(argv: list[str]) -> str:
@@ -61,6 +65,39 @@ def test_a_register_path_is_the_checkouts_and_must_be_there(tmp_path):
     assert spec.trial.register_path == str(RUN_MINDFORMER.parent)  # as run_mindformer.py takes it
     with pytest.raises(SpecError, match=r"trial\.register_path: .*no such folder"):
         load_spec(mindformers_model(tmp_path, **{"trial.register_path": "research/none"}))
+
+
+def test_an_interleaved_pipeline_screens_what_layersetting_refuses(tmp_path):
+    """num_layers % (pp · pp_interleave_num): MindFormers' LayerSetting._check_inputs raises
+    unless the offsets sum to it, and the export writes offset 0."""
+    base = tmp_path / "interleaved.yaml"
+    base.write_text(
+        yaml.safe_dump(
+            {
+                "base_config": str(TINY),
+                "parallel": {"pipeline_config": {"pipeline_interleave": True}},
+                "model": {"model_config": {"pp_interleave_num": 2, "num_layers": 6}},
+            }
+        )
+    )
+    settings = {"cluster.backend": "ascend", "cluster.device": "ascend-910b"}
+    spec = load_spec(mindformers_model(tmp_path, base=base, **settings))
+    baseline = build_space(spec).baseline()
+    pp2 = Candidate(**{**baseline.as_dict(), "dp": 1, "pp": 2, "micro_batches": 2})
+    refused = violations(spec, pp2)  # 2 · 2 = 4 stages of 6 layers
+    assert any(
+        "pp · pp_interleave_num = 2 · 2 does not divide num_layers = 6" in r for r in refused
+    )
+    pp1 = Candidate(**{**baseline.as_dict(), "dp": 2, "pp": 1})
+    assert not violations(spec, pp1)  # 2 chunks of 3
+    # without MindSpore's pipeline_interleave the interleave does not act: pp2 is 3 + 3
+    off = tmp_path / "off.yaml"
+    unset = {"pipeline_config": {"pipeline_interleave": False}}
+    off.write_text(yaml.safe_dump({"base_config": str(base), "parallel": unset}))
+    folder = tmp_path / "off"
+    folder.mkdir()
+    plain = load_spec(mindformers_model(folder, base=off, **settings))
+    assert not violations(plain, pp2)
 
 
 def test_each_node_writes_trial_yaml_whole(tmp_path):
