@@ -358,4 +358,68 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
             f"dp={dp} tp={tp} (autotune search, trial.program mindformers"
             in ascend[f"8 mindformers tp{tp}"]
         )
+    assert ascend["8 mindformers tp2·pp2"] == "skipped: a tp2·pp2 trial needs --devices 4"
+    four = _dry_run("ascend", "--devices", "4")
+    names = [name for name, _ in four if name.startswith("8 mindformers")]
+    assert names[-2:] == ["8 mindformers tp2·pp2 1/2", "8 mindformers tp2·pp2 2/2"]
+    said = dict(four)
+    assert "dp=1 tp=2 pp=2 micro_batches=4 (fills its compile cache)" in said[names[-2]]
+    assert said[names[-1]].endswith("(loads the first's graphs)")
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in ascend["1 install"]
+
+
+def test_the_device_checks_pipeline_run_prints_what_to_compare(tmp_path):
+    """Step 8's tp2·pp2 line on a constructed trial of 4 ranks: the last rank's recorded sum of 4
+    micro-batches ÷ 4 beside the loss MindFormers' monitor printed on that rank (its log as the
+    recorded CPU run has it), stage 0's output, the peak's parts beside npu-smi's reading, the
+    first step and the compile cache's files."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    trial = tmp_path / "trial"
+    (trial / "logs").mkdir(parents=True)
+    shutil.copy(
+        root / "tests/fixtures/mindformers_trial/overflow/logs/worker_0.log",
+        trial / "logs" / "worker_3.log",
+    )  # MFLossMonitor's step 1: loss:[4.854959/…
+    (trial / "config.json").write_text(json.dumps({"mindformers": {"loss_divisor": 4}}))
+    (trial / "steps.rank3.jsonl").write_text(json.dumps({"loss": 19.419836}) + "\n")
+    (trial / "steps.rank0.jsonl").write_text(json.dumps({"loss": 0.0}) + "\n")
+    smi = "| 0       0                 | 77            | python                   | 3000   |\n"
+    summary = {"pid": 77, "device_allocated_mb": 1000.0, "device_reserved_now_mb": 2048.0}
+    (trial / "metrics.rank3.json").write_text(json.dumps({**summary, "device_smi": smi}))
+    cache = tmp_path / "cache"
+    (cache / "rank_3").mkdir(parents=True)
+    for name in ("a.mindir", "b.mindir", "c.json"):
+        (cache / "rank_3" / name).write_text("x")
+    metrics = {"loss_first": 19.419836 / 4, "peak_memory_mb": 1952.0, "first_step_s": 12.0}
+    code = (
+        "import sys, json; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+        "import device_check_mindformers as d; "
+        "print(d.comparison(Path(sys.argv[3]), 4, json.loads(sys.argv[4]), Path(sys.argv[5])))"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(root / "benchmarks"),
+            str(root),
+            str(trial),
+            json.dumps(metrics),
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert "loss: rank 3 19.419836 ÷ 4 = 4.854959, MindFormers printed 4.854959" in line, line
+    assert "rank 0 (stage 0) 0.0" in line
+    assert (
+        "peak 1952 MB = allocated 1000 + overhead 952, npu-smi 3000 MB (pool reserved 2048)" in line
+    )
+    assert line.endswith("first step 12.0 s; compile cache 3 files")
