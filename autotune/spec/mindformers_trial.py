@@ -76,7 +76,7 @@ def trial_program(s, base: Path, stored: bool) -> dict:
     program = s.get("program", str, default="autotune", choices=PROGRAMS)
     if program == "autotune":
         for key in ("run_mindformer", "python", "data", "register_path"):
-            if s.get(key, object, default=None) is not None:
+            if s.get(key, str, default=None) is not None:
                 s.fail(key, "is read by trial.program mindformers only (program is autotune)")
         return {"program": program}
     fields = {"program": program}
