@@ -17,7 +17,9 @@ In order, one line each (``[n name] …``), then a verdict line:
 6 warm      four quickstart trials of one layout in one warm pool (the first starts it);
 7 hidden    a trial with the plugin's libraries hidden: must be the infrastructure's error;
 8 mindformers  a 2-trial study whose trials are MindFormers runs, dp2 and tp2 (Ascend, 2 devices
-            or more: benchmarks/device_check_mindformers.py; skipped with the reason on GPU).
+            or more), and a tp2·pp2 candidate run twice, the second from the first's compile
+            cache, with what to compare (4 devices or more): benchmarks/device_check_mindformers.py;
+            skipped with the reason on GPU.
 
     bash benchmarks/device_check.sh gpu|ascend [--devices N] [--dry-run]
 
@@ -145,7 +147,7 @@ def _trial_line(result, folder: Path) -> str:
     device = ", ".join(
         f"{k.removeprefix('device_')}={v if isinstance(v, str) else round(v or 0)}"
         for k, v in sorted(rank.items())
-        if k.startswith("device_")
+        if k.startswith("device_") and k != "device_smi"  # the tool's whole output
     )
     return (
         f"ok step {m['step_time_ms']:.1f} ms, peak {m['peak_memory_mb']:.0f} MB ({device}); "
@@ -202,7 +204,7 @@ def memory_probe(name: str) -> int:
     import mindspore as ms
     import numpy as np
 
-    from autotune.train.runtime.device import memory_settings
+    from autotune.train.runtime.device_memory import memory_settings
     from autotune.train.runtime.device_smi import process_memory
     from autotune.train.runtime.session import numpy2_workaround
 

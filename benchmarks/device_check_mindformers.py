@@ -1,25 +1,37 @@
 """The device check's step 8: trials that are MindFormers runs, on the device (docs/accelerators.md,
-"The device check"). What the CPU cannot run — MindFormers' semi-auto parallel (tp), its fused
-kernels, device memory — a 2-trial study runs here: the tiny llama of
-tests/mindformers/tiny_llama_cpu.yaml (2 layers of width 64) on 2 devices, the grid of tp 1 and
-2 (dp 2, then dp 1 · tp 2), every other knob at the config's own value, each trial MindFormers'
-run_mindformer.py (the vendored r1.8.0 one) in MindFormers' venv (``make mindformers``) on a
-synthetic MindRecord, through ``autotune search`` as a user runs it. One line per trial.
+"The device check"). What the CPU cannot run — MindFormers' semi-auto parallel (tp, pp), its fused
+kernels, device memory, HCCL — studies of the tiny llama of tests/mindformers/tiny_llama_cpu.yaml
+(2 layers of width 64) run here, each trial MindFormers' run_mindformer.py (the vendored r1.8.0
+one) in MindFormers' venv (``make mindformers``) on a synthetic MindRecord, through ``autotune
+search`` as a user runs it:
+
+- with 2 devices or more, the grid of tp 1 and 2 (dp 2, then dp 1 · tp 2), every other knob at
+  the config's own value: one line per trial;
+- with 4 devices or more, one tp2 · pp2 candidate (4 micro-batches) twice, as two studies of one
+  artifacts folder, so the second run loads the graphs the first compiled (MindSpore's compile
+  cache, one folder per candidate): per run, what to compare (:func:`comparison`) — the last
+  rank's loss as autotune reads it against the loss MindFormers' own monitor printed on that
+  rank, rank 0's (stage 0: no loss), the peak against the vendor tool's reading, the first
+  step's time and the cache's files.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
+from autotune.train.runtime.device_smi import parse_npu_smi
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "mindformers" / "tiny_llama_cpu.yaml"
 RUN_MINDFORMER = ROOT / "tests" / "mindformers" / "run_mindformer.py"
 MF_PYTHON = ROOT / ".venv-mindformers" / "bin" / "python"
-FIXED = {  # the tiny config's own values; tp is what the study searches
+FIXED = {  # the tiny config's own values; tp (and pp) is what the studies search
     "pp": 1,
     "micro_batches": 1,
     "grad_accum": 2,
@@ -30,7 +42,10 @@ FIXED = {  # the tiny config's own values; tp is what the study searches
     "recompute": "none",
     "parallel_optimizer": False,
 }
+PIPELINE = {"tp": 2, "pp": 2, "micro_batches": 4}  # dp 1: the 4 devices, 4 micro-batches of 2
 STUDY = "device-check-mindformers"
+# MFLossMonitor's line (core/callback/callback.py): "step:[    1/   21], loss:[4.854959/…"
+MONITOR_LOSS = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[\s*([^/\]]+)/")
 
 
 def plan(backend, devices: int) -> list[tuple[str, str]]:
@@ -48,11 +63,131 @@ def plan(backend, devices: int) -> list[tuple[str, str]]:
                 "trial.program mindformers, a synthetic MindRecord)",
             )
         )
+    if devices < 4:
+        steps.append(("8 mindformers tp2·pp2", "skipped: a tp2·pp2 trial needs --devices 4"))
+        return steps
+    for run in (1, 2):
+        steps.append(
+            (
+                f"8 mindformers tp2·pp2 {run}/2",
+                "MindFormers trial of the tiny llama, dp=1 tp=2 pp=2 micro_batches=4 "
+                + ("(fills its compile cache)" if run == 1 else "(loads the first's graphs)"),
+            )
+        )
     return steps
 
 
+def monitor_losses(log: Path) -> dict[int, float]:
+    """The losses MindFormers' MFLossMonitor printed in ``log``, by its step (from 1)."""
+    said = {}
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        found = MONITOR_LOSS.search(line)
+        if found:
+            said.setdefault(int(found.group(1)), float(found.group(2)))
+    return said
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def comparison(folder: Path, ranks: int, metrics: dict, cache: Path | None) -> str:
+    """What to compare for one MindFormers trial in ``folder`` of ``ranks`` ranks (see the
+    module doc): ``metrics`` autotune's, ``cache`` its compile cache folder."""
+    mf = json.loads((folder / "config.json").read_text())["mindformers"]
+    last = ranks - 1
+    recorded = _records(folder / f"steps.rank{last}.jsonl")
+    printed = monitor_losses(folder / "logs" / f"worker_{last}.log").get(1)
+    stage0 = _records(folder / "steps.rank0.jsonl")
+    summary = json.loads((folder / f"metrics.rank{last}.json").read_text())
+    allocated = summary.get("device_allocated_mb") or 0.0
+    reserved = summary.get("device_reserved_now_mb") or 0.0
+    text = summary.get("device_smi")
+    smi = parse_npu_smi(text, summary["pid"]) if text else None
+    tool = "no npu-smi" if not text else "not listed" if smi is None else f"{smi:.0f} MB"
+    files = sum(1 for p in cache.rglob("*") if p.is_file()) if cache and cache.is_dir() else 0
+    return (
+        f"loss: rank {last} {recorded[0]['loss'] if recorded else None} ÷ "
+        f"{mf['loss_divisor']} = {metrics['loss_first']:.6f}, MindFormers printed "
+        f"{printed if printed is not None else 'nothing'}; rank 0 (stage 0) "
+        f"{stage0[0]['loss'] if stage0 else None}; peak {metrics['peak_memory_mb']:.0f} MB = "
+        f"allocated {allocated:.0f} + overhead {metrics['peak_memory_mb'] - allocated:.0f}, "
+        f"npu-smi {tool} (pool reserved {reserved:.0f}); first step "
+        f"{metrics['first_step_s']:.1f} s; compile cache {files} files"
+    )
+
+
+def _model(folder: Path, backend, devices: int, space: dict) -> Path:
+    from autotune.spec.mindformers_init import init_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "model.yaml"
+    text, _ = init_text(
+        TINY,
+        model,
+        devices=devices,
+        devices_per_node=devices,
+        backend=backend.name,
+        run_mindformer=str(RUN_MINDFORMER),
+        python=str(MF_PYTHON),
+        synthetic=True,
+    )
+    data = yaml.safe_load(text)
+    data["study"] = STUDY
+    data["search"]["space"] = space
+    data.pop("baseline", None)  # the candidates are the space's only
+    data["trial"].update(steps=10, measure_after=2)
+    model.write_text(yaml.safe_dump(data, sort_keys=False))
+    return model
+
+
+def _search(model: Path, study: str, folder: Path) -> str:
+    """``autotune search`` of ``model`` as ``study`` in ``folder``; "" when it ran, else why not."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            str(model),
+            "--study",
+            study,
+            "--sampler",
+            "grid",
+            "--no-confirm",
+            "--storage",
+            f"sqlite:///{folder / 'study.db'}",
+            "--artifacts",
+            str(folder / "trials"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    return "" if done.returncode == 0 else f"FAILED: autotune search: {done.stderr.strip()[-300:]}"
+
+
+def _trials(study: str, folder: Path):
+    from autotune.jobs import Result
+    from autotune.storage.connection import load_study
+    from autotune.storage.schema import knobs_of, metrics_of, outcome_of
+
+    for trial in load_study(study, f"sqlite:///{folder / 'study.db'}").get_trials(deepcopy=False):
+        yield (
+            trial.number,
+            knobs_of(trial),
+            Result(
+                outcome_of(trial),
+                metrics_of(trial),
+                trial.user_attrs.get("detail", ""),
+                bool(trial.user_attrs.get("infrastructure")),
+            ),
+        )
+
+
 def check(backend, devices: int, work: Path, say, trial_line) -> None:
-    """Run step 8, ``say``-ing one line per trial (``trial_line(result, folder)``)."""
+    """Run step 8, ``say``-ing one line per trial (``trial_line(result, folder)`` for the tp
+    grid, :func:`comparison` for the pipeline's two runs)."""
     planned = plan(backend, devices)
     if planned[0][1].startswith("skipped"):
         say(*planned[0])
@@ -64,63 +199,32 @@ def check(backend, devices: int, work: Path, say, trial_line) -> None:
             say("8 mindformers venv", f"FAILED: {tail}", False)
             return
         say("8 mindformers venv", f"made {MF_PYTHON}")
-    from autotune.jobs import Result
-    from autotune.spec.mindformers_init import init_text
-    from autotune.storage.connection import load_study
-    from autotune.storage.schema import knobs_of, metrics_of, outcome_of
-
     folder = work / "mindformers"
-    folder.mkdir(parents=True, exist_ok=True)
-    model = folder / "model.yaml"
-    text, _ = init_text(
-        TINY,
-        model,
-        devices=2,
-        devices_per_node=2,
-        backend=backend.name,
-        run_mindformer=str(RUN_MINDFORMER),
-        python=str(MF_PYTHON),
-        synthetic=True,
-    )
-    data = yaml.safe_load(text)
-    data["study"] = STUDY
-    data["search"]["space"] = {"tp": [1, 2], **{k: [v] for k, v in FIXED.items()}}
-    data["trial"].update(steps=10, measure_after=2)
-    model.write_text(yaml.safe_dump(data, sort_keys=False))
-    storage = f"sqlite:///{folder / 'study.db'}"
-    artifacts = folder / "trials"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autotune",
-            "search",
-            str(model),
-            "--sampler",
-            "grid",
-            "--no-confirm",
-            "--storage",
-            storage,
-            "--artifacts",
-            str(artifacts),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    if done.returncode != 0:
-        say("8 mindformers", f"FAILED: autotune search: {done.stderr.strip()[-300:]}", False)
+    model = _model(folder, backend, 2, {"tp": [1, 2], **{k: [v] for k, v in FIXED.items()}})
+    failed = _search(model, STUDY, folder)
+    if failed:
+        say("8 mindformers", failed, False)
         return
-    for trial in load_study(STUDY, storage).get_trials(deepcopy=False):
-        knobs = knobs_of(trial)
-        result = Result(
-            outcome_of(trial),
-            metrics_of(trial),
-            trial.user_attrs.get("detail", ""),
-            bool(trial.user_attrs.get("infrastructure")),
-        )
-        say(
-            f"8 mindformers tp{knobs['tp']}",
-            trial_line(result, artifacts / STUDY / str(trial.number)),
-            result.outcome == "ok",
-        )
+    for number, knobs, result in _trials(STUDY, folder):
+        line = trial_line(result, folder / "trials" / STUDY / str(number))
+        say(f"8 mindformers tp{knobs['tp']}", line, result.outcome == "ok")
+    if devices < 4:
+        say(*planned[-1])
+        return
+    folder = work / "mindformers-pipeline"
+    space = {**{k: [v] for k, v in FIXED.items()}, **{k: [v] for k, v in PIPELINE.items()}}
+    model = _model(folder, backend, 4, space)
+    cache = folder / "trials" / ".mindformers-cache"
+    for run in (1, 2):
+        name, study = f"8 mindformers tp2·pp2 {run}/2", f"{STUDY}-pipeline-{run}"
+        failed = _search(model, study, folder)
+        if failed:
+            say(name, failed, False)
+            return
+        for number, _, result in _trials(study, folder):
+            trial = folder / "trials" / study / str(number)
+            good = result.outcome == "ok"
+            line = (
+                comparison(trial, 4, result.metrics, cache) if good else trial_line(result, trial)
+            )
+            say(name, line, good)

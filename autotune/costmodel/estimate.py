@@ -69,12 +69,17 @@ NOT_ESTIMATED = "no dimensions given: not estimated"
 def device_memory_cap(cluster) -> dict | None:
     """What a GPU/Ascend run of ``cluster`` caps its memory pool at, as the trial config's
     ``device_memory`` section (`autotune.train.runtime.device`): ``size_gb`` the profile's memory
-    (``cluster.device_memory_gb`` when given), ``max_size_gb`` that × `SAFETY_MARGIN` — the
-    budget the memory screen judges a candidate against. None on the other backends."""
+    (``cluster.device_memory_gb`` when given), ``max_size_gb`` the budget the memory screen
+    judges a candidate against — ``cluster.max_device_memory_gb`` where given, else the size ×
+    `SAFETY_MARGIN` (:func:`estimate`). None on the other backends."""
     if not backend_of(cluster.backend).accelerator:
         return None
     size = resolve_profile(cluster).memory_gb
-    return {"size_gb": size, "max_size_gb": round(size * SAFETY_MARGIN, 2)}
+    cap = cluster.max_device_memory_gb
+    return {
+        "size_gb": size,
+        "max_size_gb": cap if cap is not None else round(size * SAFETY_MARGIN, 2),
+    }
 
 
 NAN = float("nan")

@@ -23,7 +23,12 @@ entry, an exception while building, compiling or training); the infrastructure's
 program never got there (msrun or the process launch failed before any verdict, or the verdict
 is ``LaunchError``: communication init, the cluster join). A verdict of `autotune.train.REFUSED`
 after the launch — a MindFormers trial refused at start-up, before training, by MindFormers or
-MindSpore (`autotune.mindformers`) — is the candidate's ``infeasible``. The verdict is searched in
+MindSpore (`autotune.mindformers`) — is the candidate's ``infeasible``. A failure of the
+collective library to reach a peer (:func:`link_failure`: the backend's words, HCCL's EI0006 link
+timeout and EI0002 notify timeout on Ascend) is the infrastructure's ``error`` even after the
+candidate ran: a peer that never arrived within the library's timeout — set to the trial's own
+(`autotune.execution.environment`) — is a node or a link that failed, a rank that crashed being
+msrun's to end first (it stops a node's other workers when one fails). The verdict is searched in
 the whole logs (:func:`program_verdict`). The detail is one line of reason, then :func:`log_tail`.
 """
 
@@ -131,6 +136,10 @@ def classify(
     if verdict and verdict.startswith(REFUSED) and not infrastructure:
         return Result("infeasible", detail=f"{verdict}\n{tail}", run_s=run_s)
     why = f"exit code {returncode}" if returncode else "exited 0 without metrics.json"
+    link = None if evidence else link_failure(log_dir, backend)
+    if link and not infrastructure:
+        why = f"infrastructure: {why}, the collectives lost a peer: {link}"
+        return Result("error", detail=f"{why}\n{tail}", run_s=run_s, infrastructure=True)
     if infrastructure:
         why = f"infrastructure: {why}, before the candidate ran"
         if evidence:
@@ -161,6 +170,16 @@ def oom_evidence(log_dir: Path, backend: Backend) -> str | None:
     for log, lines in _logs(log_dir).items():
         for line in lines:
             if backend.oom_in(line):
+                return f"[{log.name}] {line.strip()}"
+    return None
+
+
+def link_failure(log_dir: Path, backend: Backend) -> str | None:
+    """The first line of any log under ``log_dir`` in which the collective library says it lost
+    a peer (``Backend.link_failures``), as ``[log] line``; None when none does."""
+    for log, lines in _logs(log_dir).items():
+        for line in lines:
+            if backend.link_failure_in(line):
                 return f"[{log.name}] {line.strip()}"
     return None
 

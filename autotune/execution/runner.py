@@ -44,22 +44,21 @@ from autotune.execution.classify import (
     outputs_complete,
     stopped_in_probe,
 )
+from autotune.execution.environment import PROJECT_ROOT, device_environment, environment
 from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.execution.nodes import NodeLaunch
 from autotune.execution.processes import ProcessTree, msrun_workers_gone
-from autotune.execution.warmup import jit_environment, warm_up
-from autotune.files import write_json
+from autotune.execution.warmup import warm_up
+from autotune.files import write_json, write_text
 from autotune.jobs import Result
 from autotune.mindformers.launch import launch as mindformers_launch
-from autotune.mindformers.results import StopPlan, write_metrics
+from autotune.mindformers.results import MissingRanks, StopPlan, write_metrics
 from autotune.mindformers.trial import TRIAL_FILE
-from autotune.spec import entry as entry_loader
 from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
 from autotune.train.msrun import msrun_args
 from autotune.train.runtime.lifetime import die_with_parent_hook
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.25
 STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, a cancel)
 # A trial's start-up (the processes' imports, msrun's cluster join and communication init: ~14 s
@@ -179,44 +178,6 @@ def command(
     return [str(msrun), *args, *program]
 
 
-def host_threads(local_workers: int) -> int:
-    """OpenMP threads for each of ``local_workers`` trial workers on an accelerator node: this
-    process's cores shared among them (at least 1). Ray sets ``OMP_NUM_THREADS`` to a task's
-    ``num_cpus`` — 1 for an accelerator trial, which holds one CPU for its launcher — and msrun's
-    workers would inherit that, leaving the host side of every device (data, kernel launch) on
-    one thread."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_workers))
-
-
-def environment(
-    extra: dict | None = None, config: dict | None = None, local_workers: int = 1
-) -> dict:
-    """The trial program's environment: ours plus ``extra``, the project and an entry model's
-    folders on PYTHONPATH, this interpreter first on PATH, the backend's own variables
-    (``Backend.environment``, and its kernel JIT cache's unless set:
-    `autotune.execution.warmup.jit_environment`), and on an accelerator an explicit
-    ``OMP_NUM_THREADS`` for the ``local_workers`` of this node (:func:`host_threads`)."""
-    backend = backend_of((config or {}).get("backend", DEFAULT_BACKEND))
-    env = {**os.environ, **(extra or {}), **dict(backend.environment)}
-    env.update(jit_environment(backend, env))
-    if backend.accelerator:
-        env["OMP_NUM_THREADS"] = str(host_threads(local_workers))
-    # an entry model imports from model.yaml's folder (and its file's): `autotune.spec.entry`
-    entry = (config or {}).get("model", {}).get("entry")
-    imports = entry_loader.import_dirs(entry, config.get("model_dir")) if entry else []
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(PROJECT_ROOT), *imports, env.get("PYTHONPATH")])
-    )
-    # msrun starts its workers with the `python` on PATH: make it this interpreter.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.setdefault("GLOG_v", "3")  # MindSpore C++ logs: errors only
-    return env
-
-
 def run_trial(
     config: dict,
     trial_dir: Path,
@@ -245,13 +206,13 @@ def run_trial(
     mf, cwd, plan = config.get(MINDFORMERS), trial_dir, None
     if mf is not None:  # MindFormers' run_mindformer.py (`autotune.mindformers`), fresh each time
         argv, full_env, cwd = _mindformers_launch(
-            mf, trial_dir, log_dir, env, workers, node, pins, backend
+            mf, trial_dir, log_dir, env, workers, node, pins, backend, timeout_s
         )
         warmed = ""  # autotune's kernel JIT cache is its own MindSpore's, not MindFormers'
         plan = StopPlan(config, trial_dir) if node is None or node.launch.index == 0 else None
     else:
         argv = command(config_path, workers, log_dir, free_port(), bind_cores=pins, node=node)
-        full_env = environment(env, config, local)
+        full_env = environment(env, config, local, timeout_s)
         warmed = warm_up(backend, full_env, str(PROJECT_ROOT))  # before the trial's clock starts
     started, handed_over = time.monotonic(), time.time()
     single = workers == 1 and mf is None  # MindFormers runs under msrun always
@@ -301,7 +262,12 @@ def run_trial(
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
     if mf is not None and proc.returncode == 0:
-        write_metrics(trial_dir, config)  # the recorder's files → metrics.json
+        try:
+            write_metrics(trial_dir, config)  # the recorder's files → metrics.json
+        except MissingRanks as missing:  # the trial folder is not the nodes' shared one
+            return Result(
+                "error", detail=f"infrastructure: {missing}", run_s=run_s, infrastructure=True
+            )
     returncode = 0 if finished else proc.returncode  # msrun stopped once its workers were done
     result = classify(returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
     result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
@@ -317,16 +283,17 @@ def _mindformers_launch(
     node,
     pins: bool,
     backend,
+    timeout_s: float,
 ) -> tuple[list[str], dict, Path]:
     """A MindFormers trial's ``(argv, environment, cwd)`` on this node, its trial.yaml written
-    (`autotune.mindformers.launch`): from ours plus ``env`` and the backend's own variables
-    (and on an accelerator the host's threads shared among the node's workers, as
-    :func:`environment` gives autotune's own trials)."""
-    (trial_dir / TRIAL_FILE).write_text(mf["trial_yaml"], encoding="utf-8")
+    whole (nodes sharing the folder each write it; a reader never sees half of it:
+    `autotune.files.write_text`) (`autotune.mindformers.launch`): from ours plus ``env``, the
+    backend's own variables and what an accelerator's trial gets beside its devices, as
+    autotune's own trials do (`autotune.execution.environment.device_environment`)."""
+    write_text(trial_dir / TRIAL_FILE, mf["trial_yaml"])
     local = node.launch.local_workers if node else workers
     base = {**os.environ, **(env or {}), **dict(backend.environment)}
-    if backend.accelerator:
-        base["OMP_NUM_THREADS"] = str(host_threads(local))
+    base.update(device_environment(backend, base, local, timeout_s))
     place = (
         {"master_port": free_port()}
         if node is None

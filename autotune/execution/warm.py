@@ -48,14 +48,13 @@ import time
 from pathlib import Path
 
 from autotune.execution.classify import classify, stopped_in_probe
+from autotune.execution.environment import PROJECT_ROOT, environment
 from autotune.execution.launch_time import with_launch_and_teardown
 from autotune.execution.processes import ProcessTree
 from autotune.execution.runner import (
     POLL_S,
-    PROJECT_ROOT,
     STOP_GRACE_S,
     command,
-    environment,
     free_port,
     fresh_trial_dir,
     trial_clock,
@@ -103,13 +102,14 @@ class WarmPool:
     def up(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _start(self, config: dict) -> None:
+    def _start(self, config: dict, timeout_s: float) -> None:
         """Start the workers (from a thread that lives as long as they do), the node's JIT
-        cache warmed first where the backend asks for it."""
+        cache warmed first where the backend asks for it; ``timeout_s``: their trials' (the
+        collective library's timeouts follow it: `autotune.execution.environment`)."""
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / "logs").mkdir(parents=True)
         backend = backend_of(config.get("backend", DEFAULT_BACKEND))
-        env = environment(self.env, config, self.workers)
+        env = environment(self.env, config, self.workers, timeout_s)
         self.warmed = warm_up(backend, env, str(PROJECT_ROOT))
         self.argv = command(
             ["--serve", self.root],
@@ -191,7 +191,7 @@ class WarmPool:
         if retired:
             self.close()
         if not self.up:
-            self._start(config)
+            self._start(config, timeout_s)
             self.size_mb, self.layout = memory_mb, _layout(config)
         started, handed_over = time.monotonic(), time.time()
         given = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]

@@ -9,9 +9,13 @@ config's ``mindformers`` section (`autotune.mindformers.trial.trial_section`) na
   `autotune.train.msrun.msrun_args`, as autotune's own trials and exports spell them; msrun
   starts its workers with the ``python`` on PATH, so that interpreter's folder comes first;
 - the program: the entry (`autotune.mindformers.CLUSTER_DIR`) running ``run_mindformer.py
-  --config <trial>/trial.yaml --run_mode train --register_path CLUSTER_DIR`` (the recorder and
+  --config <trial>/trial.yaml --run_mode train --register_path FOLDER`` (the recorder and
   the CPU training step are registered from there), plus ``--train_dataset_dir DATA`` for a
-  synthetic dataset;
+  synthetic dataset. FOLDER is CLUSTER_DIR, or with the user's own register path
+  (``trial.register_path``) :func:`register_folder`'s: MindFormers takes one folder
+  (``REGISTER_PATH``: ``auto_register`` loads ``module.Class`` from it, and
+  ``run_mindformer.py`` puts it on ``sys.path``), so the trial's holds a link to every entry
+  of the user's folder and to autotune's files beside them;
 - the environment: the checkout first on PYTHONPATH (``scripts/msrun_launcher.sh``'s one real
   effect: a source checkout's ``mindformers`` wins), MindFormers' module cache
   (``OM_MODULES_CACHE``) and logs (``LOG_MF_PATH``) under the trial folder — else it writes
@@ -29,17 +33,38 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from autotune.files import folder_once
 from autotune.mindformers import CLUSTER_DIR
 from autotune.mindformers.trial import TRIAL_FILE
 from autotune.train.msrun import msrun_args
 
 ENTRY = CLUSTER_DIR / "autotune_mf_entry.py"
 MODULES_DIR = "om_modules"  # MindFormers' copies of the registered files, per trial
+REGISTER_DIR = "register"  # the user's register folder and autotune's files, per trial
 LOG_SUBDIR = "mf"  # MindFormers' own logs, under the trial's log folder (classify reads them)
 GRAPHS_DIR = "graphs"  # a failed compile's analyze_fail.ir (MindSpore's MS_OM_PATH), per trial
 # Variables a trial's MindFormers must not inherit: fault tolerance needs CheckpointMonitor
 # (`check_tft_valid`), and autotune's venv is not MindFormers'.
 DROPPED_VARIABLES = ("MS_ENABLE_TFT", "VIRTUAL_ENV", "PYTHONHOME")
+
+
+def register_folder(mf: dict, trial_dir: Path) -> Path:
+    """The folder a trial passes to ``run_mindformer.py --register_path`` (see the module doc):
+    CLUSTER_DIR, or with the user's ``register_path`` ``<trial>/register``, links to each entry
+    of the user's folder and to autotune's cluster files (autotune's win a name both have).
+    Every node of a trial makes the same one; on a folder they share, all use the first made
+    (`autotune.files.folder_once`)."""
+    user = mf.get("register_path")
+    if not user:
+        return CLUSTER_DIR
+
+    def link(folder: Path) -> None:
+        ours = {path.name: path for path in CLUSTER_DIR.glob("*.py")}
+        theirs = {path.name: path for path in Path(user).iterdir() if path.name not in ours}
+        for name, path in {**theirs, **ours}.items():
+            (folder / name).symlink_to(path)
+
+    return folder_once(trial_dir / REGISTER_DIR, link)
 
 
 def launch(
@@ -76,7 +101,7 @@ def launch(
         "--run_mode",
         "train",
         "--register_path",
-        str(CLUSTER_DIR),
+        str(register_folder(mf, trial_dir)),
     ]
     if mf.get("data"):
         program += ["--train_dataset_dir", mf["data"]]

@@ -7,22 +7,31 @@ and ``metrics.json`` with exactly `autotune.train.metrics.METRIC_KEYS`, through 
 `autotune.train.metrics.StepLog` — so a MindFormers trial is read (`autotune.execution.classify`),
 stored and compared as any:
 
-- per step: rank 0's step time; the loss of the global batch — the mean over the ranks under
-  data parallelism (each rank's loss is its shard's), else the last rank's (semi-auto parallel:
-  every rank's, or with pipeline stages the last stage's, MindFormers' own "the loss on the last
-  card is valid"); the overflow flag (the training step agrees it over the ranks); the loss
+- per step: rank 0's step time; the loss of the global batch as MindFormers' own monitor
+  computes it (`autotune.mindformers.loss`): the cell's output of the rank MindFormers names
+  (``loss_rank`` of the trial's ``mindformers`` section; the mean over the ranks under data
+  parallelism, each rank's loss its shard's) divided by ``loss_divisor`` (the cell sums its
+  micro-batches); the overflow flag (the training step agrees it over the ranks); the loss
   scale the step used: the training cell returns its scale after the step's update
   (measured: docs/mindformers.md), so step n used step n − 1's, and step 0 the initial scale;
 - the time split: ``started_at`` the entry's start on rank 0, ``init_s`` → the train's begin
   (imports, context, communication, model, optimizer, data), ``first_step_s`` → the first
   step's end (its compile included), ``finished_at`` the train's end; ``probe_s`` 0;
-- ``peak_memory_mb``: the largest over the ranks of the device's peak (a backend whose devices
-  have memory of their own), else of the process's resident peak (VmHWM);
+- ``peak_memory_mb``: the largest over the ranks of the trial's memory on its device (a backend
+  whose devices have memory of their own) by autotune's trainer's formula
+  (`autotune.train.runtime.device_memory.trial_peak_mb`): the tensors' allocated peak plus what the
+  device holds outside MindSpore's pool — the vendor tool's reading the recorder took (its
+  output, parsed here: `autotune.train.runtime.device_smi`) less the pool's reserved size then;
+  else the process's resident peak (VmHWM);
 - the underflow probe is autotune's trainer's: ``underflow_share`` and ``underflow_bound`` are
   None for a float16 run, with the note :data:`NO_PROBE` (goodput takes no underflow charge), 0
   otherwise.
 
 None is written unless rank 0 ended its train (``metrics.rank0.json``): the run did not finish.
+Every rank's files must be in the trial folder (the loss rank's for the loss, all of them for
+the peak and a data-parallel mean): a trial spanning nodes whose folder the nodes do not share
+leaves another node's ranks on that node, and :func:`write_metrics` raises
+:class:`MissingRanks`, one line naming the ranks and the remedy — never another stage's loss.
 :class:`StopPlan` is the stop rule of autotune's trainer for a running MindFormers trial: it
 follows rank 0's live ``steps.jsonl`` and, at the pilot's end, writes the step to stop after
 (``stop.json``) for the recorder, which carries it to every rank.
@@ -35,9 +44,11 @@ from pathlib import Path
 
 from autotune.files import write_json
 from autotune.mindformers.trial import STOP_FILE
-from autotune.spec.backends import backend_of
+from autotune.spec.backends import Backend, backend_of
 from autotune.train.config import UPDATE_CAP
 from autotune.train.metrics import StepLog
+from autotune.train.runtime.device_memory import overhead_mb, trial_peak_mb
+from autotune.train.runtime.device_smi import PARSERS
 
 NO_PROBE = (
     "not measured: the underflow probe is autotune's trainer's, a MindFormers trial has none "
@@ -66,12 +77,45 @@ def read_ranks(trial_dir: Path) -> tuple[dict, dict]:
     return records, summaries
 
 
-def global_losses(records: dict, data_parallel: bool) -> list[float]:
-    """Per step, the global batch's loss (see the module doc); ``records``: rank → records."""
+class MissingRanks(Exception):
+    """Some rank's files are not in the trial folder (see the module doc)."""
+
+
+def global_losses(records: dict, rank: int | None, divisor: int) -> list[float]:
+    """Per step, the global batch's loss (see the module doc); ``records``: rank → records,
+    ``rank``: the rank whose loss it is (None: the mean of all), ``divisor``: what MindFormers
+    divides the cell's output by."""
     steps = min(len(r) for r in records.values())
-    if not data_parallel:
-        return [records[max(records)][i]["loss"] for i in range(steps)]
-    return [sum(r[i]["loss"] for r in records.values()) / len(records) for i in range(steps)]
+    ranks = list(records.values()) if rank is None else [records[rank]]
+    return [sum(r[i]["loss"] for r in ranks) / len(ranks) / divisor for i in range(steps)]
+
+
+def device_peak_mb(summary: dict, backend: Backend) -> float:
+    """One rank's memory on its device from its recorder summary (see the module doc)."""
+    text, smi = summary.get("device_smi"), None
+    if text is not None and backend.memory_tool_format:
+        smi = PARSERS[backend.memory_tool_format](text, summary["pid"])
+    outside = overhead_mb(smi, summary["device_reserved_now_mb"])
+    return trial_peak_mb(summary["device_allocated_mb"], outside)
+
+
+def _missing(trial_dir: Path, mf: dict, records: dict, summaries: dict) -> str | None:
+    """One line naming the ranks whose files are not in ``trial_dir``, None when all are."""
+    absent = [r for r in range(mf["ranks"]) if r not in summaries or not records.get(r)]
+    if not absent:
+        return None
+    loss_rank = mf["loss_rank"]
+    named = (
+        f"rank {loss_rank}, whose loss MindFormers reports (the last pipeline stage's, or rank "
+        "0's under zero_bubble_v), is among them"
+        if loss_rank in absent
+        else "the peak memory and the loss need every rank's"
+    )
+    return (
+        f"the recorder's files of rank(s) {', '.join(map(str, absent))} of {mf['ranks']} are "
+        f"not in {trial_dir}: {named}; a trial spanning nodes needs a trial folder its nodes "
+        "share (--artifacts on a shared filesystem: docs/cluster.md)"
+    )
 
 
 def scales_used(records: list[dict], initial: float) -> list[float]:
@@ -131,14 +175,18 @@ class StopPlan:
 
 def write_metrics(trial_dir: Path, config: dict) -> bool:
     """``steps.jsonl`` and ``metrics.json`` from the recorder's files (see the module doc);
-    False, writing nothing, when rank 0 did not end its train."""
+    False, writing nothing, when rank 0 did not end its train; :class:`MissingRanks` when some
+    rank's files are not in ``trial_dir``."""
     records, summaries = read_ranks(trial_dir)
     if 0 not in summaries or not records.get(0):
         return False
     mf = config["mindformers"]
+    missing = _missing(trial_dir, mf, records, summaries)
+    if missing:
+        raise MissingRanks(missing)
     steps = min(len(r) for r in records.values())
     rank0 = records[0][:steps]
-    losses = global_losses(records, mf["data_parallel"])
+    losses = global_losses(records, mf["loss_rank"], mf["loss_divisor"])
     scales = scales_used(rank0, mf["initial_scale"])
     log = _step_log(config, trial_dir / "steps.jsonl")
     precision = config["trial"].get("precision")
@@ -155,9 +203,10 @@ def write_metrics(trial_dir: Path, config: dict) -> bool:
         "first_step_s": rank0[0]["ended_at"] - first["train_begin_at"],
         "probe_s": 0.0,
     }
-    device = backend_of(config["backend"]).device_memory
+    backend = backend_of(config["backend"])
     peak = max(
-        (s["device_peak_mb"] if device else s["peak_rss_mb"]) or 0.0 for s in summaries.values()
+        device_peak_mb(s, backend) if backend.device_memory else s["peak_rss_mb"] or 0.0
+        for s in summaries.values()
     )
     final_scale = rank0[-1]["loss_scale"]
     scaled = mf["loss_scaled"]

@@ -8,7 +8,13 @@ same call ``autotune export`` makes — with :data:`RUN_KEYS` set for the trial,
 - run length: ``lr_schedule.total_steps`` the trial's steps and ``warmup_steps`` the warmup
   compressed onto them (`autotune.spec.knobs.trial_warmup`, as autotune's own trainer does),
   ``runner_config.epochs`` enough for the cap (``UPDATE_CAP`` × steps: the recorder stops the
-  run), no evaluation (``do_eval``);
+  run), no evaluation (``do_eval``), and under sink mode ``runner_config.sink_size`` 1 (sink
+  mode kept): MindSpore calls a callback once per sink (``train/model.py``,
+  ``_train_dataset_sink_process``), and the recorder counts, times and stops per step;
+- memory: on a device, ``context.max_device_memory`` the study's cap
+  (`autotune.costmodel.device_memory_cap`: what its screen judged the candidate against,
+  ``cluster.max_device_memory_gb`` where given), the pool's limit MindFormers sets
+  (``runtime.set_memory(max_size=…)``, ``core/context/build_context.py``);
 - outputs: ``output_dir`` under the trial folder, ``profile`` off, and ``callbacks`` the user's
   without those that write checkpoints, summaries, profiles or evaluations
   (:data:`DROPPED_CALLBACKS`), plus autotune's recorder (``AutotuneStepRecorder``, in
@@ -19,8 +25,10 @@ same call ``autotune export`` makes — with :data:`RUN_KEYS` set for the trial,
 
 ``changes`` lists ``(key, old, new)`` for each key whose value the trial changed; the text's
 header says so. tests/mindformers/ diffs the two documents with the reader both sides share
-(`autotune.spec.mindformers_file.load_config`). :func:`compile_cache_key` names the folder of
-MindSpore's compile cache a trial may fill or load (a re-run of the same candidate).
+(`autotune.spec.mindformers_file.load_config`). :func:`trial_section` adds what the launch and
+the results need (the loss MindFormers means: `autotune.mindformers.loss`).
+:func:`compile_cache_key` names the folder of MindSpore's compile cache a trial may fill or load
+(a re-run of the same candidate).
 """
 
 from __future__ import annotations
@@ -31,13 +39,16 @@ from pathlib import Path
 
 import yaml
 
+from autotune.costmodel import device_memory_cap
 from autotune.mindformers.config import document
+from autotune.mindformers.loss import loss_divisor, loss_rank
 from autotune.mindformers.run_settings import loss_scaled
 from autotune.spec.backends import backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.knobs import trial_warmup
 from autotune.spec.specs import Spec
 from autotune.train.config import UPDATE_CAP
+from autotune.train.runtime.device_memory import memory_settings
 
 TRIAL_FILE = "trial.yaml"
 OUTPUT_DIR = "mf_output"  # MindFormers' output_dir, under the trial folder
@@ -49,6 +60,8 @@ RUN_KEYS = {
     "lr_schedule.total_steps": "run length: the trial's steps",
     "lr_schedule.warmup_steps": "run length: the warmup compressed onto the trial's steps",
     "runner_config.epochs": "run length: the recorder stops the run",
+    "runner_config.sink_size": "run length: one callback per step (sink mode kept)",
+    "context.max_device_memory": "memory: the study's cap, which its screen judged against",
     "do_eval": "run length: no evaluation",
     "output_dir": "outputs: under the trial's folder",
     "profile": "outputs: no profile",
@@ -98,6 +111,8 @@ def recorder_entry(spec: Spec, trial_dir: Path, stop_rule: bool) -> dict:
         "cap": UPDATE_CAP * steps,
         "device_memory": backend_of(spec.cluster.backend).device_memory,
     }
+    if entry["device_memory"]:  # its reading beside the pool's: the overhead (results)
+        entry["memory_tool"] = list(backend_of(spec.cluster.backend).memory_tool)
     if stop_rule:  # read from the first step the pilot can end at (its steps after the back-off)
         entry["stop_file"] = str(trial_dir / STOP_FILE)
         entry["stop_from"] = spec.trial.measure_after + spec.trial.min_steps
@@ -118,6 +133,12 @@ def trial_document(
     warmup = trial_warmup(c.warmup_steps, spec.train.total_steps, steps)
     _set(config, "lr_schedule.warmup_steps", warmup, changes)
     _set(config, "runner_config.epochs", UPDATE_CAP * steps, changes)
+    if _get(config, "runner_config.sink_mode"):
+        _set(config, "runner_config.sink_size", 1, changes)
+    cap = device_memory_cap(spec.cluster)
+    if cap is not None:
+        settings = memory_settings({"device_memory": cap}, backend_of(spec.cluster.backend))
+        _set(config, "context.max_device_memory", settings["max_size"], changes)
     for key, value in (("do_eval", False), ("profile", False), ("resume_training", False)):
         if _get(config, key) not in (None, value):
             _set(config, key, value, changes)
@@ -136,7 +157,7 @@ def trial_document(
         f"# autotune study {json.dumps(spec.study)}, trial {number}: the config MindFormers' "
         "run_mindformer.py runs for it.\n"
         "# It is this trial's export (autotune export --trial N: mindformers.yaml) but for "
-        "run length,\n# outputs and data:\n"
+        "run length,\n# outputs, data and memory:\n"
         + "".join(f"#   {key}: {RUN_KEYS[key]}\n" for key, _, _ in changes)
     )
     return header + yaml.safe_dump(config, sort_keys=False, width=100, allow_unicode=True), changes
@@ -153,10 +174,11 @@ def trial_section(
     """The ``mindformers`` section of a MindFormers trial's ``config.json``: what its launch
     (`autotune.mindformers.launch`) and its results (`autotune.mindformers.results`) need —
     ``run_mindformer``, ``python``, ``data`` (a synthetic dataset's path, else None: the
-    config's), ``trial_yaml`` (:func:`trial_document`'s text: written by each node's launcher,
-    so nodes need no copy of the user's config), ``data_parallel`` (MindFormers'
-    ``parallel_mode`` 0: each rank's loss is its shard's), ``loss_scaled`` and
-    ``initial_scale``."""
+    config's), ``register_path`` (the user's ``run_mindformer.py --register_path``, kept beside
+    autotune's: `autotune.mindformers.launch`), ``trial_yaml`` (:func:`trial_document`'s text:
+    written by each node's launcher, so nodes need no copy of the user's config), ``ranks``,
+    ``loss_rank`` and ``loss_divisor`` (the loss MindFormers means:
+    `autotune.mindformers.loss`), ``loss_scaled`` and ``initial_scale``."""
     text, _ = trial_document(spec, c, number, trial_dir, stop_rule)
     config = yaml.safe_load(text)
     scaled = loss_scaled(spec)
@@ -164,8 +186,11 @@ def trial_section(
         "run_mindformer": spec.trial.run_mindformer,
         "python": spec.trial.python,
         "data": data,
+        "register_path": spec.trial.register_path,
         "trial_yaml": text,
-        "data_parallel": (config.get("parallel") or {}).get("parallel_mode") == 0,
+        "ranks": c.devices,
+        "loss_rank": loss_rank(config, c.devices),
+        "loss_divisor": loss_divisor(config),
         "loss_scaled": scaled,
         "initial_scale": float(c.loss_scale) if scaled else 1.0,
     }
@@ -175,8 +200,8 @@ def compile_cache_key(mf: dict, versions: str) -> str:
     """The folder name of MindSpore's compile cache for the trial whose ``mindformers`` section
     is ``mf`` (:func:`trial_section`): a digest of everything that can change its graphs — its
     config less the trial's own paths (``output_dir``, the recorder's files and stop step), the
-    data, the interpreter and MindFormers' and MindSpore's ``versions``, ``run_mindformer.py``'s
-    source.
+    data, the user's register path, the interpreter and MindFormers' and MindSpore's
+    ``versions``, ``run_mindformer.py``'s source.
     MindSpore's cache finds a graph by the order a process compiles, not by the graph
     (docs/mindspore-cpu.md, "Compile cache"): only a run of the same key may load a folder."""
     config = yaml.safe_load(mf["trial_yaml"])
@@ -190,7 +215,9 @@ def compile_cache_key(mf: dict, versions: str) -> str:
     script = Path(mf["run_mindformer"])
     digest = hashlib.sha256(
         json.dumps(
-            [config, mf["data"], mf["python"], versions, str(script)], sort_keys=True, default=str
+            [config, mf["data"], mf.get("register_path"), mf["python"], versions, str(script)],
+            sort_keys=True,
+            default=str,
         ).encode()
     )
     digest.update(script.read_bytes() if script.is_file() else b"")

@@ -105,7 +105,7 @@ class Backend:
     # Why MindFormers cannot run this backend's export ("" when it can).
     no_mindformers: str = ""
     # A device other than the host's cores: its workers get their share of the host's threads
-    # (`autotune.execution.runner.host_threads`), its memory pool a cap (`set_memory`).
+    # (`autotune.execution.environment.host_threads`), its memory pool a cap (`set_memory`).
     accelerator: bool = False
     # The vendor tool that lists each process's device memory, and how its output reads
     # (`autotune.train.runtime.device_smi`: "csv" nvidia-smi's query, "table" npu-smi's process table).
@@ -141,6 +141,14 @@ class Backend:
     # Host ports the device's collectives take (first, last): never handed to msrun
     # (`autotune.execution.runner.free_port`; docs/cluster.md says how to reserve them).
     host_ports: tuple = ()
+    # Per trial slot of a node (its lowest device) a block of ``slot_ports`` host ports, each
+    # (variable, offset, form) set from it; the collective library's timeouts (variable, floor,
+    # ceiling: set to the trial's timeout within them); lowered words of its log saying a peer
+    # never answered, the cluster's failure (`autotune.execution.environment`, `.classify`).
+    slot_ports: int = 0
+    slot_variables: tuple = ()
+    collective_timeouts: tuple = ()
+    link_failures: tuple = ()
     # Whether the device has MindSpore's graph engine (GE), which jit_level O2 selects: the
     # cost model prices O2 only on a device profile of such a backend's kind.
     graph_engine: bool = False
@@ -195,6 +203,11 @@ class Backend:
         """Whether ``text`` (a failed run's log lines) says it ran out of memory."""
         lowered = text.lower()
         return any(marker in lowered for marker in self.oom_markers)
+
+    def link_failure_in(self, text: str) -> bool:
+        """Whether ``text`` (a log line) says the collective library lost a peer."""
+        lowered = text.lower()
+        return any(marker in lowered for marker in self.link_failures)
 
 
 # O2 is deprecated since MindSpore 2.9 (graph/jit_config.py: "The value "O2" of `jit_level` is
@@ -300,8 +313,33 @@ BACKENDS: dict[str, Backend] = {
             "program's loss scaler needs (isfinite); this chip stays in saturation "
             "mode, where an overflow is clamped and never seen",
             # HCCL's host ports (CANN 8.0, HCCL_IF_BASE_PORT: 16 from 60000 by default, which
-            # the OS must reserve); a margin to 60031 costs nothing (docs/cluster.md).
-            host_ports=(60000, 60031),
+            # the OS must reserve), per trial slot of a node a block of 32: HCCL's 16 and LCCL's
+            # bootstrap port (LCAL_COMM_ID "<ipv4>:<port>", liblcal_ms.so), as MindFormers' own
+            # multi-job test runner gives each job both (tests/st/test_multi_cards_cases/
+            # test_run_multi_cards_cases.py); 16 slots (docs/cluster.md).
+            host_ports=(60000, 60511),
+            slot_ports=32,
+            slot_variables=(
+                ("HCCL_IF_BASE_PORT", 0, "{port}"),
+                ("LCAL_COMM_ID", 16, "127.0.0.1:{port}"),
+            ),
+            # MindSpore sets HCCL_CONNECT_TIMEOUT to 600 s when unset (context.py,
+            # _init_parallel_env; CANN's own default is 120 s, its range 120-7200);
+            # HCCL_EXEC_TIMEOUT is CANN's 1836 s (Atlas A2: up to 2^31 - 1): pipeline stages
+            # compile different graphs and reach their first collective minutes apart
+            collective_timeouts=(
+                ("HCCL_CONNECT_TIMEOUT", 600, 7200),
+                ("HCCL_EXEC_TIMEOUT", 1836, 2**31 - 1),
+            ),
+            # CANN's EI0006 "wait socket establish timeout" (a link not established within
+            # HCCL_CONNECT_TIMEOUT) and EI0002 "The wait execution of the Notify register times
+            # out" (a peer did not reach a collective within HCCL_EXEC_TIMEOUT)
+            link_failures=(
+                "ei0006",
+                "ei0002",
+                "socket establish timeout",
+                "notify register times out",
+            ),
             # CANN (driver, firmware, toolkit) is installed by the host's administrator; its
             # set_env.sh puts its libraries and Python packages where MindSpore finds them
             host_setup="source /usr/local/Ascend/ascend-toolkit/set_env.sh",

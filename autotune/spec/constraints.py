@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from autotune.layout import builtin_layout_reasons
 from autotune.spec.backends import backend_of
 from autotune.spec.knobs import batch_split_problems
+from autotune.spec.mindformers_layers import pipeline_interleave
 from autotune.spec.mindformers_trial import cpu_refusals
 
 if TYPE_CHECKING:
@@ -22,7 +23,9 @@ if TYPE_CHECKING:
 def violations(spec: Spec, c: Candidate) -> list[str]:
     """The hard constraints (docs/model-yaml.md, "Search spaces") that ``c`` breaks, as readable reasons:
     dp·tp·pp = cluster.devices; tp divides num_heads, num_kv_heads (llama) and hidden_size; pp
-    divides num_layers; the global batch divides by dp·grad_accum (pp = 1) or by
+    divides num_layers — pp · pp_interleave_num where a MindFormers base
+    (``export.mindformers_base``) interleaves its pipeline, which MindFormers refuses otherwise
+    (`autotune.spec.mindformers_layers.pipeline_interleave`); the global batch divides by dp·grad_accum (pp = 1) or by
     dp·micro_batches with micro_batches ≥ pp (pp > 1); and for a built-in family split by tp or
     pp, what its layout needs besides; for trials that are MindFormers runs on CPU, what
     MindFormers refuses there (`autotune.spec.mindformers_trial.cpu_refusals`)."""
@@ -37,8 +40,15 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
         reasons.append(f"tp = {c.tp} does not divide num_kv_heads = {m.num_kv_heads}")
     if c.tp > 1 and m.hidden_size is not None and m.hidden_size % c.tp:
         reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
-    if c.pp > 1 and m.num_layers is not None and m.num_layers % c.pp:
-        reasons.append(f"pp = {c.pp} does not divide num_layers = {m.num_layers}")
+    # MindFormers splits the layers into pp · its base's interleave chunks, offset 0
+    interleave = pipeline_interleave(spec.mindformers_base) if spec.mindformers_base else 1
+    if c.pp * interleave > 1 and m.num_layers is not None and m.num_layers % (c.pp * interleave):
+        reasons.append(
+            f"pp = {c.pp} does not divide num_layers = {m.num_layers}"
+            if interleave == 1
+            else f"pp · pp_interleave_num = {c.pp} · {interleave} does not divide num_layers = "
+            f"{m.num_layers} (MindFormers' LayerSetting, the base's pipeline interleave)"
+        )
     reasons += [
         reason
         for _, reason in batch_split_problems(

@@ -18,11 +18,23 @@ Contract:
 - :func:`layer_marks` reads one ``recompute_config`` key (a boolean, a per-stage list, a list of
   patterns or a mapping of pattern → either) into ``(True | layer indices | None, patterns)``:
   True for every layer, None for none, and the patterns it names (None: MindFormers' defaults).
+- :func:`pipeline_interleave` is the interleave ``LayerSetting`` splits a config's layers with:
+  its ``model.model_config.pp_interleave_num`` when ``parallel.pipeline_config.
+  pipeline_interleave`` is on (MindFormers 1.9.0,
+  ``parallel_core/training_graph/transformer/utils.py``: ``self.pp_interleave_num =
+  pp_interleave_num if use_pp_interleave else 1``, ``use_pp_interleave`` MindSpore's
+  ``pipeline_interleave`` context), else 1. ``LayerSetting._check_inputs`` then refuses a layout
+  whose offsets do not sum to ``num_layers % (pp · interleave)``: with offset 0, one whose
+  ``pp · interleave`` does not divide the layers (`autotune.spec.constraints`).
 """
 
 from __future__ import annotations
 
+from functools import cache
+from pathlib import Path
+
 from autotune.spec.errors import SpecError
+from autotune.spec.mindformers_file import load_config
 
 ALL = 2**31 - 1  # MindFormers' MAX_INT32: True in a per-stage list, every layer of the stage
 
@@ -120,3 +132,17 @@ def layer_marks(value, layout: list[list[int]], key: str):
     raise SpecError(
         f"{key}: {value!r}: expected a boolean, a per-stage list, patterns or a mapping of them"
     )
+
+
+@cache
+def pipeline_interleave(base: str) -> int:
+    """The interleave ``LayerSetting`` runs the MindFormers config at path ``base`` with (see the
+    module doc); 1 for a file that is not there (a stored study read elsewhere: nothing of it
+    runs). Read once per path."""
+    if not Path(base).is_file():
+        return 1
+    config = load_config(base)
+    pipeline = (config.get("parallel") or {}).get("pipeline_config") or {}
+    if not pipeline.get("pipeline_interleave"):
+        return 1
+    return ((config.get("model") or {}).get("model_config") or {}).get("pp_interleave_num") or 1

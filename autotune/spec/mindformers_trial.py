@@ -6,8 +6,11 @@ Contract:
   The export writes such a candidate's device form and refuses to launch it here; a study whose
   trials are MindFormers runs on CPU screens it as infeasible before running it
   (`autotune.spec.constraints`).
-- model.yaml's ``trial`` keys for it (docs/model-yaml.md): ``program`` (:data:`PROGRAMS`),
-  ``run_mindformer`` and ``python`` (:func:`mindformers_path`), ``data`` (:data:`TRIAL_DATA`);
+- model.yaml's ``trial`` keys for it (docs/model-yaml.md), read by :func:`trial_program`:
+  ``program`` (:data:`PROGRAMS`), ``run_mindformer`` and ``python`` (:func:`mindformers_path`),
+  ``data`` (:data:`TRIAL_DATA`), ``register_path`` (the folder the user passes to
+  ``run_mindformer.py --register_path``: absolute, or relative to ``run_mindformer.py``'s
+  folder as that script takes it);
   :func:`check_mindformers_trial` checks, before any trial, what such a study needs: a backend
   MindFormers runs on, ``export.mindformers_base`` (the config each trial runs) and its dataset
   (:func:`dataset_problem`), or a loader a synthetic dataset can stand in for.
@@ -63,6 +66,32 @@ def mindformers_path(value: str, base: Path, stored: bool, where: str) -> str:
     if not stored and not (path.is_file() and os.access(path, os.R_OK)):
         raise SpecError(f"{where}: {path}: no such file")
     return str(path.absolute())
+
+
+def trial_program(s, base: Path, stored: bool) -> dict:
+    """The program keys of model.yaml's ``trial`` section ``s`` (model_yaml's section reader,
+    which names ``trial.<key>`` in its errors) as `autotune.spec.specs.TrialSpec`'s fields: the
+    MindFormers keys only with ``program: mindformers``, ``run_mindformer`` and ``python``
+    required then, paths absolute (a stored study's not checked: :func:`mindformers_path`)."""
+    program = s.get("program", str, default="autotune", choices=PROGRAMS)
+    if program == "autotune":
+        for key in ("run_mindformer", "python", "data", "register_path"):
+            if s.get(key, str, default=None) is not None:
+                s.fail(key, "is read by trial.program mindformers only (program is autotune)")
+        return {"program": program}
+    fields = {"program": program}
+    for key in ("run_mindformer", "python"):
+        value = s.get(key, str)
+        fields[key] = mindformers_path(value, base, stored, f"{s.source}: trial.{key}")
+    fields["data"] = s.get("data", str, default=TRIAL_DATA[0], choices=TRIAL_DATA)
+    register = s.get("register_path", str, default=None)
+    if register is not None:
+        path = Path(os.path.expanduser(register))
+        path = path if path.is_absolute() else Path(fields["run_mindformer"]).parent / path
+        if not stored and not path.is_dir():
+            s.fail("register_path", f"{path}: no such folder")
+        fields["register_path"] = str(path.absolute())
+    return fields
 
 
 def check_mindformers_trial(

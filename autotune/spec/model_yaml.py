@@ -24,12 +24,7 @@ from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
-from autotune.spec.mindformers_trial import (
-    PROGRAMS,
-    TRIAL_DATA,
-    check_mindformers_trial,
-    mindformers_path,
-)
+from autotune.spec.mindformers_trial import check_mindformers_trial, trial_program
 from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.specs import (
     DEFAULT_MIN_STEPS,
@@ -404,28 +399,6 @@ def _parse_trial(s: _Section, base: Path, stored: bool = False) -> TrialSpec:
             f"must be ≤ {max(2, measured)} (trial.steps − trial.measure_after = "
             f"{measured} measured steps), got {min_steps}",
         )
-    program = s.get("program", str, default="autotune", choices=PROGRAMS)
-    paths = {}
-    for key in ("run_mindformer", "python"):
-        value = s.get(key, str, default=None if program == "autotune" else ...)
-        if value is not None and program == "autotune":
-            s.fail(key, "is read by trial.program mindformers only (program is autotune)")
-        if value is not None:
-            paths[key] = mindformers_path(value, base, stored, f"{s.source}: trial.{key}")
-    data = s.get("data", str, default=None, choices=TRIAL_DATA)
-    if data is not None and program == "autotune":
-        s.fail("data", "is read by trial.program mindformers only (program is autotune)")
-    if program != "autotune":
-        data = data or TRIAL_DATA[0]
+    program = trial_program(s, base, stored)
     s.reject_unknown()
-    return TrialSpec(
-        steps,
-        measure_after,
-        timeout_s,
-        precision,
-        min_steps,
-        program,
-        paths.get("run_mindformer"),
-        paths.get("python"),
-        data,
-    )
+    return TrialSpec(steps, measure_after, timeout_s, precision, min_steps, **program)

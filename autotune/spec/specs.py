@@ -99,6 +99,7 @@ class TrialSpec:
     run_mindformer: str | None = None
     python: str | None = None
     data: str | None = None
+    register_path: str | None = None  # the user's run_mindformer.py --register_path (absolute)
 
 
 @dataclass(frozen=True)

@@ -65,16 +65,17 @@ def test_an_oom_after_the_candidate_started_is_the_candidates(tmp_path):
 
 
 def test_accelerator_workers_get_their_share_of_host_threads_not_rays_one(monkeypatch):
-    from autotune.execution import runner
+    from autotune.execution import environment as trial_env
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray sets in a num_cpus=1 task
-    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(trial_env.os, "sched_getaffinity", lambda pid: set(range(16)))
     config = {"backend": "gpu", "model": {}}
-    assert runner.environment({}, config, local_workers=4)["OMP_NUM_THREADS"] == "4"
-    assert runner.environment({}, {**config, "backend": "ascend"}, 8)["OMP_NUM_THREADS"] == "2"
-    assert runner.environment({}, {**config, "backend": "ascend"}, 32)["OMP_NUM_THREADS"] == "1"
+    assert trial_env.environment({}, config, local_workers=4)["OMP_NUM_THREADS"] == "4"
+    ascend = {**config, "backend": "ascend"}
+    assert trial_env.environment({}, ascend, 8)["OMP_NUM_THREADS"] == "2"
+    assert trial_env.environment({}, ascend, 32)["OMP_NUM_THREADS"] == "1"
     # CPU trials keep what they had (their workers are pinned to cores by msrun)
-    assert runner.environment({}, {**config, "backend": "cpu"}, 2)["OMP_NUM_THREADS"] == "1"
+    assert trial_env.environment({}, {**config, "backend": "cpu"}, 2)["OMP_NUM_THREADS"] == "1"
 
 
 def test_exported_launch_uses_msruns_default_cluster_timeout_trials_a_shorter_one():
@@ -260,6 +261,9 @@ def test_device_memory_cap_is_the_screens_budget():
     ascend = replace(spec.cluster, backend="ascend", device_memory_gb=None)
     assert device_memory_cap(ascend) == {"size_gb": 64.0, "max_size_gb": 57.6}
     assert device_memory_cap(replace(spec.cluster, backend="cpu")) is None
+    # MindSpore's max_device_memory, where given, is the screen's cap: the trial's too
+    capped = replace(ascend, max_device_memory_gb=58.0)
+    assert device_memory_cap(capped) == {"size_gb": 64.0, "max_size_gb": 58.0}
 
 
 # what a trial's memory on a device is, read per trial (a warm pool's earlier trials do not count)
@@ -513,11 +517,11 @@ def test_a_mindformers_export_for_gpu_is_refused_naming_the_reason(tmp_path):
 
 
 def test_ascend_trials_and_exports_run_in_infnan_overflow_mode(tmp_path, monkeypatch):
-    from autotune.execution import runner
+    from autotune.execution.environment import environment
     from autotune.export import write_export
 
     monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", "SATURATION_MODE")  # a cluster's profile
-    env = runner.environment({}, {"backend": "ascend", "model": {}}, 8)
+    env = environment({}, {"backend": "ascend", "model": {}}, 8)
     assert env["MS_ASCEND_CHECK_OVERFLOW_MODE"] == "INFNAN_MODE"
     out = tmp_path / "ascend"
     write_export(_spec("simulate", device="ascend-910b"), _candidate(), _TRIAL, out)
@@ -604,7 +608,7 @@ def test_the_memory_settings_are_sizes_mindspore_accepts():
 
     from mindspore.runtime import memory
 
-    from autotune.train.runtime.device import memory_settings
+    from autotune.train.runtime.device_memory import memory_settings
 
     for size in (57.6, 72.0, 14.4, 0.5):
         settings = memory_settings(

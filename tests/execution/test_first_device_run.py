@@ -202,36 +202,37 @@ def test_the_compile_cache_keeps_the_ascend_backends_files_of_a_graph(tmp_path, 
 
 
 def test_gpu_trials_get_a_persistent_jit_cache_large_enough_for_every_kernel(tmp_path, monkeypatch):
-    from autotune.execution import runner
+    from autotune.execution import environment as trial_env
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("CUDA_CACHE_PATH", raising=False)
     monkeypatch.delenv("CUDA_CACHE_MAXSIZE", raising=False)
-    env = runner.environment({}, {"backend": "gpu", "model": {}}, 8)
+    env = trial_env.environment({}, {"backend": "gpu", "model": {}}, 8)
     assert env["CUDA_CACHE_PATH"] == f"{tmp_path}/cache/autotune/gpu-jit"
     assert Path(env["CUDA_CACHE_PATH"]).is_dir()
     assert env["CUDA_CACHE_MAXSIZE"] == "4294967296"  # the driver's maximum, 4 GiB
     monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path / "mine"))  # a user's own is kept
-    assert runner.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == str(
+    assert trial_env.environment({}, {"backend": "gpu", "model": {}}, 8)["CUDA_CACHE_PATH"] == str(
         tmp_path / "mine"
     )
     monkeypatch.delenv("CUDA_CACHE_PATH")
-    assert "CUDA_CACHE_PATH" not in runner.environment({}, {"backend": "ascend", "model": {}}, 8)
+    assert "CUDA_CACHE_PATH" not in trial_env.environment({}, {"backend": "ascend", "model": {}}, 8)
 
 
 def test_a_node_warms_up_once_with_a_real_first_op(tmp_path, monkeypatch):
     """The warm-up is the real trial program's (``--warm-up``), here on CPU through a copy of the
     cpu backend that asks for it; a node whose marker is there is not warmed again."""
-    from autotune.execution import runner, warmup
+    from autotune.execution import environment as trial_env
+    from autotune.execution import warmup
 
     cpu = replace(BACKENDS["cpu"], warm_up_per_node=True, jit_cache="AUTOTUNE_TEST_JIT")
     monkeypatch.setitem(BACKENDS, "cpu", cpu)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    env = runner.environment({}, {"backend": "cpu", "model": {}}, 1)
-    said = warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT))
+    env = trial_env.environment({}, {"backend": "cpu", "model": {}}, 1)
+    said = warmup.warm_up(cpu, env, str(trial_env.PROJECT_ROOT))
     assert said.startswith("warm-up: autotune.train warm-up: first op on CPU in "), said
     assert list((tmp_path / "cache" / "autotune" / "cpu-jit").glob(f"{warmup.MARKER}*"))
-    assert warmup.warm_up(cpu, env, str(runner.PROJECT_ROOT)).startswith(
+    assert warmup.warm_up(cpu, env, str(trial_env.PROJECT_ROOT)).startswith(
         "warm-up: this node's JIT cache is warm"
     )
 
@@ -272,7 +273,7 @@ def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason
 def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
     from autotune.execution import runner
 
-    offered = iter([60000, 60017, 60031, 45123])
+    offered = iter([60000, 60017, 60031, 60511, 45123])  # HCCL's and LCCL's slots (16 × 32)
 
     class Socket:
         def __enter__(self):
@@ -289,7 +290,7 @@ def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
 
     monkeypatch.setattr(runner.socket, "socket", Socket)
     assert runner.free_port() == 45123
-    assert (60000, 60031) in reserved_ports()
+    assert (60000, 60511) in reserved_ports()
 
 
 def test_a_world_of_one_is_warned_about_a_device_of_another_size(monkeypatch, capsys):
@@ -357,4 +358,68 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
             f"dp={dp} tp={tp} (autotune search, trial.program mindformers"
             in ascend[f"8 mindformers tp{tp}"]
         )
+    assert ascend["8 mindformers tp2·pp2"] == "skipped: a tp2·pp2 trial needs --devices 4"
+    four = _dry_run("ascend", "--devices", "4")
+    names = [name for name, _ in four if name.startswith("8 mindformers")]
+    assert names[-2:] == ["8 mindformers tp2·pp2 1/2", "8 mindformers tp2·pp2 2/2"]
+    said = dict(four)
+    assert "dp=1 tp=2 pp=2 micro_batches=4 (fills its compile cache)" in said[names[-2]]
+    assert said[names[-1]].endswith("(loads the first's graphs)")
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in ascend["1 install"]
+
+
+def test_the_device_checks_pipeline_run_prints_what_to_compare(tmp_path):
+    """Step 8's tp2·pp2 line on a constructed trial of 4 ranks: the last rank's recorded sum of 4
+    micro-batches ÷ 4 beside the loss MindFormers' monitor printed on that rank (its log as the
+    recorded CPU run has it), stage 0's output, the peak's parts beside npu-smi's reading, the
+    first step and the compile cache's files."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    trial = tmp_path / "trial"
+    (trial / "logs").mkdir(parents=True)
+    shutil.copy(
+        root / "tests/fixtures/mindformers_trial/overflow/logs/worker_0.log",
+        trial / "logs" / "worker_3.log",
+    )  # MFLossMonitor's step 1: loss:[4.854959/…
+    (trial / "config.json").write_text(json.dumps({"mindformers": {"loss_divisor": 4}}))
+    (trial / "steps.rank3.jsonl").write_text(json.dumps({"loss": 19.419836}) + "\n")
+    (trial / "steps.rank0.jsonl").write_text(json.dumps({"loss": 0.0}) + "\n")
+    smi = "| 0       0                 | 77            | python                   | 3000   |\n"
+    summary = {"pid": 77, "device_allocated_mb": 1000.0, "device_reserved_now_mb": 2048.0}
+    (trial / "metrics.rank3.json").write_text(json.dumps({**summary, "device_smi": smi}))
+    cache = tmp_path / "cache"
+    (cache / "rank_3").mkdir(parents=True)
+    for name in ("a.mindir", "b.mindir", "c.json"):
+        (cache / "rank_3" / name).write_text("x")
+    metrics = {"loss_first": 19.419836 / 4, "peak_memory_mb": 1952.0, "first_step_s": 12.0}
+    code = (
+        "import sys, json; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+        "import device_check_mindformers as d; "
+        "print(d.comparison(Path(sys.argv[3]), 4, json.loads(sys.argv[4]), Path(sys.argv[5])))"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(root / "benchmarks"),
+            str(root),
+            str(trial),
+            json.dumps(metrics),
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert "loss: rank 3 19.419836 ÷ 4 = 4.854959, MindFormers printed 4.854959" in line, line
+    assert "rank 0 (stage 0) 0.0" in line
+    assert (
+        "peak 1952 MB = allocated 1000 + overhead 952, npu-smi 3000 MB (pool reserved 2048)" in line
+    )
+    assert line.endswith("first step 12.0 s; compile cache 3 files")

@@ -391,7 +391,7 @@ def sibling_entry_model(tmp_path) -> Path:
 
 
 def test_an_entry_beside_model_yaml_loads_alike_for_validation_export_and_the_trial(tmp_path):
-    from autotune.execution.runner import environment
+    from autotune.execution.environment import environment
     from autotune.export.params import model_parameters
     from autotune.spec.candidate import Candidate
     from autotune.spec.model_yaml import load_spec

@@ -22,7 +22,13 @@ CONFIG = {  # the trial's config.json as the recorded run had it (train.total_st
     "backend": "cpu",
     "train": {"global_batch_size": 8, "total_steps": 1000},
     "trial": {"steps": 10, "measure_after": 2, "precision": 0.02, "min_steps": 8},
-    "mindformers": {"data_parallel": True, "loss_scaled": True, "initial_scale": 2.0**32},
+    "mindformers": {
+        "ranks": 2,
+        "loss_rank": None,  # data parallel: the mean of the ranks' shard losses
+        "loss_divisor": 1,
+        "loss_scaled": True,
+        "initial_scale": 2.0**32,
+    },
 }
 
 

@@ -121,7 +121,9 @@ def test_the_trial_section_carries_what_its_launch_and_results_need(study, tmp_p
     mf = trial_section(spec, baseline, 7, trial_dir, data="/data/tokens.mindrecord")
     assert json.loads(json.dumps(mf)) == mf  # config.json carries it to every node
     assert mf["trial_yaml"] == trial_document(spec, baseline, 7, trial_dir)[0]
-    assert mf["data_parallel"] and mf["loss_scaled"] and mf["initial_scale"] == baseline.loss_scale
+    assert mf["loss_scaled"] and mf["initial_scale"] == baseline.loss_scale
+    # data parallel: each rank's loss its shard's, averaged; no micro-batch sum on CPU
+    assert mf["ranks"] == baseline.devices and mf["loss_rank"] is None and mf["loss_divisor"] == 1
     argv, env, cwd = launch(
         mf,
         trial_dir,

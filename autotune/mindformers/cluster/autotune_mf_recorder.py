@@ -12,16 +12,24 @@ Each rank writes, into ``out_dir``:
   the step's begin to its end, the loss read back: ``asnumpy`` waits for the step), ``period_ms``
   (the previous step's end to this one's), ``loss``, ``overflow``, ``loss_scale`` as the training
   cell returns it, ``lr``, ``global_norm``, ``cur_step_num`` (MindFormers' count), ``steps``
-  (MindFormers' steps this record spans: more than 1 under sink mode), ``ended_at`` (epoch) — read from
-  ``cb_params.net_outputs``, ``(loss, overflow, scaling_sens, lr, global_norm)`` of
-  ``MFTrainOneStepCell`` and of autotune's ``CpuTrainOneStepCell``;
+  (MindFormers' steps this record spans: more than 1 under sink mode, which a trial runs with
+  ``sink_size`` 1), ``ended_at`` (epoch) — read from ``cb_params.net_outputs``, ``(loss,
+  overflow, scaling_sens, lr, global_norm)`` of ``MFTrainOneStepCell``, of
+  ``MFPipelineWithLossScaleCell`` and of autotune's ``CpuTrainOneStepCell``: the loss as the cell
+  returns it, summed over the step's micro-batches under pipeline stages or accumulation
+  (autotune divides it as MindFormers' own monitor does: `autotune.mindformers.loss`);
 - rank 0 also ``steps.jsonl`` live, in autotune's format (step, step_time_ms, loss, overflow,
   loss_scale), which the study's pruner follows; `autotune.mindformers.results` rewrites it once
   the run is over with every rank's records;
 - at the train's end ``metrics.rank<r>.json``: ``started_at`` (the entry's start),
-  ``train_begin_at``, ``finished_at`` (epoch seconds), ``peak_rss_mb`` (VmHWM), ``device_peak_mb``
-  (``mindspore.runtime.max_memory_allocated``, with ``device_memory``: a backend whose devices
-  have memory of their own), the records' count.
+  ``train_begin_at``, ``finished_at`` (epoch seconds), ``peak_rss_mb`` (VmHWM), the records'
+  count, ``pid``; with ``device_memory`` (a backend whose devices have memory of their own) the
+  readings autotune's trainer takes (`autotune.train.runtime.device.DeviceMemory`): MindSpore's
+  pool, MiB — ``device_allocated_mb`` (``max_memory_allocated``), ``device_reserved_mb``
+  (``max_memory_reserved``), ``device_reserved_now_mb`` (``memory_reserved``) — and, taken
+  right after them, ``device_smi``: the output of ``memory_tool`` (the vendor tool listing each
+  process's device memory, ``npu-smi info``; None when it is absent or fails), which autotune
+  parses (`autotune.mindformers.results`: the overhead outside the pool).
 
 It stops the run (``run_context.request_stop``) once ``steps`` updates were applied (a step whose
 gradients overflowed is skipped and does not count) or after ``cap`` steps, or at the step
@@ -34,12 +42,16 @@ on is no start-up refusal).
 
 import json
 import os
+import shutil
+import subprocess
 import time
 
 from mindspore.train import Callback
 
 TRAINING = "AUTOTUNE_MF_TRAINING"
 STARTED = "AUTOTUNE_MF_STARTED"
+MIB = 2**20
+TOOL_TIMEOUT_S = 10
 
 
 def _value(x):
@@ -75,14 +87,24 @@ def _vm(field: str) -> float:
 class AutotuneStepRecorder(Callback):
     """Records every step and stops the trial (see the module doc)."""
 
-    def __init__(self, out_dir, steps, cap, stop_file=None, stop_from=0, device_memory=False, **_):
+    def __init__(
+        self,
+        out_dir,
+        steps,
+        cap,
+        stop_file=None,
+        stop_from=0,
+        device_memory=False,
+        memory_tool=(),
+        **_,
+    ):
         super().__init__()
         from mindformers.tools.utils import get_real_rank
 
         self.rank = int(get_real_rank() or 0)
         self.out_dir, self.steps, self.cap = out_dir, int(steps), int(cap)
         self.stop_file, self.stop_from = stop_file, int(stop_from)
-        self.device_memory = bool(device_memory)
+        self.device_memory, self.memory_tool = bool(device_memory), list(memory_tool or ())
         self.stop_at = None  # the launcher's step to stop after, once agreed
         self.records = self.applied = self.step_num = 0
         self.t0 = self.last_end = None
@@ -162,12 +184,31 @@ class AutotuneStepRecorder(Callback):
             agreed = float(ops.AllReduce()(ms.Tensor([mine], ms.float32)).asnumpy()[0])
         return int(agreed) if agreed > 0 else None
 
-    def on_train_end(self, run_context):
-        device_peak = None
-        if self.device_memory:  # a device's own memory (the launcher's backend says)
-            import mindspore as ms
+    def _tool_output(self):
+        """What the vendor tool prints now (None: absent, failed, timed out)."""
+        if not self.memory_tool or shutil.which(self.memory_tool[0]) is None:
+            return None
+        try:
+            done = subprocess.run(
+                self.memory_tool, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
 
-            device_peak = ms.runtime.max_memory_allocated() / 2**20
+    def _device_memory(self) -> dict:
+        """The pool's readings and the tool's, taken together (see the module doc)."""
+        import mindspore as ms
+
+        runtime = ms.runtime
+        return {
+            "device_allocated_mb": runtime.max_memory_allocated() / MIB,
+            "device_reserved_mb": runtime.max_memory_reserved() / MIB,
+            "device_reserved_now_mb": runtime.memory_reserved() / MIB,
+            "device_smi": self._tool_output(),
+        }
+
+    def on_train_end(self, run_context):
         started = os.environ.get(STARTED)
         summary = {
             "rank": self.rank,
@@ -176,8 +217,10 @@ class AutotuneStepRecorder(Callback):
             "train_begin_at": self.train_begin_at,
             "finished_at": time.time(),
             "peak_rss_mb": _vm("VmHWM"),
-            "device_peak_mb": device_peak,
+            "pid": os.getpid(),
         }
+        if self.device_memory:  # a device's own memory (the launcher's backend says)
+            summary.update(self._device_memory())
         self.file.close()
         if self.live is not None:
             self.live.close()

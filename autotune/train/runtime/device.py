@@ -8,15 +8,15 @@ Contract:
 - :func:`serve_cluster` is all that msrun's scheduler role (``MS_ROLE=MS_SCHED``) runs: device
   target CPU, then ``communication.init()``, which serves the cluster; it never opens the trial's
   device (on GPU a context and a memory pool on the first device, the one rank 0 gets).
-- :func:`memory_settings` are the arguments an accelerator's trial passes to
-  ``mindspore.runtime.set_memory`` before ``communication.init()``: ``max_size`` from the config's
-  ``device_memory`` section and the backend's ``increase_size`` (None on CPU, or when the config
-  names no device memory); :func:`reported_memory_warning` compares the size the device reports
-  with the profile's; :func:`chip_refusal` says why a backend does not run on this chip.
-- :class:`DeviceMemory` is what a trial's memory on a device is: the tensor bytes it allocated at
-  its peak beyond what was allocated before it built anything, plus the session's *overhead* —
-  what the device held outside MindSpore's pool (the vendor tool's reading less the pool's
-  reserved size), measured once, at the session's first trial. Not the pool's reserved peak: on GPU
+- `autotune.train.runtime.device_memory.memory_settings` are the arguments an accelerator's
+  trial passes to ``mindspore.runtime.set_memory`` before ``communication.init()``;
+  :func:`reported_memory_warning` compares the size the device reports with the profile's;
+  :func:`chip_refusal` says why a backend does not run on this chip.
+- :class:`DeviceMemory` is what a trial's memory on a device is (the formula of
+  `autotune.train.runtime.device_memory`, which a MindFormers trial's memory is read by too):
+  the tensor bytes it allocated at its peak beyond what was allocated before it built anything,
+  plus the session's *overhead* — what the device held outside MindSpore's pool (the vendor
+  tool's reading less the pool's reserved size), measured once, at the session's first trial. Not the pool's reserved peak: on GPU
   ``runtime.empty_cache`` does nothing and a reset reserved peak restarts from the pool's size, so a
   small trial after a big one in a warm pool would read the big one's; on Ascend without virtual
   memory the pool takes its whole cap at start. The readings (reserved peak, the tool's with
@@ -30,11 +30,9 @@ from __future__ import annotations
 import sys
 
 from autotune.train.runtime import device_smi
+from autotune.train.runtime.device_memory import DEVICE_MEMORY, overhead_mb, trial_peak_mb
 
 LAUNCH_STEP = "autotune.train launch:"
-# The device memory a config names (``config["device_memory"]``): ``size_gb`` the profile's
-# memory, ``max_size_gb`` the cap (size × the cost model's safety margin).
-DEVICE_MEMORY = "device_memory"
 # A reported size further than this from the profile's is worth a warning (GiB vs GB, a device's
 # own reservations are smaller than this).
 REPORTED_TOLERANCE = 0.1
@@ -60,18 +58,6 @@ def serve_cluster() -> int:
     launch_step("communication.init()")
     ms.communication.init()
     return 0
-
-
-def memory_settings(cfg: dict, backend) -> dict | None:
-    """``set_memory``'s arguments for this trial (``max_size`` "57.6GB", the backend's
-    ``increase_size``), None off the accelerators or without a size."""
-    section = cfg.get(DEVICE_MEMORY) or {}
-    if not backend.accelerator or not section.get("max_size_gb"):
-        return None
-    settings = {"max_size": f"{float(section['max_size_gb']):.2f}GB".replace(".00GB", "GB")}
-    if backend.pool_increase:
-        settings["increase_size"] = backend.pool_increase
-    return settings
 
 
 def chip_refusal(ms, backend) -> str | None:
@@ -140,12 +126,10 @@ class DeviceMemory:
         reserved = runtime.max_memory_reserved() / MIB
         reading = device_smi.process_memory(self.backend, self.pid)
         if self.overhead_mb is None:
-            outside = (
-                reading.mb - runtime.memory_reserved() / MIB if reading.mb is not None else 0.0
-            )
-            self.overhead_mb, self.overhead_seen = max(0.0, outside), reading.seen
+            outside = overhead_mb(reading.mb, runtime.memory_reserved() / MIB)
+            self.overhead_mb, self.overhead_seen = outside, reading.seen
         return {
-            "peak": allocated + self.overhead_mb,
+            "peak": trial_peak_mb(allocated, self.overhead_mb),
             "allocated": allocated,
             "reserved": reserved,
             "smi": reading.mb,

@@ -41,9 +41,9 @@ from autotune.train.runtime.device import (
     chip_refusal,
     device_total_bytes,
     launch_step,
-    memory_settings,
     reported_memory_warning,
 )
+from autotune.train.runtime.device_memory import memory_settings
 
 
 class LaunchError(RuntimeError):
