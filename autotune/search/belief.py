@@ -3,7 +3,8 @@ given what was measured.
 
 Contract: a :class:`Belief` is built from :class:`Row`\\ s — the cost model's raw (uncalibrated)
 step-time parts (:data:`PARTS`) and memory parts (:data:`MEMORY_PARTS`) of each candidate,
-whether it is pipelined and recomputes, its layout id — and the memory limit. :meth:`Belief.fit`
+whether it is pipelined and recomputes, its layout id and the layout's position (log2 of its
+tp, pp and samples per micro-batch: :func:`position`) — and the memory limit. :meth:`Belief.fit`
 takes the study's measurements: ``[(row, measured step seconds)]``, ``[(row, measured peak
 GiB)]``, the rows that ran out of memory, and the rows running now (``pending``: believed to
 measure what the belief expects, so the next proposal looks elsewhere). Then
@@ -45,6 +46,10 @@ MEMORY_OF = {
 # Sizes in log space. The scales multiply the mechanism and layout sizes and are weighed by the
 # measurements (a hyperprior): chosen on benchmarks/search_efficiency.py's tuning structures,
 # reported on others (docs/search.md, "How sure the prior is").
+LAYOUT_SD = 0.3  # a layout's whole step off by what no mechanism explains: 35 % at scale 1
+LAYOUT_SHARED = 0.5  # the share of it that the layouts near it share
+# how far apart two layouts are alike: per doubling of tp, of pp, of the samples a micro-batch holds
+LAYOUT_LENGTHS = (1.5, 1.5, 2.0)
 STEP = Shape(
     parts=PARTS,
     mechanisms={
@@ -58,11 +63,16 @@ STEP = Shape(
         "host": ("host",),
     },
     conditional=("pipeline",),
-    sigma_common=1.0,  # the pool against the profile: a factor e either way is plausible
+    # the pool against its device profile, which is fitted (the 910B's the A100's, unmeasured on
+    # Ascend): ±35 % is 1 σ. A miss on one layout is then more its own and its mechanisms' than
+    # every candidate's (docs/search.md, "How sure the prior is").
+    sigma_common=0.3,
     sigma_mechanism=0.35,  # one mechanism mispriced: 0.6× or 1.6× is 1.4 σ at scale 1
-    sigma_layout=0.05,  # what a layout does that no mechanism explains
+    sigma_layout=LAYOUT_SD,  # what a layout does that no mechanism explains
     scales=(0.125, 0.25, 0.5, 1.0, 2.0),
     noises=(0.02, 0.05, 0.1, 0.2),  # one measurement against its candidate's value
+    layout_correlation=LAYOUT_SHARED,
+    layout_lengths=LAYOUT_LENGTHS,
 )
 MEMORY = Shape(
     parts=MEMORY_PARTS,
@@ -92,10 +102,17 @@ class Row:
     pipelined: bool
     recomputes: bool
     layout: int
+    position: tuple = (0.0, 0.0, 0.0)  # its layout's: :func:`position`
 
     @property
     def memory_gb(self) -> float:
         return float(self.memory_parts.sum())
+
+
+def position(tp: int, pp: int, micro_batch_samples: float) -> tuple:
+    """Where a layout sits among the others, for how alike two layouts are: log2 of its tp, its
+    pp and the samples one micro-batch holds."""
+    return math.log2(tp), math.log2(pp), math.log2(micro_batch_samples)
 
 
 def memory_parts(breakdown: dict) -> np.ndarray:
@@ -120,6 +137,7 @@ class Belief:
             np.array([r.time_parts for r in rows]).reshape(len(rows), len(PARTS)),
             np.array([self._step_flags(r) for r in rows]).reshape(len(rows), len(STEP.mechanisms)),
             self.layout,
+            [r.position for r in rows],
         )
         self.memory = FactorPosterior(
             MEMORY,
@@ -130,6 +148,7 @@ class Belief:
             self.layout,
         )
         self.ooms: list[int] = []
+        self.misses: dict = {}
 
     @staticmethod
     def _step_flags(row: Row) -> list[bool]:
@@ -144,7 +163,7 @@ class Belief:
         """One more candidate, the last row; the next :meth:`fit` takes it in."""
         self.layout = np.append(self.layout, row.layout)
         self.memory_gb = np.append(self.memory_gb, row.memory_gb)
-        self.step.add(row.time_parts, self._step_flags(row), row.layout)
+        self.step.add(row.time_parts, self._step_flags(row), row.layout, row.position)
         self.memory.add(row.memory_parts, self._memory_flags(row), row.layout)
 
     def fit(self, times: list, peaks: list, ooms=(), pending=()) -> None:
@@ -152,6 +171,10 @@ class Belief:
         ``ooms`` (rows that ran out of memory) and ``pending`` (rows running now: taken to
         measure what the belief expects of them)."""
         exact = [(i, math.log(s)) for i, s in times if s and s > 0]
+        self.misses = {}  # layout → the log ratios of its measured steps to their estimates
+        for i, y in exact:
+            layout = int(self.layout[i])
+            self.misses.setdefault(layout, []).append(y - math.log(self.step.parts[i].sum()))
         self.step.fit(exact)
         measured = {i for i, _ in exact}
         waiting = sorted({int(i) for i in pending} - measured)
@@ -164,10 +187,23 @@ class Belief:
             [(i, self.log_limit) for i in self.ooms],
         )
 
+    def miss(self) -> float:
+        """How wrong the measurements show the cost model to be, in log step time: how far apart
+        the measured layouts' misses (each its runs' mean log ratio to the estimate) are — what
+        no factor every candidate shares can explain — and at least one run's noise."""
+        means = [sum(m) / len(m) for m in self.misses.values()]
+        spread = max(means) - min(means) if means else 0.0
+        return max(spread, self.step.noise_sd())
+
     def predict(self, rows=None, common: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(mean, variance) of the noise-free log step time of candidates ``rows`` (all when
         None); without ``common``, leaving out the factor every candidate shares."""
         return self.step.predict(rows, common)
+
+    def predict_against(self, ref: int) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, variance) of every candidate's noise-free log step time less candidate
+        ``ref``'s: how much faster or slower than it each one is believed to be."""
+        return self.step.predict_against(ref)
 
     def mechanism_sd(self) -> dict:
         """Each step-time mechanism's posterior standard deviation of its log factor."""

@@ -15,26 +15,35 @@ and how each ended (:meth:`Prior.mark`), so nothing running or finished is propo
   same mechanisms and layout and a scale of the model's error the measurements weigh
   (`autotune.search.belief`); memory likewise, runs out of memory included, as the probability
   that the candidate fits.
-- Acquisition: expected improvement of the noise-free log goodput over the best corrected
-  goodput of the candidates measured (or running: believed at their expected value), times the
-  probability of fitting. Candidates under :data:`FIT_AT_LEAST` likely to fit, estimated as
+- Acquisition: the expected improvement of a candidate's noise-free log goodput over the
+  incumbent's — the candidate measured (or running: believed at its expected value) with the
+  best corrected goodput — judged on what the candidate is believed to differ from the
+  incumbent by (`autotune.search.belief.Belief.predict_against`), times its probability of
+  fitting: a variant the estimate says changes little is worth little, however unsure the
+  incumbent's own value is. Candidates under :data:`FIT_AT_LEAST` likely to fit, estimated as
   large as one that ran out of memory, or — after a run out of memory — under :data:`LIKELY`
   likely to fit, are not proposed; nothing measured yet, the model's best candidate at least
   :data:`LIKELY` to fit goes first.
-- Layouts first where a mechanism is mispriced (the belief's error scale at least
-  :data:`MISPRICED_SCALE`): a layout is a (dp, tp, pp, micro-batch count) split. While some
-  layout that has not run, at least :data:`LIKELY` to fit, has an optimistic value
-  (:data:`OPTIMISM` standard deviations above its mean) better than the best measured, the
-  next candidate is such a layout's, with the knobs the cost model does not estimate at the
-  baseline's value; a layout's third variant only when no layout that has not run could do
-  better than it. Where the measurements agree with the model the acquisition alone chooses.
+- No parallel split within what the model may be off by goes unmeasured: a layout is a (dp, tp,
+  pp, micro-batch count) split, its (dp, tp, pp) its parallel split. The measurements show the
+  model wrong by δ (`autotune.search.belief.Belief.miss`: how far apart the measured layouts'
+  misses are, at least one run's noise); the candidates at least :data:`LIKELY` to fit of
+  parallel splits that have not run are in the *band* where their corrected goodput is within
+  :data:`BAND` × δ of the best measured, in the *wide band* within :data:`WIDE` × δ or
+  :data:`UNMEASURED`, whichever is more. When the acquisition's choice merely polishes — a
+  variant of a split that ran (a fusion threshold, the parallel optimizer, another recompute
+  mode) estimated within one run's noise of the best — a candidate of the wide band that uses a
+  parallel mechanism no measured candidate uses (`autotune.search.acquisition.MECHANISMS`: data
+  parallel alone, tp > 1 without pipeline stages, pp > 1 without tp, both, each recompute mode)
+  runs instead, else the band's best. Such a first trial of a split fixes every knob, the ones
+  the cost model does not estimate at the baseline's value.
 - Trials running now (``pending``): a running layout's next variant waits while another layout
   may run, so k trial slots take k layouts.
 - Several objectives the model estimates (goodput, peak memory): the proposer takes them in turn
   (:attr:`Prior.objectives`); by peak memory the prior ranks by the corrected memory estimate.
   ``final_loss`` is not estimated: a study with no estimated objective, or a model without
   dimensions, has no prior (:func:`usable`).
-- :meth:`Prior.layouts` says, for every layout, whether it ran and, if not, why not.
+- `autotune.search.layouts` says, for every layout, whether it ran and, if not, why not.
 """
 
 from __future__ import annotations
@@ -48,22 +57,26 @@ import numpy as np
 from autotune import costmodel
 from autotune.costmodel.estimate import default_engine
 from autotune.costmodel.workload import workload_for
-from autotune.search.belief import PARTS, Belief, Row, memory_parts
-from autotune.search.factors import normal_cdf
+from autotune.search.acquisition import (
+    BAND,
+    FIT_AT_LEAST,
+    LIKELY,
+    MECHANISMS,
+    NOISE_AT_MOST,
+    UNMEASURED,
+    WIDE,
+    before_the_choice,
+    expected_gain,
+    mechanisms_of,
+)
+from autotune.search.belief import PARTS, Belief, Row, memory_parts, position
+from autotune.search.layouts import worth_measuring
 from autotune.spec.backends import backend_of
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, micro_steps
 
 PRIOR_LIMIT = 20_000  # candidates estimated at most (≈0.2 ms each)
 ESTIMATED = ("goodput", "peak_memory")
-# OPTIMISM, LIKELY and MISPRICED_SCALE were chosen on benchmarks/search_efficiency.py --structures
-# tune (other truth structures, seeds 100-109), reported on --structures report (docs/search.md).
-OPTIMISM = 0.5  # standard deviations above the mean a layout's optimistic value is taken
 MEMORY_REACH = 2.0  # candidates estimated up to this × the limit may still fit
-FIT_AT_LEAST = 0.05  # a candidate less likely than this to fit is not proposed
-LIKELY = 0.5  # after a run out of memory, only candidates likelier than this to fit run
-# The belief's error scale below which the measurements are taken to confirm the model: the
-# acquisition alone chooses, no layout is opened for its optimism (docs/search.md).
-MISPRICED_SCALE = 0.5
 NOT_RUN = ("infeasible",)
 
 
@@ -109,6 +122,12 @@ class Prior:
             or costmodel.resolve_profile(spec.cluster).memory_gb * costmodel.SAFETY_MARGIN
         )
         self.candidates, self.index, self.layout_ids = [], {}, {}
+        self.split_ids: dict = {}  # (dp, tp, pp) → its id
+        self.mechanisms = [
+            *MECHANISMS,
+            *(f"recompute {m}" for m in self.projected.domains.get("recompute", ())),
+        ]
+        self._split, self._uses = [], []  # per candidate: its split's id, the mechanisms it uses
         rows = []
         for c in _candidates(self.projected, limit, seed):
             row = self._row(c)
@@ -121,6 +140,7 @@ class Prior:
         self.pending_layouts: set = set()  # layouts of the candidates running now
         self.peaks = 0  # peaks measured so far
         self._fixed_values = None  # an estimate backend's (mean, sd): the belief never moves
+        self._arrayed = None  # :meth:`_arrays`, kept until a candidate is added
 
     # -- the candidates --------------------------------------------------------------------
 
@@ -129,20 +149,34 @@ class Prior:
         e = costmodel.estimate(self.spec, candidate)
         if not e.breakdown or not math.isfinite(e.step_time_s):
             return None
+        dp, tp, pp, split = layout_of(candidate)
         return Row(
             raw_parts(e),
             memory_parts(e.breakdown["memory_gb"]),
             candidate.pp > 1,
             candidate.recompute != "none",
             layout=-1,  # given by :meth:`_add`
+            position=position(tp, pp, self.spec.train.global_batch_size / (dp * split)),
         )
 
     def _add(self, candidate, row: Row) -> Row:
-        """Hold ``candidate``: its index, and its layout's id in its ``row``."""
+        """Hold ``candidate``: its index, its split's id and mechanisms, and its layout's id in
+        its ``row``."""
         layout = self.layout_ids.setdefault(layout_of(candidate), len(self.layout_ids))
+        split = layout_of(candidate)[:3]
+        self._split.append(self.split_ids.setdefault(split, len(self.split_ids)))
+        used = mechanisms_of(candidate)
+        self._uses.append([m in used for m in self.mechanisms])
         self.index[candidate] = len(self.candidates)
         self.candidates.append(candidate)
         return replace(row, layout=layout)
+
+    def split_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each candidate's parallel split's id, candidates × the mechanisms each uses)."""
+        if self._arrayed is None or len(self._arrayed[0]) != len(self._split):
+            uses = np.array(self._uses, dtype=bool).reshape(-1, len(self.mechanisms))
+            self._arrayed = np.array(self._split, dtype=int), uses
+        return self._arrayed
 
     def _index_of(self, candidate) -> int | None:
         """Where ``candidate``'s projection is (added when it ran but was not held)."""
@@ -154,6 +188,7 @@ class Prior:
             return None
         self.belief.add(self._add(c, row))  # its row, the last
         self.tried = np.append(self.tried, False)
+        self._fixed_values = None
         return len(self.candidates) - 1
 
     def project(self, candidate):
@@ -210,7 +245,7 @@ class Prior:
         first the model estimates) and whether all its knobs are fixed; None when every
         candidate that may fit was tried (see the module doc). ``pending``: candidates running
         now, whose outcome is not known yet."""
-        measured, fits, open_ = self._open(measurements, pending)
+        measured, fits, open_ = self.open_candidates(measurements, pending)
         if not open_.any():
             return None
         likely = open_ & (fits >= LIKELY)
@@ -223,7 +258,7 @@ class Prior:
         if (objective or self.objectives[0]) == "peak_memory":
             memory = self.belief.memory_mean()
             return self.candidates[int(np.argmax(np.where(open_, -memory, -np.inf)))], False
-        gain, sd = self._values()
+        gain, sd = self.values()
         if self.estimated:  # the estimate is the trial: nothing to learn, nothing to explore
             return self.candidates[int(np.argmax(np.where(open_, gain, -np.inf)))], False
         if not len(measured):  # nothing measured: the model's best of those likely to fit
@@ -231,28 +266,61 @@ class Prior:
             if likely.any():
                 return self.candidates[int(np.argmax(np.where(likely, gain, -np.inf)))], True
         best = float(gain[measured].max()) if len(measured) else -math.inf
-        score = np.where(open_, _expected_gain(gain, sd, best) * fits, -np.inf)
+        score = np.where(open_, self._improvement(gain, sd, measured) * fits, -np.inf)
         choice = int(np.argmax(score))
-        if self.belief.step.scale() < MISPRICED_SCALE:  # the measurements confirm the model
-            return self.candidates[choice], not self._ran(choice)
-        optimistic = gain + OPTIMISM * sd
-        unexplored = open_ & self._unexplored() & (fits >= LIKELY)
-        fresh = unexplored & (optimistic > best)
-        if not fresh.any():  # else a layout that could beat the best measured runs first
-            if self.ran_layouts.get(int(self.belief.layout[choice]), 0) < 2:
-                return self.candidates[choice], False
-            # a third variant of a layout waits for the layouts that could do better than it
-            fresh = unexplored & (optimistic > optimistic[choice])
-            if not fresh.any():
-                return self.candidates[choice], False
-        return self.candidates[int(np.argmax(np.where(fresh, score, -np.inf)))], True
+        band, wide = self.bands(gain, best, open_ & (fits >= LIKELY))
+        _, uses = self.split_arrays()
+        polishing = self.polishes(choice, gain, best)
+        first = before_the_choice(score, band, wide, uses, measured, polishing)
+        if first is not None:
+            return self.candidates[first], True
+        return self.candidates[choice], not self._ran(choice)
+
+    def _improvement(self, gain: np.ndarray, sd: np.ndarray, measured: np.ndarray):
+        """Each candidate's expected improvement over the best measured one (the incumbent, by
+        corrected goodput), judged on what it is believed to differ from the incumbent by — so a
+        variant the estimate says changes little is worth little, however uncertain both are."""
+        if not len(measured):
+            return expected_gain(gain, sd, -math.inf)
+        incumbent = int(measured[np.argmax(gain[measured])])
+        slower, var = self.belief.predict_against(incumbent)
+        return expected_gain(-slower, np.sqrt(var), 0.0)
+
+    def bands(self, gain: np.ndarray, best: float, may: np.ndarray) -> tuple:
+        """(the band, the wide band): the candidates of ``may`` of parallel splits that have
+        not run whose corrected goodput ``gain`` is within :data:`BAND` × the model's
+        demonstrated error (`Belief.miss`) of ``best``, and within :data:`WIDE` × that error or
+        :data:`UNMEASURED`, whichever is more."""
+        split, _ = self.split_arrays()
+        fresh = may & ~np.isin(split, self.ran_splits())
+        width = self.width()
+        wide = max(WIDE * self.belief.miss(), UNMEASURED)
+        return fresh & (gain >= best - width), fresh & (gain >= best - wide)
+
+    def width(self) -> float:
+        """The band's width in log goodput: :data:`BAND` × the model's demonstrated error."""
+        return BAND * self.belief.miss()
+
+    def polishes(self, row: int, gain: np.ndarray, best: float) -> bool:
+        """Whether candidate ``row`` is a variant of a parallel split that ran or is running
+        whose corrected goodput ``gain`` is within one run's noise of ``best`` (the belief's,
+        at most :data:`NOISE_AT_MOST`)."""
+        split, _ = self.split_arrays()
+        noise = min(self.belief.step.noise_sd(), NOISE_AT_MOST)
+        return bool(np.isin(split[row], self.ran_splits())) and gain[row] - best < noise
 
     def _ran(self, row: int) -> bool:
         """Whether row ``row``'s layout ran or is running."""
         layout = int(self.belief.layout[row])
         return layout in self.ran_layouts or layout in self.pending_layouts
 
-    def _open(self, measurements, pending=()):
+    def ran_splits(self) -> list:
+        """The ids of the parallel splits that ran or are running."""
+        split, _ = self.split_arrays()
+        layouts = [*self.ran_layouts, *self.pending_layouts]
+        return sorted({int(s) for s in split[np.isin(self.belief.layout, layouts)]})
+
+    def open_candidates(self, measurements, pending=()):
         """(the rows measured, each candidate's probability to fit, which may be proposed)
         after refitting the belief: not tried, not as large as one that ran out of memory, and
         likely enough to fit — at least :data:`FIT_AT_LEAST`; after n runs out of memory at
@@ -270,7 +338,7 @@ class Prior:
             left &= fits >= floor
         return measured, fits, left
 
-    def _values(self):
+    def values(self):
         """(mean, sd) of each candidate's noise-free log goodput — once on an estimate backend,
         whose belief nothing measured moves (15,000 candidates: 0.15 s a prediction)."""
         if self._fixed_values is not None:
@@ -280,82 +348,6 @@ class Prior:
         if self.estimated:
             self._fixed_values = values
         return values
-
-    def _unexplored(self) -> np.ndarray:
-        """Candidates of layouts that never ran and are not running."""
-        return ~np.isin(self.belief.layout, [*self.ran_layouts, *self.pending_layouts])
-
-    def promising(self) -> int:
-        """How many layouts could beat the best estimate before anything is measured: their
-        optimistic value, relative to the best mean (the common factor left out), above it."""
-        fits = self.belief.fit_probability() >= FIT_AT_LEAST
-        mean, var = self.belief.predict(common=False)
-        gain = np.where(fits, -mean, -np.inf)
-        if not np.isfinite(gain).any():
-            return 0
-        ahead = gain + OPTIMISM * np.sqrt(var) >= gain.max()
-        return len(set(self.belief.layout[ahead & fits].tolist()))
-
-    def layouts(self, measurements, remaining: int | None = None) -> list[dict]:
-        """Every layout: ``{"layout": "dp·tp·pp·m", "ran": runs}``, and for one that did not
-        run ``"why"`` not, as the prior sees it now, and ``"reach"``, its optimistic goodput
-        (None: nothing of it may fit); ``remaining``: trials left."""
-        measured, fits, open_ = self._open(measurements)
-        gain, sd = self._values()
-        best = float(gain[measured].max()) if len(measured) else -math.inf
-        optimistic = gain + OPTIMISM * sd
-        out = []
-        for key, layout in sorted(self.layout_ids.items()):
-            rows = self.belief.layout == layout
-            entry = {
-                "layout": "dp{}·tp{}·pp{}·m{}".format(*key),
-                "ran": self.ran_layouts.get(layout, 0),
-            }
-            if not entry["ran"]:
-                entry["why"] = self._why_not(rows, fits, open_, gain, optimistic, best, remaining)
-                entry["reach"] = (
-                    float(np.exp(optimistic[rows & open_].max())) if (rows & open_).any() else None
-                )
-            out.append(entry)
-        return out
-
-    def _why_not(self, rows, fits, open_, gain, optimistic, best, remaining) -> str:
-        """Why the layout of candidates ``rows`` has not run."""
-        if not (rows & open_).any():
-            if any(self.belief.layout[i] == self.belief.layout[rows][0] for i in self.ooms):
-                return "ran out of memory"
-            if (rows & ~self.tried & self.belief.closed()).any():
-                return "estimated at least as large as a candidate that ran out of memory"
-            smallest = float(self.belief.memory_gb[rows].min())
-            return (
-                f"predicted out of memory: {smallest:.3g} GB estimated against "
-                f"{self.limit_gb:.3g} GB, fits with p = {float(fits[rows].max()):.2g}"
-            )
-        if self.estimated:
-            return (
-                f"its best estimate, {math.exp(float(gain[rows & open_].max())):.4g} "
-                "samples/s, ranked below the candidates that ran"
-            )
-        value = float(optimistic[rows & open_].max())
-        if value <= best:
-            return (
-                f"at best {math.exp(value):.4g} samples/s (mean + {OPTIMISM:g} sd), below "
-                f"the best measured candidate's {math.exp(best):.4g}"
-            )
-        reach = (
-            f"could reach {math.exp(value):.4g} samples/s (mean "
-            f"{math.exp(float(gain[rows & open_].max())):.4g})"
-        )
-        return reach + (": no trials left" if remaining == 0 else ": not measured yet")
-
-
-def _expected_gain(mean, sd, best: float) -> np.ndarray:
-    """Expected improvement of a normal (mean, sd) over ``best`` (the mean when -inf)."""
-    if not math.isfinite(best):  # nothing measured: the expected goodput, relative
-        return np.exp(mean - mean.max())
-    z = (mean - best) / sd
-    pdf = np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-    return sd * (z * normal_cdf(z) + pdf) + 1e-12
 
 
 def _candidates(space, limit: int, seed: int | None) -> list:
@@ -393,18 +385,18 @@ def prior_for(spec, space, note, n_trials: int | None = None) -> Prior | None:
             "trial per layout run as with any sampler"
         )
         return None
-    promising = prior.promising()
+    worth = worth_measuring(prior)
     note(
         f"auto: the cost model ranks {len(prior.candidates)} candidates in "
         f"{len(prior.layout_ids)} layouts ({default_engine(spec)}'s steps); the baseline "
         "runs first, then the candidates likeliest to improve on the best measured one, by "
-        "the estimate corrected by every measurement — first each layout that could beat it, "
-        "where the measurements say a mechanism is mispriced"
+        "the estimate corrected by every measurement — and first each parallel split within "
+        "what the model may be off by of the best measured"
     )
-    if n_trials is not None and promising > n_trials - 1:
+    if n_trials is not None and worth > n_trials - 1:
         note(
-            f"auto: {promising} layouts could be the best before anything is measured, and "
-            f"{n_trials - 1} trials follow the baseline: the rest are judged by what the "
-            "measured ones teach about their mechanisms (autotune show lists them)"
+            f"auto: {worth} parallel splits are estimated within {math.expm1(UNMEASURED):.0%} "
+            f"of the best, and {n_trials - 1} trials follow the baseline: the rest are judged by "
+            "what the measured ones teach (autotune show lists them)"
         )
     return prior

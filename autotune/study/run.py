@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 from autotune.analysis.ranking import noise_floor, summarize
 from autotune.execution.executors import make_executor
 from autotune.execution.replay import load_table, with_engine
+from autotune.search.layouts import layouts
 from autotune.search.prior import prior_for
 from autotune.search.proposer import Proposer
 from autotune.search.samplers import make_sampler
@@ -229,7 +230,7 @@ def _run_study(
             loop.run(n_trials)
         if proposer.prior is not None:  # what `autotune show` lists: why a layout never ran
             left = wanted(study.get_trials(deepcopy=False), n_trials)
-            study.set_user_attr("layouts", proposer.prior.layouts(recorder.measured, left))
+            study.set_user_attr("layouts", layouts(proposer.prior, recorder.measured, left))
         if executor.noisy and confirm_top:
             runner = drivers.confirm_runner()
             if runner is not None:

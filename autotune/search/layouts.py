@@ -1,0 +1,96 @@
+"""What a study's prior says of the layouts it holds: how many parallel splits are worth
+measuring before anything is, and — when the search ends — which layouts ran and why each other
+one did not.
+
+Contract: functions of a `autotune.search.prior.Prior` and the study's measurements; they read
+its belief and bands and change nothing. A layout is a (dp, tp, pp, micro-batches per step)
+split (`autotune.search.prior.layout_of`), its (dp, tp, pp) its parallel split.
+
+- :func:`worth_measuring`: the parallel splits estimated within what an unmeasured mechanism
+  may be off by (`autotune.search.acquisition.UNMEASURED`) of the best — the note at a study's start.
+- :func:`layouts`: every layout, ``{"layout": "dp·tp·pp·m", "ran": runs}``, and for one that did
+  not run ``"why"`` not, as the prior sees it now, and ``"reach"``: its best corrected goodput
+  (samples/s; None: nothing of it may fit). `autotune show` prints the reasons.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autotune.search.acquisition import FIT_AT_LEAST, UNMEASURED
+
+if TYPE_CHECKING:  # the prior imports this module; this one only reads a prior it is given
+    from autotune.search.prior import Prior
+
+
+def worth_measuring(prior: Prior) -> int:
+    """How many parallel splits are estimated within :data:`UNMEASURED` of the best (the common
+    factor left out), among the candidates that may fit."""
+    fits = prior.belief.fit_probability() >= FIT_AT_LEAST
+    mean, _ = prior.belief.predict(common=False)
+    gain = np.where(fits, -mean, -np.inf)
+    if not np.isfinite(gain).any():
+        return 0
+    split, _ = prior.split_arrays()
+    return len(set(split[gain >= gain.max() - UNMEASURED].tolist()))
+
+
+def layouts(prior: Prior, measurements, remaining: int | None = None) -> list[dict]:
+    """Every layout and, for one that did not run, why not (see the module doc);
+    ``remaining``: trials left."""
+    measured, fits, open_ = prior.open_candidates(measurements)
+    gain, _ = prior.values()
+    best = float(gain[measured].max()) if len(measured) else -math.inf
+    band, wide = prior.bands(gain, best, open_)
+    out = []
+    for key, layout in sorted(prior.layout_ids.items()):
+        rows = prior.belief.layout == layout
+        entry = {
+            "layout": "dp{}·tp{}·pp{}·m{}".format(*key),
+            "ran": prior.ran_layouts.get(layout, 0),
+        }
+        if not entry["ran"]:
+            mine = rows & open_
+            entry["why"] = _why_not(prior, rows, fits, open_, gain, best, band, wide, remaining)
+            entry["reach"] = float(np.exp(gain[mine].max())) if mine.any() else None
+        out.append(entry)
+    return out
+
+
+def _why_not(prior: Prior, rows, fits, open_, gain, best, band, wide, remaining) -> str:
+    """Why the layout of candidates ``rows`` has not run."""
+    if not (rows & open_).any():
+        layout = prior.belief.layout[rows][0]
+        if any(prior.belief.layout[i] == layout for i in prior.ooms):
+            return "ran out of memory"
+        if (rows & ~prior.tried & prior.belief.closed()).any():
+            return "estimated at least as large as a candidate that ran out of memory"
+        smallest = float(prior.belief.memory_gb[rows].min())
+        return (
+            f"predicted out of memory: {smallest:.3g} GB estimated against "
+            f"{prior.limit_gb:.3g} GB, fits with p = {float(fits[rows].max()):.2g}"
+        )
+    value = math.exp(float(gain[rows & open_].max()))
+    if prior.estimated:
+        return f"its best estimate, {value:.4g} samples/s, ranked below the candidates that ran"
+    if not math.isfinite(best):
+        return f"nothing was measured (its best estimate {value:.4g} samples/s)"
+    measured = f"the best measured candidate's {math.exp(best):.4g}"
+    if (rows & (band | wide)).any():
+        return (
+            f"its best corrected estimate, {value:.4g} samples/s, is within what the model may be "
+            f"off by of {measured}: " + ("no trials left" if remaining == 0 else "not measured yet")
+        )
+    split, _ = prior.split_arrays()
+    if np.isin(split[rows], prior.ran_splits()).all():
+        return (
+            f"a variant of a parallel split that ran: its best corrected estimate "
+            f"{value:.4g} samples/s against {measured}"
+        )
+    return (
+        f"its best corrected estimate, {value:.4g} samples/s, is more than the model's "
+        f"demonstrated error ({math.expm1(prior.width()):.0%}) below {measured}"
+    )
