@@ -16,6 +16,7 @@ from pathlib import Path
 
 CHECKPOINTS = (5, 10, 15)
 BAR, MILD_BAR = 0.97, 0.99  # auto within 10 runs on every judged family; within 5 on mild
+LAYOUT_BAR = 0.95  # auto within 5 runs on the median layout family (issue 43)
 
 
 def score(truth, found: list, runs: int) -> dict:
@@ -150,18 +151,19 @@ class Board:
 
     def summary(self) -> None:
         """The lines the acceptance of issue 37 reads."""
-        judged, mild = self._kind("mild", "time", "memory"), self._kind("mild")
-        exact = self._kind("mild", "time")
+        judged, mild = self._kind("mild", "time", "memory", "layout"), self._kind("mild")
+        exact = self._kind("mild", "time", "layout")
         print(
             f"\nsummary: {len(judged)} judged families (mild {len(mild)}, memory-exact "
-            f"{len(exact)} with mild, memory {len(judged) - len(exact)})"
+            f"{len(exact)} with mild and layout, layout {len(self._kind('layout'))}, memory "
+            f"{len(judged) - len(exact)})"
         )
         for c in self.columns if judged else ():
             at10 = {k: self.median(k, c, "@10") for k in judged}
             met = [k for k, v in at10.items() if v >= BAR]
             kinds = ", ".join(
                 f"{kind} {sum(k in met for k in self._kind(kind))}/{len(self._kind(kind))}"
-                for kind in ("mild", "time", "memory")
+                for kind in ("mild", "time", "memory", "layout")
             )
             studies = [v["@10"] for k in judged for v in self.scores.get((k, c), {}).values()]
             print(
@@ -176,6 +178,7 @@ class Board:
             )
             met = sum(self.median(k, c, "@5") >= MILD_BAR for k in mild)
             print(f"  mild: {c:<8} ≥ {MILD_BAR} within 5 on {met} of {len(mild)} ({cells})")
+        self._layouts()
         for k in self._kind("engine"):
             bar = BAR * self.median(k, "oracle", "@10")
             cells = ", ".join(f"{c} {self.median(k, c, '@10'):.3f}" for c in self.labels)
@@ -200,3 +203,33 @@ class Board:
         for k in self._kind("real"):
             cells = ", ".join(f"{c} {self.median(k, c, '@5'):.3f}" for c in self.columns)
             print(f"  {k[1]} @5: {cells}")
+
+    def _layouts(self) -> None:
+        """The layout families' lines: each column's median family @5 and @10, and, for each
+        sampler, the families where ``auto`` is not ahead of it at 10 (and at 5 on the median)."""
+        layout = self._kind("layout")
+        if not layout:
+            return
+        for c in self.columns:
+            at5 = statistics.median(self.median(k, c, "@5") for k in layout)
+            at10 = statistics.median(self.median(k, c, "@10") for k in layout)
+            mark = f" (bar {LAYOUT_BAR} @5)" if c == "auto" else ""
+            print(f"  layout: {c:<8} median family @5 {at5:.3f}{mark}, @10 {at10:.3f}")
+        if "auto" not in self.columns:
+            return
+        mine5 = statistics.median(self.median(k, "auto", "@5") for k in layout)
+        for other in ("tpe", "random"):
+            if other not in self.columns:
+                continue
+            behind = [
+                k[0] + "/" + k[1]
+                for k in layout
+                if self.median(k, "auto", "@10") <= self.median(k, other, "@10")
+            ]
+            theirs5 = statistics.median(self.median(k, other, "@5") for k in layout)
+            print(
+                f"  layout: auto ahead of {other} at 10 on {len(layout) - len(behind)} of "
+                f"{len(layout)}"
+                + (f" (not on {', '.join(behind)})" if behind else "")
+                + f"; median family @5 {mine5:.3f} against {theirs5:.3f}"
+            )

@@ -8,7 +8,9 @@ import another checkout's autotune, ``search_efficiency.py --pre26``):
   constants may be chosen on) and ``report`` (what the benchmark reports); each names its
   families (:meth:`Structures.families`) and where its seeds start. :func:`kind_of` sorts a
   family: ``mild``, ``time`` (structural, the memory model exact), ``memory`` (structural, the
-  peak mispriced) or ``engine`` (priced by MindSpore's engine, the prior by the trainer's).
+  peak mispriced), ``engine`` (priced by MindSpore's engine, the prior by the trainer's) or
+  ``layout`` (a whole-step effect of a layout's shape that no mechanism of the cost model
+  prices: :data:`SHAPES`, built from a candidate's knobs alone, never from the search's belief).
 - :class:`Setting` is one space as a replay study of it prices its candidates (its prior);
   :func:`truth_of` is a family's noise-free :class:`Truth` on it for one seed: every candidate
   of the space that breaks no constraint, over the memory cap or not (the table holds every
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 import statistics
 import zlib
 from dataclasses import dataclass, replace
@@ -55,14 +58,76 @@ MECHANISMS = {
 ENGINE_SHIFT = (0.05, 0.10)  # an engine-mismatch truth reshapes a few mechanisms by this much
 ENGINE_FAMILIES = ("engine-mismatch", "engine-labelled")
 TOP = 5
+# Effects no mechanism of the cost model prices: each a goodput multiplier of a candidate's layout
+# (dp, tp, pp, micro-batches per step) of a given size — "tp-gain(0.12)": every doubling of tp
+# 12 % more goodput than priced — given the candidate, the size and the space (:class:`Room`).
+# Whole-step factors, so no part of the estimate carries them.
+SHAPES = {
+    # tensor parallelism more (or less) efficient than priced, per doubling: its larger or
+    # smaller GEMMs, the kernels a tp split selects
+    "tp-gain": lambda c, size, room: (1 + size) ** math.log2(c.tp),
+    "tp-loss": lambda c, size, room: (1 - size) ** math.log2(c.tp),
+    # every pipelined layout slower (or faster) by the same share: scheduling, stage imbalance
+    "pipeline-loss": lambda c, size, room: 1 - size if c.pp > 1 else 1.0,
+    "pipeline-gain": lambda c, size, room: 1 + size if c.pp > 1 else 1.0,
+    # small micro-batches run their kernels less efficiently: size less per halving of the
+    # samples a micro-batch holds below the space's largest
+    "micro-batch": lambda c, size, room: (1 - size) ** room.halvings(c),
+    # every step waits for the slowest of its dp replicas: size less per doubling of dp
+    "straggler": lambda c, size, room: (1 - size) ** math.log2(c.dp),
+    # every layout its own luck (kernel choices, placement): lognormal, sd size, per seed
+    "lottery": lambda c, size, room: room.luck(c, size),
+}
+
+
+@dataclass
+class Room:
+    """What a layout effect needs of its space and truth: the batch and the most samples a
+    micro-batch holds in the space, and the lottery's draws (per layout, seed, family)."""
+
+    batch: int
+    largest: float
+    seed: int
+    family: str
+    drawn: dict
+
+    def halvings(self, c) -> float:
+        return math.log2(self.largest / (self.batch / (c.dp * micro_count(c))))
+
+    def luck(self, c, size: float) -> float:
+        layout = layout_key(c)
+        if layout not in self.drawn:
+            rng = np.random.default_rng([self.seed, zlib.crc32(self.family.encode()), 2, *layout])
+            self.drawn[layout] = float(np.exp(size * rng.standard_normal()))
+        return self.drawn[layout]
+
+
+def micro_count(c) -> int:
+    """Micro-batches per optimizer step (pipeline micro-batches, else accumulation)."""
+    return c.micro_batches if c.pp > 1 else c.grad_accum
+
+
+def layout_key(c) -> tuple:
+    """A candidate's layout: (dp, tp, pp, micro-batches per step)."""
+    return c.dp, c.tp, c.pp, micro_count(c)
+
+
+def shapes_of(family: str) -> dict:
+    """``{effect: size}`` of a layout family's name (``tp-gain(0.12)+pipeline-loss(0.2)``)."""
+    out = {}
+    for term in family.split("+"):
+        name, _, size = term.partition("(")
+        out[name] = float(size.rstrip(")"))
+    return out
 
 
 @dataclass(frozen=True)
 class Structures:
     """One split of truth structures: a single mechanism's part × each of ``factors``; two
     mechanisms × each ``pair_factors`` pair (``ordered``: every ordered pair of mechanisms, else
-    every unordered one); an engine-mismatch truth reshaping the ``reshaped`` mechanisms; seeds
-    from ``first_seed``."""
+    every unordered one); an engine-mismatch truth reshaping the ``reshaped`` mechanisms; the
+    layout effects of :data:`SHAPES` at the sizes ``shape_sizes`` gives, alone and in the
+    combinations ``shape_pairs``; seeds from ``first_seed``."""
 
     name: str
     factors: tuple
@@ -70,10 +135,12 @@ class Structures:
     ordered: bool
     reshaped: tuple
     first_seed: int
+    shape_sizes: dict
+    shape_pairs: tuple
 
     def families(self) -> list[str]:
         """Every family's name: mild, the engine mismatch (unlabelled, labelled), the single
-        mechanisms, the pairs."""
+        mechanisms, the pairs, the layout effects alone and combined."""
         single = [f"{m}×{f:g}" for m in MECHANISMS for f in self.factors]
         combine = itertools.permutations if self.ordered else itertools.combinations
         pairs = [
@@ -81,15 +148,61 @@ class Structures:
             for fa, fb in self.pair_factors
             for a, b in combine(MECHANISMS, 2)
         ]
-        return ["mild", *ENGINE_FAMILIES, *single, *pairs]
+        shape = [f"{e}({self.shape_sizes[e]:g})" for e in SHAPES]
+        shape += [
+            "+".join(f"{e}({self.shape_sizes[e]:g})" for e in pair) for pair in self.shape_pairs
+        ]
+        return ["mild", *ENGINE_FAMILIES, *single, *pairs, *shape]
 
 
 STRUCTURES = {
     # one mechanism cheaper and another dearer (every ordered pair); seeds 0, 1, …
-    "report": Structures("report", (0.6, 1.6), ((0.6, 1.6),), True, ("tp", "pipeline", "dp"), 0),
+    "report": Structures(
+        "report",
+        (0.6, 1.6),
+        ((0.6, 1.6),),
+        True,
+        ("tp", "pipeline", "dp"),
+        0,
+        {
+            "tp-gain": 0.2,
+            "tp-loss": 0.15,
+            "pipeline-loss": 0.2,
+            "pipeline-gain": 0.2,
+            "micro-batch": 0.08,
+            "straggler": 0.05,
+            "lottery": 0.12,
+        },
+        (
+            ("tp-gain", "pipeline-loss"),
+            ("tp-loss", "pipeline-gain"),
+            ("micro-batch", "lottery"),
+            ("straggler", "tp-gain"),
+        ),
+    ),
     # two mechanisms both cheaper or both dearer (every unordered pair); seeds 100, 101, …
     "tune": Structures(
-        "tune", (0.7, 1.4), ((0.7, 0.7), (1.4, 1.4)), False, ("recompute", "optimizer", "tp"), 100
+        "tune",
+        (0.7, 1.4),
+        ((0.7, 0.7), (1.4, 1.4)),
+        False,
+        ("recompute", "optimizer", "tp"),
+        100,
+        {
+            "tp-gain": 0.15,
+            "tp-loss": 0.12,
+            "pipeline-loss": 0.25,
+            "pipeline-gain": 0.15,
+            "micro-batch": 0.06,
+            "straggler": 0.04,
+            "lottery": 0.1,
+        },
+        (
+            ("tp-gain", "micro-batch"),
+            ("pipeline-loss", "lottery"),
+            ("tp-loss", "straggler"),
+            ("pipeline-gain", "lottery"),
+        ),
     ),
 }
 
@@ -104,9 +217,12 @@ def factors_of(family: str) -> dict:
 
 
 def kind_of(family: str) -> str:
-    """``mild``, ``engine``, ``memory`` (the peak mispriced) or ``time`` (the peak exact)."""
+    """``mild``, ``engine``, ``layout`` (whole-step effects of a layout's shape), ``memory`` (the
+    peak mispriced) or ``time`` (the peak exact)."""
     if family in ("mild", *ENGINE_FAMILIES):
         return family.split("-")[0]
+    if "(" in family:
+        return "layout"
     return "memory" if "memory" in factors_of(family) else "time"
 
 
@@ -216,8 +332,11 @@ def truth_of(setting: Setting, family: str, seed: int, structures: Structures) -
         signs = rng.choice((-1.0, 1.0), size=len(structures.reshaped))
         factors = {m: 1 + s * d for m, s, d in zip(structures.reshaped, signs, shifts)}
         engine = "mindspore" if family == "engine-labelled" else None
+    elif kind == "layout":  # MindSpore's engine, as simulate prices it, and the table says so
+        estimates, engine = setting.engine("mindspore"), "mindspore"
     else:
         factors, estimates = factors_of(family), setting.prior
+    whole = _shape_factor(setting, family, seed) if kind == "layout" else (lambda c: 1.0)
     step_s, peak_gb, fits, value = {}, {}, {}, {}
     batch = spec.train.global_batch_size
     for candidate, est in estimates:
@@ -227,7 +346,8 @@ def truth_of(setting: Setting, family: str, seed: int, structures: Structures) -
                 for part in MECHANISMS[mechanism]:
                     scale[part] = scale.get(part, 1.0) * factor
         key = key_of(candidate)
-        step_s[key] = sum(v * scale.get(k, 1.0) for k, v in est.breakdown["time_s"].items())
+        parts = est.breakdown["time_s"].items()
+        step_s[key] = sum(v * scale.get(k, 1.0) for k, v in parts) / whole(candidate)
         peak_gb[key] = est.memory_gb_per_device * factors.get("memory", 1.0)
         fits[key] = peak_gb[key] <= setting.limit * (1 + 1e-9)
         value[key] = batch / step_s[key] if fits[key] else 0.0
@@ -236,6 +356,16 @@ def truth_of(setting: Setting, family: str, seed: int, structures: Structures) -
     return Truth(
         tuple(KNOB_NAMES), value, base, base in admitted, step_s, peak_gb, fits, batch, engine
     )
+
+
+def _shape_factor(setting: Setting, family: str, seed: int):
+    """The goodput multiplier of a layout family's truth on ``setting``: a function of a
+    candidate."""
+    batch = setting.spec.train.global_batch_size
+    largest = max(batch / (c.dp * micro_count(c)) for c, _ in setting.prior)
+    room = Room(batch, largest, seed, family, {})
+    effects = shapes_of(family)
+    return lambda c: math.prod(SHAPES[name](c, size, room) for name, size in effects.items())
 
 
 def write_table(truth: Truth, path: Path, family: str, seed: int) -> dict:
@@ -268,14 +398,22 @@ def write_table(truth: Truth, path: Path, family: str, seed: int) -> dict:
 
 def model_reach(truth: Truth, setting: Setting) -> float:
     """The truth's best among the prior's own top :data:`TOP` (feasible by its estimate) over
-    the truth's optimum: how far trusting the prior gets."""
-    return max(truth.value.get(k, 0.0) for k in prior_top(setting)) / truth.optimum
+    the truth's optimum: how far trusting the prior gets (the prior of a study of the truth's
+    table: of the engine its ``engine`` column names)."""
+    top = prior_top(setting, truth.engine)
+    return max(truth.value.get(k, 0.0) for k in top) / truth.optimum
 
 
-def prior_top(setting: Setting) -> tuple:
-    """The keys of the prior's own top :data:`TOP` (feasible by its estimate), best first."""
+def _priced(setting: Setting, engine: str | None) -> list:
+    return setting.engine(engine) if engine else setting.prior
+
+
+def prior_top(setting: Setting, engine: str | None = None) -> tuple:
+    """The keys of the prior's own top :data:`TOP` (feasible by its estimate), best first;
+    ``engine``: the prior of a table that says its rows ran that engine."""
     feasible = sorted(
-        ((c, e) for c, e in setting.prior if e.feasible), key=lambda ce: -ce[1].samples_per_s
+        ((c, e) for c, e in _priced(setting, engine) if e.feasible),
+        key=lambda ce: -ce[1].samples_per_s,
     )
     return tuple(key_of(c) for c, _ in feasible[:TOP])
 
@@ -283,7 +421,7 @@ def prior_top(setting: Setting) -> tuple:
 def screen_reach(truth: Truth, setting: Setting) -> float:
     """The truth's best among the candidates the prior's memory screen admits over its optimum:
     what a search that never runs a candidate predicted out of memory can reach."""
-    admitted = (key_of(c) for c, e in setting.prior if e.feasible)
+    admitted = (key_of(c) for c, e in _priced(setting, truth.engine) if e.feasible)
     return max(truth.value.get(k, 0.0) for k in admitted) / truth.optimum
 
 
