@@ -55,6 +55,7 @@ def _load(args, extra_overrides: dict | None = None):
 
 
 def cmd_init(args) -> int:
+    from autotune.families.summary import model_line
     from autotune.spec.mindformers_init import HOW_TO_RUN_MINDFORMERS, init_text
 
     out = Path(args.out)
@@ -77,6 +78,7 @@ def cmd_init(args) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     out.write_text(text, encoding="utf-8")
     print(f"wrote {out} from {args.mindformers} ({len(warnings)} warnings, listed at its top)")
+    print(model_line(yaml.safe_load(text)["model"]))
     if args.run_mindformer is None:
         print(f"note: {HOW_TO_RUN_MINDFORMERS}")
     return 0
@@ -140,6 +142,7 @@ def cmd_search(args) -> int:
 
 def cmd_estimate(args) -> int:
     from autotune import costmodel
+    from autotune.families.summary import model_line, parameter_count
     from autotune.spec.constraints import violations
 
     spec, space = _load(args)
@@ -153,10 +156,12 @@ def cmd_estimate(args) -> int:
         if reasons:
             out.update(feasible=False, reason="; ".join(reasons))
         out["candidate"] = candidate.as_dict()
+        out["parameters"] = parameter_count(spec.model.as_config())
         if caveat:
             out["caveat"] = caveat
         print(json.dumps(out, indent=2))
     else:
+        print(model_line(spec.model.as_config()))
         print("candidate: " + " ".join(f"{k}={v}" for k, v in candidate.as_dict().items()))
         for reason in reasons:
             print(f"violates: {reason}")

@@ -125,8 +125,10 @@ def read_config(
 ) -> Reading:
     """Read the MindFormers config at ``path`` (see the module doc)."""
     path = Path(path)
-    cfg = _Config(load_config(path), str(path))
+    repeated = []
+    cfg = _Config(load_config(path, repeated), str(path))
     reading = Reading(str(path), str(cfg.get("trainer.model_name", path.stem)))
+    reading.warnings += repeated
     read_model(cfg, reading)
     runs = _layout(cfg, reading)
     own = runs.dp * runs.tp * runs.pp

@@ -26,6 +26,8 @@ class ModelSpec:
     vocab_size: int | None
     dtype: str
     num_kv_heads: int | None = None  # llama: grouped-query attention (None: every head)
+    head_dim: int | None = None  # llama: each attention head's width (None: hidden / heads)
+    qk_norm: bool = False  # llama: an RMSNorm on each query and key head (MindFormers' Qwen3)
     param_dtype: str = "float32"  # parameters (and gradients) as the run keeps them
     optimizer_dtype: str = "float32"  # the optimizer's moments
     flash_attention: bool = False  # fused attention (no s² scores) where the backend has it
