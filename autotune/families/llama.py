@@ -227,5 +227,6 @@ FAMILY = Family(
     optimizer_whole=optimizer_whole,
     # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM
     mindformers_architectures=("LlamaForCausalLM",),
-    mindformers_model_types=("llama", "qwen2", "qwen3"),
+    # mcore model types (their defaults: autotune.spec.mindformers_mcore.MCORE_TYPES)
+    mindformers_model_types=("qwen3",),
 )

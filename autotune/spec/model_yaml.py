@@ -29,6 +29,7 @@ from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.specs import (
     DEFAULT_MIN_STEPS,
     DEFAULT_PRECISION,
+    DEFAULT_TOTAL_STEPS,
     ClusterSpec,
     ModelSpec,
     SearchSpec,
@@ -325,7 +326,7 @@ def _parse_train(s: _Section) -> TrainSpec:
     t = TrainSpec(
         s.get("global_batch_size", int, minimum=1),
         s.get("learning_rate", float, default=1e-3),
-        s.get("total_steps", int, default=10000, minimum=1),
+        s.get("total_steps", int, default=DEFAULT_TOTAL_STEPS, minimum=1),
         s.get("save_every", int, default=1000, minimum=1),
     )
     if not t.learning_rate > 0:

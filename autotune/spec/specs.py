@@ -14,6 +14,11 @@ DEFAULT_PRECISION = 0.02  # trial.precision: the mean step time to ±2% (95%)
 DEFAULT_MIN_STEPS = 10  # trial.min_steps, or every measured step of a shorter trial
 
 
+# train.total_steps when a model.yaml leaves it out (and init when a MindFormers config's -1
+# cannot be counted: `autotune.spec.mindformers_steps`)
+DEFAULT_TOTAL_STEPS = 10000
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     family: str | None
