@@ -50,7 +50,9 @@ def layered(tmp_path, config, body: str, name="layered.yaml"):
 
 
 def with_folder(tmp_path, config, model="Qwen3-32B", body=""):
-    return layered(tmp_path, config, f"pretrained_model_dir: {HF / model}\n{body}")
+    """``config`` pointed at the fixture folder ``model``: ``<config>-<model>.yaml``."""
+    name = f"{config.stem}-{model}.yaml"
+    return layered(tmp_path, config, f"pretrained_model_dir: {HF / model}\n{body}", name)
 
 
 def test_qwen3_32b_is_read_from_its_hugging_face_folder(tmp_path, capsys):
@@ -122,7 +124,7 @@ def test_a_repeated_key_keeps_its_last_value_with_a_warning(tmp_path, capsys):
     assert code == 0 and data["model"]["num_layers"] == 4
     err = capsys.readouterr().err
     assert "model.model_config.num_hidden_layers: given more than once in one mapping" in err
-    assert "the last value is kept" in err and "layered.yaml" in err
+    assert "the last value is kept" in err and "finetune_qwen3-Qwen3-32B.yaml" in err
 
 
 @pytest.mark.parametrize(
@@ -197,7 +199,7 @@ def test_the_model_yaml_written_loads_as_written(tmp_path):
     init(tmp_path, with_folder(tmp_path, QWEN3_FINETUNE), "--total-steps", "10")
     data = yaml.safe_load((tmp_path / "model.yaml").read_text())
     assert main(["validate", str(tmp_path / "model.yaml")]) == 0
-    assert data["export"]["mindformers_base"].endswith("layered.yaml")
+    assert data["export"]["mindformers_base"].endswith("finetune_qwen3-Qwen3-32B.yaml")
 
 
 def test_total_steps_minus_one_is_counted_from_a_megatron_dataset(tmp_path, capsys):
