@@ -49,6 +49,7 @@ from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS, KnobHooks
 from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
+from autotune.spec.mindformers_mcore import TRANSFORMER_CONFIG_DEFAULTS
 from autotune.spec.mindformers_trial import cpu_refusals
 from autotune.spec.specs import Spec
 
@@ -224,10 +225,17 @@ def _for_cpu(document: dict, c: Candidate) -> None:
     )
 
 
+def is_mcore(base: dict) -> bool:
+    """Whether MindFormers builds ``base``'s model on its mcore path (``use_legacy: False``)."""
+    return base.get("use_legacy", True) is False
+
+
 def _check_base(spec: Spec, base: dict, where: str) -> None:
     model = base.get("model")
     model_config = model.get("model_config") if isinstance(model, dict) else None
     dtype = model_config.get("compute_dtype") if isinstance(model_config, dict) else None
+    if dtype is None and is_mcore(base):  # TransformerConfig's (config.json's torch_dtype is not read)
+        dtype = TRANSFORMER_CONFIG_DEFAULTS["compute_dtype"]
     if dtype is not None and dtype != spec.model.dtype:
         raise SpecError(
             f"{where}: model.model_config.compute_dtype is {dtype!r} but the study "

@@ -85,8 +85,8 @@ MCORE_TYPES = {
         {
             "qk_layernorm": (
                 True,
-                "MindFormers' Qwen3 training model builds its layers with qk_layernorm=True "
-                "(models/qwen3/modeling_qwen3_train.py, get_gpt_layer_local_spec)",
+                "MindFormers' Qwen3 training model: get_gpt_layer_local_spec(qk_layernorm=True) "
+                "in models/qwen3/modeling_qwen3_train.py",
             )
         },
     ),

@@ -349,6 +349,18 @@ def test_qwen3_base_chain_and_what_changes(tmp_path):
     assert "runner_wrapper.scale_sense" not in changes  # 1.0 stays 1.0
 
 
+def test_an_mcore_base_without_compute_dtype_computes_in_bfloat16(tmp_path):
+    """TransformerConfig's default compute_dtype is bfloat16 (a Hugging Face config.json's
+    torch_dtype is not read): a float16 study does not export over such a base."""
+    base = tmp_path / "mcore.yaml"
+    base.write_text("use_legacy: False\nmodel:\n  model_config:\n    model_type: qwen3\n")
+    with pytest.raises(SpecError, match="compute_dtype is 'bfloat16' but the study tuned"):
+        export(tmp_path, "never", LAYOUTS["dp8"], base=base, device="ascend-910b")
+    legacy = tmp_path / "legacy.yaml"
+    legacy.write_text("model:\n  model_config:\n    type: LlamaConfig\n")
+    assert export(tmp_path, "ok", LAYOUTS["dp8"], base=legacy, device="ascend-910b").is_dir()
+
+
 def test_mindformers_rule_cannot_merge_a_loss_scaler_over_a_number(tmp_path):
     """What the old overlay did to a bf16 base: MindFormers' merge crashes; with --mindformers-base
     the export replaces the number and reports it, and a bad base is an error naming its file."""
