@@ -234,7 +234,9 @@ def _check_base(spec: Spec, base: dict, where: str) -> None:
     model = base.get("model")
     model_config = model.get("model_config") if isinstance(model, dict) else None
     dtype = model_config.get("compute_dtype") if isinstance(model_config, dict) else None
-    if dtype is None and is_mcore(base):  # TransformerConfig's (config.json's torch_dtype is not read)
+    if dtype is None and is_mcore(
+        base
+    ):  # TransformerConfig's (config.json's torch_dtype is not read)
         dtype = TRANSFORMER_CONFIG_DEFAULTS["compute_dtype"]
     if dtype is not None and dtype != spec.model.dtype:
         raise SpecError(

@@ -62,6 +62,9 @@ _NEEDS = {  # what autotune would need for architectures MindFormers' configs na
     "position buckets",
     "ChatGLM2ForConditionalGeneration": "GLM's attention (multi-query groups, its own rotary "
     "layout, qkv biases)",
+    "TelechatForCausalLM": "TeleChat's attention (a fused key-value projection wk_v, split over "
+    "tp as its own parameter; MindFormers' research/telechat2 and telechat3) and the biases of "
+    "its attention output and feed-forward w2",
     "Baichuan13BV2ForCausalLM": "ALiBi positions in place of rotary embeddings",
     "Baichuan13BForCausalLM": "ALiBi positions in place of rotary embeddings",
     "InternLMForCausalLM": "attention biases (has_bias)",
