@@ -230,6 +230,22 @@ def is_mcore(base: dict) -> bool:
     return base.get("use_legacy", True) is False
 
 
+# Keys of the legacy llama's model_config the overlay may write: an mcore model's converter
+# refuses each when MindFormers builds the network ("`parallel_optimizer` is unexpected in
+# TransformerConfig": parallel_core/transformer_config_utils.py, convert_to_transformer_config,
+# run by the weight template of every mcore training model), so an mcore base gets none.
+LEGACY_MODEL_KEYS = ("parallel_optimizer", "use_rope_slice", "fused_rms_norm")
+
+
+def _for_mcore(document: dict) -> None:
+    """The overlay's model keys as an mcore model takes them: no legacy llama key (above). Its
+    ``VocabParallelEmbedding`` joins the parallel optimizer as any weight, as the study priced
+    it (init writes ``embedding_parallel_optimizer: true`` for an mcore config)."""
+    model_config = document["model"]["model_config"]
+    for key in LEGACY_MODEL_KEYS:
+        model_config.pop(key, None)
+
+
 def _check_base(spec: Spec, base: dict, where: str) -> None:
     model = base.get("model")
     model_config = model.get("model_config") if isinstance(model, dict) else None
@@ -297,6 +313,8 @@ def document(
         return header + _dump({BASE_CONFIG: UNSET_BASE, **tuned}), []
     base = load_config(base_path)
     _check_base(spec, base, str(base_path))
+    if is_mcore(base):
+        _for_mcore(tuned)
     base_optimizer = (base.get("parallel") or {}).get("parallel_optimizer_config")
     if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:
         # the base's own threshold stays (ours is only MindFormers' default)

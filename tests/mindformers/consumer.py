@@ -15,8 +15,11 @@
 - ``{"model": PATH}``: the model config MindFormers builds for an mcore config (``use_legacy:
   False``) — ``get_model_config`` over ``model`` as the trainer hands it (``pretrained_model_dir``
   copied in, ``models/build_config.py``: its ``config.json`` under the YAML), its class, its
-  attributes (``config``) and the ``TransformerConfig`` it converts to (``transformer``), and
-  whether the type's training model passes ``qk_layernorm=True`` (``qk_layernorm_built``).
+  attributes (``config``) and the ``TransformerConfig`` it converts to (``transformer``),
+  whether the type's training model passes ``qk_layernorm=True`` (``qk_layernorm_built``), and
+  the error of the stricter conversion its weight template runs once the network is built
+  (``transformer_config_utils.convert_to_transformer_config``: a key it does not know is an
+  error there), null when it accepts the config (``strict``).
 
 It imports autotune nothing: the test compares what MindFormers says with what autotune wrote.
 """
@@ -126,8 +129,14 @@ def _model(path):
     built = any("qk_layernorm=True" in inspect.getsource(cls.__init__)
                 for name, cls in inspect.getmembers(train, inspect.isclass)
                 if name.startswith("Training") and cls.__module__ == train.__name__)
+    from mindformers.parallel_core.transformer_config_utils import convert_to_transformer_config
+    try:
+        convert_to_transformer_config(config)
+        strict = None
+    except Exception as exc:  # what MindFormers says is the answer
+        strict = f"{type(exc).__name__}: {exc}"
     fields = [f for f in vars(transformer) if not f.startswith("_")]
-    return {"class": type(config).__name__,
+    return {"class": type(config).__name__, "strict": strict,
             "config": {k: _plain(v) for k, v in config.to_dict().items()},
             "transformer": {k: _plain(getattr(transformer, k)) for k in fields},
             "qk_layernorm_built": built}

@@ -70,6 +70,7 @@ def test_a_qwen3_study_on_this_cpu_in_every_layout_and_its_export(tmp_path, caps
     assert read["raw"]["parallel_config"]["model_parallel"] == knobs["tp"]
     transformer = built["transformer"]
     assert built["class"] == "Qwen3Config" and built["qk_layernorm_built"] is True
+    assert built["strict"] is None  # no key the network's build refuses (a legacy llama key)
     assert (transformer["num_layers"], transformer["hidden_size"], transformer["kv_channels"]) == (
         2,
         32,
