@@ -1,4 +1,4 @@
-"""The device check's step 8: trials that are MindFormers runs, on the device (docs/accelerators.md,
+"""The device check's steps 8 and 9: trials that are MindFormers runs, on the device (docs/accelerators.md,
 "The device check"). What the CPU cannot run — MindFormers' semi-auto parallel (tp, pp), its fused
 kernels, device memory, HCCL — studies of the tiny llama of tests/mindformers/tiny_llama_cpu.yaml
 (2 layers of width 64) run here, each trial MindFormers' run_mindformer.py (the vendored r1.8.0
@@ -13,6 +13,10 @@ search`` as a user runs it:
   rank's loss as autotune reads it against the loss MindFormers' own monitor printed on that
   rank, rank 0's (stage 0: no loss), the peak against the vendor tool's reading, the first
   step's time and the cache's files.
+
+Step 9: the same tp grid over MindFormers' mcore Qwen3 (tests/mindformers/tiny_qwen3_mindformers.yaml:
+2 layers, 4 heads of 16 over a hidden size of 32, q/k norms, sliced rows), which MindFormers 1.9
+cannot train on a CPU (tests/mindformers/test_mcore_trial_cpu.py): one line per trial.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from autotune.train.runtime.device_smi import parse_npu_smi
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "mindformers" / "tiny_llama_cpu.yaml"
+TINY_QWEN3 = ROOT / "tests" / "mindformers" / "tiny_qwen3_mindformers.yaml"
 RUN_MINDFORMER = ROOT / "tests" / "mindformers" / "run_mindformer.py"
 MF_PYTHON = ROOT / ".venv-mindformers" / "bin" / "python"
 FIXED = {  # the tiny config's own values; tp (and pp) is what the studies search
@@ -43,6 +48,7 @@ FIXED = {  # the tiny config's own values; tp (and pp) is what the studies searc
     "parallel_optimizer": False,
 }
 PIPELINE = {"tp": 2, "pp": 2, "micro_batches": 4}  # dp 1: the 4 devices, 4 micro-batches of 2
+FIXED_QWEN3 = {**FIXED, "grad_accum": 1, "jit_level": "O0"}  # the Qwen3 config's own
 STUDY = "device-check-mindformers"
 # MFLossMonitor's line (core/callback/callback.py): "step:[    1/   21], loss:[4.854959/…"
 MONITOR_LOSS = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[\s*([^/\]]+)/")
@@ -51,9 +57,15 @@ MONITOR_LOSS = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[\s*([^/\]]+)/")
 def plan(backend, devices: int) -> list[tuple[str, str]]:
     """Step 8 as the dry run says it: (name, what runs)."""
     if backend.no_mindformers:
-        return [("8 mindformers", f"skipped: {backend.no_mindformers}")]
+        return [
+            ("8 mindformers", f"skipped: {backend.no_mindformers}"),
+            ("9 mindformers mcore", f"skipped: {backend.no_mindformers}"),
+        ]
     if devices < 2:
-        return [("8 mindformers", "skipped: a dp2 and a tp2 trial need --devices 2 or more")]
+        return [
+            ("8 mindformers", "skipped: a dp2 and a tp2 trial need --devices 2 or more"),
+            ("9 mindformers mcore", "skipped: a dp2 and a tp2 trial need --devices 2 or more"),
+        ]
     steps = [] if MF_PYTHON.exists() else [("8 mindformers venv", f"make -C {ROOT} mindformers")]
     for tp in (1, 2):
         steps.append(
@@ -65,13 +77,21 @@ def plan(backend, devices: int) -> list[tuple[str, str]]:
         )
     if devices < 4:
         steps.append(("8 mindformers tp2·pp2", "skipped: a tp2·pp2 trial needs --devices 4"))
-        return steps
-    for run in (1, 2):
+    else:
+        for run in (1, 2):
+            steps.append(
+                (
+                    f"8 mindformers tp2·pp2 {run}/2",
+                    "MindFormers trial of the tiny llama, dp=1 tp=2 pp=2 micro_batches=4 "
+                    + ("(fills its compile cache)" if run == 1 else "(loads the first's graphs)"),
+                )
+            )
+    for tp in (1, 2):
         steps.append(
             (
-                f"8 mindformers tp2·pp2 {run}/2",
-                "MindFormers trial of the tiny llama, dp=1 tp=2 pp=2 micro_batches=4 "
-                + ("(fills its compile cache)" if run == 1 else "(loads the first's graphs)"),
+                f"9 mindformers mcore tp{tp}",
+                f"MindFormers trial of the tiny mcore Qwen3, dp={2 // tp} tp={tp} (autotune "
+                "search, trial.program mindformers, a synthetic MindRecord of sliced rows)",
             )
         )
     return steps
@@ -117,13 +137,13 @@ def comparison(folder: Path, ranks: int, metrics: dict, cache: Path | None) -> s
     )
 
 
-def _model(folder: Path, backend, devices: int, space: dict) -> Path:
+def _model(folder: Path, backend, devices: int, space: dict, base: Path = TINY) -> Path:
     from autotune.spec.mindformers_init import init_text
 
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "model.yaml"
     text, _ = init_text(
-        TINY,
+        base,
         model,
         devices=devices,
         devices_per_node=devices,
@@ -186,11 +206,12 @@ def _trials(study: str, folder: Path):
 
 
 def check(backend, devices: int, work: Path, say, trial_line) -> None:
-    """Run step 8, ``say``-ing one line per trial (``trial_line(result, folder)`` for the tp
-    grid, :func:`comparison` for the pipeline's two runs)."""
+    """Run steps 8 and 9, ``say``-ing one line per trial (``trial_line(result, folder)`` for the
+    tp grids, :func:`comparison` for the pipeline's two runs)."""
     planned = plan(backend, devices)
     if planned[0][1].startswith("skipped"):
-        say(*planned[0])
+        for step in planned:
+            say(*step)
         return
     if not MF_PYTHON.exists():
         done = subprocess.run(["make", "-C", str(ROOT), "mindformers"], capture_output=True)
@@ -199,18 +220,29 @@ def check(backend, devices: int, work: Path, say, trial_line) -> None:
             say("8 mindformers venv", f"FAILED: {tail}", False)
             return
         say("8 mindformers venv", f"made {MF_PYTHON}")
-    folder = work / "mindformers"
-    model = _model(folder, backend, 2, {"tp": [1, 2], **{k: [v] for k, v in FIXED.items()}})
+    _tp_grid("8 mindformers", TINY, FIXED, work / "mindformers", backend, say, trial_line)
+    if devices < 4:
+        say("8 mindformers tp2·pp2", "skipped: a tp2·pp2 trial needs --devices 4")
+    else:
+        _pipeline(backend, work, say, trial_line)
+    folder = work / "mindformers-mcore"
+    _tp_grid("9 mindformers mcore", TINY_QWEN3, FIXED_QWEN3, folder, backend, say, trial_line)
+
+
+def _tp_grid(name: str, base: Path, fixed: dict, folder: Path, backend, say, trial_line) -> None:
+    """A study of ``base`` over tp 1 and 2 on 2 devices, a line per trial."""
+    model = _model(folder, backend, 2, {"tp": [1, 2], **{k: [v] for k, v in fixed.items()}}, base)
     failed = _search(model, STUDY, folder)
     if failed:
-        say("8 mindformers", failed, False)
+        say(name, failed, False)
         return
     for number, knobs, result in _trials(STUDY, folder):
         line = trial_line(result, folder / "trials" / STUDY / str(number))
-        say(f"8 mindformers tp{knobs['tp']}", line, result.outcome == "ok")
-    if devices < 4:
-        say(*planned[-1])
-        return
+        say(f"{name} tp{knobs['tp']}", line, result.outcome == "ok")
+
+
+def _pipeline(backend, work: Path, say, trial_line) -> None:
+    """The tp2 · pp2 candidate twice, the second from the first's compile cache."""
     folder = work / "mindformers-pipeline"
     space = {**{k: [v] for k, v in FIXED.items()}, **{k: [v] for k, v in PIPELINE.items()}}
     model = _model(folder, backend, 4, space)

@@ -1,11 +1,17 @@
 """The ``llama`` family: MindFormers' legacy LLaMA decoder (RMSNorm, grouped-query attention with
 rotary embeddings, a SwiGLU feed-forward, an untied head), named and split as MindFormers names
-and splits it.
+and splits it, with the two options MindFormers' mcore Qwen3 adds.
 
 Its names and shapes are those of MindFormers' legacy ``LlamaForCausalLM``
 (``mindformers/models/llama``, docs/mindformers.md "Parameter names"): no biases, grouped-query
 ``wk``/``wv`` of ``num_kv_heads`` heads, a three-matrix SwiGLU feed-forward, RMSNorm weights, an
 untied ``lm_head``. Its network is `autotune.train.models.llama.Llama`.
+
+Options (model.yaml; docs/model-yaml.md): ``head_dim``, the width of every attention head, which
+need not be hidden / heads (Qwen3-32B: 64 heads of 128 over a hidden size of 5120, so its
+``wq`` is 8192 × 5120); ``qk_norm``, an RMSNorm over each query and key head before the rotary
+embedding (``attention.q_layernorm``, ``attention.k_layernorm``: one ``head_dim`` weight each,
+shared by the heads, as mcore's ``q_layernorm``/``k_layernorm``), which every Qwen3 layer has.
 """
 
 from __future__ import annotations
@@ -53,8 +59,9 @@ LLAMA_RULES = {
 }
 # Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
 # SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
-# table unless model_config.parallel_optimizer (LlamaEmbedding; its default False).
-LLAMA_NORMS = ("*attention_norm.*", "*ffn_norm.*", "*norm_out.*")
+# table unless model_config.parallel_optimizer (LlamaEmbedding; its default False). The q/k
+# norms are kept whole with them: head_dim-wide weights, too small to shard.
+LLAMA_NORMS = ("*attention_norm.*", "*ffn_norm.*", "*norm_out.*", "*_layernorm.*")
 LLAMA_EMBEDDING = "*tok_embeddings.*"
 
 
@@ -75,18 +82,27 @@ def kv_heads(model_cfg: dict) -> int:
     return model_cfg.get("num_kv_heads") or model_cfg["num_heads"]
 
 
+def head_dim(model_cfg: dict) -> int:
+    """The width of each attention head: ``head_dim`` where given, else hidden / heads."""
+    return model_cfg.get("head_dim") or model_cfg["hidden_size"] // model_cfg["num_heads"]
+
+
 def shapes(cfg: dict) -> dict:
     """The decoder's parameters (see `autotune.families.base.Family.shapes`)."""
     h, ffn, vocab = cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["vocab_size"]
-    kv_dim = kv_heads(cfg) * (h // cfg["num_heads"])
+    d = head_dim(cfg)
+    q_dim, kv_dim = cfg["num_heads"] * d, kv_heads(cfg) * d
     out = {"model.tok_embeddings.embedding_weight": (vocab, h)}
     for i in range(cfg["num_layers"]):
         b = f"model.layers.{i}"
         out[f"{b}.attention_norm.weight"] = (h,)
-        out[f"{b}.attention.wq.weight"] = (h, h)
+        out[f"{b}.attention.wq.weight"] = (q_dim, h)
         out[f"{b}.attention.wk.weight"] = (kv_dim, h)
         out[f"{b}.attention.wv.weight"] = (kv_dim, h)
-        out[f"{b}.attention.wo.weight"] = (h, h)
+        if cfg.get("qk_norm"):
+            out[f"{b}.attention.q_layernorm.weight"] = (d,)
+            out[f"{b}.attention.k_layernorm.weight"] = (d,)
+        out[f"{b}.attention.wo.weight"] = (h, q_dim)
         out[f"{b}.ffn_norm.weight"] = (h,)
         out[f"{b}.feed_forward.w1.weight"] = (ffn, h)  # gate
         out[f"{b}.feed_forward.w2.weight"] = (h, ffn)  # down
@@ -111,10 +127,21 @@ class Llama(Transformer):
 
     family: ClassVar[str] = "llama"
     kv_heads: int = 0  # key/value heads (grouped-query attention)
+    head_dim: int = 0  # each head's width (0: hidden / heads)
+    qk_norm: bool = False  # an RMSNorm on each query and key head (Qwen3)
+
+    @property
+    def head_width(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries and of the attention's output: heads × head width."""
+        return self.heads * self.head_width
 
     @property
     def kv_dim(self) -> int:
-        return self.kv_heads * (self.hidden // self.heads)
+        return self.kv_heads * self.head_width
 
     @classmethod
     def of(cls, model, fused_attention: bool = False, sequence_parallel: bool = False):
@@ -131,16 +158,27 @@ class Llama(Transformer):
             marks,
             model.embedding_parallel_optimizer,
             kv_heads=model.num_kv_heads or model.num_heads,
+            head_dim=model.head_dim or 0,
+            qk_norm=model.qk_norm,
         )
 
     def layout_config(self) -> dict:
-        return {**super().layout_config(), "num_kv_heads": self.kv_heads}
+        return {
+            **super().layout_config(),
+            "num_kv_heads": self.kv_heads,
+            "head_dim": self.head_dim or None,
+            "qk_norm": self.qk_norm,
+        }
+
+    def attention_flops(self) -> float:
+        """QKᵀ and AV over the heads' width: 4·s²·q_dim forward, the causal half fused."""
+        return (2 if self.fused_attention else 4) * self.seq * self.seq * self.q_dim
 
     def layer_flops(self) -> float:
-        s, h, f, kv = self.seq, self.hidden, self.ffn, self.kv_dim
-        # 2·(2h² + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, QKᵀ and AV;
-        # backward = 2 × forward.
-        return 3 * (s * (4 * h * h + 4 * h * kv + 6 * h * f) + self.attention_flops())
+        s, h, f, q, kv = self.seq, self.hidden, self.ffn, self.q_dim, self.kv_dim
+        # 2·(2h·q_dim + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, QKᵀ and AV;
+        # backward = 2 × forward. The q/k norms are element-wise (not counted).
+        return 3 * (s * (4 * h * q + 4 * h * kv + 6 * h * f) + self.attention_flops())
 
     def recompute_flops(self, mode: str) -> float:
         if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused
@@ -157,7 +195,12 @@ class Llama(Transformer):
         # under sequence parallelism unless their all-gather is recomputed)
         norms = 4 * h / tp + (4 * h / tp if comm else 4 * h) if split else 8 * h
         swiglu = (8 if mode == "none" else 4) * self.ffn  # gate, up (+ SiLU, product)
-        stored = s * (norms + (4 * h + 4 * self.kv_dim + swiglu) / tp)
+        # q, k, v after the rotary embedding and the output projection's input; with q/k norms
+        # also the norms' inputs (an RMSNorm's backward needs its input)
+        attention = 4 * self.q_dim + 4 * self.kv_dim
+        if self.qk_norm:
+            attention += 2 * (self.q_dim + self.kv_dim)
+        stored = s * (norms + (attention + swiglu) / tp)
         if mode == "none" and not self.fused_attention:
             stored += 2 * a * s * s / tp  # the softmax output (no dropout)
         return stored * scale
@@ -168,13 +211,15 @@ class Llama(Transformer):
 
 FAMILY = Family(
     "llama",
-    "MindFormers' legacy LLaMA decoder",
+    "MindFormers' legacy LLaMA decoder (and its mcore Qwen3: head_dim, qk_norm)",
     shapes,
     LLAMA_RULES,
     Llama,
     default_ffn=llama_ffn,
     fields=(
         "num_kv_heads",
+        "head_dim",
+        "qk_norm",
         "sequence_parallel",
         "embedding_parallel_optimizer",
         "recompute_layers",
@@ -182,5 +227,6 @@ FAMILY = Family(
     optimizer_whole=optimizer_whole,
     # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM
     mindformers_architectures=("LlamaForCausalLM",),
-    mindformers_model_types=("llama", "qwen2", "qwen3"),
+    # mcore model types (their defaults: autotune.spec.mindformers_mcore.MCORE_TYPES)
+    mindformers_model_types=("qwen3",),
 )

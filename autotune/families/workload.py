@@ -24,10 +24,13 @@ from ``ffn = 4h`` to any ``ffn_hidden_size``:
   full recompute keeps only the 2·sbh layer input.
 - ``llama`` (MindFormers' legacy llama, `autotune.families.llama`): the same accounting for its layer —
   grouped-query Q/K/V (K and V of ``kv_heads`` heads), the output projection, a three-matrix
-  SwiGLU, two RMSNorms, no dropout. Per layer and sample, 16-bit activations kept for the
+  SwiGLU, two RMSNorms, no dropout; its heads ``head_dim`` wide (q_dim = heads × head_dim,
+  hidden without it; Qwen3's 8192 over 5120): GEMMs 2·(2h·q_dim + 2h·kv_dim + 3h·ffn) and QKᵀ,
+  AV 4·s²·q_dim forward FLOPs per token. Per layer and sample, 16-bit activations kept for the
   backward: the two norm inputs and outputs (8·s·h), Q, K, V after the rotary embedding and the
-  output projection's input ((4h + 4·kv_dim)·s/t), the SwiGLU's gate, up, SiLU and product
-  (8·s·ffn/t), and the softmax output (2·a·s²/t). Its ``selective`` recompute is MindFormers'
+  output projection's input ((4·q_dim + 4·kv_dim)·s/t), with ``qk_norm`` the q/k norms' inputs
+  (2·(q_dim + kv_dim)·s/t), the SwiGLU's gate, up, SiLU and product (8·s·ffn/t), and the
+  softmax output (2·a·s²/t). Its ``selective`` recompute is MindFormers'
   ``select_recompute`` (docs/mindformers.md, "Recompute"): the default patterns
   ``feed_forward.mul`` and ``feed_forward.w1.activation.silu`` — the SiLU output and the
   product are not kept (−4·s·ffn/t), recomputed from the kept gate and up at memory bandwidth —

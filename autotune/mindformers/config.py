@@ -49,6 +49,7 @@ from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS, KnobHooks
 from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
+from autotune.spec.mindformers_mcore import TRANSFORMER_CONFIG_DEFAULTS
 from autotune.spec.mindformers_trial import cpu_refusals
 from autotune.spec.specs import Spec
 
@@ -224,10 +225,35 @@ def _for_cpu(document: dict, c: Candidate) -> None:
     )
 
 
+def is_mcore(base: dict) -> bool:
+    """Whether MindFormers builds ``base``'s model on its mcore path (``use_legacy: False``)."""
+    return base.get("use_legacy", True) is False
+
+
+# Keys of the legacy llama's model_config the overlay may write: an mcore model's converter
+# refuses each when MindFormers builds the network ("`parallel_optimizer` is unexpected in
+# TransformerConfig": parallel_core/transformer_config_utils.py, convert_to_transformer_config,
+# run by the weight template of every mcore training model), so an mcore base gets none.
+LEGACY_MODEL_KEYS = ("parallel_optimizer", "use_rope_slice", "fused_rms_norm")
+
+
+def _for_mcore(document: dict) -> None:
+    """The overlay's model keys as an mcore model takes them: no legacy llama key (above). Its
+    ``VocabParallelEmbedding`` joins the parallel optimizer as any weight, as the study priced
+    it (init writes ``embedding_parallel_optimizer: true`` for an mcore config)."""
+    model_config = document["model"]["model_config"]
+    for key in LEGACY_MODEL_KEYS:
+        model_config.pop(key, None)
+
+
 def _check_base(spec: Spec, base: dict, where: str) -> None:
     model = base.get("model")
     model_config = model.get("model_config") if isinstance(model, dict) else None
     dtype = model_config.get("compute_dtype") if isinstance(model_config, dict) else None
+    if dtype is None and is_mcore(
+        base
+    ):  # TransformerConfig's (config.json's torch_dtype is not read)
+        dtype = TRANSFORMER_CONFIG_DEFAULTS["compute_dtype"]
     if dtype is not None and dtype != spec.model.dtype:
         raise SpecError(
             f"{where}: model.model_config.compute_dtype is {dtype!r} but the study "
@@ -287,6 +313,8 @@ def document(
         return header + _dump({BASE_CONFIG: UNSET_BASE, **tuned}), []
     base = load_config(base_path)
     _check_base(spec, base, str(base_path))
+    if is_mcore(base):
+        _for_mcore(tuned)
     base_optimizer = (base.get("parallel") or {}).get("parallel_optimizer_config")
     if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:
         # the base's own threshold stays (ours is only MindFormers' default)

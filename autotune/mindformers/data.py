@@ -2,7 +2,11 @@
 
 Contract: :func:`synthetic_dataset` returns the path of a MindRecord of random tokens shaped as
 the study's MindFormers config reads them — its ``train_dataset.input_columns``, each row
-``model.seq_length`` + 1 tokens of ``model.vocab_size`` — with rows enough for every step of a
+``model.seq_length`` + 1 tokens of ``model.vocab_size`` (the model slices inputs and labels out
+of it), or ``seq_length`` tokens where its ``model_config.input_sliced_sig`` says the dataset is
+sliced already and the model takes it so — an mcore model's ``GPTModel`` always, the legacy
+llama when a ``labels`` column comes with the inputs (``LlamaForCausalLM.construct``) — with
+rows enough for every step of a
 trial in one epoch (global batch × (``UPDATE_CAP`` × ``trial.steps`` + 1)), so that no epoch
 boundary falls inside the steps a trial measures. It is written once per shape under ``root``
 (then reused by every trial and study of that shape) by MindFormers' own interpreter
@@ -37,7 +41,12 @@ def dataset_shape(spec: Spec) -> tuple[int, int, int, list[str]]:
     config = load_config(spec.mindformers_base)
     columns = (config.get("train_dataset") or {}).get("input_columns") or ["input_ids"]
     rows = spec.train.global_batch_size * (UPDATE_CAP * spec.trial.steps + 1)
-    return rows, spec.model.seq_length + 1, spec.model.vocab_size, [str(c) for c in columns]
+    model_config = (config.get("model") or {}).get("model_config") or {}
+    sliced = model_config.get("input_sliced_sig") is True and (
+        config.get("use_legacy", True) is False or "labels" in columns
+    )
+    tokens = spec.model.seq_length + (0 if sliced else 1)
+    return rows, tokens, spec.model.vocab_size, [str(c) for c in columns]
 
 
 def synthetic_dataset(spec: Spec, root: Path) -> str:

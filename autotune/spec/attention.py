@@ -25,10 +25,8 @@ def fused_refusal(model) -> str:
         return f"the {model.family or 'entry'} model has no attention the fused operator replaces"
     if model.dtype not in FUSED_DTYPES:
         return f"the fused operator computes in {' or '.join(FUSED_DTYPES)}, not {model.dtype}"
-    head_dim = model.hidden_size // model.num_heads
+    head_dim = model.head_dim or model.hidden_size // model.num_heads
     if head_dim % HEAD_DIM_MULTIPLE:
-        return (
-            f"the head dimension {head_dim} (hidden_size / num_heads) is not a multiple of "
-            f"{HEAD_DIM_MULTIPLE}"
-        )
+        where = "head_dim" if model.head_dim else "hidden_size / num_heads"
+        return f"the head dimension {head_dim} ({where}) is not a multiple of {HEAD_DIM_MULTIPLE}"
     return ""

@@ -20,8 +20,9 @@ MindFormers' source:
   under semi-auto/auto parallel. ``devices`` other than the config's dp·mp·pp keep that global
   batch and scale dp.
 - warmup: ``warmup_ratio`` × total steps when the ratio is given (``_get_lr_steps``, ``mindformers/
-  core/lr/lr_schedule.py``), else ``warmup_steps``; total steps from ``lr_schedule.total_steps``
-  or ``total_steps`` (required when the config says -1, "the dataset's length").
+  core/lr/lr_schedule.py``), else ``warmup_steps``; total steps: ``--total-steps``, else
+  ``lr_schedule.total_steps``, else (-1) the length MindFormers derives from the dataset where
+  init can count it, else a default, said in one line (`autotune.spec.mindformers_steps`).
 - ``cluster.device`` for every backend; jit level O2 (deprecated) read as O1 with a warning.
 - sequence parallelism, the token table under the parallel optimizer and recompute by layer as
   MindFormers runs them (`autotune.spec.mindformers_run`).
@@ -30,16 +31,16 @@ MindFormers' source:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.spec.backends import backend_of, for_device_target
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import JIT_LEVELS, LOSS_SCALED_DTYPES
+from autotune.spec.mindformers_cluster import read_cluster
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.mindformers_model import read_model
 from autotune.spec.mindformers_run import read_run
+from autotune.spec.mindformers_steps import total_steps
 
 _SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
 
@@ -75,13 +76,20 @@ class Reading:
 
 
 class _Config:
-    """Typed access to the merged config, naming ``file: dotted.key`` in every error."""
+    """Typed access to the merged config, naming ``file: dotted.key`` in every error — and the
+    file a key came from when it is not this config (an mcore model's ``config.json``):
+    ``sources`` maps such a dotted key to where it was read (`autotune.spec.mindformers_mcore`)."""
 
     def __init__(self, data: dict, source: str):
         self.data, self.source = data, source
+        self.sources: dict[str, str] = {}
+
+    def label(self, key: str) -> str:
+        """Where ``key``'s value came from: the key itself, or ``key (from …)``."""
+        return f"{key} (from {self.sources[key]})" if key in self.sources else key
 
     def fail(self, key: str, message: str):
-        raise SpecError(f"{self.source}: {key}: {message}")
+        raise SpecError(f"{self.source}: {self.label(key)}: {message}")
 
     def get(self, dotted: str, default=None):
         node = self.data
@@ -125,8 +133,10 @@ def read_config(
 ) -> Reading:
     """Read the MindFormers config at ``path`` (see the module doc)."""
     path = Path(path)
-    cfg = _Config(load_config(path), str(path))
+    repeated = []
+    cfg = _Config(load_config(path, repeated), str(path))
     reading = Reading(str(path), str(cfg.get("trainer.model_name", path.stem)))
+    reading.warnings += repeated
     read_model(cfg, reading)
     runs = _layout(cfg, reading)
     own = runs.dp * runs.tp * runs.pp
@@ -147,7 +157,7 @@ def read_config(
         if runs.source == "parallel_config"
         else runs.source
     )
-    _read_cluster(
+    read_cluster(
         cfg,
         reading,
         devices,
@@ -215,14 +225,10 @@ def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> N
         else "optimizer.learning_rate"
     )
     r.train.append(("learning_rate", float(cfg.number(lr_key, float)), lr_key))
-    steps_key = "lr_schedule.total_steps"
-    config_total = cfg.get(steps_key, -1)
-    if total is None:
-        if not isinstance(config_total, int) or config_total < 1:
-            cfg.fail(steps_key, f"is {config_total} (the dataset's length): pass --total-steps T")
-        total, where = config_total, steps_key
-    else:
-        where = "--total-steps"
+    global_batch = next(v for k, v, _ in r.train if k == "global_batch_size")
+    total, where, line = total_steps(cfg, global_batch, total)
+    if line is not None:
+        r.warnings.append(line)
     r.train.append(("total_steps", total, where))
     ratio = cfg.get("lr_schedule.warmup_ratio")
     if ratio is not None:
@@ -255,53 +261,6 @@ def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> N
                     "callbacks: CheckpointMonitor.save_checkpoint_steps",
                 )
             )
-
-
-def _memory_gb(cfg: _Config, key: str) -> float | None:
-    value = cfg.get(key)
-    if value is None:
-        return None
-    match = re.fullmatch(r"\s*([0-9.]+)\s*(GB|MB)\s*", str(value), re.IGNORECASE)
-    if not match:
-        cfg.fail(key, f'expected a size such as "58GB", got {value!r}')
-    number = float(match.group(1))
-    return number / 1024 if match.group(2).upper() == "MB" else number
-
-
-def _read_cluster(
-    cfg: _Config, r: Reading, devices: int, where: str, per_node: int | None, backend: str | None
-) -> None:
-    target = str(cfg.get("context.device_target", "Ascend")).lower()
-    device = for_device_target(target)  # the backend whose MindSpore device target it is
-    if device is None:
-        cfg.fail("context.device_target", f"unknown device {target!r}")
-    chosen = backend_of(backend or device.name)
-    r.cluster += [
-        ("backend", chosen.name, "--backend" if chosen is not device else "context.device_target"),
-        ("devices", devices, where),
-        (
-            "devices_per_node",
-            per_node or min(devices, 8),
-            "--devices-per-node" if per_node else "8 per node (Atlas 800T A2)",
-        ),
-    ]
-    # The profile: the config's device where the study stands for it (its own backend or a
-    # simulation), else the backend's own: a CPU study is priced as the CPU it runs on. The
-    # device's own profile is its backend's default (the published configs' "Atlas 800T A2":
-    # ascend-910b).
-    if chosen is device or chosen.kind == "estimate":
-        r.cluster.append(("device", device.default_profile, f"context.device_target {target}"))
-        cap = _memory_gb(cfg, "context.max_device_memory") if device.accelerator else None
-        if cap is not None:
-            r.cluster.append(
-                (
-                    "max_device_memory_gb",
-                    cap,
-                    "context.max_device_memory: the cap the estimate screens against",
-                )
-            )
-    else:
-        r.cluster.append(("device", chosen.default_profile, f"--backend {chosen.name}"))
 
 
 def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: str) -> None:

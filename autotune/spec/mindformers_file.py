@@ -5,7 +5,9 @@ Contract (docs/mindformers.md, "The merge: base_config"):
   (``mindformers/tools/register/config.py``): ``yaml.safe_load``, then each ``base_config`` (a
   path or a list of paths, relative to the including file's folder) loaded the same way, several
   bases combined with a shallow ``dict.update``, and the file merged over them by :func:`merge`.
-  Any problem is a :class:`SpecError` naming the file (and the key).
+  A key given twice in one mapping keeps its last value, as ``yaml.safe_load`` does; each such
+  key is one line in ``warnings`` (when given), naming the file and the key. Any other problem
+  is a :class:`SpecError` naming the file (and the key).
 - :func:`merge` is MindFormers' ``_merge_a_into_b``: a mapping merges into a mapping (or into
   null) key by key, anything else replaces. Where MindFormers' own rule would crash — a mapping
   over a scalar or a list — it raises :class:`MergeConflict`, or with ``replace=True`` replaces
@@ -70,13 +72,18 @@ def merge(a: dict, b: dict | None, replace: bool = False, _path: str = "") -> tu
     return merged, changes
 
 
-def load_config(path: str | os.PathLike, _seen: tuple = ()) -> dict:
+def load_config(path: str | os.PathLike, warnings: list | None = None, _seen: tuple = ()) -> dict:
     """A MindFormers config with its base_config chain resolved (see the module doc)."""
     path = Path(path)
     real = path.resolve()
     if real in _seen:
         raise SpecError(f"{path}: base_config includes itself ({' -> '.join(map(str, _seen))})")
-    data = load_yaml(real)
+    repeated = []
+    data = load_yaml(real, repeated)
+    if warnings is not None:
+        warnings += [
+            f"{path}: {line}, as MindFormers' yaml.safe_load keeps it" for line in repeated
+        ]
     if BASE_CONFIG not in data:
         return data
     names = data.pop(BASE_CONFIG)
@@ -86,7 +93,8 @@ def load_config(path: str | os.PathLike, _seen: tuple = ()) -> dict:
         if not isinstance(name, str) or not name:
             raise SpecError(f"{path}: base_config: expected a file name, got {name!r}")
         # MindFormers joins the name to the including file's folder as given (not resolved).
-        combined.update(load_config(os.path.join(os.path.dirname(path), name), (*_seen, real)))
+        base = os.path.join(os.path.dirname(path), name)
+        combined.update(load_config(base, warnings, (*_seen, real)))
     try:
         return merge(data, combined)[0]
     except MergeConflict as exc:

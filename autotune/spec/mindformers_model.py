@@ -7,30 +7,43 @@ llama`` model, and to ``reading.warnings`` one line per setting it drops. It ref
 every config autotune's llama family does not represent (docs/mindformers.md, "Refused"):
 
 - the architecture is on an allow-list: legacy models (``use_legacy`` not false) by
-  ``model.arch.type``, mcore models (``use_legacy: False``) by ``model.model_config.model_type``;
-  an mcore config that leaves its shape to ``pretrained_model_dir`` (a Hugging Face folder
-  autotune does not read) is refused naming that key;
+  ``model.arch.type``, mcore models (``use_legacy: False``) by ``model_type`` — of the model
+  MindFormers builds: ``pretrained_model_dir``'s ``config.json`` under the YAML's
+  ``model_config``, MindFormers' defaults for that type (`autotune.spec.mindformers_mcore`);
 - parameter-efficient fine-tuning (``pet_config``): MindFormers freezes the base weights, which
   autotune's cost model and trial do not (they price and train every weight's Adam states);
-- mixture of experts, multi-latent attention, q/k layernorm, heads not hidden/heads wide (mcore),
-  context parallelism.
+- mixture of experts, multi-latent attention, q/k layernorm on the legacy llama (which builds
+  none), context parallelism.
 
 The legacy llama ignores ``kv_channels`` and ``head_dim`` (its heads are hidden / heads wide,
-``mindformers/models/llama/llama.py``), so init does too, with a warning when they disagree.
+``mindformers/models/llama/llama.py``), so init does too, with a warning when they disagree; an
+mcore model's ``head_dim`` and q/k norm are written as the llama family's ``head_dim`` and
+``qk_norm`` (Qwen3).
 """
 
 from __future__ import annotations
 
 from autotune.families.llama import FAMILY as LLAMA
 from autotune.families.llama import llama_ffn
+from autotune.spec import mindformers_mcore as mcore
 
 MC = "model.model_config"
-# model_config keys: MindFormers' legacy LlamaConfig name first, then the mcore name.
+# model_config keys: MindFormers' legacy LlamaConfig name first, then the mcore name; an mcore
+# model's are its Hugging Face names only (MindFormers' converter maps them; the same-name
+# TransformerConfig key beside one is its "Mapping Conflicts" error).
 NAMES = {
     "num_layers": ("num_layers", "num_hidden_layers"),
     "hidden_size": ("hidden_size",),
     "num_heads": ("num_heads", "num_attention_heads"),
     "num_kv_heads": ("n_kv_heads", "num_key_value_heads"),
+    "vocab_size": ("vocab_size",),
+    "seq_length": ("seq_length",),
+}
+MCORE_NAMES = {
+    "num_layers": ("num_hidden_layers",),
+    "hidden_size": ("hidden_size",),
+    "num_heads": ("num_attention_heads",),
+    "num_kv_heads": ("num_key_value_heads",),
     "vocab_size": ("vocab_size",),
     "seq_length": ("seq_length",),
 }
@@ -49,6 +62,9 @@ _NEEDS = {  # what autotune would need for architectures MindFormers' configs na
     "position buckets",
     "ChatGLM2ForConditionalGeneration": "GLM's attention (multi-query groups, its own rotary "
     "layout, qkv biases)",
+    "TelechatForCausalLM": "TeleChat's attention (a fused key-value projection wk_v, split over "
+    "tp as its own parameter; MindFormers' research/telechat2 and telechat3) and the biases of "
+    "its attention output and feed-forward w2",
     "Baichuan13BV2ForCausalLM": "ALiBi positions in place of rotary embeddings",
     "Baichuan13BForCausalLM": "ALiBi positions in place of rotary embeddings",
     "InternLMForCausalLM": "attention biases (has_bias)",
@@ -65,28 +81,33 @@ _HEADS = (
 )
 
 
-def architecture(cfg) -> tuple[str, str]:
-    """``(key, architecture)`` of the config, refusing one the llama family does not represent."""
+def architecture(cfg, r) -> tuple[str, str]:
+    """``(key, architecture)`` of the config, refusing one the llama family does not represent;
+    an mcore model is completed as MindFormers builds it (`autotune.spec.mindformers_mcore`)."""
     if cfg.get("use_legacy", True) is False:
         key = f"{MC}.model_type"
-        arch = cfg.get(key)
+        arch = mcore.model_type(cfg)
         if arch is None:
-            if cfg.get(f"{MC}.hidden_size") is None and cfg.get("pretrained_model_dir"):
+            named = mcore.pretrained_dir(cfg)
+            if named is not None:
+                folder = named[1]
                 cfg.fail(
-                    "pretrained_model_dir",
-                    f"{cfg.get('pretrained_model_dir')!r}: this mcore "
-                    "config (use_legacy: False) takes its model from a Hugging Face folder's "
-                    "config.json, which autotune does not read; state model_type, "
-                    "num_hidden_layers, hidden_size, num_attention_heads, vocab_size and "
-                    f"seq_length under {MC}",
+                    named[0],
+                    f"{folder!r}: {mcore.config_json(folder)} is not there and {MC} states no "
+                    "model_type: "
+                    "an mcore config (use_legacy: False) takes its architecture and shape from "
+                    "that Hugging Face file; point pretrained_model_dir at the model's folder "
+                    f"(or state model_type and {', '.join(mcore.SHAPE)} under {MC})",
                 )
             cfg.fail(key, "is required for an mcore config (use_legacy: False): the architecture")
         if arch not in MCORE_MODEL_TYPES:
+            why = mcore.NOT_READ.get(arch) or f"{arch} would need {_OWN_FAMILY}"
             cfg.fail(
                 key,
                 f"{arch!r}: autotune's llama family represents the mcore models "
-                f"{', '.join(MCORE_MODEL_TYPES)}; {arch} would need {_OWN_FAMILY}",
+                f"{', '.join(MCORE_MODEL_TYPES)}; {why}",
             )
+        mcore.complete(cfg, r, arch)
         return key, arch
     key = "model.arch.type"
     arch = cfg.get(key)
@@ -109,7 +130,8 @@ def architecture(cfg) -> tuple[str, str]:
 
 
 def refuse(cfg) -> None:
-    """SpecError for a model or setting autotune's llama family cannot represent."""
+    """SpecError for a model or setting autotune's llama family cannot represent (of an mcore
+    config: what MindFormers builds, its config.json read)."""
     pet = cfg.get(f"{MC}.pet_config")
     if pet:
         kind = pet.get("pet_type") if isinstance(pet, dict) else pet
@@ -133,15 +155,21 @@ def refuse(cfg) -> None:
         if isinstance(value, int) and value > 1:
             cfg.fail(
                 key,
-                f"{value} experts: mixture-of-experts models cannot be represented "
-                "(autotune's llama family is dense)",
+                f"{value} experts: a mixture of experts; autotune's llama family is dense, and "
+                "this model would need a family with experts and routing in the trial and the "
+                "cost model, and the expert-parallel knob",
             )
     for key in (f"{MC}.multi_latent_attention", f"{MC}.q_lora_rank", f"{MC}.kv_lora_rank"):
         if cfg.get(key) not in (None, False):
             cfg.fail(key, "multi-latent attention cannot be represented")
-    for key in (f"{MC}.qk_layernorm", f"{MC}.qk_norm", f"{MC}.use_qk_norm"):
-        if cfg.get(key) is True:
-            cfg.fail(key, "q/k layernorm cannot be represented (autotune's llama has none)")
+    if cfg.get("use_legacy", True) is not False:  # an mcore model's is its type's (mcore.complete)
+        for key in (f"{MC}.qk_layernorm", f"{MC}.qk_norm", f"{MC}.use_qk_norm"):
+            if cfg.get(key) is True:
+                cfg.fail(
+                    key,
+                    "q/k layernorm: MindFormers' legacy LlamaForCausalLM builds none, so it "
+                    "would be dropped; autotune reads it for the mcore Qwen3 (qk_norm)",
+                )
     if cfg.get("parallel_config.context_parallel", 1) != 1:
         cfg.fail(
             "parallel_config.context_parallel",
@@ -150,46 +178,45 @@ def refuse(cfg) -> None:
         )
 
 
-def _head_width(cfg, r, legacy: bool) -> None:
+def _head_width(cfg, r) -> None:
+    """The legacy llama's heads are hidden / heads wide whatever head_dim or kv_channels say."""
     _, hidden = cfg.first(NAMES["hidden_size"])
     heads_key, heads = cfg.first(NAMES["num_heads"])
     for key in (f"{MC}.head_dim", f"{MC}.kv_channels"):
         value = cfg.get(key)
-        if value is None or value * heads == hidden:
-            continue
-        if legacy:
+        if value is not None and value * heads != hidden:
             r.warnings.append(
                 f"{key}: {value}: ignored, as MindFormers' legacy llama ignores it "
                 f"(its heads are hidden_size / {heads_key.rsplit('.', 1)[1]} = "
                 f"{hidden // heads} wide)"
             )
-        else:
-            cfg.fail(
-                key,
-                f"{value} ≠ hidden_size / {heads_key.rsplit('.', 1)[1]} = "
-                f"{hidden / heads:g}: autotune's heads are hidden / heads wide",
-            )
 
 
 def read_model(cfg, r) -> None:
     """Append the ``model`` rows and warnings of ``cfg`` to reading ``r`` (see the module doc)."""
-    arch_key, arch = architecture(cfg)
-    refuse(cfg)
     legacy = cfg.get("use_legacy", True) is not False
-    _head_width(cfg, r, legacy)
+    if not legacy:
+        mcore.resolve(cfg, r)
+    refuse(cfg)
+    arch_key, arch = architecture(cfg, r)
+    names = NAMES if legacy else MCORE_NAMES
+    if legacy:
+        _head_width(cfg, r)
     r.model.append(("family", LLAMA.name, f"{arch_key} {arch}: RMSNorm, SwiGLU, rotary embeddings"))
-    dims = {name: cfg.first(names) for name, names in NAMES.items() if name != "num_kv_heads"}
+    dims = {name: cfg.first(keys) for name, keys in names.items() if name != "num_kv_heads"}
     for name in ("num_layers", "hidden_size", "num_heads"):
-        r.model.append((name, dims[name][1], dims[name][0]))
-    kv_key, kv = cfg.first(NAMES["num_kv_heads"], default=None)
+        r.model.append((name, dims[name][1], cfg.label(dims[name][0])))
+    kv_key, kv = cfg.first(names["num_kv_heads"], default=None)
     if kv is not None and kv != dims["num_heads"][1]:
-        r.model.append(("num_kv_heads", kv, f"{kv_key} (grouped-query attention)"))
+        r.model.append(("num_kv_heads", kv, f"{cfg.label(kv_key)} (grouped-query attention)"))
+    if not legacy:
+        _mcore_attention(cfg, r, dims["hidden_size"][1], dims["num_heads"][1])
     if cfg.get(f"{MC}.intermediate_size") is not None:
         r.model.append(
             (
                 "ffn_hidden_size",
                 cfg.number(f"{MC}.intermediate_size", minimum=1),
-                f"{MC}.intermediate_size",
+                cfg.label(f"{MC}.intermediate_size"),
             )
         )
     else:
@@ -206,12 +233,13 @@ def read_model(cfg, r) -> None:
             )
         )
     for name in ("seq_length", "vocab_size"):
-        r.model.append((name, dims[name][1], dims[name][0]))
+        r.model.append((name, dims[name][1], cfg.label(dims[name][0])))
+    param_key = f"{MC}.param_init_type" if legacy else f"{MC}.params_dtype"
     compute = _dtype(cfg, f"{MC}.compute_dtype", "float16")
-    params = _dtype(cfg, f"{MC}.param_init_type", "float32", f"{MC}.params_dtype")
+    params = _dtype(cfg, param_key, "float32", f"{MC}.params_dtype")
     r.model += [
-        ("dtype", compute, f"{MC}.compute_dtype"),
-        ("param_dtype", params, f"{MC}.param_init_type"),
+        ("dtype", compute, cfg.label(f"{MC}.compute_dtype")),
+        ("param_dtype", params, cfg.label(param_key)),
         (
             "optimizer_dtype",
             "float32",
@@ -221,10 +249,20 @@ def read_model(cfg, r) -> None:
         (
             "flash_attention",
             cfg.get(f"{MC}.use_flash_attention", False) is True,
-            f"{MC}.use_flash_attention",
+            cfg.label(f"{MC}.use_flash_attention"),
         ),
     ]
     _warn(cfg, r)
+
+
+def _mcore_attention(cfg, r, hidden: int, heads: int) -> None:
+    """The mcore model's ``head_dim`` (written where it is not hidden / heads) and q/k norm."""
+    key = f"{MC}.head_dim"
+    width = cfg.number(key, minimum=1)
+    if width * heads != hidden:
+        r.model.append(("head_dim", width, cfg.label(key)))
+    if cfg.get(f"{MC}.qk_layernorm") is True:
+        r.model.append(("qk_norm", True, cfg.label(f"{MC}.qk_layernorm")))
 
 
 def _dtype(cfg, key: str, default: str, other: str | None = None) -> str:
@@ -256,6 +294,16 @@ def _warn(cfg, r) -> None:
             "the attention output's bias dropped (negligible work and memory)",
         ),
         (
+            f"{MC}.attention_bias",
+            True,
+            "q/k/v biases dropped (the trial's llama has none; negligible work and memory)",
+        ),
+        (
+            f"{MC}.add_bias_linear",
+            True,
+            "the linear layers' biases dropped (negligible work and memory)",
+        ),
+        (
             f"{MC}.fine_grain_interleave",
             "> 1",
             "dropped: the trial does not interleave "
@@ -281,7 +329,7 @@ def _warn(cfg, r) -> None:
         value = cfg.get(key)
         hit = value is True if when is True else isinstance(value, int) and value > 1
         if hit:
-            r.warnings.append(f"{key}: {value}: {what}")
+            r.warnings.append(f"{cfg.label(key)}: {value}: {what}")
     if cfg.get("parallel_config.vocab_emb_dp") is True and isinstance(tp, int) and tp > 1:
         r.warnings.append(
             f"parallel_config.vocab_emb_dp: True with model_parallel {tp}: "

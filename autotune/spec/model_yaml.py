@@ -29,6 +29,7 @@ from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.specs import (
     DEFAULT_MIN_STEPS,
     DEFAULT_PRECISION,
+    DEFAULT_TOTAL_STEPS,
     ClusterSpec,
     ModelSpec,
     SearchSpec,
@@ -179,6 +180,8 @@ def _parse_baseline(s: _Section) -> dict:
 # leaves them out, so a study made before them still resumes (`autotune.study.opening`).
 LATER_MODEL_FIELDS = {
     "num_kv_heads": None,
+    "head_dim": None,
+    "qk_norm": False,
     "param_dtype": "float32",
     "optimizer_dtype": "float32",
     "flash_attention": False,
@@ -203,11 +206,18 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         key: s.get(key, int, minimum=1, default=required)
         for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")
     }
-    if dims["hidden_size"] and dims["num_heads"] and dims["hidden_size"] % dims["num_heads"]:
+    attention = _parse_attention(s, family)
+    if (
+        attention["head_dim"] is None
+        and dims["hidden_size"]
+        and dims["num_heads"]
+        and dims["hidden_size"] % dims["num_heads"]
+    ):
         s.fail(
             "hidden_size",
             f"{dims['hidden_size']} is not a multiple of model.num_heads = "
-            f"{dims['num_heads']} (each head gets hidden_size / num_heads)",
+            f"{dims['num_heads']} (each head gets hidden_size / num_heads unless model.head_dim "
+            "says)",
         )
     dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
     if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
@@ -247,11 +257,25 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         dtype=dtype,
         **dims,
         num_kv_heads=kv,
+        **attention,
         **precision,
         **mindformers,
         tp_rules=tp_rules,
         extra=extra,
     )
+
+
+def _parse_attention(s: _Section, family: str | None) -> dict:
+    """``head_dim`` and ``qk_norm``: the llama family's attention options (MindFormers' Qwen3)."""
+    fields = {
+        "head_dim": s.get("head_dim", int, minimum=1, default=None),
+        "qk_norm": s.get("qk_norm", bool, default=False),
+    }
+    for name, value in fields.items():
+        if value not in (None, False) and family not in owners(name):
+            names, choice = _taking(name)
+            s.fail(name, f"is the {names} family's attention option ({choice})")
+    return fields
 
 
 def _taking(field: str) -> tuple[str, str]:
@@ -302,7 +326,7 @@ def _parse_train(s: _Section) -> TrainSpec:
     t = TrainSpec(
         s.get("global_batch_size", int, minimum=1),
         s.get("learning_rate", float, default=1e-3),
-        s.get("total_steps", int, default=10000, minimum=1),
+        s.get("total_steps", int, default=DEFAULT_TOTAL_STEPS, minimum=1),
         s.get("save_every", int, default=1000, minimum=1),
     )
     if not t.learning_rate > 0:

@@ -14,6 +14,11 @@ DEFAULT_PRECISION = 0.02  # trial.precision: the mean step time to ±2% (95%)
 DEFAULT_MIN_STEPS = 10  # trial.min_steps, or every measured step of a shorter trial
 
 
+# train.total_steps when a model.yaml leaves it out (and init when a MindFormers config's -1
+# cannot be counted: `autotune.spec.mindformers_steps`)
+DEFAULT_TOTAL_STEPS = 10000
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     family: str | None
@@ -26,6 +31,8 @@ class ModelSpec:
     vocab_size: int | None
     dtype: str
     num_kv_heads: int | None = None  # llama: grouped-query attention (None: every head)
+    head_dim: int | None = None  # llama: each attention head's width (None: hidden / heads)
+    qk_norm: bool = False  # llama: an RMSNorm on each query and key head (MindFormers' Qwen3)
     param_dtype: str = "float32"  # parameters (and gradients) as the run keeps them
     optimizer_dtype: str = "float32"  # the optimizer's moments
     flash_attention: bool = False  # fused attention (no s² scores) where the backend has it

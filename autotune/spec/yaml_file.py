@@ -12,6 +12,11 @@ once and each node walked once, however many aliases refer to it, so an alias bo
 of nine-fold aliases: a few hundred bytes, 387 million nodes expanded) is refused in
 milliseconds — accepted, it would explode later wherever the data is walked or written out (the
 fingerprint, a trial's ``config.json``).
+
+A file autotune reads as another program reads it (a MindFormers config: ``yaml.safe_load``,
+which keeps the last of a repeated key) passes ``repeated``, a list: a key given twice is then
+not refused but appended to it as one line naming the key's dotted path and line, and the last
+value wins, as in that program.
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ def _invalid(path: Path, text: str, exc: yaml.YAMLError) -> SpecError:
     return SpecError(f"{path}: not valid YAML{where}: {problem}")
 
 
-def load_yaml(path: Path) -> dict:
-    """safe_load a YAML mapping (see the module doc)."""
+def load_yaml(path: Path, repeated: list | None = None) -> dict:
+    """safe_load a YAML mapping (see the module doc); ``repeated``: where a repeated key is
+    reported instead of refused."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -78,7 +84,7 @@ def load_yaml(path: Path) -> dict:
             raise SpecError(f"{path}: nested too deeply to read") from None
         if not isinstance(root, yaml.MappingNode):
             raise SpecError(f"{path}: must be a YAML mapping")
-        _check_nodes(path, root)
+        _check_nodes(path, root, repeated)
         try:  # the checked nodes, by the safe constructors: never a Python object of a tag
             return loader.construct_document(root)
         except yaml.YAMLError as exc:
@@ -93,15 +99,15 @@ def _children(node) -> list:
     return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
-def _check_nodes(path: Path, root) -> None:
-    """Walk each node of the composed document once (an alias is the node it names): refuse a
-    key given twice in one mapping, a node that contains itself, and an expanded size over
-    :data:`NODE_BUDGET`."""
+def _check_nodes(path: Path, root, repeated: list | None = None) -> None:
+    """Walk each node of the composed document once (an alias is the node it names): refuse (or
+    report in ``repeated``) a key given twice in one mapping; refuse a node that contains itself
+    and an expanded size over :data:`NODE_BUDGET`."""
     expanded: dict[int, int] = {}  # id(node) → nodes under it, aliases expanded (itself included)
     open_nodes: set[int] = set()  # walked into, not finished: the ancestors of the current one
-    stack = [(root, False)]
+    stack = [(root, False, "")]  # (node, finished, the dotted path of the first way to it)
     while stack:
-        node, finished = stack.pop()
+        node, finished, where = stack.pop()
         if finished:
             open_nodes.discard(id(node))
             expanded[id(node)] = 1 + sum(expanded[id(child)] for child in _children(node))
@@ -118,17 +124,26 @@ def _check_nodes(path: Path, root) -> None:
                 f"{path}: line {node.start_mark.line + 1}: an alias refers to a node "
                 "that contains it (the document would be infinite)"
             )
+        children = []
         if isinstance(node, yaml.MappingNode):
             seen = set()
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    if key.value in seen:
+            for key, value in node.value:
+                dotted = f"{where}{key.value}" if isinstance(key, yaml.ScalarNode) else where
+                if isinstance(key, yaml.ScalarNode) and key.value in seen:
+                    line = key.start_mark.line + 1
+                    if repeated is None:
                         raise SpecError(
-                            f"{path}: line {key.start_mark.line + 1}: {key.value!r} "
-                            "is given twice in one mapping (YAML would silently "
-                            "keep the last)"
+                            f"{path}: line {line}: {key.value!r} is given twice in one "
+                            "mapping (YAML would silently keep the last)"
                         )
-                    seen.add(key.value)
+                    repeated.append(
+                        f"{dotted}: given more than once in one mapping (again on line {line}): "
+                        "the last value is kept"
+                    )
+                seen.add(key.value if isinstance(key, yaml.ScalarNode) else id(key))
+                children += [(key, where), (value, f"{dotted}.")]
+        else:
+            children = [(child, where) for child in _children(node)]
         open_nodes.add(id(node))
-        stack.append((node, True))
-        stack.extend((child, False) for child in _children(node))
+        stack.append((node, True, where))
+        stack.extend((child, False, at) for child, at in children)

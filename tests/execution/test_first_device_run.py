@@ -336,6 +336,7 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
         "6 warm 4/4",
         "7 hidden",
         "8 mindformers",
+        "9 mindformers mcore",
     ]
     said = dict(steps)
     assert said["0 autotune"].endswith(" install") and said["0 autotune"].startswith("make -C ")
@@ -351,6 +352,7 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
     assert all(said[n].endswith("(one warm pool)") for n in names[8:12])
     assert said["7 hidden"].startswith("LD_LIBRARY_PATH=") and "dp=1 tp=1 pp=1" in said["7 hidden"]
     assert said["8 mindformers"].startswith("skipped: MindFormers supports")  # not on GPU
+    assert said["9 mindformers mcore"] == said["8 mindformers"]
     ascend = dict(_dry_run("ascend", "--devices", "2"))
     assert "2 kernels" not in ascend
     for tp, dp in ((1, 2), (2, 1)):  # MindFormers' semi-auto parallel, which no CPU runs
@@ -359,6 +361,11 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
             in ascend[f"8 mindformers tp{tp}"]
         )
     assert ascend["8 mindformers tp2·pp2"] == "skipped: a tp2·pp2 trial needs --devices 4"
+    for tp, dp in ((1, 2), (2, 1)):  # the mcore Qwen3, which MindFormers cannot train on a CPU
+        assert (
+            f"tiny mcore Qwen3, dp={dp} tp={tp} (autotune search"
+            in ascend[f"9 mindformers mcore tp{tp}"]
+        )
     four = _dry_run("ascend", "--devices", "4")
     names = [name for name, _ in four if name.startswith("8 mindformers")]
     assert names[-2:] == ["8 mindformers tp2·pp2 1/2", "8 mindformers tp2·pp2 2/2"]

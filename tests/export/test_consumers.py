@@ -29,6 +29,7 @@ from autotune.export import write_export  # noqa: E402
 from autotune.export.strategy import write_strategies  # noqa: E402
 from autotune.families.llama import MINDFORMERS_RULES  # noqa: E402
 from autotune.layout import plan_layout, with_optimizer_states  # noqa: E402
+from autotune.mindformers.config import LEGACY_MODEL_KEYS  # noqa: E402
 from autotune.spec.errors import SpecError  # noqa: E402
 from tests.export.test_export import TRIAL, _fake_bin, candidate, make_spec  # noqa: E402
 
@@ -311,6 +312,10 @@ def test_every_layout_trains_as_tuned_under_mindformers(tmp_path, base, dtype, l
     )
     overlay = read_yaml(alone / "mindformers.yaml")
     assert overlay.pop("base_config") == "SET-ME-your-model-mindformers-config.yaml"
+    if base == QWEN3:  # an mcore base: no legacy llama key, which its converter refuses
+        for key in LEGACY_MODEL_KEYS:
+            assert key not in merged["model"]["model_config"]
+            overlay["model"]["model_config"].pop(key, None)
     assert mindformers_merge_a_into_b(overlay, base_as_mindformers_reads_it(base)) == merged
     # MindFormers' own section templates check every key: tests/export/test_mindformers_consumer.py
 
@@ -347,6 +352,18 @@ def test_qwen3_base_chain_and_what_changes(tmp_path):
     assert changes["parallel_config.model_parallel"] == (4, 2)
     assert changes["parallel_config.vocab_emb_dp"] == (True, False)
     assert "runner_wrapper.scale_sense" not in changes  # 1.0 stays 1.0
+
+
+def test_an_mcore_base_without_compute_dtype_computes_in_bfloat16(tmp_path):
+    """TransformerConfig's default compute_dtype is bfloat16 (a Hugging Face config.json's
+    torch_dtype is not read): a float16 study does not export over such a base."""
+    base = tmp_path / "mcore.yaml"
+    base.write_text("use_legacy: False\nmodel:\n  model_config:\n    model_type: qwen3\n")
+    with pytest.raises(SpecError, match="compute_dtype is 'bfloat16' but the study tuned"):
+        export(tmp_path, "never", LAYOUTS["dp8"], base=base, device="ascend-910b")
+    legacy = tmp_path / "legacy.yaml"
+    legacy.write_text("model:\n  model_config:\n    type: LlamaConfig\n")
+    assert export(tmp_path, "ok", LAYOUTS["dp8"], base=legacy, device="ascend-910b").is_dir()
 
 
 def test_mindformers_rule_cannot_merge_a_loss_scaler_over_a_number(tmp_path):

@@ -11,7 +11,15 @@
   error;
 - ``{"batch": PATH}``: the global batch and per-rank batch MindFormers' trainer computes
   (``BaseTrainer._check_grad_accumulation_steps`` and ``_check_global_batch_size_for_auto_parallel``)
-  with the auto-parallel context the config's ``parallel`` section sets and ``device_num`` ranks.
+  with the auto-parallel context the config's ``parallel`` section sets and ``device_num`` ranks;
+- ``{"model": PATH}``: the model config MindFormers builds for an mcore config (``use_legacy:
+  False``) — ``get_model_config`` over ``model`` as the trainer hands it (``pretrained_model_dir``
+  copied in, ``models/build_config.py``: its ``config.json`` under the YAML), its class, its
+  attributes (``config``) and the ``TransformerConfig`` it converts to (``transformer``),
+  whether the type's training model passes ``qk_layernorm=True`` (``qk_layernorm_built``), and
+  the error of the stricter conversion its weight template runs once the network is built
+  (``transformer_config_utils.convert_to_transformer_config``: a key it does not know is an
+  error there), null when it accepts the config (``strict``).
 
 It imports autotune nothing: the test compares what MindFormers says with what autotune wrote.
 """
@@ -89,6 +97,51 @@ def _batch(path, device_num):
             "gradient_accumulation_steps": int(cfg.runner_config.gradient_accumulation_steps)}
 
 
+def _plain(value):
+    """A JSON value of a config attribute (MindSpore dtypes by their lower-case names)."""
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value).lower()
+
+
+def _model(path):
+    import importlib
+    import inspect
+
+    from mindformers.models.build_config import get_model_config
+    from mindformers.tools.register import MindFormerConfig
+    from mindformers.tools.register import register
+
+    cfg = MindFormerConfig(path)
+    # the registry asks the run's context whether it is legacy; there is no run here
+    register.is_legacy_model = lambda: cfg.use_legacy is not False
+    import mindformers  # noqa: F401  (registers every model type)
+
+    if cfg.get("pretrained_model_dir"):  # BaseTrainer does this before building the network
+        cfg.model.pretrained_model_dir = cfg.pretrained_model_dir
+    config = get_model_config(cfg.model)
+    transformer = config.convert_to_transformer_config()
+    # the type's training model: models/<type>/modeling_<type>_train.py, its Training* class
+    package, module = type(config).__module__.rsplit(".", 1)
+    train = importlib.import_module(f"{package}.modeling_{module.removeprefix('configuration_')}_train")
+    built = any("qk_layernorm=True" in inspect.getsource(cls.__init__)
+                for name, cls in inspect.getmembers(train, inspect.isclass)
+                if name.startswith("Training") and cls.__module__ == train.__name__)
+    from mindformers.parallel_core.transformer_config_utils import convert_to_transformer_config
+    try:
+        convert_to_transformer_config(config)
+        strict = None
+    except Exception as exc:  # what MindFormers says is the answer
+        strict = f"{type(exc).__name__}: {exc}"
+    fields = [f for f in vars(transformer) if not f.startswith("_")]
+    return {"class": type(config).__name__, "strict": strict,
+            "config": {k: _plain(v) for k, v in config.to_dict().items()},
+            "transformer": {k: _plain(getattr(transformer, k)) for k in fields},
+            "qk_layernorm_built": built}
+
+
 def main(jobs_path):
     with open(jobs_path) as f:
         jobs = json.load(f)
@@ -99,6 +152,8 @@ def main(jobs_path):
                 results.append(_read(job["read"]))
             elif "layers" in job:
                 results.append(_layers(job["layers"]))
+            elif "model" in job:
+                results.append(_model(job["model"]))
             else:
                 results.append(_batch(job["batch"], job["device_num"]))
         except Exception:

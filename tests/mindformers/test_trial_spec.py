@@ -113,3 +113,20 @@ def test_mindformers_trials_are_priced_on_mindspores_engine_on_every_backend(tmp
         estimate = costmodel.estimate(trials, baseline)
         assert estimate.feasible, (name, estimate.reason)
         assert estimate.memory_gb_per_device <= spec.cluster.max_device_memory_gb
+
+
+def test_synthetic_rows_are_sliced_as_the_config_says(tmp_path):
+    """The legacy llama slices inputs and labels out of seq_length + 1 tokens; an mcore config
+    with input_sliced_sig takes rows of seq_length as they come (its GPTModel does not slice)."""
+    from autotune.mindformers.data import dataset_shape
+
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "qwen3").mkdir()
+    llama = load_spec(mindformers_model(tmp_path / "llama"))
+    qwen3 = load_spec(
+        mindformers_model(
+            tmp_path / "qwen3", base=ROOT / "tests" / "mindformers" / "tiny_qwen3_mindformers.yaml"
+        )
+    )
+    assert dataset_shape(llama)[1:] == (33, 128, ["input_ids", "labels"])
+    assert dataset_shape(qwen3)[1:] == (16, 64, ["input_ids", "labels"])

@@ -36,6 +36,8 @@ LLAMA = {
     "seq_length": 8,
     "vocab_size": 64,
 }
+# Qwen3-shaped: 4 heads of 16 over a hidden size of 32 (not 32 / 4 = 8 wide), q/k norms
+QWEN3 = LLAMA | {"head_dim": 16, "qk_norm": True}
 MIRROR = {"SF": "RF", "RB": "SB"}
 
 
@@ -129,13 +131,17 @@ def test_fused_qkv_is_head_major(ms):
     np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
+@pytest.mark.parametrize("cfg", [LLAMA, QWEN3], ids=["llama", "qwen3"])
+def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms, cfg):
     """One llama attention against numpy: Hugging Face's LLaMA — rotate-half rotary embeddings
-    (θ 10000) on q and k, query head j reading key/value head j // (heads / kv_heads)."""
+    (θ 10000) on q and k, query head j reading key/value head j // (heads / kv_heads); Qwen3's
+    (Hugging Face's Qwen3Attention): heads head_dim wide, and an RMSNorm of one head_dim weight
+    on every query and key head before the rotary embedding."""
     from autotune.train import models
     from autotune.train.models import weights
+    from autotune.train.models.llama import RMS_EPS
 
-    cfg = dict(LLAMA, num_layers=1)
+    cfg = dict(cfg, num_layers=1)
     network = models.build_network(cfg)
     weights.initialize(network, cfg, models.SINGLE, seed=5)
     attn = network.model.layers[0].attention
@@ -146,11 +152,18 @@ def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
         cfg["num_heads"],
         cfg["num_kv_heads"],
     )
-    d = h // heads
-    x = np.random.default_rng(0).standard_normal((b, s, h)).astype(np.float32)
+    d = cfg.get("head_dim") or h // heads
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((b, s, h)).astype(np.float32)
+    if cfg.get("qk_norm"):  # weights other than the initial ones, so that they act
+        for norm in (attn.q_layernorm, attn.k_layernorm):
+            norm.weight.set_data(ms.Tensor(rng.uniform(0.5, 1.5, d).astype(np.float32)))
 
-    def split(y, n):
-        return y.reshape(b, s, n, d).transpose(0, 2, 1, 3)
+    def split(y, n, norm=None):
+        y = y.reshape(b, s, n, d).transpose(0, 2, 1, 3)
+        if norm is None or not cfg.get("qk_norm"):
+            return y
+        return y / np.sqrt((y * y).mean(-1, keepdims=True) + RMS_EPS) * norm.weight.asnumpy()
 
     angles = np.outer(np.arange(s), 10000.0 ** -(np.arange(0, d, 2) / d))
     cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
@@ -158,13 +171,14 @@ def test_llama_attention_is_grouped_query_with_rotary_embeddings(ms):
     def rope(y):
         return y * cos + np.concatenate([-y[..., d // 2 :], y[..., : d // 2]], -1) * sin
 
-    q = rope(split(x @ attn.wq.weight.asnumpy().T, heads))
-    k = np.repeat(rope(split(x @ attn.wk.weight.asnumpy().T, kv)), heads // kv, axis=1)
+    q_norm, k_norm = (getattr(attn, n, None) for n in ("q_layernorm", "k_layernorm"))
+    q = rope(split(x @ attn.wq.weight.asnumpy().T, heads, q_norm))
+    k = np.repeat(rope(split(x @ attn.wk.weight.asnumpy().T, kv, k_norm)), heads // kv, axis=1)
     v = np.repeat(split(x @ attn.wv.weight.asnumpy().T, kv), heads // kv, axis=1)
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + np.triu(np.full((s, s), -1e4), k=1)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     ctx = (probs / probs.sum(-1, keepdims=True)) @ v
-    expected = ctx.transpose(0, 2, 1, 3).reshape(b, s, h) @ attn.wo.weight.asnumpy().T
+    expected = ctx.transpose(0, 2, 1, 3).reshape(b, s, heads * d) @ attn.wo.weight.asnumpy().T
     np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -259,6 +273,23 @@ def test_llama_layouts_train_to_the_same_losses(tmp_path, llama_reference, name)
     losses, _ = _launch(tmp_path / name, knobs, base=LLAMA)
     assert len(losses) == 4 and llama_reference[-1] < llama_reference[0]
     np.testing.assert_allclose(losses, llama_reference, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qwen3_reference(tmp_path_factory):
+    return _launch(
+        tmp_path_factory.mktemp("qwen3") / "r", dict(dp=1, tp=1, pp=1, grad_accum=2), base=QWEN3
+    )[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_qwen3_layouts_train_to_the_same_losses(tmp_path, qwen3_reference, name):
+    """The llama family with Qwen3's options (heads head_dim wide, q/k norms whole on every tp
+    rank, their gradients summed as the layer's other norms') under dp, tp and pp."""
+    losses, _ = _launch(tmp_path / name, LAYOUTS[name], base=QWEN3)
+    assert len(losses) == 4 and qwen3_reference[-1] < qwen3_reference[0]
+    np.testing.assert_allclose(losses, qwen3_reference, rtol=1e-4)
 
 
 @pytest.mark.slow

@@ -34,6 +34,8 @@ LLAMA = {
     "seq_length": 8,
     "vocab_size": 64,
 }
+# Qwen3-shaped: heads 16 wide over a hidden size of 32 / 4 = 8, and q/k norms
+QWEN3 = LLAMA | {"head_dim": 16, "qk_norm": True}
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +61,24 @@ def test_package_import_does_not_load_mindspore():
     assert Path(out.stdout.strip()) == ROOT / "autotune" / "train" / "__main__.py"
 
 
-@pytest.mark.parametrize("cfg", [TRANSFORMER, MLP, LLAMA], ids=["transformer", "mlp", "llama"])
+@pytest.mark.parametrize(
+    "cfg", [TRANSFORMER, MLP, LLAMA, QWEN3], ids=["transformer", "mlp", "llama", "qwen3"]
+)
 def test_parameter_shapes_match_network(ms, cfg):
     from autotune.train import models
 
     network = models.build_network(cfg)
     real = [(name, tuple(p.shape)) for name, p in network.parameters_and_names()]
     assert real == list(shapes.parameter_shapes(cfg).items())
+
+
+def test_qwen3_heads_are_head_dim_wide_with_a_norm_each():
+    got = shapes.parameter_shapes(QWEN3)
+    layer = "model.layers.1.attention"
+    assert got[f"{layer}.wq.weight"] == (4 * 16, 32) and got[f"{layer}.wo.weight"] == (32, 64)
+    assert got[f"{layer}.wk.weight"] == got[f"{layer}.wv.weight"] == (2 * 16, 32)
+    assert got[f"{layer}.q_layernorm.weight"] == got[f"{layer}.k_layernorm.weight"] == (16,)
+    assert "model.layers.0.attention.q_layernorm.weight" not in shapes.parameter_shapes(LLAMA)
 
 
 def test_parameter_shapes_transformer_names():
@@ -184,7 +197,7 @@ def test_entry_loads_a_file_and_checks_the_contract(ms, tmp_path):
         entry.build({"model": {"family": "cnn", "entry": None}})
 
 
-@pytest.mark.parametrize("family", ["llama", "transformer"])
+@pytest.mark.parametrize("family", ["llama", "transformer", "qwen3"])
 def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, family, monkeypatch):
     """flash_attention_score has no CPU kernel: what is checked here is the call the fused core
     makes — BNSD inputs as the plain core gets them (grouped-query key/value heads unrepeated),
@@ -205,6 +218,9 @@ def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, fa
     }
     if family == "transformer":
         cfg.pop("num_kv_heads")
+    d = 16 if family == "qwen3" else 8  # qwen3: heads of head_dim, not hidden / heads
+    if family == "qwen3":
+        cfg = QWEN3
     network = models.build_network(cfg, SINGLE)
     plain = [cell.core for _, cell in network.cells_and_names() if hasattr(cell, "core")]
     assert fused.use_fused_attention(network, cfg["seq_length"]) == 2
@@ -219,20 +235,20 @@ def test_fused_attention_calls_mindsporess_operator_with_the_cores_inputs(ms, fa
     monkeypatch.setattr(ms.ops, "flash_attention_score", operator)
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
-        kv = 2 if family == "llama" else 4
+        kv = 4 if family == "transformer" else 2
         rng = np.random.default_rng(0)
-        q = ms.Tensor(rng.standard_normal((2, 4, 8, 8)).astype(np.float32))
-        k, v = (ms.Tensor(rng.standard_normal((2, kv, 8, 8)).astype(np.float32)) for _ in range(2))
+        q = ms.Tensor(rng.standard_normal((2, 4, 8, d)).astype(np.float32))
+        k, v = (ms.Tensor(rng.standard_normal((2, kv, 8, d)).astype(np.float32)) for _ in range(2))
         np.testing.assert_allclose(cores[0](q, k, v).asnumpy(), plain[0](q, k, v).asnumpy())
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     ((q_shape, k_shape, heads, kwargs),) = calls
-    assert (q_shape, k_shape, heads) == ((2, 4, 8, 8), (2, kv, 8, 8), 4)
+    assert (q_shape, k_shape, heads) == ((2, 4, 8, d), (2, kv, 8, d), 4)
     assert kwargs["input_layout"] == "BNSD" and kwargs["sparse_mode"] == 0
     # causal as MindFormers calls it: every earlier token, no later one (the kernel skips the
     # blocks above the diagonal rather than computing and masking them)
     assert (kwargs["pre_tokens"], kwargs["next_tokens"]) == (2147483647, 0)
-    assert kwargs["scalar_value"] == pytest.approx(1 / math.sqrt(8))
+    assert kwargs["scalar_value"] == pytest.approx(1 / math.sqrt(d))
     mask = kwargs["attn_mask"].asnumpy()
     assert mask.dtype == np.uint8 and (mask == np.triu(np.ones((8, 8)), 1)).all()
 

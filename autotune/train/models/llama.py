@@ -20,6 +20,10 @@ wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
   float32.
 - RMSNorm ``x · rsqrt(mean(x²) + ε) · w`` with ε = 1e-5 (MindFormers' ``rms_norm_eps`` default),
   in float32 whatever the compute dtype (its ``layernorm_compute_type``).
+- Qwen3's options (`autotune.families.llama`): ``head_dim`` heads whatever hidden / heads (``wq``
+  is (heads·head_dim, hidden), ``wo`` (hidden, heads·head_dim)), and with ``qk_norm`` an RMSNorm of
+  one ``head_dim`` weight over every query and key head before the rotary embedding, as mcore's
+  ``SelfAttention`` applies ``q_layernorm``/``k_layernorm``; the norms are whole on every tp rank.
 
 Recompute (:meth:`Llama.apply_recompute`), layer by layer as `autotune.families.layers.layer_recompute`
 gives it from the knob and ``model.recompute_layers``: ``full`` recomputes the layer,
@@ -42,10 +46,10 @@ from mindspore.common.initializer import initializer
 from mindspore.ops.operations._inner_ops import SiLU  # the primitive MindFormers' LlamaSiLU holds
 
 from autotune.families.layers import layer_recompute, stage_layers
-from autotune.families.llama import kv_heads
+from autotune.families.llama import head_dim, kv_heads
 from autotune.train.models.fused import FusedCore
 from autotune.train.models.registry import network
-from autotune.train.parallel.groups import Placement
+from autotune.train.parallel.groups import CopyToGroup, Placement
 from autotune.train.parallel.tp_layers import (
     ColumnParallelDense,
     ReduceFromGroup,
@@ -70,6 +74,26 @@ class RMSNorm(nn.Cell):
         x32 = ops.cast(x, ms.float32)
         normed = x32 * ops.rsqrt((x32 * x32).mean(axis=-1, keep_dims=True) + RMS_EPS)
         return normed * self.weight
+
+
+class HeadNorm(nn.Cell):
+    """The q/k norm: an RMSNorm over each head's last dimension, returned in its input's dtype.
+    Its weight is whole on every tp rank but each rank normalises its own heads, so its gradient
+    is summed over the tp group (Megatron's *f* on the weight), where the layer's other norms,
+    whose inputs every rank holds whole, get the whole gradient on each rank already."""
+
+    keep_float32 = True  # as RMSNorm
+
+    def __init__(self, dim: int, p: Placement):
+        super().__init__()
+        self.weight = ms.Parameter(initializer("ones", (dim,), ms.float32))
+        self.copy = CopyToGroup(p.tp_group) if p.tp > 1 else None
+
+    def construct(self, x):
+        weight = self.weight if self.copy is None else self.copy(self.weight)
+        x32 = ops.cast(x, ms.float32)
+        normed = x32 * ops.rsqrt((x32 * x32).mean(axis=-1, keep_dims=True) + RMS_EPS)
+        return ops.cast(normed * weight, x.dtype)
 
 
 class Embedding(nn.Cell):
@@ -143,18 +167,23 @@ class AttentionCore(nn.Cell):
 
 class Attention(nn.Cell):
     """Grouped-query self-attention over this rank's heads: wq, wk, wv column-parallel, wo
-    row-parallel, rotary embeddings on q and k."""
+    row-parallel, the q/k norms (``qk_norm``) and rotary embeddings on q and k."""
 
-    def __init__(self, hidden: int, heads: int, kv: int, seq: int, p: Placement):
+    def __init__(self, cfg: dict, p: Placement):
         super().__init__()
-        self.head_dim = hidden // heads
+        hidden, heads, kv = cfg["hidden_size"], cfg["num_heads"], kv_heads(cfg)
+        self.head_dim = head_dim(cfg)
         self.heads, self.kv = heads // p.tp, kv // p.tp
-        kv_dim = kv * self.head_dim
-        self.wq = ColumnParallelDense(hidden, hidden, p.tp, p.tp_group, bias=False)
+        q_dim, kv_dim = heads * self.head_dim, kv * self.head_dim
+        self.wq = ColumnParallelDense(hidden, q_dim, p.tp, p.tp_group, bias=False)
         self.wk = ColumnParallelDense(hidden, kv_dim, p.tp, p.tp_group, bias=False)
         self.wv = ColumnParallelDense(hidden, kv_dim, p.tp, p.tp_group, bias=False)
-        self.wo = RowParallelDense(hidden, hidden, p.tp, p.tp_group, bias=False)
-        self.core = AttentionCore(seq, self.head_dim, heads // kv)
+        self.qk_norm = bool(cfg.get("qk_norm"))
+        if self.qk_norm:
+            self.q_layernorm = HeadNorm(self.head_dim, p)
+            self.k_layernorm = HeadNorm(self.head_dim, p)
+        self.wo = RowParallelDense(q_dim, hidden, p.tp, p.tp_group, bias=False)
+        self.core = AttentionCore(cfg["seq_length"], self.head_dim, heads // kv)
 
     def _heads(self, x, n):
         b, s, _ = x.shape
@@ -163,8 +192,11 @@ class Attention(nn.Cell):
     def construct(self, x):
         b, s, _ = x.shape
         cos, sin = rotary_tables(s, self.head_dim)
-        q = rotate(self._heads(self.wq(x), self.heads), cos, sin)
-        k = rotate(self._heads(self.wk(x), self.kv), cos, sin)
+        q = self._heads(self.wq(x), self.heads)
+        k = self._heads(self.wk(x), self.kv)
+        if self.qk_norm:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         ctx = self.core(q, k, self._heads(self.wv(x), self.kv))
         return self.wo(ctx.transpose(0, 2, 1, 3).reshape(b, s, self.heads * self.head_dim))
 
@@ -210,12 +242,13 @@ class FeedForward(nn.Cell):
 class DecoderLayer(nn.Cell):
     """h = x + attention(attention_norm(x)); h + feed_forward(ffn_norm(h))."""
 
-    def __init__(self, hidden: int, heads: int, kv: int, ffn: int, seq: int, p: Placement):
+    def __init__(self, cfg: dict, p: Placement):
         super().__init__()
+        hidden = cfg["hidden_size"]
         self.attention_norm = RMSNorm(hidden)
-        self.attention = Attention(hidden, heads, kv, seq, p)
+        self.attention = Attention(cfg, p)
         self.ffn_norm = RMSNorm(hidden)
-        self.feed_forward = FeedForward(hidden, ffn, p)
+        self.feed_forward = FeedForward(hidden, cfg["ffn_hidden_size"], p)
 
     def construct(self, x):
         h = x + ops.cast(self.attention(self.attention_norm(x)), x.dtype)
@@ -235,17 +268,12 @@ class Backbone(nn.Cell):
     def __init__(self, cfg: dict, p: Placement):
         super().__init__()
         self.first, self.last = p.first, p.last
-        hidden, heads = cfg["hidden_size"], cfg["num_heads"]
+        hidden = cfg["hidden_size"]
         if p.first:
             self.tok_embeddings = Embedding(cfg["vocab_size"], hidden, p)
         self.layers = nn.SequentialCell(
             OrderedDict(
-                (
-                    str(i),
-                    DecoderLayer(
-                        hidden, heads, kv_heads(cfg), cfg["ffn_hidden_size"], cfg["seq_length"], p
-                    ),
-                )
+                (str(i), DecoderLayer(cfg, p))
                 for i in stage_layers(cfg["num_layers"], p.pp, p.stage)
             )
         )
