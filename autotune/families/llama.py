@@ -1,6 +1,6 @@
 """The ``llama`` family: MindFormers' legacy LLaMA decoder (RMSNorm, grouped-query attention with
 rotary embeddings, a SwiGLU feed-forward, an untied head), named and split as MindFormers names
-and splits it, with the two options MindFormers' mcore Qwen3 adds.
+and splits it, with the options MindFormers' mcore Qwen3, Qwen3-MoE and DeepSeek-V3 add.
 
 Its names and shapes are those of MindFormers' legacy ``LlamaForCausalLM``
 (``mindformers/models/llama``, docs/mindformers.md "Parameter names"): no biases, grouped-query
@@ -11,7 +11,9 @@ Options (model.yaml; docs/model-yaml.md): ``head_dim``, the width of every atten
 need not be hidden / heads (Qwen3-32B: 64 heads of 128 over a hidden size of 5120, so its
 ``wq`` is 8192 × 5120); ``qk_norm``, an RMSNorm over each query and key head before the rotary
 embedding (``attention.q_layernorm``, ``attention.k_layernorm``: one ``head_dim`` weight each,
-shared by the heads, as mcore's ``q_layernorm``/``k_layernorm``), which every Qwen3 layer has.
+shared by the heads, as mcore's ``q_layernorm``/``k_layernorm``), which every Qwen3 layer has;
+routed and shared experts, multi-latent attention and multi-token prediction modules
+(`autotune.families.moe`: Qwen3-MoE, DeepSeek-V3).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from autotune.families import moe
 from autotune.families.base import Family
 from autotune.families.transformer import Transformer
 from autotune.families.workload import dimensions
@@ -56,7 +59,7 @@ LLAMA_RULES = {
     if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
     and "w_qkv" not in glob
     and "w_gate_hidden" not in glob
-}
+} | moe.MOE_RULES
 # Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
 # SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
 # table unless model_config.parallel_optimizer (LlamaEmbedding; its default False). The q/k
@@ -88,14 +91,27 @@ def head_dim(model_cfg: dict) -> int:
 
 
 def shapes(cfg: dict) -> dict:
-    """The decoder's parameters (see `autotune.families.base.Family.shapes`)."""
-    h, ffn, vocab = cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["vocab_size"]
-    d = head_dim(cfg)
-    q_dim, kv_dim = cfg["num_heads"] * d, kv_heads(cfg) * d
+    """The decoder's parameters (see `autotune.families.base.Family.shapes`); with experts,
+    latent attention or MTP modules, as `autotune.families.moe` lays them out."""
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     out = {"model.tok_embeddings.embedding_weight": (vocab, h)}
     for i in range(cfg["num_layers"]):
-        b = f"model.layers.{i}"
-        out[f"{b}.attention_norm.weight"] = (h,)
+        out.update(layer_shapes(f"model.layers.{i}", cfg, i))
+    out.update(moe.mtp_shapes(cfg, lambda prefix, i: layer_shapes(prefix, cfg, i)))
+    out["model.norm_out.weight"] = (h,)
+    out["lm_head.weight"] = (vocab, h)
+    return out
+
+
+def layer_shapes(b: str, cfg: dict, index: int) -> dict:
+    """One decoder layer's parameters under prefix ``b``; ``index`` decides dense or MoE."""
+    h, ffn = cfg["hidden_size"], cfg["ffn_hidden_size"]
+    out = {f"{b}.attention_norm.weight": (h,)}
+    if moe.has_mla(cfg):
+        out.update(moe.mla_shapes(b, cfg))
+    else:
+        d = head_dim(cfg)
+        q_dim, kv_dim = cfg["num_heads"] * d, kv_heads(cfg) * d
         out[f"{b}.attention.wq.weight"] = (q_dim, h)
         out[f"{b}.attention.wk.weight"] = (kv_dim, h)
         out[f"{b}.attention.wv.weight"] = (kv_dim, h)
@@ -103,20 +119,23 @@ def shapes(cfg: dict) -> dict:
             out[f"{b}.attention.q_layernorm.weight"] = (d,)
             out[f"{b}.attention.k_layernorm.weight"] = (d,)
         out[f"{b}.attention.wo.weight"] = (h, q_dim)
-        out[f"{b}.ffn_norm.weight"] = (h,)
+    out[f"{b}.ffn_norm.weight"] = (h,)
+    if moe.moe_layer(cfg, index):
+        out.update(moe.moe_shapes(b, cfg))
+    else:
         out[f"{b}.feed_forward.w1.weight"] = (ffn, h)  # gate
         out[f"{b}.feed_forward.w2.weight"] = (h, ffn)  # down
         out[f"{b}.feed_forward.w3.weight"] = (ffn, h)  # up
-    out["model.norm_out.weight"] = (h,)
-    out["lm_head.weight"] = (vocab, h)
     return out
 
 
 def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
     """The norms always, and the token table unless ``embedding_parallel_optimizer``
     (see :data:`LLAMA_NORMS`)."""
-    return LLAMA_NORMS + (
-        () if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,)
+    return (
+        LLAMA_NORMS
+        + moe.LATENT_NORMS
+        + (() if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,))
     )
 
 
@@ -223,6 +242,7 @@ FAMILY = Family(
         "sequence_parallel",
         "embedding_parallel_optimizer",
         "recompute_layers",
+        *moe.FIELDS,
     ),
     optimizer_whole=optimizer_whole,
     # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM

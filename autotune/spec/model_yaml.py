@@ -25,6 +25,8 @@ from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
 from autotune.spec.mindformers_trial import check_mindformers_trial, trial_program
+from autotune.spec.model_experts import NONE as EXPERTS_NONE
+from autotune.spec.model_experts import parse_experts
 from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.specs import (
     DEFAULT_MIN_STEPS,
@@ -188,6 +190,7 @@ LATER_MODEL_FIELDS = {
     "sequence_parallel": False,
     "embedding_parallel_optimizer": False,
     "recompute_layers": {},
+    **EXPERTS_NONE,
 }
 
 
@@ -207,8 +210,10 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")
     }
     attention = _parse_attention(s, family)
+    experts = parse_experts(s, family, dims["num_layers"])
     if (
         attention["head_dim"] is None
+        and experts["kv_lora_rank"] is None
         and dims["hidden_size"]
         and dims["num_heads"]
         and dims["hidden_size"] % dims["num_heads"]
@@ -260,6 +265,7 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         **attention,
         **precision,
         **mindformers,
+        **experts,
         tp_rules=tp_rules,
         extra=extra,
     )
