@@ -33,9 +33,11 @@ Contract:
   ``None`` so the dict is strict JSON. ``not_modelled`` lists, one sentence each, what the
   model.yaml says of the run that this engine does not price (:func:`not_modelled`: sequence
   parallelism and the norms' communication recompute outside ``"mindspore"``). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
-  dp_comm, bubble, optimizer, host}, "memory_gb": {params, grads, accumulators,
-  optimizer_states, activations, overhead}}`` for the device with the most memory (the parts
-  sum to the totals).
+  experts, imbalance, mla, mtp, ep_comm, ep_comm_inter, cp_comm, dp_comm, bubble, optimizer,
+  host}, "memory_gb": {params, grads, accumulators, optimizer_states, activations,
+  overhead}}`` for the device with the most memory (the parts sum to the totals; the parts of
+  experts, latent attention, MTP modules and expert and context parallelism,
+  `autotune.costmodel.moe_time`, are zero for a model or layout without them).
 - ``tflops_per_device`` counts executed FLOPs (recompute and repeated forwards included, as
   Megatron-LM reports); ``mfu`` counts model FLOPs only, over the device's peak for the compute
   dtype.

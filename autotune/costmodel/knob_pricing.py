@@ -46,5 +46,15 @@ for _name, _where, _why in (
         "autotune.costmodel.memory:shards_optimizer",
         "sharded optimizer states and the gathers they need, in memory and in time",
     ),
+    (
+        "ep",
+        "autotune.costmodel.moe_time:moe_parts",
+        "the experts' all-to-alls and the busiest rank's wait; their states split in memory",
+    ),
+    (
+        "cp",
+        "autotune.costmodel.moe_time:moe_parts",
+        "the key/value ring; every token-proportional cost split over the cp ranks",
+    ),
 ):
     PRICES.in_place(_name, _where, _why)

@@ -64,6 +64,12 @@ Model (sources in the docstrings below and in ``workload.py``):
   back to back (one in flight). Megatron-LM's non-interleaved 1F1B and MindSpore's pipeline
   (``pipeline_scheduler`` 1f1b, one forward per micro-batch) keep every in-flight micro-batch's
   activations.
+- Mixtures of experts (`autotune.families.moe`): a device holds its ``ep``-th of each MoE
+  layer's experts (MindFormers' expert weights are split over ep only, never over tp) and their
+  gradients and optimizer states, counted in ``params``, ``grads`` and ``optimizer_states`` with
+  the rest; under the parallel optimizer they are sharded over the dp·tp / ep ranks that hold
+  the same experts. Context parallelism (``cp``) splits every token-proportional activation, the
+  s² scores included, over its ranks.
 - Overhead: the device profile's runtime baseline, plus one AllReduce fusion buffer when data
   parallel (a bigger ``fusion_mb`` costs memory).
 """
@@ -129,12 +135,13 @@ def gathered_bytes(dtype: str, param_dtype: str) -> int:
 
 
 @lru_cache(maxsize=1024)
-def rank_params(work: Workload, tp: int, pp: int) -> tuple[int, ...]:
-    """Parameters one device of each stage holds. The layout must be valid (the search space's
-    constraints check it); cached per (model, tp, pp): a simulated grid estimates thousands of
-    candidates that share a handful of layouts, and laying out a model walks every parameter."""
-    layouts, _ = builtin_layout(work.layout_config(), tp, pp)
-    return tuple(rank_elements(layouts, tp, stage) for stage in range(pp))
+def rank_params(work: Workload, tp: int, pp: int, ep: int = 1) -> tuple[int, ...]:
+    """Parameters one device of each stage holds (a mixture's experts split over ``ep``). The
+    layout must be valid (the search space's constraints check it); cached per (model, tp, pp,
+    ep): a simulated grid estimates thousands of candidates that share a handful of layouts,
+    and laying out a model walks every parameter."""
+    layouts, _ = builtin_layout(work.layout_config(), tp, pp, ep)
+    return tuple(rank_elements(layouts, tp, stage, ep) for stage in range(pp))
 
 
 def shards_optimizer(candidate, engine: str) -> bool:
@@ -143,27 +150,31 @@ def shards_optimizer(candidate, engine: str) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def optimizer_elements(work: Workload, dp: int, tp: int, pp: int, param_bytes: int) -> tuple:
+def optimizer_elements(
+    work: Workload, dp: int, tp: int, pp: int, param_bytes: int, ep: int = 1
+) -> tuple:
     """Per stage, under the parallel optimizer: ``(owned, shard_rows, gathered_dp,
     gathered_stage)`` — the elements whose moments one device keeps, the elements of its shard
     copies, and the elements of its sharded parameters (tp slices) rebuilt after each update
     over the dp group (tp-split parameters) and over the stage's dp·tp ranks (replicated ones;
     the dp group too when tp = 1)."""
     model = work.layout_config()
-    layouts, _ = builtin_layout(model, tp, pp)
-    layouts = with_optimizer_shards(layouts, dp, tp, param_bytes, whole=optimizer_whole(model))
+    layouts, _ = builtin_layout(model, tp, pp, ep)
+    layouts = with_optimizer_shards(
+        layouts, dp, tp, param_bytes, whole=optimizer_whole(model), ep=ep
+    )
     per_stage = []
     for stage in range(pp):
         owned = shard_rows = gathered_dp = gathered_stage = 0
         for p in layouts.values():
             if p.stage != stage:
                 continue
-            mine = math.prod(p.rank_shape(tp))
+            mine = math.prod(p.rank_shape(tp, ep))
             owned += mine
             if p.opt_shard is not None:
                 shard_rows += mine
-                whole = math.prod(p.local_shape(tp))
-                if p.shared_by_dp_group(tp):
+                whole = math.prod(p.local_shape(tp, ep))
+                if p.shared_by_dp_group(tp) and not p.ep_split:
                     gathered_dp += whole
                 else:
                     gathered_stage += whole
@@ -202,7 +213,7 @@ def stage_activations(
         # previous stage's hidden state), the one in its backward everything.
         waiting_input = 0.0 if first else micro_batch * work.hidden_state_bytes(nbytes)
         kept = (in_flight - 1) * waiting_input + one
-    return kept + working
+    return (kept + working) / candidate.cp  # context parallelism splits every token's share
 
 
 def memory_per_stage(
@@ -217,12 +228,12 @@ def memory_per_stage(
     optimizer_dtype: str = "float32",
 ) -> list[dict]:
     """One breakdown dict (GiB by part) per pipeline stage."""
-    params_per_stage = rank_params(work, candidate.tp, candidate.pp)
+    params_per_stage = rank_params(work, candidate.tp, candidate.pp, candidate.ep)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     sharded = None
     if shards_optimizer(candidate, engine):
         sharded = optimizer_elements(
-            work, candidate.dp, candidate.tp, candidate.pp, per_param["params"]
+            work, candidate.dp, candidate.tp, candidate.pp, per_param["params"], candidate.ep
         )
     stages = []
     for stage, params in enumerate(params_per_stage):

@@ -23,6 +23,8 @@ from typing import ClassVar
 
 from autotune.families import moe
 from autotune.families.base import Family
+from autotune.families.layers import stage_layers
+from autotune.families.moe_workload import MoEOptions
 from autotune.families.transformer import Transformer
 from autotune.families.workload import dimensions
 
@@ -148,6 +150,8 @@ class Llama(Transformer):
     kv_heads: int = 0  # key/value heads (grouped-query attention)
     head_dim: int = 0  # each head's width (0: hidden / heads)
     qk_norm: bool = False  # an RMSNorm on each query and key head (Qwen3)
+    # experts, latent attention, MTP modules (`autotune.families.moe_workload`); None: none
+    moe: MoEOptions | None = None
 
     @property
     def head_width(self) -> int:
@@ -179,6 +183,7 @@ class Llama(Transformer):
             kv_heads=model.num_kv_heads or model.num_heads,
             head_dim=model.head_dim or 0,
             qk_norm=model.qk_norm,
+            moe=MoEOptions.of(model),
         )
 
     def layout_config(self) -> dict:
@@ -187,17 +192,83 @@ class Llama(Transformer):
             "num_kv_heads": self.kv_heads,
             "head_dim": self.head_dim or None,
             "qk_norm": self.qk_norm,
+            **(self.moe.config() if self.moe else {}),
         }
+
+    @property
+    def mla(self) -> bool:
+        return self.moe is not None and self.moe.mla
+
+    @property
+    def experts(self) -> bool:
+        return self.moe is not None and self.moe.experts > 1
 
     def attention_flops(self) -> float:
         """QKᵀ and AV over the heads' width: 4·s²·q_dim forward, the causal half fused."""
+        if self.mla:
+            return self.moe.core_flops(self.seq, self.heads, self.fused_attention)
         return (2 if self.fused_attention else 4) * self.seq * self.seq * self.q_dim
 
+    def projection_flops(self) -> float:
+        """The attention's projections per token, forward: 2·(2h·q_dim + 2h·kv_dim)."""
+        if self.mla:
+            return self.moe.projection_flops(self.hidden, self.heads)
+        return 4 * self.hidden * (self.q_dim + self.kv_dim)
+
+    def ffn_flops(self) -> float:
+        """The feed-forward per token, forward (averaged over dense and MoE layers)."""
+        if self.moe is None:
+            return 6 * self.hidden * self.ffn
+        return self.moe.ffn_flops(self.hidden, self.ffn, self.layers)
+
     def layer_flops(self) -> float:
-        s, h, f, q, kv = self.seq, self.hidden, self.ffn, self.q_dim, self.kv_dim
-        # 2·(2h·q_dim + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, QKᵀ and AV;
+        # the seven GEMMs' 2·(2h·q_dim + 2h·kv_dim + 3h·ffn) per token, QKᵀ and AV;
         # backward = 2 × forward. The q/k norms are element-wise (not counted).
-        return 3 * (s * (4 * h * q + 4 * h * kv + 6 * h * f) + self.attention_flops())
+        s = self.seq
+        return 3 * (s * (self.projection_flops() + self.ffn_flops()) + self.attention_flops())
+
+    def part_flops(self) -> dict:
+        parts = {}
+        if self.experts:
+            share = self.moe.moe_share(self.layers)
+            parts["experts"] = 3 * self.seq * share * self.moe.moe_flops(self.hidden)
+        if self.mla:
+            parts["mla"] = 3 * self.seq * self.projection_flops()
+        return parts
+
+    def routed_flops(self) -> float:
+        if not self.experts:
+            return 0.0
+        share = self.moe.moe_share(self.layers)
+        return 3 * self.seq * share * self.moe.routed_flops(self.hidden)
+
+    @property
+    def capacity(self) -> float:
+        return self.moe.capacity if self.experts else 0.0
+
+    def mtp_flops(self) -> float:
+        """Each MTP module: its projection, one layer (an MoE one with experts), its logits."""
+        if self.moe is None or not self.moe.mtp:
+            return 0.0
+        s, h = self.seq, self.hidden
+        ffn = self.moe.moe_flops(h) if self.experts else 6 * h * self.ffn
+        layer = 3 * (s * (self.projection_flops() + ffn) + self.attention_flops())
+        return self.moe.mtp * (layer + 6 * s * (2 * h * h + h * self.vocab))
+
+    def stage_moe_layers(self, pp: int, stage: int) -> int:
+        if not self.experts:
+            return 0
+        return sum(self.moe.moe_layer(i) for i in stage_layers(self.layers, pp, stage))
+
+    def dispatch_bytes(self, dtype_bytes: int) -> float:
+        if not self.experts:
+            return 0.0
+        return self.moe.dispatch_elements(self.seq, self.hidden) * dtype_bytes
+
+    def kv_bytes(self, dtype_bytes: int) -> float:
+        if self.mla:
+            return self.moe.kv_elements(self.seq, self.heads) * dtype_bytes
+        return 2 * self.seq * self.kv_dim * dtype_bytes
 
     def recompute_flops(self, mode: str) -> float:
         if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused
@@ -219,13 +290,27 @@ class Llama(Transformer):
         attention = 4 * self.q_dim + 4 * self.kv_dim
         if self.qk_norm:
             attention += 2 * (self.q_dim + self.kv_dim)
-        stored = s * (norms + (attention + swiglu) / tp)
+        if self.moe is None:
+            stored = s * (norms + (attention + swiglu) / tp)
+        else:  # experts and latent attention (`autotune.families.moe_workload`)
+            ffn = self.moe.ffn_bytes(self.hidden, self.ffn, self.layers, mode, tp)
+            if self.mla:
+                stored = s * (norms + self.moe.attention_bytes(self.heads, tp) + ffn)
+            else:
+                stored = s * (norms + attention / tp + ffn)
         if mode == "none" and not self.fused_attention:
             stored += 2 * a * s * s / tp  # the softmax output (no dropout)
         return stored * scale
 
     def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         return 0.0  # no embedding dropout
+
+    def last_stage_activations(self, tp: int, dtype_bytes: int) -> float:
+        """The head's, and each MTP module's: one layer's and one more logits tensor."""
+        head = super().last_stage_activations(tp, dtype_bytes)
+        if self.moe is None or not self.moe.mtp:
+            return head
+        return head + self.moe.mtp * (head + self.layer_activations(tp, "none", dtype_bytes))
 
 
 FAMILY = Family(

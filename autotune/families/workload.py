@@ -162,6 +162,37 @@ class Workload(ABC):
     def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         return 0.0
 
+    # -- parts of the step a family's options add (none here) --------------------------------
+    def part_flops(self) -> dict:
+        """FLOPs per layer and sample (fwd+bwd, averaged over the layers) of the mechanisms
+        the estimate prices as parts of their own (``experts``, ``mla``), included in
+        :meth:`layer_flops`."""
+        return {}
+
+    def routed_flops(self) -> float:
+        """Of ``part_flops()["experts"]``: the routed experts', whose slowest rank the others
+        wait for (fwd+bwd per layer and sample, averaged)."""
+        return 0.0
+
+    capacity: ClassVar[float] = 0.0  # an MoE router's capacity factor (0: dropless)
+
+    def mtp_flops(self) -> float:
+        """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage)."""
+        return 0.0
+
+    def stage_moe_layers(self, pp: int, stage: int) -> int:
+        """The MoE layers of pipeline stage ``stage`` (each runs its all-to-alls)."""
+        return 0
+
+    def dispatch_bytes(self, dtype_bytes: int) -> float:
+        """Bytes per sample of one expert-parallel dispatch (or combine) of an MoE layer."""
+        return 0.0
+
+    def kv_bytes(self, dtype_bytes: int) -> float:
+        """Bytes per sample of one layer's keys and values (what context parallelism's ring
+        passes on): 2·s·h."""
+        return 2 * self.tokens * self.hidden * dtype_bytes
+
     # -- communication ------------------------------------------------------------------------
     @abstractmethod
     def tp_forward_allreduces(self) -> int:

@@ -106,7 +106,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             "data_parallel": c.dp,
             "model_parallel": c.tp,
             "pipeline_stage": c.pp,
-            "context_parallel": 1,
+            "context_parallel": c.cp,
             "micro_batch_num": c.micro_batches if pp else 1,
             "vocab_emb_dp": c.tp == 1,  # tp > 1: vocab-parallel embedding, as strategy.ckpt has it
             "use_seq_parallel": spec.model.sequence_parallel,
@@ -129,6 +129,9 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             }
         },
     }
+    if spec.model.num_experts or c.ep > 1:  # MindFormers' MoE configs: the all-to-all dispatch
+        document["parallel_config"]["expert_parallel"] = c.ep
+        document["parallel"]["enable_alltoall"] = c.ep > 1
     MINDFORMERS_YAML.call(c.as_dict(), spec, c, document)
     if cpu:
         _for_cpu(document, c)
@@ -144,6 +147,8 @@ for _name in (
     "fusion_mb",
     "parallel_optimizer",
     "jit_level",
+    "ep",
+    "cp",
 ):
     MINDFORMERS_YAML.in_place(
         _name,

@@ -19,6 +19,7 @@ from autotune.costmodel import (
     resolve_profile,
 )
 from autotune.costmodel.memory import memory_per_stage
+from autotune.costmodel.moe_time import MOE_PARTS
 from autotune.costmodel.step_time import allreduce_time
 from autotune.costmodel.workload import workload_for
 from autotune.layout import builtin_layout, rank_elements
@@ -27,7 +28,17 @@ from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import parse_spec
 
 GIB = 2**30
-TIME_KEYS = {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host"}
+TIME_KEYS = {
+    "compute",
+    "recompute",
+    "tp_comm",
+    "pp_comm",
+    "dp_comm",
+    "bubble",
+    "optimizer",
+    "host",
+    *MOE_PARTS,
+}
 MEMORY_KEYS = {"params", "grads", "accumulators", "optimizer_states", "activations", "overhead"}
 
 

@@ -1,0 +1,103 @@
+"""The step-time parts a mixture of experts, multi-latent attention, MTP modules and context
+parallelism add, per micro-batch on one device of a stage, in seconds.
+
+Contract: :func:`moe_parts` returns every key of :data:`MOE_PARTS` (zero where the model or
+layout has none of it); `autotune.costmodel.step_time` adds them to the stage's parts (the
+pipeline's pace and bubble include them; the estimate's breakdown shows each). The FLOPs are the
+workload's (`autotune.families.moe_workload`), run at the same rate as the rest of the step:
+
+- ``experts``: the routed and shared experts' GEMMs and the router, fwd+bwd — grouped GEMMs
+  (MindFormers' ``moe_grouped_gemm``) priced at the dense GEMM rate; with a capacity factor c
+  (a padded router: MindFormers' legacy ``moe_config.capacity_factor``) the routed GEMMs run
+  on c × the slots.
+- ``imbalance``: with a dropless router and ep > 1 the ranks of an expert-parallel group wait
+  for the busiest one: the routed experts' time × (:data:`ROUTER_IMBALANCE` − 1). A padded
+  router bounds every expert at its capacity, and with ep = 1 every device runs every expert on
+  its own tokens: no wait.
+- ``mla``: multi-latent attention's projections (its QKᵀ and AV stay in ``compute``).
+- ``mtp``: the MTP modules, on the last stage.
+- ``ep_comm`` / ``ep_comm_inter``: per MoE layer of the stage the dispatch and the combine
+  all-to-all in the forward and again in the backward (4; 6 when the layer is recomputed
+  whole), each moving a device's k copies of its tokens (MindFormers splits an MoE layer's
+  tokens over dp·tp·cp), of which the (ep − 1) / ep sent to other ranks: to the peers inside the
+  node at the node's rate for a group of that size, to those on other nodes at the per-device
+  inter-node rate, the two priced one after the other (no overlap with compute, nor with each
+  other: an assumption). An expert-parallel group is ep consecutive ranks (MindFormers'
+  ``layout_moe``: device matrix (dp·tp·cp / ep, ep)), so it spans nodes once ep exceeds
+  ``devices_per_node``.
+- ``cp_comm``: context parallelism as a ring over the cp ranks (MindFormers'
+  ``colossalai_cp``): per layer the forward passes each rank's share of the keys and values on
+  cp − 1 times, the backward passes them and their gradients (twice that), a whole-layer
+  recompute the forward's once more — each hop at the rate of one link (inter-node when the
+  cp group, which strides by tp, spans nodes), not hidden behind attention (an assumption).
+"""
+
+from __future__ import annotations
+
+from autotune.costmodel.profiles import DeviceProfile
+
+# A dropless router's busiest expert-parallel rank over the mean (the others wait for it): an
+# assumption, unmeasured — the trainer's router load statistics are to measure it
+# (docs/costmodel.md, "Experts").
+ROUTER_IMBALANCE = 1.1
+MOE_PARTS = ("experts", "imbalance", "mla", "mtp", "ep_comm", "ep_comm_inter", "cp_comm")
+
+
+def ep_peers(ep: int, per_node: int) -> tuple[int, int]:
+    """``(peers inside the node, peers on other nodes)`` of a rank in an ep group of ep
+    consecutive ranks."""
+    inside = min(ep, per_node)
+    return inside - 1, ep - inside
+
+
+def all_to_all(nbytes: float, ep: int, per_node: int, profile: DeviceProfile) -> tuple:
+    """``(seconds inside the node, seconds across nodes)`` of one all-to-all in which a device
+    sends ``nbytes`` spread evenly over its ep group (1/ep stays)."""
+    if ep <= 1:
+        return 0.0, 0.0
+    inside, outside = ep_peers(ep, per_node)
+    alpha = (profile.collective_latency_us + (ep - 1) * profile.hop_latency_us) * 1e-6
+    rate = profile.link_efficiency * 1e9
+    intra = alpha + nbytes * inside / ep / (profile.group_gbps(inside + 1) * rate)
+    inter = nbytes * outside / ep / (profile.inter_node_gbps * rate) if outside else 0.0
+    return intra, inter
+
+
+def ring_hops(nbytes: float, hops: int, gbps: float, profile: DeviceProfile) -> float:
+    """``hops`` point-to-point sends of ``nbytes`` each over one link."""
+    if hops <= 0:
+        return 0.0
+    alpha = profile.collective_latency_us * 1e-6
+    return hops * (alpha + nbytes / (gbps * 1e9 * profile.link_efficiency))
+
+
+def moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels) -> dict:
+    """The :data:`MOE_PARTS` of one micro-batch on a device of ``stage`` (see the module doc);
+    ``kernels(flops, traffic)`` prices work per sample as the stage's other kernels are."""
+    modes = work.stage_modes(c.recompute, c.pp, stage)
+    layers = sum(n for _, n in modes)
+    full = sum(n for (mode, _), n in modes if mode == "full") / max(1, layers)
+    last = stage == c.pp - 1
+    parts = work.part_flops()
+    routed = layers * work.routed_flops()
+    padded = routed * (work.capacity - 1) if work.capacity > 1 else 0.0
+    out = dict.fromkeys(MOE_PARTS, 0.0)
+    out["experts"] = kernels(layers * parts.get("experts", 0.0) + padded, 0.0)
+    if c.ep > 1 and not work.capacity:
+        out["imbalance"] = kernels(routed, 0.0) * (ROUTER_IMBALANCE - 1)
+    out["mla"] = kernels(layers * parts.get("mla", 0.0), 0.0)
+    if last:
+        out["mtp"] = kernels(work.mtp_flops(), 0.0)
+    moe_layers = work.stage_moe_layers(c.pp, stage)
+    if moe_layers and c.ep > 1:
+        sent = micro_batch * work.dispatch_bytes(nbytes) / (c.tp * c.cp)
+        intra, inter = all_to_all(sent, c.ep, per_node, profile)
+        count = moe_layers * (4 + 2 * full)
+        out["ep_comm"], out["ep_comm_inter"] = count * intra, count * inter
+    if c.cp > 1:
+        share = micro_batch * work.kv_bytes(nbytes) / (c.tp * c.cp)
+        crosses = c.tp * c.cp > per_node
+        gbps = profile.inter_node_gbps if crosses else profile.group_gbps(2)
+        passes = layers * (3 + full)  # forward, backward twice, a full recompute's forward
+        out["cp_comm"] = passes * ring_hops(share, c.cp - 1, gbps, profile)
+    return out
