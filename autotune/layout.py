@@ -20,7 +20,8 @@ Contract (pure Python, no MindSpore):
   device matrix (dp·tp·cp / ep, ep), the weights ``("ep", None)``); ``ep`` must divide the
   experts.
 - Pipeline stages: a parameter whose name carries a layer index (``layers.N.``, ``blocks.N.``,
-  ``layer.N.``, ``h.N.``) goes to stage ``N // (layers / pp)`` (`autotune.families.layers.stage_layers`); any other
+  ``layer.N.``, ``h.N.``) goes to the stage that runs layer N (`autotune.families.layers.stage_layers`:
+  as even as it can be, the first ``layers mod pp`` stages one layer more); any other
   parameter goes to stage 0 if it comes before the first layer in parameter order (embeddings),
   else to the last stage (final norm, head).
 - Ranks, as MindSpore's strategy files and ``transform_checkpoints`` define them: each stage's
@@ -51,6 +52,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autotune.families import family, parameter_shapes
+from autotune.families.layers import stage_of
 
 # Bytes per element of the dtypes a model's parameters, compute or optimizer states may take.
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -161,13 +163,13 @@ def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
             "(layers.N. / blocks.N. / layer.N. / h.N.), so stages cannot be assigned"
         ]
     layers = max(index.values()) + 1
-    if layers % pp:
-        return {}, [f"pp = {pp} does not divide the model's {layers} layers"]
+    if layers < pp:
+        return {}, [f"pp = {pp} exceeds the model's {layers} layers"]
     first_layer = next(i for i, n in enumerate(names) if n in index)
     stages = {}
     for position, name in enumerate(names):
         if name in index:
-            stages[name] = index[name] // (layers // pp)
+            stages[name] = stage_of(layers, pp, index[name])
         else:
             stages[name] = 0 if position < first_layer else pp - 1
     return stages, []

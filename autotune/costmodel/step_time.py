@@ -94,6 +94,7 @@ from autotune.costmodel.memory import (
 )
 from autotune.costmodel.moe_time import MOE_PARTS, moe_parts
 from autotune.costmodel.profiles import DeviceProfile
+from autotune.families.layers import stage_layers
 from autotune.families.workload import Workload
 from autotune.layout import DTYPE_BYTES, rank_of
 
@@ -220,7 +221,8 @@ def step_time(
         for (mode, _), n in work.stage_modes(c.recompute, c.pp, stage)
     )
     if _forwards_twice(engine, c.pp):  # each of the pp − 1 stages but the last, once more
-        executed += batch * (c.pp - 1) * (work.layers // c.pp) * work.forward_layer_flops()
+        before_last = work.layers - len(stage_layers(work.layers, c.pp, c.pp - 1))
+        executed += batch * before_last * work.forward_layer_flops()
     if work.capacity > 1:  # the padded expert slots run too
         executed += batch * work.layers * work.routed_flops() * (work.capacity - 1)
     return breakdown, {"model": model, "executed": executed}

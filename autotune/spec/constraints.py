@@ -24,8 +24,9 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
     """The hard constraints (docs/model-yaml.md, "Search spaces") that ``c`` breaks, as readable reasons:
     dp·tp·cp·pp = cluster.devices; ep and cp as MindFormers checks them (:func:`expert_reasons`,
     :func:`context_reasons`); tp divides num_heads, num_kv_heads (llama) and hidden_size; pp
-    divides num_layers — pp · pp_interleave_num where a MindFormers base
-    (``export.mindformers_base``) interleaves its pipeline, which MindFormers refuses otherwise
+    ≤ num_layers (uneven stages: `autotune.families.layers.stage_layers`) — and pp ·
+    pp_interleave_num divides them where a MindFormers base (``export.mindformers_base``)
+    interleaves its pipeline, which MindFormers refuses otherwise
     (`autotune.spec.mindformers_layers.pipeline_interleave`); the global batch divides by dp·grad_accum (pp = 1) or by
     dp·micro_batches with micro_batches ≥ pp (pp > 1); and for a built-in family split by tp or
     pp, what its layout needs besides; for trials that are MindFormers runs on CPU, what
@@ -43,13 +44,14 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
         reasons.append(f"tp = {c.tp} does not divide num_kv_heads = {m.num_kv_heads}")
     if c.tp > 1 and m.hidden_size is not None and m.hidden_size % c.tp:
         reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
-    # MindFormers splits the layers into pp · its base's interleave chunks, offset 0
+    # MindFormers splits the layers into pp · its base's interleave chunks: unevenly only
+    # without interleave (the export writes the offsets, `autotune.families.layers`)
     interleave = pipeline_interleave(spec.mindformers_base) if spec.mindformers_base else 1
-    if c.pp * interleave > 1 and m.num_layers is not None and m.num_layers % (c.pp * interleave):
+    if m.num_layers is not None and c.pp > m.num_layers:
+        reasons.append(f"pp = {c.pp} exceeds num_layers = {m.num_layers}")
+    elif interleave > 1 and m.num_layers is not None and m.num_layers % (c.pp * interleave):
         reasons.append(
-            f"pp = {c.pp} does not divide num_layers = {m.num_layers}"
-            if interleave == 1
-            else f"pp · pp_interleave_num = {c.pp} · {interleave} does not divide num_layers = "
+            f"pp · pp_interleave_num = {c.pp} · {interleave} does not divide num_layers = "
             f"{m.num_layers} (MindFormers' LayerSetting, the base's pipeline interleave)"
         )
     reasons += [
