@@ -331,7 +331,12 @@ FAMILY = Family(
     ),
     optimizer_whole=optimizer_whole,
     # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM
-    mindformers_architectures=("LlamaForCausalLM",),
+    # MindFormers' research DeepSeek-V2/V3 (experts, latent attention: autotune.families.moe)
+    mindformers_architectures=(
+        "LlamaForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+    ),
     # mcore model types (their defaults: autotune.spec.mindformers_mcore.MCORE_TYPES)
-    mindformers_model_types=("qwen3",),
+    mindformers_model_types=("qwen3", "qwen3_moe", "deepseek_v3"),
 )

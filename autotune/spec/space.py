@@ -313,7 +313,7 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
         held = space.domains[name]
         if name == "dp" and held == ("auto",):
             if value != base.dp:
-                raise SpecError(f"{where}.dp: {value} is not devices / (tp·pp) = {base.dp}")
+                raise SpecError(f"{where}.dp: {value} is not devices / (tp·pp·cp) = {base.dp}")
         elif value not in held:
             raise SpecError(
                 f"{where}.{name}: {value!r} is not in the search space "
@@ -445,7 +445,8 @@ def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
     if not used["tp"]:
         raise SpecError(f"{source}: no feasible candidate in the space, e.g. {first_reasons[0]}")
     notes = []
-    for name in used:
+    for name in used:  # the baseline's own values stay: its check names what breaks
+        used[name].add(spec.baseline.get(name))
         dropped = [v for v in domains[name] if v not in used[name]]
         if dropped:
             domains[name] = tuple(v for v in domains[name] if v in used[name])
