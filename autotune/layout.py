@@ -18,7 +18,9 @@ Contract (pure Python, no MindSpore):
   ((experts, out, in), `autotune.families.moe`), split on dim 0 over ``ep`` ranks and never over
   tp (:attr:`ParamLayout.ep_split`), as MindFormers' mcore experts are (its ``layout_moe``:
   device matrix (dp·tp·cp / ep, ep), the weights ``("ep", None)``); ``ep`` must divide the
-  experts.
+  experts. With ``model.experts_tensor_parallel`` each expert is also split over tp, gate and up
+  by their rows, down by its columns (:data:`EXPERT_TP_RULES`), as MindFormers' legacy MoE
+  shards them (``models/llama/llama_layer.py``: ``w1`` ``(ep, mp, 1)``, ``w2`` ``(ep, 1, mp)``).
 - Pipeline stages: a parameter whose name carries a layer index (``layers.N.``, ``blocks.N.``,
   ``layer.N.``, ``h.N.``) goes to the stage that runs layer N (`autotune.families.layers.stage_layers`:
   as even as it can be, the first ``layers mod pp`` stages one layer more); any other
@@ -63,6 +65,12 @@ OPTIMIZER_SHARD_THRESHOLD_KB = 64
 # moments, cloned from the parameters as "<prefix>.<parameter name>").
 OPTIMIZER_STATES = ("adam_m", "adam_v")
 
+# stacked experts split over tp as well (``model.experts_tensor_parallel``; see the module doc)
+EXPERT_TP_RULES = {
+    "*feed_forward.experts.w1.*": "expert_column",
+    "*feed_forward.experts.w3.*": "expert_column",
+    "*feed_forward.experts.w2.*": "expert_row",
+}
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|layer|h)\.(\d+)\.")
 
 
@@ -97,12 +105,11 @@ class ParamLayout:
         return [0 if i == self.split_dim else -1 for i in range(len(self.shape))]
 
     def local_shape(self, tp: int, ep: int = 1) -> tuple[int, ...]:
-        """The shape one rank holds: its tp block, or its ep block of stacked experts."""
-        if self.ep_split:
-            return (self.shape[0] // ep, *self.shape[1:])
-        if self.split_dim is None:
-            return self.shape
-        return tuple(d // tp if i == self.split_dim else d for i, d in enumerate(self.shape))
+        """The shape one rank holds: its tp block, and its ep block of stacked experts."""
+        return tuple(
+            d // tp if i == self.split_dim else d // ep if i == 0 and self.ep_split else d
+            for i, d in enumerate(self.shape)
+        )
 
     def local_slice(self, tp_index: int, tp: int) -> tuple[slice, ...]:
         """The index of tp rank ``tp_index``'s block in the full tensor."""
@@ -149,6 +156,10 @@ def _split_dim(kind: str, ndim: int) -> int | None:
         return 0
     if kind == "row" and ndim >= 2:
         return 1
+    if kind == "expert_column" and ndim >= 3:  # stacked (E, out, in): each expert's rows
+        return 1
+    if kind == "expert_row" and ndim >= 3:  # stacked (E, out, in): each expert's columns
+        return 2
     return None
 
 
@@ -190,7 +201,7 @@ def plan_layout(shapes: dict, tp: int, pp: int, rules: dict, ep: int = 1) -> tup
     for name in names:
         shape = tuple(int(d) for d in shapes[name])
         kind = split_kind(name, rules)
-        experts = kind == "expert" and len(shape) >= 1
+        experts = kind.startswith("expert") and len(shape) >= 1
         split = _split_dim(kind, len(shape)) if tp > 1 else None
         if split is not None and shape[split] % tp:
             reasons.append(f"tp = {tp} does not divide {name} dim {split} ({shape[split]})")
@@ -204,6 +215,8 @@ def builtin_layout(model_cfg: dict, tp: int, pp: int, ep: int = 1) -> tuple[dict
     """:func:`plan_layout` of a built-in family (``model_cfg["family"]``), shapes and rules
     included. The trainer builds exactly these local shapes; a test checks it on real networks."""
     rules = family(model_cfg["family"]).tp_rules
+    if model_cfg.get("experts_tensor_parallel"):  # each expert split over tp too
+        rules = {**EXPERT_TP_RULES, **rules}
     return plan_layout(parameter_shapes(model_cfg), tp, pp, rules, ep)
 
 
@@ -240,8 +253,8 @@ def optimizer_shard(
     """The parallel optimizer's shard of ``p`` (see the module doc), or None if it stays whole.
     Stacked experts split over ``ep`` are shared by the stage's dp·tp / ep ranks that hold the
     same experts (every ep-th rank: step ep), where ep divides dp·tp."""
-    if p.ep_split:
-        size, step = (dp * tp) // ep, ep
+    if p.ep_split:  # split over tp too: the dp / ep ranks of its tp index hold the same slice
+        size, step = (dp * tp) // ep // (tp if p.split_dim is not None else 1), ep
     else:
         size, step = (dp, tp) if p.split_dim is not None else (dp * tp, 1)
     if dp == 1 or size <= 1 or not p.shape:

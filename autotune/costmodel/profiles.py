@@ -2,7 +2,8 @@
 
 Contract: :func:`resolve_profile` maps a spec's ``cluster`` section to one :class:`DeviceProfile`.
 
-- ``cluster.device`` a name (``a100-80g``, ``h100-80g``, ``h200``, ``ascend-910b``, ``cpu``),
+- ``cluster.device`` a name (``a100-80g``, ``h100-80g``, ``h200``, ``h800``, ``ascend-910b``,
+  ``cpu``),
   on any backend: that profile as listed, datasheet memory included.
 - ``cluster.device`` a mapping of numbers: overrides of the fields of ``base`` (a profile name),
   or, without ``base``, a whole profile (every numeric field given).
@@ -148,6 +149,13 @@ PROFILES: dict[str, DeviceProfile] = {
     # H100 SXM (989 dense FP16/BF16, 67 FP32), NVLink 900 GB/s; DGX H200: 400 Gb/s per GPU.
     "h200": DeviceProfile(
         "h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL, caveat=_HOPPER
+    ),
+    # NVIDIA H800 SXM5 (the H100 SXM5's compute and HBM3 for the Chinese market): 989 dense
+    # BF16/FP16 TFLOPS, 80 GB at 3.35 TB/s, NVLink cut to 400 GB/s (200 per direction: at the
+    # 0.8 link efficiency the 160 GB/s DeepSeek-V3's report, §3.2.2, measures). Its cluster: 8
+    # GPUs per node, one 400 Gb/s InfiniBand NIC each → 50 GB/s (the report's "IB (50 GB/s)").
+    "h800": DeviceProfile(
+        "h800", "gpu", 80.0, 989.0, 67.0, 3350.0, 200.0, 50.0, **_ACCEL, caveat=_HOPPER
     ),
     # Huawei Ascend 910B (Atlas 800T A2 server, 8 NPUs). Huawei publishes no full per-chip
     # datasheet; public figures: ≈313 TFLOPS FP16/BF16 (variants quoted 280–376), 64 GB HBM2e at

@@ -12,7 +12,9 @@ shapes, in the network's order, and the counts a person checks a model by:
   ``n_shared_experts × moe_intermediate_size``); a router (``feed_forward.router``, (E, h));
   the first ``dense_layers`` layers keep the dense ``ffn_hidden_size`` SwiGLU (DeepSeek's
   ``first_k_dense_replace``). ``moe_capacity_factor`` (None: dropless) bounds the tokens an
-  expert takes; it changes work, not parameters. DeepSeek-V3's router bias for its
+  expert takes; it changes work, not parameters. ``experts_tensor_parallel``: each expert is split
+  over tp as well (MindFormers' legacy MoE; its mcore one splits experts over ep only:
+  `autotune.layout`). DeepSeek-V3's router bias for its
   auxiliary-loss-free balancing (E values per layer, no gradient) is not counted.
 - multi-latent attention (``kv_lora_rank`` given; DeepSeek-V2/V3): queries through a
   ``q_lora_rank`` bottleneck with its RMSNorm (``attention.wq_a``, ``q_a_norm``, ``wq_b``; a
@@ -59,6 +61,7 @@ FIELDS = (
     "shared_ffn_hidden_size",
     "dense_layers",
     "moe_capacity_factor",
+    "experts_tensor_parallel",
     "q_lora_rank",
     "kv_lora_rank",
     "qk_nope_head_dim",

@@ -44,6 +44,7 @@ class MoEOptions:
     shared_ffn: int = 0
     dense_layers: int = 0
     capacity: float = 0.0  # 0: dropless
+    expert_tp: bool = False  # each expert split over tp too (its layout only)
     q_rank: int = 0
     kv_rank: int = 0
     qk_nope: int = 0
@@ -59,6 +60,7 @@ class MoEOptions:
         "shared_ffn": "shared_ffn_hidden_size",
         "dense_layers": "dense_layers",
         "capacity": "moe_capacity_factor",
+        "expert_tp": "experts_tensor_parallel",
         "q_rank": "q_lora_rank",
         "kv_rank": "kv_lora_rank",
         "qk_nope": "qk_nope_head_dim",
@@ -75,11 +77,8 @@ class MoEOptions:
 
     def config(self) -> dict:
         """The options as model.yaml fields (None where absent), for the layout."""
-        counts = ("dense_layers", "mtp")  # 0 where absent; the rest None
-        return {
-            name: getattr(self, key) or (0 if key in counts else None)
-            for key, name in self.NAMES.items()
-        }
+        counts = {"dense_layers": 0, "mtp": 0, "expert_tp": False}  # where absent; the rest None
+        return {name: getattr(self, key) or counts.get(key) for key, name in self.NAMES.items()}
 
     @property
     def mla(self) -> bool:

@@ -19,7 +19,8 @@ refuses by key what the llama family cannot represent. Read from MindFormers 1.9
   (``NotSupportedInfo.useless``): every layer is MoE, and a config that says otherwise is warned.
 - legacy (``moe_config``, ``mindformers/modules/transformer/moe.py``'s ``MoEConfig``):
   ``expert_num``, ``num_experts_chosen`` (default 1), ``capacity_factor`` (default 1.1; ≤ 0:
-  dropless), and for DeepSeek's research models ``shared_expert_num``, ``moe_intermediate_size``,
+  dropless), each expert split over model_parallel too unless ``expert_model_parallel`` is 1
+  (``models/llama/llama_layer.py``'s shard: ``w1`` ``(ep, mp, 1)``), and for DeepSeek's research models ``shared_expert_num``, ``moe_intermediate_size``,
   ``first_k_dense_replace``; a legacy llama's experts (Mixtral) are its FFN
   (``intermediate_size``) each; its MLA under ``model_config`` by the same names, its MTP
   modules ``mtp_depth``.
@@ -80,6 +81,15 @@ def _legacy_experts(cfg, r, arch: str, ffn: int) -> None:
             r.model.append(("dense_layers", dense, "moe_config.first_k_dense_replace"))
     else:  # a legacy llama's experts are its feed-forward, each (Mixtral)
         r.model.append(("moe_ffn_hidden_size", ffn, "each expert the llama's feed-forward"))
+    if cfg.get("moe_config.expert_model_parallel") != 1:  # llama_layer.py: w1 (ep, mp, 1)
+        r.model.append(
+            (
+                "experts_tensor_parallel",
+                True,
+                "moe_config.expert_model_parallel not 1: legacy MoE splits each expert over "
+                "model_parallel",
+            )
+        )
     capacity = cfg.get("moe_config.capacity_factor", 1.1)
     if capacity is not None and capacity > 0:
         where = "moe_config.capacity_factor" + (

@@ -23,6 +23,7 @@ NONE = {
     "shared_ffn_hidden_size": None,
     "dense_layers": 0,
     "moe_capacity_factor": None,
+    "experts_tensor_parallel": False,
     "q_lora_rank": None,
     "kv_lora_rank": None,
     "qk_nope_head_dim": None,
@@ -30,7 +31,7 @@ NONE = {
     "v_head_dim": None,
     "mtp_layers": 0,
 }
-EXPERT_FIELDS = FIELDS[1:6]  # what num_experts needs or allows
+EXPERT_FIELDS = FIELDS[1:7]  # what num_experts needs or allows
 MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -43,6 +44,7 @@ def parse_experts(s, family: str | None, num_layers: int | None) -> dict:
         "shared_ffn_hidden_size": s.get("shared_ffn_hidden_size", int, minimum=1, default=None),
         "dense_layers": s.get("dense_layers", int, minimum=0, default=0),
         "moe_capacity_factor": s.get("moe_capacity_factor", float, default=None),
+        "experts_tensor_parallel": s.get("experts_tensor_parallel", bool, default=False),
         "q_lora_rank": s.get("q_lora_rank", int, minimum=1, default=None),
         "kv_lora_rank": s.get("kv_lora_rank", int, minimum=1, default=None),
         **{name: s.get(name, int, minimum=1, default=None) for name in MLA_WIDTHS},

@@ -443,6 +443,10 @@ def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
         for name in used:
             used[name].add(getattr(candidate, name))
     if not used["tp"]:
+        if spec.baseline:  # the user's own layout: what breaks it says most
+            preset = tuple(spec.baseline.items())
+            base = SearchSpace(domains, spec.cluster.devices, preset=preset).baseline()
+            first_reasons = violations(spec, base) or first_reasons
         raise SpecError(f"{source}: no feasible candidate in the space, e.g. {first_reasons[0]}")
     notes = []
     for name in used:  # the baseline's own values stay: its check names what breaks

@@ -50,6 +50,7 @@ class ModelSpec:
     shared_ffn_hidden_size: int | None = None
     dense_layers: int = 0
     moe_capacity_factor: float | None = None
+    experts_tensor_parallel: bool = False  # each expert split over tp too (legacy MindFormers)
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_nope_head_dim: int | None = None
