@@ -288,18 +288,18 @@ class Prior:
 
     def bands(self, gain: np.ndarray, best: float, may: np.ndarray) -> tuple:
         """(the band, the wide band): the candidates of ``may`` of parallel splits that have
-        not run whose corrected goodput ``gain`` is within :data:`BAND` × the model's
-        demonstrated error (`Belief.miss`) of ``best``, and within :data:`WIDE` × that error or
-        :data:`UNMEASURED`, whichever is more."""
+        not run whose corrected goodput ``gain`` is within :meth:`widths` of ``best``."""
         split, _ = self.split_arrays()
         fresh = may & ~np.isin(split, self.ran_splits())
-        width = self.width()
-        wide = max(WIDE * self.belief.miss(), UNMEASURED)
-        return fresh & (gain >= best - width), fresh & (gain >= best - wide)
+        band, wide = self.widths()
+        return fresh & (gain >= best - band), fresh & (gain >= best - wide)
 
-    def width(self) -> float:
-        """The band's width in log goodput: :data:`BAND` × the model's demonstrated error."""
-        return BAND * self.belief.miss()
+    def widths(self) -> tuple[float, float]:
+        """The bands' widths in log goodput: :data:`BAND` × the model's demonstrated error
+        (`Belief.miss`), and :data:`WIDE` × that error or :data:`UNMEASURED`, whichever is
+        more."""
+        miss = self.belief.miss()
+        return BAND * miss, max(WIDE * miss, UNMEASURED)
 
     def polishes(self, row: int, gain: np.ndarray, best: float) -> bool:
         """Whether candidate ``row`` is a variant of a parallel split that ran or is running
