@@ -47,7 +47,7 @@ from autotune.mindformers.run_settings import (
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS, KnobHooks
-from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
+from autotune.spec.mindformers_file import BASE_CONFIG, is_mcore, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
 from autotune.spec.mindformers_mcore import TRANSFORMER_CONFIG_DEFAULTS
 from autotune.spec.mindformers_trial import cpu_refusals
@@ -223,11 +223,6 @@ def _for_cpu(document: dict, c: Candidate) -> None:
     document["model"]["model_config"].update(
         use_rope_slice=True, fused_rms_norm=False, use_flash_attention=False
     )
-
-
-def is_mcore(base: dict) -> bool:
-    """Whether MindFormers builds ``base``'s model on its mcore path (``use_legacy: False``)."""
-    return base.get("use_legacy", True) is False
 
 
 # Keys of the legacy llama's model_config the overlay may write: an mcore model's converter

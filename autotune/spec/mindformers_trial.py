@@ -10,7 +10,8 @@ Contract (the program's entry, `autotune.spec.programs.MindFormers`, calls these
   ``register_path`` (the folder the user passes to ``run_mindformer.py --register_path``:
   absolute, or relative to ``run_mindformer.py``'s folder as that script takes it);
   :func:`check_mindformers_trial` checks, before any trial, what such a study needs: a backend
-  MindFormers runs on, ``export.mindformers_base`` (the config each trial runs) and its dataset
+  MindFormers runs on, ``export.mindformers_base`` (the config each trial runs), a config it
+  trains on that backend (no mcore config on the CPU: :data:`MCORE_ON_CPU`) and its dataset
   (:func:`dataset_problem`), or a loader a synthetic dataset can stand in for.
 - :func:`mindformers_launch_line` is the line that runs an export as such a study's trials ran
   (summary.json and launch.sh's header).
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
-from autotune.spec.mindformers_file import load_config
+from autotune.spec.mindformers_file import is_mcore, load_config
 
 if TYPE_CHECKING:
     from autotune.spec.candidate import Candidate
@@ -53,6 +54,15 @@ def cpu_refusals(c: Candidate) -> list[str]:
 
 
 TRIAL_DATA = ("config", "synthetic")  # trial.data: the config's dataset | a generated MindRecord
+# Why a MindFormers trial of an mcore config cannot run on the CPU (measured with MindFormers
+# 1.9: tests/mindformers/test_mcore_trial_cpu.py; docs/mindformers.md, "What the CPU run cannot
+# show"), refused before any trial rather than failing each.
+MCORE_ON_CPU = (
+    "an mcore config (use_legacy: False), which MindFormers 1.9 does not train on CPU (data "
+    "parallel, its only mode here, resets the layout mcore needs; one rank stops at "
+    "'Unsupported op [RmsNorm] on CPU'): run its trials on ascend, or with autotune's trainer "
+    "(no trial.program)"
+)
 MIND_DATASET = "MindDataset"  # the loader run_mindformer.py --train_dataset_dir points elsewhere
 MEGATRON = "BlendedMegatronDatasetDataLoader"
 
@@ -90,7 +100,8 @@ def read_mindformers_keys(s, base: Path, stored: bool) -> dict:
 
 def check_mindformers_trial(spec: Spec, stored: bool) -> None:
     """A study whose trials are MindFormers runs: a backend MindFormers runs on, the config
-    it runs (``export.mindformers_base``), and — unless ``stored`` — its dataset there
+    it runs (``export.mindformers_base``), and — unless ``stored`` — a config MindFormers trains
+    on that backend (not an mcore one on the CPU: :data:`MCORE_ON_CPU`), its dataset there
     (:func:`dataset_problem`) or, for ``trial.data: synthetic``, a loader that takes one
     (``MindDataset``). SpecError naming the key otherwise."""
     source, trial, base = spec.source, spec.trial, spec.mindformers_base
@@ -109,6 +120,8 @@ def check_mindformers_trial(spec: Spec, stored: bool) -> None:
     if not Path(base).is_file():
         raise SpecError(f"{source}: export.mindformers_base: {base}: no such file")
     config = load_config(base)
+    if backend.mindformers_cpu_form and is_mcore(config):
+        raise SpecError(f"{program}: {base}: {MCORE_ON_CPU}")
     checkout = Path(trial.run_mindformer).parent
     if trial.data == "synthetic":
         kind = _loader(config).get("type")
