@@ -19,6 +19,10 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
   parallel optimizer and the per-stage recompute lists come from the model.yaml
   (``model.sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``:
   :func:`recompute_lists`).
+- The run's length (``lr_schedule.total_steps``) is written only when the model.yaml states
+  ``train.total_steps``: a length it leaves out or null (``autotune init`` of a config whose -1
+  it could not count) is the base's, which MindFormers derives from the dataset — not autotune's
+  default as if it were the dataset's; the header says so (:data:`UNSTATED_LENGTH`).
 - :func:`document` returns ``(mindformers.yaml text, changes)``: without a base, the overlay with
   a ``base_config`` the user must set (its header says so); with one, the complete config — the
   base with the overlay merged in — and a header listing every changed key (old -> new), the
@@ -173,6 +177,16 @@ def _mindformers_warmup_steps(value, spec: Spec, c: Candidate, document: dict) -
         "decay_steps": None,
         "decay_ratio": None,
     }
+    if not spec.stated("train", "total_steps"):  # a default is not the run's length
+        del document["lr_schedule"]["total_steps"]
+
+
+# The header's line when the run's length is the base's (model.yaml states none).
+UNSTATED_LENGTH = (
+    "# lr_schedule.total_steps: not written — model.yaml states no train.total_steps (the study\n"
+    "# priced autotune's default {steps}); the base's stands (-1 or none: MindFormers derives\n"
+    "# it, runner_config.epochs × the dataset's batches per epoch).\n"
+)
 
 
 @MINDFORMERS_YAML.register("recompute")
@@ -282,6 +296,15 @@ def _notes(spec: Spec, c: Candidate) -> str:
     return ""
 
 
+def _length_note(spec: Spec) -> str:
+    """The header's line on the run's length when mindformers.yaml leaves it to the base."""
+    return (
+        ""
+        if spec.stated("train", "total_steps")
+        else UNSTATED_LENGTH.format(steps=spec.train.total_steps)
+    )
+
+
 def document(
     spec: Spec, c: Candidate, trial: dict, base_path: str | None = None
 ) -> tuple[str, list]:
@@ -302,6 +325,7 @@ def document(
             "# --mindformers-base YOUR.yaml to get the complete config, in which recompute lists\n"
             f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
             + _notes(spec, c)
+            + _length_note(spec)
             + "# docs/mindformers.md says why each key is set. Knobs map to:\n"
             + knob_lines
         )
@@ -334,6 +358,7 @@ def document(
         f"{title}:\n#   {Path(base_path).resolve()}\n"
         "# with the tuned settings merged in by MindFormers' own rule (docs/mindformers.md).\n"
         + _notes(spec, c)
+        + _length_note(spec)
         + "# Changed, old -> new:\n"
         + lines
     )

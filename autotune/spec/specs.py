@@ -129,6 +129,12 @@ class Spec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def stated(self, section: str, key: str) -> bool:
+        """Whether model.yaml states ``section.key`` (not null): else the field holds its
+        default, which no export writes as if it were the user's (``train.total_steps``)."""
+        part = self.raw.get(section)
+        return isinstance(part, dict) and part.get(key) is not None
+
     def stop_rule(self) -> dict | None:
         """``{"precision", "min_steps"}`` for a trial's config when its objectives let a trial
         stop measuring early (`autotune.spec.objectives.length_free`), else None: every trial
