@@ -24,9 +24,11 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
   it could not count) is the base's, which MindFormers derives from the dataset — not autotune's
   default as if it were the dataset's; the header says so (:data:`UNSTATED_LENGTH`).
 - :func:`document` returns ``(mindformers.yaml text, changes)``: without a base, the overlay with
-  a ``base_config`` the user must set (its header says so); with one, the complete config — the
-  base with the overlay merged in — and a header listing every changed key (old -> new), the
-  re-derived lists and the kept keys.
+  a ``base_config`` the user must set (its header says so) and no key only a legacy llama base
+  takes (:data:`LEGACY_MODEL_KEYS`: an mcore base refuses them; the header lists them with
+  their values, for a legacy base); with one, the complete config — the base with the overlay
+  merged in — and a header listing every changed key (old -> new), the re-derived lists and
+  the kept keys.
 """
 
 from __future__ import annotations
@@ -242,17 +244,30 @@ def _for_cpu(document: dict, c: Candidate) -> None:
 # Keys of the legacy llama's model_config the overlay may write: an mcore model's converter
 # refuses each when MindFormers builds the network ("`parallel_optimizer` is unexpected in
 # TransformerConfig": parallel_core/transformer_config_utils.py, convert_to_transformer_config,
-# run by the weight template of every mcore training model), so an mcore base gets none.
+# run by the weight template of every mcore training model), so an mcore base gets none, and
+# neither does an overlay, whose base may be either kind.
 LEGACY_MODEL_KEYS = ("parallel_optimizer", "use_rope_slice", "fused_rms_norm")
 
 
-def _for_mcore(document: dict) -> None:
-    """The overlay's model keys as an mcore model takes them: no legacy llama key (above). Its
-    ``VocabParallelEmbedding`` joins the parallel optimizer as any weight, as the study priced
-    it (init writes ``embedding_parallel_optimizer: true`` for an mcore config)."""
+def _for_mcore(document: dict) -> dict:
+    """The overlay's model keys as an mcore model takes them: no legacy llama key (above); the
+    ones taken out are returned. Its ``VocabParallelEmbedding`` joins the parallel optimizer as
+    any weight, as the study priced it (init writes ``embedding_parallel_optimizer: true`` for an
+    mcore config)."""
     model_config = document["model"]["model_config"]
-    for key in LEGACY_MODEL_KEYS:
-        model_config.pop(key, None)
+    return {key: model_config.pop(key) for key in LEGACY_MODEL_KEYS if key in model_config}
+
+
+def _legacy_note(keys: dict) -> str:
+    """An overlay's header lines naming the legacy llama's keys it leaves out (a base of
+    unknown kind), with the values the study's run has."""
+    if not keys:
+        return ""
+    lines = "".join(f"#     {key}: {_value(value)}\n" for key, value in keys.items())
+    return (
+        "# For a legacy llama base (use_legacy not false), also set under model.model_config\n"
+        "# (an mcore base refuses them, so this overlay does not):\n" + lines
+    )
 
 
 def _check_base(spec: Spec, base: dict, where: str) -> None:
@@ -314,7 +329,8 @@ def document(
         "MindFormers config"
     )
     tuned = overlay(spec, c)
-    if base_path is None:
+    if base_path is None:  # a base of either kind: no key only one of them takes
+        legacy = _for_mcore(tuned)
         knob_lines = "".join(
             f"#   {name:<13} -> {knob.mindformers}\n" for name, knob in KNOBS.items()
         )
@@ -326,6 +342,7 @@ def document(
             f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
             + _notes(spec, c)
             + _length_note(spec)
+            + _legacy_note(legacy)
             + "# docs/mindformers.md says why each key is set. Knobs map to:\n"
             + knob_lines
         )
