@@ -40,10 +40,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.execution.runner import MINDFORMERS, fresh_trial_dir, run_trial  # noqa: E402
+from autotune.execution.runner import fresh_trial_dir, run_trial  # noqa: E402
 from autotune.jobs import TIME_PARTS  # noqa: E402
 from autotune.mindformers.data import synthetic_dataset  # noqa: E402
-from autotune.mindformers.trial import trial_section  # noqa: E402
+from autotune.mindformers.trial import SECTION, trial_section  # noqa: E402
 from autotune.spec.mindformers_init import init_text  # noqa: E402
 from autotune.spec.model_yaml import load_spec  # noqa: E402
 from autotune.spec.space import build_space  # noqa: E402
@@ -91,7 +91,9 @@ def run(kind: str, spec, data: str, folder: Path, cache: Path) -> tuple[dict, fl
     )
     env = {}
     if kind != "trainer":
-        config[MINDFORMERS] = trial_section(spec, c, 0, folder, data)
+        config.update(
+            program=spec.trial.program, **{SECTION: trial_section(spec, c, 0, folder, data)}
+        )
     if kind == "mf+cache":
         env = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(cache)}
     began = time.monotonic()

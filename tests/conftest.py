@@ -1,7 +1,8 @@
 """What the test packages share: where things are (`ROOT`, `FIXTURES`), the model.yaml texts many
-tests start from, and the trial program run as the driver runs it (`make_config`, `run`,
-`train`; a free port: `autotune.execution.runner.free_port`). A package's own fixtures live in
-its folder's conftest.py (`tests/storage/conftest.py`: a PostgreSQL server).
+tests start from, the trial program run as the driver runs it (`make_config`, `run`, `train`; a
+free port: `autotune.execution.nodes.free_port`), and the check that a registry's names appear in
+no rule outside it (`naming`). A package's own fixtures live in its folder's conftest.py
+(`tests/storage/conftest.py`: a PostgreSQL server).
 
 The texts are the ``model:`` and ``train:`` sections of a model.yaml (with ``cluster:`` where
 every user of the text runs the same one); a test completes one with its own study name, cluster
@@ -10,6 +11,7 @@ and search: ``"study: s\\n" + SIM8_MODEL + "cluster: ...\\nsearch: ..."``.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -48,6 +50,35 @@ MINI_MODEL = """\
 model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_length: 16,
         vocab_size: 64}
 """
+
+
+def naming(tree: ast.AST, words: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` compares with one of ``words`` (a registry's names: backends', trial
+    programs'), keys a dict by one, or lists several: a per-name rule or fact kept outside its
+    registry. (Other strings that happen to be such a word — the cpu device profile's name, a
+    call's argument, a config's section — are not rules.)"""
+
+    def named(node) -> bool:
+        return (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.lower() in words
+        )
+
+    def holds(node) -> bool:
+        return named(node) or (
+            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+        )
+
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(holds(n) for n in [node.left, *node.comparators]):
+            hits.append((node.lineno, "compares with a registered name"))
+        elif isinstance(node, ast.Dict) and any(named(k) for k in node.keys if k is not None):
+            hits.append((node.lineno, "a dict keyed by a registered name"))
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and sum(map(named, node.elts)) >= 2:
+            hits.append((node.lineno, "a collection of registered names"))
+    return hits
 
 
 # --- the trial program, run as the driver runs it ---------------------------------------------

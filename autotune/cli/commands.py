@@ -253,17 +253,15 @@ def cmd_export(args) -> int:
     print(f"exported trial #{trial.number} of {args.study} to {args.out}:")
     for file in files:
         print(f"  {file}")
-    merged = json.loads((Path(args.out) / "summary.json").read_text()).get("mindformers")
+    summary = json.loads((Path(args.out) / "summary.json").read_text())
+    merged, trials = summary.get("mindformers"), summary["trials"]
     if merged:
         print(
             f"mindformers.yaml: {merged['base']} with {len(merged['changes'])} keys changed "
             "(listed at its top)"
         )
-    if merged and merged.get("launch"):
-        print(f"run it as the study's MindFormers trials ran: {merged['launch']}")
-        if merged.get("data") == "synthetic":
-            print(
-                "  (they read a synthetic MindRecord: add -- --train_dataset_dir PATH, or train "
-                "on the config's own dataset)"
-            )
+    if trials.get("launch"):
+        print(f"run it as the study's trials ran: {trials['launch']}")
+    if trials.get("note"):
+        print(f"  ({trials['note']})")
     return 0

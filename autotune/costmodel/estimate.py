@@ -16,14 +16,14 @@ Contract:
 - ``engine`` says what executes the step: ``"trainer"`` is autotune's trainer
   (parameters, gradients and accumulators in ``model.param_dtype``, Adam's moments in
   ``model.optimizer_dtype``; pipeline stages that run each forward twice; the parallel
-  optimizer as `autotune.train.parallel.sharding` runs it), the default for a backend that runs trials;
+  optimizer as `autotune.train.parallel.sharding` runs it), the engine of its own trial
+  program (``trial.program: autotune``);
   ``"mindspore"`` is the export run by MindSpore itself — MindFormers' — (its pipeline: one
   forward per micro-batch, 1F1B retention; gradients accumulated in place; its parallel
   optimizer at the default level; sequence parallelism when ``model.sequence_parallel``:
   ``memory.py``, ``timing.py``), the default for the ``simulate`` backend, whose trials stand
-  for that run, for a study whose trials are MindFormers runs (``trial.program:
-  mindformers``) on every backend, and for a ``replay`` table whose rows it ran
-  (:func:`default_engine`);
+  for that run, for a study whose trial program runs on it (``trial.program: mindformers``),
+  and for a ``replay`` table whose rows it ran (:func:`default_engine`);
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
   parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
@@ -61,6 +61,7 @@ from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import ENGINES, backend_of
 from autotune.spec.constraints import violations
 from autotune.spec.knobs import micro_steps
+from autotune.spec.programs import program_of
 
 # Headroom left on every device for allocator fragmentation and transient buffers the model
 # does not price (an assumption; the calibration corrects the memory estimate, not this margin).
@@ -161,19 +162,18 @@ def not_modelled(model, engine: str) -> tuple[str, ...]:
 
 
 def default_engine(spec) -> str:
-    """What executes ``spec``'s trials (see the module doc): MindSpore's engine for
-    MindFormers runs (``trial.program: mindformers``) on every backend, and on a backend whose
-    trials are estimates of MindSpore's run; on a replay table, the engine its rows ran
-    (``cluster.replay_engine``, or the table's ``engine`` column; autotune's trainer when
-    neither says); autotune's trainer on a backend that runs it."""
-    if spec.trial.program == "mindformers":
-        return "mindspore"
+    """What executes ``spec``'s trials (see the module doc): on a backend that runs them, the
+    trial program's engine (`autotune.spec.programs.TrialProgram.engine`: autotune's trainer,
+    MindSpore's for MindFormers runs); on a backend whose trials are estimates, MindSpore's (they
+    stand for the export's run); on a replay table, the engine its rows ran
+    (``cluster.replay_engine``, or the table's ``engine`` column; the program's when neither
+    says)."""
     kind = backend_of(spec.cluster.backend).kind
     if kind == "estimate":
         return "mindspore"
-    if kind == "table":
-        return spec.cluster.replay_engine or "trainer"
-    return "trainer"
+    if kind == "table" and spec.cluster.replay_engine:
+        return spec.cluster.replay_engine
+    return program_of(spec).engine
 
 
 def estimate(

@@ -21,13 +21,9 @@ loop (`autotune.study.loop`) drives every executor the same way:
 
 :class:`SimulateExecutor` answers with the cost model's estimate, :class:`ReplayExecutor` with
 the row of a replay table (`autotune.execution.replay`), :class:`DispatchedExecutor` runs the
-real MindSpore program through Ray (`autotune.execution.dispatch`): autotune's trainer, or for
-``trial.program: mindformers`` MindFormers' ``run_mindformer.py`` on the trial's config
-(`autotune.mindformers.trial`), each trial in processes of its own, on a synthetic dataset
-written before the first trial when the study asks for one (`autotune.mindformers.data`), with
-MindSpore's compile cache in a folder of the candidate's own (`autotune.mindformers.trial.
-compile_cache_key`: a re-run of it, as the confirm phase's, loads its graphs; one trial of a
-candidate at a time uses it).
+study's trial program for real through Ray (`autotune.execution.dispatch`), each trial as that
+program's run side prepares it (`autotune.execution.program_run`: autotune's trainer in warm
+pools with its compile cache, MindFormers' ``run_mindformer.py`` in processes of its own).
 """
 
 from __future__ import annotations
@@ -38,13 +34,13 @@ import math
 import os
 from pathlib import Path
 
+from autotune.execution.program_run import COMPILE_CACHE, RUNS
 from autotune.execution.replay import MISSING
 from autotune.execution.runner import fresh_trial_dir
 from autotune.jobs import Job, Result
 from autotune.spec.backends import backend_of
 
 FRESH_TRIALS = "AUTOTUNE_FRESH_TRIALS"  # "1": every real trial in processes of its own
-COMPILE_CACHE = "AUTOTUNE_COMPILE_CACHE"  # "0": every trial compiles all of its graphs
 
 
 def simulated_metrics(estimate) -> dict:
@@ -196,19 +192,8 @@ class DispatchedExecutor:
             if os.environ.get(COMPILE_CACHE) == "0"
             else (study_dir.parent / ".compile-cache").resolve()
         )
-        # MindFormers' run_mindformer.py as the trial (`autotune.mindformers`): each a fresh
-        # process (one-shot, global state), no warm pools, no autotune compile cache
-        self.mindformers = spec.trial.program == "mindformers"
-        self.data = None  # a MindFormers study's synthetic dataset, once written
-        # MindSpore's compile cache under MindFormers: a folder per candidate, filled by its
-        # first run and loaded by its re-runs, one trial at a time (number → its folder's key)
-        self.mindformers_cache = (
-            None
-            if os.environ.get(COMPILE_CACHE) == "0"
-            else (study_dir.parent / ".mindformers-cache").resolve()
-        )
-        self.versions = ""  # MindFormers' and MindSpore's, as the trials' interpreter finds them
-        self._caching: dict[int, str] = {}
+        # the trial program's run side: what its trials need (`autotune.execution.program_run`)
+        self.run = RUNS[spec.trial.program](spec, study_dir)
         self._dispatcher = None
 
     def __enter__(self):
@@ -217,14 +202,9 @@ class DispatchedExecutor:
         cluster = self.spec.cluster
         # trials of one size run one after another in workers that stay up (execution.warm),
         # unless AUTOTUNE_FRESH_TRIALS=1 asks for a fresh launch per trial
-        fresh = os.environ.get(FRESH_TRIALS) == "1" or self.mindformers
+        fresh = os.environ.get(FRESH_TRIALS) == "1" or not self.run.warm_pools
         warm = None if fresh else self.study_dir.parent / ".pools"
-        if self.mindformers:  # before any trial: the interpreter, the synthetic dataset
-            self.versions = _mindformers_versions(self.spec)
-        if self.mindformers and self.spec.trial.data == "synthetic":
-            from autotune.mindformers.data import synthetic_dataset
-
-            self.data = synthetic_dataset(self.spec, self.study_dir.parent / ".mindformers-data")
+        self.run.start()
         self._dispatcher = Dispatcher(
             backend_of(cluster.backend),
             cluster.devices_per_node,
@@ -261,25 +241,10 @@ class DispatchedExecutor:
             measure_after=self.spec.trial.measure_after,
             stop_rule=self.spec.stop_rule(),
             device_memory=self.device_memory,
-            compile_cache=None if self.mindformers else self.compile_cache,
+            compile_cache=self.compile_cache if self.run.compile_cache else None,
         )
-        if self.mindformers:
-            from autotune.execution.runner import MINDFORMERS
-            from autotune.mindformers.trial import compile_cache_key, trial_section
-
-            mf = trial_section(
-                self.spec,
-                job.candidate,
-                job.number,
-                trial_dir.resolve(),
-                self.data,
-                stop_rule=self.spec.stop_rule() is not None,
-            )
-            key = compile_cache_key(mf, self.versions)
-            if self.mindformers_cache is not None and key not in self._caching.values():
-                mf["compile_cache"] = str(self.mindformers_cache / key)
-                self._caching[job.number] = key
-            config[MINDFORMERS] = mf
+        config["program"] = self.spec.trial.program  # the runner launches it by its run side
+        self.run.configure(job, trial_dir, config)
         # a warm pool runs one size of trial: by the cost model's own estimate, which the
         # study's calibration (refit after every measurement) would move between trials
         from autotune import costmodel
@@ -298,34 +263,21 @@ class DispatchedExecutor:
     def wait(self, timeout_s: float | None = None) -> list[tuple[int, Result]]:
         done = self._dispatcher.wait(timeout_s=timeout_s)
         for number, _ in done:
-            self._caching.pop(number, None)
+            self.run.ended(number)
         return done
 
     def cancel(self, number: int) -> None:
-        self._caching.pop(number, None)
+        self.run.ended(number)
         self._dispatcher.cancel(number)
 
     def cancel_all(self) -> list[int]:
-        self._caching.clear()
-        return self._dispatcher.cancel_all()
+        numbers = self._dispatcher.cancel_all()
+        for number in numbers:
+            self.run.ended(number)
+        return numbers
 
     def continue_from(self, runs: dict) -> None:
         pass  # a real run measures anew
-
-
-def _mindformers_versions(spec) -> str:
-    """MindFormers' and MindSpore's versions as ``trial.python`` finds them: a driver whose
-    trials' interpreter does not run MindFormers fails here, before any trial."""
-    from autotune.spec.errors import SpecError
-    from autotune.spec.mindformers_trial import mindformers_versions
-
-    versions = mindformers_versions(spec.trial.python, Path(spec.trial.run_mindformer).parent)
-    if versions is None:
-        raise SpecError(
-            f"{spec.source}: trial.python: {spec.trial.python} does not run, or finds no "
-            "mindformers and mindspore packages"
-        )
-    return versions
 
 
 def make_executor(spec, study_dir: Path, ray_address: str | None = None, replay_table=None):

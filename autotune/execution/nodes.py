@@ -7,6 +7,8 @@ Contract:
   order (stage-major, then dp, then tp: `autotune.layout`), so a tp group of adjacent ranks stays
   inside a node whenever tp divides devices_per_node, as the cost model assumes. A split msrun
   cannot number that way is a ``ValueError`` naming why.
+- :class:`NodeRun` is one node's part of a trial that spans several, as its launcher on that
+  node has it; :func:`free_port` a port for a trial's msrun scheduler.
 - :func:`unplaceable` says why the nodes of a cluster (their total resources) cannot hold a
   trial's bundles on distinct nodes (Ray's STRICT_SPREAD), or returns None when they can — the
   difference between a trial that waits for busy devices and one that would wait forever.
@@ -14,7 +16,10 @@ Contract:
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
+
+from autotune.spec.backends import reserved_ports
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,25 @@ def unplaceable(bundles: list[dict], nodes: list[dict]) -> str | None:
 
 def _show(bundle: dict) -> str:
     return ", ".join(f"{amount:g} {key}" for key, amount in bundle.items())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later), none
+    of the ports a backend's collectives take on the host (``Backend.host_ports``: the OS hands
+    out ports up to 60999 unless they are reserved, docs/cluster.md)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if not any(first <= port <= last for first, last in reserved_ports()):
+            return port
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """This node's part of a trial that spans several: its ranks, and where rank 0's node
+    listens (msrun's scheduler)."""
+
+    launch: NodeLaunch
+    master_addr: str
+    master_port: int

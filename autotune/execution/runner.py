@@ -1,11 +1,12 @@
 """Run one trial as a subprocess.
 
 Contract: :func:`run_trial` writes ``config.json`` into the trial folder, launches the trial
-program (directly for one worker, under ``msrun`` for several; a config with a ``mindformers``
-section is MindFormers' ``run_mindformer.py`` instead, always under msrun, its ``trial.yaml``
-written beside ``config.json``, the stop rule followed from its live steps and its recorder's
-files read into ``metrics.json`` once it exits: `autotune.mindformers`), enforces the wall-clock timeout
-(from when a rank starts the candidate: :func:`trial_clock`) and the per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
+program the config names as its run side says (`autotune.execution.program_run`: autotune's
+trainer, :class:`TrainerRun`, directly for one worker and under ``msrun`` for several;
+MindFormers' ``run_mindformer.py`` always under msrun, `autotune.execution.mindformers_run`; both
+registered here), polls it and reads its results back as that run side says, enforces the
+wall-clock timeout (from when a rank starts the candidate: :func:`trial_clock`) and the
+per-device memory budget, and returns an `autotune.jobs.Result` whose ``outcome`` is one
 of ``ok``, ``diverged``, ``oom``, ``timeout``, ``error`` (how a finished program is read:
 `autotune.execution.classify`). It never touches study storage. A trial that spans nodes runs as
 one :func:`run_trial` per node (`autotune.execution.dispatch` places them), each launching that
@@ -28,14 +29,11 @@ candidate" marker, a ``steps.jsonl`` — is read as this trial's.
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.execution.classify import (
@@ -44,17 +42,17 @@ from autotune.execution.classify import (
     outputs_complete,
     stopped_in_probe,
 )
-from autotune.execution.environment import PROJECT_ROOT, device_environment, environment
+from autotune.execution.environment import PROJECT_ROOT, environment
 from autotune.execution.launch_time import with_launch_and_teardown
-from autotune.execution.nodes import NodeLaunch
+from autotune.execution.mindformers_run import MindFormersRun
+from autotune.execution.nodes import NodeRun, free_port
 from autotune.execution.processes import ProcessTree, msrun_workers_gone
+from autotune.execution.program_run import Launch, ProgramRun, register_run, run_of
 from autotune.execution.warmup import warm_up
-from autotune.files import write_json, write_text
+from autotune.files import write_json
 from autotune.jobs import Result
-from autotune.mindformers.launch import launch as mindformers_launch
-from autotune.mindformers.results import MissingRanks, StopPlan, write_metrics
-from autotune.mindformers.trial import TRIAL_FILE
-from autotune.spec.backends import DEFAULT_BACKEND, backend_of, reserved_ports
+from autotune.spec.backends import DEFAULT_BACKEND, backend_of
+from autotune.spec.programs import Trainer
 from autotune.train import NODE_VARIABLE, PROGRAM_PATH
 from autotune.train.msrun import msrun_args
 from autotune.train.runtime.lifetime import die_with_parent_hook
@@ -67,9 +65,6 @@ STOP_GRACE_S = 2.0  # SIGTERM → SIGKILL for a trial stopped early (a timeout, 
 # trial's timeout, if longer) is stopped as the infrastructure's: msrun itself gives up joining
 # after `autotune.train.msrun.CLUSTER_TIME_OUT_S` (120 s).
 LAUNCH_LIMIT_S = 300.0
-MINDFORMERS = (
-    "mindformers"  # a config's section naming a MindFormers trial (`autotune.mindformers`)
-)
 
 
 def trial_clock(log_dir: Path, timeout_s: float):
@@ -100,28 +95,6 @@ def trial_clock(log_dir: Path, timeout_s: float):
         return "", ""
 
     return check
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (msrun's scheduler binds it moments later), none
-    of the ports a backend's collectives take on the host (``Backend.host_ports``: the OS hands
-    out ports up to 60999 unless they are reserved, docs/cluster.md)."""
-    while True:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if not any(first <= port <= last for first, last in reserved_ports()):
-            return port
-
-
-@dataclass(frozen=True)
-class NodeRun:
-    """This node's part of a trial that spans several: its ranks, and where rank 0's node
-    listens (msrun's scheduler)."""
-
-    launch: NodeLaunch
-    master_addr: str
-    master_port: int
 
 
 def fresh_trial_dir(trial_dir: Path, log_dir: Path | None = None, outputs: bool = True) -> None:
@@ -178,6 +151,46 @@ def command(
     return [str(msrun), *args, *program]
 
 
+class TrainerRun(ProgramRun):
+    """autotune's own trainer (`autotune.train`) as a study's trials: in warm pools unless the
+    study asks for fresh launches, its compiled graphs reused by graph key; launched by
+    :func:`command` (one worker directly, several under msrun) in the environment
+    `autotune.execution.environment.environment` gives it, after this node's warm-up
+    (`autotune.execution.warmup`), msrun stopped once every rank wrote its last outputs on a
+    trial of one node; its own ``metrics.json`` is its result."""
+
+    name = Trainer.name
+    warm_pools = compile_cache = True
+
+    def start(self) -> None:
+        pass  # the trainer needs nothing written before its first trial
+
+    def configure(self, job, trial_dir: Path, config: dict) -> None:
+        pass  # `autotune.train.config.trial_config` is the trainer's config whole
+
+    def ended(self, number: int) -> None:
+        pass
+
+    @staticmethod
+    def launch(config, trial_dir, log_dir, env, workers, node, pins, backend, timeout_s) -> Launch:
+        argv = command(
+            trial_dir / "config.json", workers, log_dir, free_port(), bind_cores=pins, node=node
+        )
+        local = node.launch.local_workers if node else workers
+        full_env = environment(env, config, local, timeout_s)
+        warmed = warm_up(backend, full_env, str(PROJECT_ROOT))  # before the trial's clock starts
+        done = (lambda: outputs_complete(trial_dir, workers)) if workers > 1 and not node else None
+        return Launch(argv, full_env, trial_dir, msrun=workers > 1, warmed=warmed, done=done)
+
+    @staticmethod
+    def finish(config: dict, trial_dir: Path) -> Result | None:
+        return None  # the trainer writes its metrics.json itself
+
+
+for _run in (TrainerRun, MindFormersRun):  # the built-in programs' run sides
+    register_run(_run)
+
+
 def run_trial(
     config: dict,
     trial_dir: Path,
@@ -202,33 +215,22 @@ def run_trial(
     pins = backend.pins_cores and node is None
     if node is not None:
         env = {**(env or {}), NODE_VARIABLE: str(node.launch.index)}
-    local = node.launch.local_workers if node else workers
-    mf, cwd, plan = config.get(MINDFORMERS), trial_dir, None
-    if mf is not None:  # MindFormers' run_mindformer.py (`autotune.mindformers`), fresh each time
-        argv, full_env, cwd = _mindformers_launch(
-            mf, trial_dir, log_dir, env, workers, node, pins, backend, timeout_s
-        )
-        warmed = ""  # autotune's kernel JIT cache is its own MindSpore's, not MindFormers'
-        plan = StopPlan(config, trial_dir) if node is None or node.launch.index == 0 else None
-    else:
-        argv = command(config_path, workers, log_dir, free_port(), bind_cores=pins, node=node)
-        full_env = environment(env, config, local, timeout_s)
-        warmed = warm_up(backend, full_env, str(PROJECT_ROOT))  # before the trial's clock starts
+    run = run_of(config)
+    launch = run.launch(config, trial_dir, log_dir, env, workers, node, pins, backend, timeout_s)
     started, handed_over = time.monotonic(), time.time()
-    single = workers == 1 and mf is None  # MindFormers runs under msrun always
-    with open(log_dir / ("worker_0.log" if single else "msrun.log"), "w") as out:
+    with open(log_dir / ("msrun.log" if launch.msrun else "worker_0.log"), "w") as out:
         # msrun does not say how it was started, nor which devices Ray gave: the log does
         given = [f"{name}={shlex.quote(value)}" for name, value in (env or {}).items()]
-        out.write(f"launched: {' '.join(given + [shlex.join(argv)])}\n{warmed}")
+        out.write(f"launched: {' '.join(given + [shlex.join(launch.argv)])}\n{launch.warmed}")
         out.flush()
         # Its own session (a terminal's Ctrl-C is the driver's to handle), and it dies with
         # this thread, even when the whole driver is SIGKILLed.
         proc = subprocess.Popen(
-            argv,
+            launch.argv,
             stdout=out,
             stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=full_env,
+            cwd=launch.cwd,
+            env=launch.env,
             start_new_session=True,
             preexec_fn=die_with_parent_hook(),
         )
@@ -240,11 +242,9 @@ def run_trial(
                 started,
                 trial_clock(log_dir, timeout_s),
                 memory_limit_mb,
-                launcher=proc.pid if not single else None,
-                poll=plan.poll if plan is not None else None,
-                done=(lambda: outputs_complete(trial_dir, workers))
-                if not single and mf is None and node is None
-                else None,
+                launcher=proc.pid if launch.msrun else None,
+                poll=launch.poll,
+                done=launch.done,
             )
         except BaseException:  # cancelled (Ctrl-C, ray.cancel): leave nothing running
             tree.stop(STOP_GRACE_S, reap=proc.poll)
@@ -261,51 +261,14 @@ def run_trial(
         )
     if node is not None and node.launch.index > 0 and proc.returncode == 0:
         return Result("ok", run_s=run_s)  # rank 0's node holds the metrics
-    if mf is not None and proc.returncode == 0:
-        try:
-            write_metrics(trial_dir, config)  # the recorder's files → metrics.json
-        except MissingRanks as missing:  # the trial folder is not the nodes' shared one
-            return Result(
-                "error", detail=f"infrastructure: {missing}", run_s=run_s, infrastructure=True
-            )
     returncode = 0 if finished else proc.returncode  # msrun stopped once its workers were done
+    failed = run.finish(config, trial_dir) if returncode == 0 else None
+    if failed is not None:
+        failed.run_s = run_s
+        return failed
     result = classify(returncode, trial_dir, log_dir, run_s, backend, dict(tree.known))
     result.metrics = with_launch_and_teardown(result.metrics, handed_over, ended)
     return result
-
-
-def _mindformers_launch(
-    mf: dict,
-    trial_dir: Path,
-    log_dir: Path,
-    env: dict | None,
-    workers: int,
-    node,
-    pins: bool,
-    backend,
-    timeout_s: float,
-) -> tuple[list[str], dict, Path]:
-    """A MindFormers trial's ``(argv, environment, cwd)`` on this node, its trial.yaml written
-    whole (nodes sharing the folder each write it; a reader never sees half of it:
-    `autotune.files.write_text`) (`autotune.mindformers.launch`): from ours plus ``env``, the
-    backend's own variables and what an accelerator's trial gets beside its devices, as
-    autotune's own trials do (`autotune.execution.environment.device_environment`)."""
-    write_text(trial_dir / TRIAL_FILE, mf["trial_yaml"])
-    local = node.launch.local_workers if node else workers
-    base = {**os.environ, **(env or {}), **dict(backend.environment)}
-    base.update(device_environment(backend, base, local, timeout_s))
-    place = (
-        {"master_port": free_port()}
-        if node is None
-        else {
-            "master_port": node.master_port,
-            "master_addr": node.master_addr,
-            "node_rank": node.launch.msrun_node_rank,
-        }
-    )
-    return mindformers_launch(
-        mf, trial_dir, log_dir, base, workers=workers, local_workers=local, bind_core=pins, **place
-    )
 
 
 def _supervise(

@@ -28,21 +28,21 @@ Contract: :func:`launch_script` returns the script text. The script
 - expects ``python`` on PATH to import MindSpore and ``autotune`` (or MindFormers): msrun starts
   its workers with the literal ``python``.
 
-The msrun options come from :func:`autotune.train.msrun.msrun_args`, as the trials' do. A study
-whose trials were MindFormers runs (``trial.program: mindformers``) has, in the header, the line
-that runs ``mindformers.yaml`` as they ran (:func:`mindformers_launch_line`).
+The msrun options come from :func:`autotune.train.msrun.msrun_args`, as the trials' do. The
+header says how the study's trials ran where their program has a line for it
+(`autotune.spec.programs.TrialProgram.launch_note`: MindFormers' runs, the line that runs
+``mindformers.yaml`` as they ran).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-from pathlib import Path
 
 from autotune.mindformers.config import UNSET_BASE, on_cpu
 from autotune.mindformers.run_settings import run_backend
 from autotune.spec.candidate import Candidate
 from autotune.spec.mindformers_trial import cpu_refusals
+from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec
 from autotune.train.msrun import MSRUN_DEFAULT_CLUSTER_TIME_OUT_S, msrun_args, node_count
 
@@ -160,17 +160,6 @@ def _shell_words(args: list[str]) -> str:
     return "".join(f'    "{arg}" \\\n' for arg in args)
 
 
-def mindformers_launch_line(spec: Spec, script: str) -> str:
-    """The line that runs the export's mindformers.yaml as a MindFormers study's trials ran it
-    (``trial.program: mindformers``): their interpreter's folder first on PATH (msrun, and the
-    ``python`` it starts), ``launch.sh`` (at ``script``) ``--mindformers`` their checkout."""
-    python, checkout = Path(spec.trial.python), Path(spec.trial.run_mindformer).parent
-    return (
-        f'PATH={shlex.quote(str(python.parent))}:"$PATH" bash {shlex.quote(script)} '
-        f"--mindformers {shlex.quote(str(checkout))}"
-    )
-
-
 def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
     workers = c.devices
     local = min(spec.cluster.devices_per_node, workers)
@@ -209,11 +198,7 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
         cluster=cluster,
         msrun=msrun,
         environment="".join(f"export {name}={value}\n" for name, value in backend.environment),
-        trials_ran=(
-            f"# The study's trials ran MindFormers: {mindformers_launch_line(spec, 'launch.sh')}\n"
-            if spec.trial.program == "mindformers"
-            else ""
-        ),
+        trials_ran=program_of(spec).launch_note(spec),
         no_mindformers=f'  fail "--mindformers: {refusal}"\n' if refusal else "",
         # autotune's CPU training step, beside mindformers.yaml (autotune.mindformers.config)
         register='  ARGS+=(--register_path "$HERE")\n' if on_cpu(spec, c) else "",

@@ -23,7 +23,7 @@ import yaml
 
 from autotune import mindformers as mf
 from autotune.export import configs
-from autotune.export.launch_sh import launch_script, mindformers_launch_line
+from autotune.export.launch_sh import launch_script
 from autotune.export.params import model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
@@ -39,6 +39,7 @@ from autotune.mindformers import config as mf_config
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
+from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec
 
 CHECKPOINT_DIR = "checkpoint"
@@ -172,15 +173,14 @@ def write_export(
         write_strategies(saved, c.dp, c.tp, c.pp, staged)
         check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}
+        program = program_of(spec)  # the run its trials were
+        notes = program.export_notes(spec, str(out_dir / "launch.sh"))
+        extra["trials"] = {"program": program.name, **notes}
         if mindformers_base:
             extra["mindformers"] = {
                 "base": str(Path(mindformers_base).resolve()),
                 "changes": changes,
             }
-            if spec.trial.program == "mindformers":  # the run its trials were
-                script = str(out_dir / "launch.sh")
-                extra["mindformers"]["launch"] = mindformers_launch_line(spec, script)
-                extra["mindformers"]["data"] = spec.trial.data
         _write_documents(staged, spec, c, trial, run_config, layouts, extra, mindformers_yaml)
         if plan:
             reshard(plan, c.dp, c.tp, c.pp, staged / CHECKPOINT_DIR)

@@ -19,10 +19,16 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
   parallel optimizer and the per-stage recompute lists come from the model.yaml
   (``model.sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``:
   :func:`recompute_lists`).
+- The run's length (``lr_schedule.total_steps``) is written only when the model.yaml states
+  ``train.total_steps``: a length it leaves out or null (``autotune init`` of a config whose -1
+  it could not count) is the base's, which MindFormers derives from the dataset — not autotune's
+  default as if it were the dataset's; the header says so (:data:`UNSTATED_LENGTH`).
 - :func:`document` returns ``(mindformers.yaml text, changes)``: without a base, the overlay with
-  a ``base_config`` the user must set (its header says so); with one, the complete config — the
-  base with the overlay merged in — and a header listing every changed key (old -> new), the
-  re-derived lists and the kept keys.
+  a ``base_config`` the user must set (its header says so) and no key only a legacy llama base
+  takes (:data:`LEGACY_MODEL_KEYS`: an mcore base refuses them; the header lists them with
+  their values, for a legacy base); with one, the complete config — the base with the overlay
+  merged in — and a header listing every changed key (old -> new), the re-derived lists and
+  the kept keys.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from autotune.mindformers.run_settings import (
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS, KnobHooks
-from autotune.spec.mindformers_file import BASE_CONFIG, load_config, merge
+from autotune.spec.mindformers_file import BASE_CONFIG, is_mcore, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
 from autotune.spec.mindformers_mcore import TRANSFORMER_CONFIG_DEFAULTS
 from autotune.spec.mindformers_trial import cpu_refusals
@@ -180,6 +186,16 @@ def _mindformers_warmup_steps(value, spec: Spec, c: Candidate, document: dict) -
         "decay_steps": None,
         "decay_ratio": None,
     }
+    if not spec.stated("train", "total_steps"):  # a default is not the run's length
+        del document["lr_schedule"]["total_steps"]
+
+
+# The header's line when the run's length is the base's (model.yaml states none).
+UNSTATED_LENGTH = (
+    "# lr_schedule.total_steps: not written — model.yaml states no train.total_steps (the study\n"
+    "# priced autotune's default {steps}); the base's stands (-1 or none: MindFormers derives\n"
+    "# it, runner_config.epochs × the dataset's batches per epoch).\n"
+)
 
 
 @MINDFORMERS_YAML.register("recompute")
@@ -234,25 +250,33 @@ def _for_cpu(document: dict, c: Candidate) -> None:
     )
 
 
-def is_mcore(base: dict) -> bool:
-    """Whether MindFormers builds ``base``'s model on its mcore path (``use_legacy: False``)."""
-    return base.get("use_legacy", True) is False
-
-
 # Keys of the legacy llama's model_config the overlay may write: an mcore model's converter
 # refuses each when MindFormers builds the network ("`parallel_optimizer` is unexpected in
 # TransformerConfig": parallel_core/transformer_config_utils.py, convert_to_transformer_config,
-# run by the weight template of every mcore training model), so an mcore base gets none.
+# run by the weight template of every mcore training model), so an mcore base gets none, and
+# neither does an overlay, whose base may be either kind.
 LEGACY_MODEL_KEYS = ("parallel_optimizer", "use_rope_slice", "fused_rms_norm")
 
 
-def _for_mcore(document: dict) -> None:
-    """The overlay's model keys as an mcore model takes them: no legacy llama key (above). Its
-    ``VocabParallelEmbedding`` joins the parallel optimizer as any weight, as the study priced
-    it (init writes ``embedding_parallel_optimizer: true`` for an mcore config)."""
+def _for_mcore(document: dict) -> dict:
+    """The overlay's model keys as an mcore model takes them: no legacy llama key (above); the
+    ones taken out are returned. Its ``VocabParallelEmbedding`` joins the parallel optimizer as
+    any weight, as the study priced it (init writes ``embedding_parallel_optimizer: true`` for an
+    mcore config)."""
     model_config = document["model"]["model_config"]
-    for key in LEGACY_MODEL_KEYS:
-        model_config.pop(key, None)
+    return {key: model_config.pop(key) for key in LEGACY_MODEL_KEYS if key in model_config}
+
+
+def _legacy_note(keys: dict) -> str:
+    """An overlay's header lines naming the legacy llama's keys it leaves out (a base of
+    unknown kind), with the values the study's run has."""
+    if not keys:
+        return ""
+    lines = "".join(f"#     {key}: {_value(value)}\n" for key, value in keys.items())
+    return (
+        "# For a legacy llama base (use_legacy not false), also set under model.model_config\n"
+        "# (an mcore base refuses them, so this overlay does not):\n" + lines
+    )
 
 
 def _check_base(spec: Spec, base: dict, where: str) -> None:
@@ -296,6 +320,15 @@ def _notes(spec: Spec, c: Candidate) -> str:
     return ""
 
 
+def _length_note(spec: Spec) -> str:
+    """The header's line on the run's length when mindformers.yaml leaves it to the base."""
+    return (
+        ""
+        if spec.stated("train", "total_steps")
+        else UNSTATED_LENGTH.format(steps=spec.train.total_steps)
+    )
+
+
 def document(
     spec: Spec, c: Candidate, trial: dict, base_path: str | None = None
 ) -> tuple[str, list]:
@@ -305,7 +338,8 @@ def document(
         "MindFormers config"
     )
     tuned = overlay(spec, c)
-    if base_path is None:
+    if base_path is None:  # a base of either kind: no key only one of them takes
+        legacy = _for_mcore(tuned)
         knob_lines = "".join(
             f"#   {name:<13} -> {knob.mindformers}\n" for name, knob in KNOBS.items()
         )
@@ -316,6 +350,8 @@ def document(
             "# --mindformers-base YOUR.yaml to get the complete config, in which recompute lists\n"
             f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
             + _notes(spec, c)
+            + _length_note(spec)
+            + _legacy_note(legacy)
             + "# docs/mindformers.md says why each key is set. Knobs map to:\n"
             + knob_lines
         )
@@ -348,6 +384,7 @@ def document(
         f"{title}:\n#   {Path(base_path).resolve()}\n"
         "# with the tuned settings merged in by MindFormers' own rule (docs/mindformers.md).\n"
         + _notes(spec, c)
+        + _length_note(spec)
         + "# Changed, old -> new:\n"
         + lines
     )

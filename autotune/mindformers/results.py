@@ -43,7 +43,7 @@ import json
 from pathlib import Path
 
 from autotune.files import write_json
-from autotune.mindformers.trial import STOP_FILE
+from autotune.mindformers.trial import SECTION, STOP_FILE
 from autotune.spec.backends import Backend, backend_of
 from autotune.train.config import UPDATE_CAP
 from autotune.train.metrics import StepLog
@@ -180,7 +180,7 @@ def write_metrics(trial_dir: Path, config: dict) -> bool:
     records, summaries = read_ranks(trial_dir)
     if 0 not in summaries or not records.get(0):
         return False
-    mf = config["mindformers"]
+    mf = config[SECTION]
     missing = _missing(trial_dir, mf, records, summaries)
     if missing:
         raise MissingRanks(missing)

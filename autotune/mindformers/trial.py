@@ -50,6 +50,7 @@ from autotune.spec.specs import Spec
 from autotune.train.config import UPDATE_CAP
 from autotune.train.runtime.device_memory import memory_settings
 
+SECTION = "mindformers"  # the trial's config.json section :func:`trial_section` fills
 TRIAL_FILE = "trial.yaml"
 OUTPUT_DIR = "mf_output"  # MindFormers' output_dir, under the trial folder
 STOP_FILE = "stop.json"  # the launcher's stop step (`autotune.mindformers.results.StopPlan`)
@@ -171,7 +172,7 @@ def trial_section(
     data: str | None = None,
     stop_rule: bool = False,
 ) -> dict:
-    """The ``mindformers`` section of a MindFormers trial's ``config.json``: what its launch
+    """The :data:`SECTION` of a MindFormers trial's ``config.json``: what its launch
     (`autotune.mindformers.launch`) and its results (`autotune.mindformers.results`) need —
     ``run_mindformer``, ``python``, ``data`` (a synthetic dataset's path, else None: the
     config's), ``register_path`` (the user's ``run_mindformer.py --register_path``, kept beside

@@ -12,8 +12,9 @@ that read no storage, hold no state and know nothing of Optuna or the cost model
 - :data:`MECHANISMS` and :func:`mechanisms_of`: the parallel mechanisms a candidate uses
   (tp > 1, pp > 1, data parallel alone, its recompute mode): a study measures each at least once
   where one of its candidates is within the model's demonstrated error of the best measured.
-- :func:`before_the_choice`: when the acquisition's own choice merely polishes a split that ran
-  (a variant estimated within one run's noise of the best), the candidate that runs instead: of
+- :func:`before_the_choice`: when the acquisition's own choice merely polishes a measured split
+  (a variant estimated within one run's noise of one of its measured candidates), the candidate
+  that runs instead: of
   the caller's *bands* (candidates of parallel splits that have not run, within what the model
   may be off by of the best), one of a mechanism no measured candidate uses, else the band's
   best — or None.
@@ -79,8 +80,8 @@ def before_the_choice(
     ``score``: each candidate's acquisition value; ``band``: the candidates within the model's
     demonstrated error, ``wide``: within what an unmeasured mechanism may be off by;
     ``uses``: candidates × mechanisms, which each uses; ``measured``: the candidates measured or
-    running; ``polishing``: whether the choice is a variant of a split that ran whose
-    estimated gain over the best is within one run's noise."""
+    running; ``polishing``: whether the choice is a variant of a measured split estimated
+    within one run's noise of one of that split's measured candidates."""
     if not polishing:
         return None
     unmeasured = ~uses[measured].any(axis=0)  # mechanisms no measured candidate uses

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autotune.search.acquisition import FIT_AT_LEAST, UNMEASURED
+from autotune.search.acquisition import FIT_AT_LEAST, LIKELY, UNMEASURED
 
 if TYPE_CHECKING:  # the prior imports this module; this one only reads a prior it is given
     from autotune.search.prior import Prior
@@ -44,7 +44,10 @@ def layouts(prior: Prior, measurements, remaining: int | None = None) -> list[di
     measured, fits, open_ = prior.open_candidates(measurements)
     gain, _ = prior.values()
     best = float(gain[measured].max()) if len(measured) else -math.inf
-    band, wide = prior.bands(gain, best, open_)
+    band, wide = prior.bands(gain, best, open_ & (fits >= LIKELY))
+    _, uses = prior.split_arrays()
+    # the wide band runs a candidate of a mechanism no measured candidate uses
+    wide &= (uses & ~uses[measured].any(axis=0)).any(axis=1)
     out = []
     for key, layout in sorted(prior.layout_ids.items()):
         rows = prior.belief.layout == layout
@@ -78,19 +81,20 @@ def _why_not(prior: Prior, rows, fits, open_, gain, best, band, wide, remaining)
         return f"its best estimate, {value:.4g} samples/s, ranked below the candidates that ran"
     if not math.isfinite(best):
         return f"nothing was measured (its best estimate {value:.4g} samples/s)"
+    mine = f"its best corrected estimate, {value:.4g} samples/s,"
     measured = f"the best measured candidate's {math.exp(best):.4g}"
-    if (rows & (band | wide)).any():
+    left = "no trials left" if remaining == 0 else "not measured yet"
+    narrow, broad = (-math.expm1(-w) for w in prior.widths())
+    if (rows & band).any():
         return (
-            f"its best corrected estimate, {value:.4g} samples/s, is within what the model may be "
-            f"off by of {measured}: " + ("no trials left" if remaining == 0 else "not measured yet")
+            f"{mine} is within the model's demonstrated error ({narrow:.0%}) of {measured}: {left}"
+        )
+    if (rows & wide).any():
+        return (
+            f"{mine} uses a parallel mechanism nothing measured uses and is within {broad:.0%} "
+            f"of {measured}: {left}"
         )
     split, _ = prior.split_arrays()
     if np.isin(split[rows], prior.ran_splits()).all():
-        return (
-            f"a variant of a parallel split that ran: its best corrected estimate "
-            f"{value:.4g} samples/s against {measured}"
-        )
-    return (
-        f"its best corrected estimate, {value:.4g} samples/s, is more than the model's "
-        f"demonstrated error ({math.expm1(prior.width()):.0%}) below {measured}"
-    )
+        return f"a variant of a parallel split that ran: {mine} against {measured}"
+    return f"{mine} is more than the model's demonstrated error ({narrow:.0%}) below {measured}"

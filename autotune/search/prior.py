@@ -31,8 +31,9 @@ and how each ended (:meth:`Prior.mark`), so nothing running or finished is propo
   parallel splits that have not run are in the *band* where their corrected goodput is within
   :data:`BAND` × δ of the best measured, in the *wide band* within :data:`WIDE` × δ or
   :data:`UNMEASURED`, whichever is more. When the acquisition's choice merely polishes — a
-  variant of a split that ran (a fusion threshold, the parallel optimizer, another recompute
-  mode) estimated within one run's noise of the best — a candidate of the wide band that uses a
+  variant of a measured split (a fusion threshold, the parallel optimizer, an accumulation)
+  estimated within one run's noise of one of that split's measured candidates
+  (:meth:`Prior.polishes`) — a candidate of the wide band that uses a
   parallel mechanism no measured candidate uses (`autotune.search.acquisition.MECHANISMS`: data
   parallel alone, tp > 1 without pipeline stages, pp > 1 without tp, both, each recompute mode)
   runs instead, else the band's best. Such a first trial of a split fixes every knob, the ones
@@ -270,7 +271,7 @@ class Prior:
         choice = int(np.argmax(score))
         band, wide = self.bands(gain, best, open_ & (fits >= LIKELY))
         _, uses = self.split_arrays()
-        polishing = self.polishes(choice, gain, best)
+        polishing = self.polishes(choice, gain, measured)
         first = before_the_choice(score, band, wide, uses, measured, polishing)
         if first is not None:
             return self.candidates[first], True
@@ -288,26 +289,28 @@ class Prior:
 
     def bands(self, gain: np.ndarray, best: float, may: np.ndarray) -> tuple:
         """(the band, the wide band): the candidates of ``may`` of parallel splits that have
-        not run whose corrected goodput ``gain`` is within :data:`BAND` × the model's
-        demonstrated error (`Belief.miss`) of ``best``, and within :data:`WIDE` × that error or
-        :data:`UNMEASURED`, whichever is more."""
+        not run whose corrected goodput ``gain`` is within :meth:`widths` of ``best``."""
         split, _ = self.split_arrays()
         fresh = may & ~np.isin(split, self.ran_splits())
-        width = self.width()
-        wide = max(WIDE * self.belief.miss(), UNMEASURED)
-        return fresh & (gain >= best - width), fresh & (gain >= best - wide)
+        band, wide = self.widths()
+        return fresh & (gain >= best - band), fresh & (gain >= best - wide)
 
-    def width(self) -> float:
-        """The band's width in log goodput: :data:`BAND` × the model's demonstrated error."""
-        return BAND * self.belief.miss()
+    def widths(self) -> tuple[float, float]:
+        """The bands' widths in log goodput: :data:`BAND` × the model's demonstrated error
+        (`Belief.miss`), and :data:`WIDE` × that error or :data:`UNMEASURED`, whichever is
+        more."""
+        miss = self.belief.miss()
+        return BAND * miss, max(WIDE * miss, UNMEASURED)
 
-    def polishes(self, row: int, gain: np.ndarray, best: float) -> bool:
-        """Whether candidate ``row`` is a variant of a parallel split that ran or is running
-        whose corrected goodput ``gain`` is within one run's noise of ``best`` (the belief's,
-        at most :data:`NOISE_AT_MOST`)."""
+    def polishes(self, row: int, gain: np.ndarray, measured: np.ndarray) -> bool:
+        """Whether candidate ``row`` is a variant of a parallel split measured (or running)
+        whose corrected goodput ``gain`` is within one run's noise (the belief's, at most
+        :data:`NOISE_AT_MOST`) of one of that split's measured candidates: a fusion threshold,
+        the parallel optimizer, an accumulation that changes little."""
         split, _ = self.split_arrays()
+        same = measured[split[measured] == split[row]]
         noise = min(self.belief.step.noise_sd(), NOISE_AT_MOST)
-        return bool(np.isin(split[row], self.ran_splits())) and gain[row] - best < noise
+        return bool(len(same)) and float(np.abs(gain[same] - gain[row]).min()) < noise
 
     def _ran(self, row: int) -> bool:
         """Whether row ``row``'s layout ran or is running."""

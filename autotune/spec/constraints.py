@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.layout import builtin_layout_reasons
-from autotune.spec.backends import backend_of
 from autotune.spec.knobs import batch_split_problems
 from autotune.spec.mindformers_layers import pipeline_interleave
-from autotune.spec.mindformers_trial import cpu_refusals
+from autotune.spec.programs import program_of
 
 if TYPE_CHECKING:
     from autotune.spec.candidate import Candidate
@@ -29,8 +28,8 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
     interleaves its pipeline, which MindFormers refuses otherwise
     (`autotune.spec.mindformers_layers.pipeline_interleave`); the global batch divides by dp·grad_accum (pp = 1) or by
     dp·micro_batches with micro_batches ≥ pp (pp > 1); and for a built-in family split by tp or
-    pp, what its layout needs besides; for trials that are MindFormers runs on CPU, what
-    MindFormers refuses there (`autotune.spec.mindformers_trial.cpu_refusals`)."""
+    pp, what its layout needs besides; and what the study's trial program refuses
+    (`autotune.spec.programs.TrialProgram.refusals`: MindFormers on CPU, data parallel only)."""
     reasons = []
     m, batch = spec.model, spec.train.global_batch_size
     if c.devices != spec.cluster.devices:
@@ -67,9 +66,7 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
     if not reasons and m.family is not None and (c.tp > 1 or c.pp > 1):
         # the rest of what the layout needs: the vocabulary and the FFN width split too
         reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp, c.ep)
-    if mindformers_on_cpu(spec):
-        reasons += [f"MindFormers on CPU: {reason}" for reason in cpu_refusals(c)]
-    return reasons
+    return reasons + program_of(spec).refusals(spec, c)
 
 
 def expert_reasons(m, c: Candidate) -> list[str]:
@@ -112,12 +109,3 @@ def context_reasons(m, c: Candidate) -> list[str]:
     if m.seq_length is not None and m.seq_length % c.cp:
         reasons.append(f"cp = {c.cp} does not divide seq_length = {m.seq_length}")
     return reasons
-
-
-def mindformers_on_cpu(spec: Spec) -> bool:
-    """Whether ``spec``'s trials are MindFormers runs on a backend where MindFormers runs data
-    parallel only (``Backend.mindformers_cpu_form``: the CPU)."""
-    return (
-        spec.trial.program == "mindformers"
-        and backend_of(spec.cluster.backend).mindformers_cpu_form
-    )

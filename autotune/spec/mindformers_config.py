@@ -25,7 +25,8 @@ MindFormers' source:
 - warmup: ``warmup_ratio`` × total steps when the ratio is given (``_get_lr_steps``, ``mindformers/
   core/lr/lr_schedule.py``), else ``warmup_steps``; total steps: ``--total-steps``, else
   ``lr_schedule.total_steps``, else (-1) the length MindFormers derives from the dataset where
-  init can count it, else a default, said in one line (`autotune.spec.mindformers_steps`).
+  init can count it, else null (a study prices a default; the export keeps -1), said in one
+  line (`autotune.spec.mindformers_steps`).
 - ``cluster.device`` for every backend; jit level O2 (deprecated) read as O1 with a warning.
 - sequence parallelism, the token table under the parallel optimizer and recompute by layer as
   MindFormers runs them (`autotune.spec.mindformers_run`).
@@ -44,6 +45,7 @@ from autotune.spec.mindformers_file import load_config
 from autotune.spec.mindformers_model import read_model
 from autotune.spec.mindformers_run import read_run
 from autotune.spec.mindformers_steps import total_steps
+from autotune.spec.specs import DEFAULT_TOTAL_STEPS
 
 _SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
 
@@ -245,15 +247,16 @@ def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> N
     total, where, line = total_steps(cfg, global_batch, total)
     if line is not None:
         r.warnings.append(line)
-    r.train.append(("total_steps", total, where))
+    r.train.append(("total_steps", total, where))  # None: null, unknown here
     ratio = cfg.get("lr_schedule.warmup_ratio")
     if ratio is not None:
         ratio = cfg.number("lr_schedule.warmup_ratio", float)
+        priced = total or DEFAULT_TOTAL_STEPS  # the length a study prices
         r.baseline.append(
             (
                 "warmup_steps",
-                int(total * ratio),
-                f"lr_schedule.warmup_ratio {ratio} × total steps {total}",
+                int(priced * ratio),
+                f"lr_schedule.warmup_ratio {ratio} × total steps {priced}",
             )
         )
     else:

@@ -12,6 +12,7 @@ Contract (docs/mindformers.md, "The merge: base_config"):
   null) key by key, anything else replaces. Where MindFormers' own rule would crash — a mapping
   over a scalar or a list — it raises :class:`MergeConflict`, or with ``replace=True`` replaces
   the value whole. It returns the merged dict and every leaf it changed.
+- :func:`is_mcore` says whether MindFormers builds a config's model on its mcore path.
 
 `autotune init --mindformers` reads configs through it (`autotune.spec.mindformers_config`) and
 `autotune export` merges the tuned settings into one (`autotune.mindformers.config`).
@@ -70,6 +71,13 @@ def merge(a: dict, b: dict | None, replace: bool = False, _path: str = "") -> tu
         elif not _same(old, value):
             changes.append({"key": dotted, "old": old, "new": value})
     return merged, changes
+
+
+def is_mcore(config: dict) -> bool:
+    """Whether MindFormers builds ``config``'s model on its mcore path (``use_legacy: False``;
+    a config that does not say is legacy: ``config.get('use_legacy', True)`` in MindFormers'
+    ``tools/register/template.py``)."""
+    return config.get("use_legacy", True) is False
 
 
 def load_config(path: str | os.PathLike, warnings: list | None = None, _seen: tuple = ()) -> dict:

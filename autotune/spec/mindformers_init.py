@@ -24,6 +24,7 @@ from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_config import read_config
 from autotune.spec.mindformers_trial import find_mindformers_python
 from autotune.spec.model_yaml import parse_spec
+from autotune.spec.programs import MindFormers
 from autotune.spec.space import build_space
 
 
@@ -63,7 +64,7 @@ def trial_lines(run_mindformer: str, python: str | None, synthetic: bool) -> tup
         f"# in {interpreter} (mindformers {mindformers}, mindspore {mindspore}).",
     ]
     rows = [
-        ("program", "mindformers", "--run-mindformer"),
+        ("program", MindFormers.name, "--run-mindformer"),
         ("run_mindformer", str(script), "--run-mindformer"),
         ("python", interpreter, "--mindformers-python" if python else "found beside it"),
         (

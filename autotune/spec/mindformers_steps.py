@@ -15,8 +15,12 @@ the same), where the config lets init count them:
   MindRecord index files hold (each data file's ``<file>.db``, an SQLite table ``INDEXES`` of a
   row per sample) // global batch.
 
-Otherwise :data:`DEFAULT_TOTAL_STEPS`, autotune's default. ``line`` says in one line which it
-was (None when the config gave the number); ``--total-steps`` (``given``) wins over all of it.
+Otherwise None, unknown here: model.yaml's ``train.total_steps`` is then written null — a study
+prices autotune's default (`autotune.spec.specs.DEFAULT_TOTAL_STEPS`) and the export writes no
+``lr_schedule.total_steps``, so the config's -1 stands and MindFormers derives the run's length
+as above (`autotune.mindformers.config`) rather than run the default as if it were the dataset's.
+``line`` says in one line which it was (None when the config gave the number);
+``--total-steps`` (``given``) wins over all of it.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def _epoch_batches(cfg, batch: int) -> tuple[int, str] | None:
     return None
 
 
-def total_steps(cfg, batch: int, given: int | None) -> tuple[int, str, str | None]:
+def total_steps(cfg, batch: int, given: int | None) -> tuple[int | None, str, str | None]:
     """``(steps, where, line)`` (see the module doc)."""
     if given is not None:
         return given, "--total-steps", None
@@ -89,9 +93,11 @@ def total_steps(cfg, batch: int, given: int | None) -> tuple[int, str, str | Non
         how = f"runner_config.epochs {epochs} × ({counted[1]})"
         return steps, how, f"{KEY}: -1: {steps} steps, as MindFormers derives them: {how}"
     return (
-        DEFAULT_TOTAL_STEPS,
-        f"{KEY} -1, the dataset's length, unknown here: autotune's default",
+        None,
+        f"{KEY} -1, the dataset's length, unknown here: autotune's default "
+        f"{DEFAULT_TOTAL_STEPS} prices the run, the export keeps -1",
         f"{KEY}: -1 (the dataset's length) cannot be counted from the config here: "
-        f"train.total_steps is autotune's default {DEFAULT_TOTAL_STEPS}; pass --total-steps T "
-        "for your run's length",
+        f"train.total_steps is left null, a study prices autotune's default {DEFAULT_TOTAL_STEPS} "
+        "and the export keeps -1 (MindFormers counts it); pass --total-steps T for your run's "
+        "length",
     )

@@ -1,19 +1,20 @@
 """MindFormers as what a trial runs (``trial.program: mindformers``): what the spec decides.
 
-Contract:
+Contract (the program's entry, `autotune.spec.programs.MindFormers`, calls these):
 - :func:`cpu_refusals` says why MindFormers cannot run a candidate on CPU (measured:
   docs/mindformers.md, "On CPU"): semi-auto parallel (tp or pp > 1) and the parallel optimizer.
   The export writes such a candidate's device form and refuses to launch it here; a study whose
-  trials are MindFormers runs on CPU screens it as infeasible before running it
-  (`autotune.spec.constraints`).
-- model.yaml's ``trial`` keys for it (docs/model-yaml.md), read by :func:`trial_program`:
-  ``program`` (:data:`PROGRAMS`), ``run_mindformer`` and ``python`` (:func:`mindformers_path`),
-  ``data`` (:data:`TRIAL_DATA`), ``register_path`` (the folder the user passes to
-  ``run_mindformer.py --register_path``: absolute, or relative to ``run_mindformer.py``'s
-  folder as that script takes it);
+  trials are MindFormers runs on CPU screens it as infeasible before running it.
+- model.yaml's ``trial`` keys for it (docs/model-yaml.md), read by :func:`read_mindformers_keys`:
+  ``run_mindformer`` and ``python`` (:func:`mindformers_path`), ``data`` (:data:`TRIAL_DATA`),
+  ``register_path`` (the folder the user passes to ``run_mindformer.py --register_path``:
+  absolute, or relative to ``run_mindformer.py``'s folder as that script takes it);
   :func:`check_mindformers_trial` checks, before any trial, what such a study needs: a backend
-  MindFormers runs on, ``export.mindformers_base`` (the config each trial runs) and its dataset
+  MindFormers runs on, ``export.mindformers_base`` (the config each trial runs), a config it
+  trains on that backend (no mcore config on the CPU: :data:`MCORE_ON_CPU`) and its dataset
   (:func:`dataset_problem`), or a loader a synthetic dataset can stand in for.
+- :func:`mindformers_launch_line` is the line that runs an export as such a study's trials ran
+  (summary.json and launch.sh's header).
 - :func:`find_mindformers_python` is ``autotune init --run-mindformer``'s interpreter: the one
   given, or the first beside ``run_mindformer.py`` (or on PATH) that finds MindFormers, found
   without importing it (:func:`mindformers_versions`), or refused naming the flag.
@@ -22,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,20 +31,22 @@ from typing import TYPE_CHECKING
 
 from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
-from autotune.spec.mindformers_file import load_config
+from autotune.spec.mindformers_file import is_mcore, load_config
 
 if TYPE_CHECKING:
     from autotune.spec.candidate import Candidate
-    from autotune.spec.specs import TrialSpec
+    from autotune.spec.specs import Spec
 
 
 def cpu_refusals(c: Candidate) -> list[str]:
     """Why MindFormers cannot run ``c`` on CPU (empty: it can)."""
     reasons = []
-    if c.tp > 1 or c.pp > 1:
+    if c.tp > 1 or c.pp > 1 or c.ep > 1 or c.cp > 1:
+        split = ", ".join(
+            f"{k} = {getattr(c, k)}" for k in ("tp", "pp", "ep", "cp") if getattr(c, k) > 1
+        )
         reasons.append(
-            f"tp = {c.tp}, pp = {c.pp} is semi-auto parallel, which MindSpore refuses "
-            "on CPU ('Invalid backend: CPU')"
+            f"{split} is semi-auto parallel, which MindSpore refuses on CPU ('Invalid backend: CPU')"
         )
     if c.parallel_optimizer:
         reasons.append(
@@ -51,8 +55,16 @@ def cpu_refusals(c: Candidate) -> list[str]:
     return reasons
 
 
-PROGRAMS = ("autotune", "mindformers")  # trial.program: autotune's trainer | run_mindformer.py
 TRIAL_DATA = ("config", "synthetic")  # trial.data: the config's dataset | a generated MindRecord
+# Why a MindFormers trial of an mcore config cannot run on the CPU (measured with MindFormers
+# 1.9: tests/mindformers/test_mcore_trial_cpu.py; docs/mindformers.md, "What the CPU run cannot
+# show"), refused before any trial rather than failing each.
+MCORE_ON_CPU = (
+    "an mcore config (use_legacy: False), which MindFormers 1.9 does not train on CPU (data "
+    "parallel, its only mode here, resets the layout mcore needs; one rank stops at "
+    "'Unsupported op [RmsNorm] on CPU'): run its trials on ascend, or with autotune's trainer "
+    "(no trial.program)"
+)
 MIND_DATASET = "MindDataset"  # the loader run_mindformer.py --train_dataset_dir points elsewhere
 MEGATRON = "BlendedMegatronDatasetDataLoader"
 
@@ -68,18 +80,12 @@ def mindformers_path(value: str, base: Path, stored: bool, where: str) -> str:
     return str(path.absolute())
 
 
-def trial_program(s, base: Path, stored: bool) -> dict:
-    """The program keys of model.yaml's ``trial`` section ``s`` (model_yaml's section reader,
-    which names ``trial.<key>`` in its errors) as `autotune.spec.specs.TrialSpec`'s fields: the
-    MindFormers keys only with ``program: mindformers``, ``run_mindformer`` and ``python``
-    required then, paths absolute (a stored study's not checked: :func:`mindformers_path`)."""
-    program = s.get("program", str, default="autotune", choices=PROGRAMS)
-    if program == "autotune":
-        for key in ("run_mindformer", "python", "data", "register_path"):
-            if s.get(key, str, default=None) is not None:
-                s.fail(key, "is read by trial.program mindformers only (program is autotune)")
-        return {"program": program}
-    fields = {"program": program}
+def read_mindformers_keys(s, base: Path, stored: bool) -> dict:
+    """The MindFormers keys of model.yaml's ``trial`` section ``s`` (model_yaml's section
+    reader, which names ``trial.<key>`` in its errors) as `autotune.spec.specs.TrialSpec`'s
+    fields: ``run_mindformer`` and ``python`` required, paths absolute (a stored study's not
+    checked: :func:`mindformers_path`)."""
+    fields = {}
     for key in ("run_mindformer", "python"):
         value = s.get(key, str)
         fields[key] = mindformers_path(value, base, stored, f"{s.source}: trial.{key}")
@@ -94,28 +100,30 @@ def trial_program(s, base: Path, stored: bool) -> dict:
     return fields
 
 
-def check_mindformers_trial(
-    source: str, trial: TrialSpec, backend: str, base: str | None, stored: bool
-) -> None:
+def check_mindformers_trial(spec: Spec, stored: bool) -> None:
     """A study whose trials are MindFormers runs: a backend MindFormers runs on, the config
-    it runs (``export.mindformers_base``), and — unless ``stored`` — its dataset there
+    it runs (``export.mindformers_base``), and — unless ``stored`` — a config MindFormers trains
+    on that backend (not an mcore one on the CPU: :data:`MCORE_ON_CPU`), its dataset there
     (:func:`dataset_problem`) or, for ``trial.data: synthetic``, a loader that takes one
     (``MindDataset``). SpecError naming the key otherwise."""
-    if trial.program != "mindformers":
-        return
-    refusal = backend_of(backend).no_mindformers
-    if refusal:
-        raise SpecError(f"{source}: trial.program: mindformers on backend {backend}: {refusal}")
+    source, trial, base = spec.source, spec.trial, spec.mindformers_base
+    backend = backend_of(spec.cluster.backend)
+    program = f"{source}: trial.program: {trial.program} on backend {backend.name}"
+    if backend.no_mindformers:
+        raise SpecError(f"{program}: {backend.no_mindformers}")
     if base is None:
         raise SpecError(
-            f"{source}: export.mindformers_base: is required with trial.program mindformers "
-            "(the MindFormers config every trial runs; autotune init --mindformers writes it)"
+            f"{source}: export.mindformers_base: is required with trial.program "
+            f"{trial.program} (the MindFormers config every trial runs; autotune init "
+            "--mindformers writes it)"
         )
     if stored:
         return
     if not Path(base).is_file():
         raise SpecError(f"{source}: export.mindformers_base: {base}: no such file")
     config = load_config(base)
+    if backend.mindformers_cpu_form and is_mcore(config):
+        raise SpecError(f"{program}: {base}: {MCORE_ON_CPU}")
     checkout = Path(trial.run_mindformer).parent
     if trial.data == "synthetic":
         kind = _loader(config).get("type")
@@ -132,6 +140,17 @@ def check_mindformers_trial(
             f"{checkout}, where trials run; or set trial.data: synthetic, autotune init "
             "--synthetic-data, for a generated one)"
         )
+
+
+def mindformers_launch_line(spec: Spec, script: str) -> str:
+    """The line that runs an export's mindformers.yaml as ``spec``'s MindFormers trials ran it:
+    their interpreter's folder first on PATH (msrun, and the ``python`` it starts), ``launch.sh``
+    (at ``script``) ``--mindformers`` their checkout."""
+    python, checkout = Path(spec.trial.python), Path(spec.trial.run_mindformer).parent
+    return (
+        f'PATH={shlex.quote(str(python.parent))}:"$PATH" bash {shlex.quote(script)} '
+        f"--mindformers {shlex.quote(str(checkout))}"
+    )
 
 
 def _loader(config: dict) -> dict:

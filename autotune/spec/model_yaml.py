@@ -24,10 +24,10 @@ from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
-from autotune.spec.mindformers_trial import check_mindformers_trial, trial_program
 from autotune.spec.model_experts import NONE as EXPERTS_NONE
 from autotune.spec.model_experts import parse_experts
 from autotune.spec.objectives import OBJECTIVES
+from autotune.spec.programs import program_of, read_trial
 from autotune.spec.specs import (
     DEFAULT_MIN_STEPS,
     DEFAULT_PRECISION,
@@ -148,19 +148,9 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
     if unknown:
         raise SpecError(f"{source}: {unknown[0]}: unknown field")
     base = str((path.parent / base).resolve()) if base else None
-    check_mindformers_trial(source, trial, cluster.backend, base, stored)
-    return Spec(
-        study,
-        model,
-        train,
-        cluster,
-        search,
-        trial,
-        source,
-        data,
-        baseline,
-        base,
-    )
+    spec = Spec(study, model, train, cluster, search, trial, source, data, baseline, base)
+    program_of(spec).check(spec, stored)
+    return spec
 
 
 def _parse_baseline(s: _Section) -> dict:
@@ -429,6 +419,6 @@ def _parse_trial(s: _Section, base: Path, stored: bool = False) -> TrialSpec:
             f"must be ≤ {max(2, measured)} (trial.steps − trial.measure_after = "
             f"{measured} measured steps), got {min_steps}",
         )
-    program = trial_program(s, base, stored)
+    program = read_trial(s, base, stored)
     s.reject_unknown()
     return TrialSpec(steps, measure_after, timeout_s, precision, min_steps, **program)

@@ -2,7 +2,8 @@
 
 Contract:
 - :func:`build_space` turns a search-space mapping into a :class:`SearchSpace` for one spec,
-  filtering out values the backend cannot execute (one note line per knob) and raising
+  filtering out values the backend cannot execute (one note line per knob) and those the trial
+  program does not run (`autotune.spec.programs.TrialProgram.space_limits`, its note), raising
   :class:`SpecError` for unknown knobs, empty or inverted ranges, or no feasible candidate.
 - :meth:`SearchSpace.sample` draws a :class:`Candidate` through an Optuna trial's ``suggest_*``
   calls (each searched knob through its param, `autotune.spec.encoding`); the knobs a trial keeps as
@@ -25,11 +26,12 @@ from functools import cached_property
 
 from autotune.spec.backends import backend_of
 from autotune.spec.candidate import Candidate
-from autotune.spec.constraints import mindformers_on_cpu, violations
+from autotune.spec.constraints import violations
 from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active, trial_warmup
 from autotune.spec.model_yaml import DEFAULT_SPACE
+from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec
 from autotune.spec.yaml_file import load_yaml
 
@@ -251,15 +253,10 @@ def build_space(spec: Spec, overrides: dict | None = None) -> SearchSpace:
     defaults = {name: knob.default_space for name, knob in KNOBS.items()} | load_yaml(DEFAULT_SPACE)
     raw = {**defaults, **raw, **(overrides or {})}
     backend, notes, domains = backend_of(spec.cluster.backend), [], {}
-    if mindformers_on_cpu(spec):  # known before running: the CPU runs MindFormers' DP only
-        # and folds accumulation into the per-rank batch: every grad_accum is the same run
-        accum = spec.baseline.get("grad_accum", KNOBS["grad_accum"].default)
-        raw.update(tp=[1], pp=[1], parallel_optimizer=[False], grad_accum=[accum])
-        notes.append(
-            "trial.program mindformers on cpu: MindFormers runs data parallel only here "
-            "(tp, pp and the parallel optimizer are semi-auto/Ascend-only: not searched; "
-            f"grad_accum, folded into the batch, is one run: {accum})"
-        )
+    limits, note = program_of(spec).space_limits(spec)  # known before running
+    raw.update(limits)
+    if note:
+        notes.append(note)
     for name in KNOB_NAMES:
         values = parse_domain(name, raw[name], source)
         kept = tuple(v for v in values if v == "auto" or backend.executes(name, v))

@@ -17,6 +17,8 @@ DEFAULT_MIN_STEPS = 10  # trial.min_steps, or every measured step of a shorter t
 # train.total_steps when a model.yaml leaves it out (and init when a MindFormers config's -1
 # cannot be counted: `autotune.spec.mindformers_steps`)
 DEFAULT_TOTAL_STEPS = 10000
+# trial.program when a model.yaml leaves it out: autotune's own trainer (`autotune.spec.programs`)
+DEFAULT_PROGRAM = "autotune"
 
 
 @dataclass(frozen=True)
@@ -114,14 +116,16 @@ class TrialSpec:
     # measured steps (`autotune.train.program`)
     precision: float = DEFAULT_PRECISION
     min_steps: int = DEFAULT_MIN_STEPS
-    # what a trial runs: autotune's trainer, or MindFormers' run_mindformer.py (absolute) on the
-    # user's config in MindFormers' own interpreter, on its dataset or a synthetic one
-    # (`autotune.spec.mindformers_trial`)
-    program: str = "autotune"
+    # what a trial runs (`autotune.spec.programs`): autotune's trainer, or MindFormers'
+    # run_mindformer.py (absolute) on the user's config in MindFormers' own interpreter, on its
+    # dataset or a synthetic one (`autotune.spec.mindformers_trial`)
+    program: str = DEFAULT_PROGRAM
     run_mindformer: str | None = None
     python: str | None = None
     data: str | None = None
     register_path: str | None = None  # the user's run_mindformer.py --register_path (absolute)
+    # the keys of a program registered from outside the package (TrialSpec names no field for)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,12 @@ class Spec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def stated(self, section: str, key: str) -> bool:
+        """Whether model.yaml states ``section.key`` (not null): else the field holds its
+        default, which no export writes as if it were the user's (``train.total_steps``)."""
+        part = self.raw.get(section)
+        return isinstance(part, dict) and part.get(key) is not None
 
     def stop_rule(self) -> dict | None:
         """``{"precision", "min_steps"}`` for a trial's config when its objectives let a trial

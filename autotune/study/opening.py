@@ -10,9 +10,10 @@ Contract:
   since studies were first stored is left out at its default, so an older study still matches)
   and ``train`` sections, the cluster (backend, devices, devices_per_node, device, device_memory_gb,
   max_device_memory_gb where given, and a replay study's table by its SHA-256), the resolved search space, the objectives and
-  ``trial.steps``/``measure_after``. Not ``n_trials``, the sampler, the seed or the timeout:
-  those may change between runs of one study. Nor ``trial.precision``/``min_steps``: they set
-  how precisely a trial measures its step time before it stops, not what it measures (a goodput
+  ``trial.steps``/``measure_after``, and what the trial program says makes its trials another
+  measurement (`autotune.spec.programs.TrialProgram.fingerprint`). Not ``n_trials``, the
+  sampler, the seed or the timeout: those may change between runs of one study. Nor
+  ``trial.precision``/``min_steps``: they set how precisely a trial measures its step time before it stops, not what it measures (a goodput
   known to ±2 % and one known to ±5 % estimate the same number; a final_loss study never stops
   early), so a resume may tighten or loosen them and its trials stay comparable (so does a warm
   start's).
@@ -44,6 +45,7 @@ from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
 from autotune.spec.model_yaml import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
+from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec
 from autotune.storage.bulk import read_all
 from autotune.storage.connection import open_storage
@@ -82,8 +84,8 @@ def fingerprint(spec: Spec, space) -> dict:
         "objectives": list(spec.search.objectives),
         "trial": {"steps": spec.trial.steps, "measure_after": spec.trial.measure_after},
     }
-    if spec.trial.program != "autotune":  # another program is another measurement (a later field)
-        parts["trial"].update(program=spec.trial.program, data=spec.trial.data)
+    # another program is another measurement (a later field: none for autotune's trainer)
+    parts["trial"].update(program_of(spec).fingerprint(spec))
     return json.loads(json.dumps(parts, default=str))  # what storage gives back
 
 

@@ -5,7 +5,8 @@ never answered" is the infrastructure's error, retried, not the candidate's."""
 from pathlib import Path
 
 from autotune.execution.classify import classify
-from autotune.execution.runner import _mindformers_launch, free_port
+from autotune.execution.mindformers_run import node_launch
+from autotune.execution.nodes import free_port
 from autotune.spec.backends import BACKENDS, reserved_ports
 from autotune.train import CANDIDATE_STARTED
 
@@ -56,7 +57,7 @@ def test_two_trials_on_one_node_take_their_own_hccl_and_lccl_ports(monkeypatch, 
         "trial_yaml": "a: 1\n",
     }
     devices = {"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"}
-    _, env, _ = _mindformers_launch(mf, tmp_path, tmp_path, devices, 4, None, False, ASCEND, 600)
+    _, env, _ = node_launch(mf, tmp_path, tmp_path, devices, 4, None, False, ASCEND, 600)
     assert env["HCCL_IF_BASE_PORT"] == second["HCCL_IF_BASE_PORT"]
     assert env["LCAL_COMM_ID"] == second["LCAL_COMM_ID"]
 

@@ -271,7 +271,7 @@ def test_an_ascend_chip_that_stays_in_saturation_mode_is_refused_with_the_reason
 
 
 def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
-    from autotune.execution import runner
+    from autotune.execution import nodes
 
     offered = iter([60000, 60017, 60031, 60511, 45123])  # HCCL's and LCCL's slots (16 × 32)
 
@@ -288,8 +288,8 @@ def test_msrun_is_never_handed_hccls_host_ports(monkeypatch):
         def getsockname(self):
             return ("127.0.0.1", self.port)
 
-    monkeypatch.setattr(runner.socket, "socket", Socket)
-    assert runner.free_port() == 45123
+    monkeypatch.setattr(nodes.socket, "socket", Socket)
+    assert nodes.free_port() == 45123
     assert (60000, 60511) in reserved_ports()
 
 

@@ -86,6 +86,13 @@ def read_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+def legacy_listed(folder) -> dict:
+    """The legacy llama's keys an overlay's header lists, with their values, for a legacy base
+    (`autotune.mindformers.config`: the overlay itself carries none, its base's kind unknown)."""
+    lines = (folder / "mindformers.yaml").read_text().splitlines()
+    return yaml.safe_load("".join(f"{x[6:]}\n" for x in lines if x.startswith("#     "))) or {}
+
+
 def export(tmp_path, name, knobs, dtype="float16", base=None, devices_per_node=8, **spec_args):
     out = tmp_path / name
     spec = make_spec(tmp_path, devices_per_node=devices_per_node, dtype=dtype, **spec_args)
@@ -312,10 +319,14 @@ def test_every_layout_trains_as_tuned_under_mindformers(tmp_path, base, dtype, l
     )
     overlay = read_yaml(alone / "mindformers.yaml")
     assert overlay.pop("base_config") == "SET-ME-your-model-mindformers-config.yaml"
-    if base == QWEN3:  # an mcore base: no legacy llama key, which its converter refuses
-        for key in LEGACY_MODEL_KEYS:
-            assert key not in merged["model"]["model_config"]
-            overlay["model"]["model_config"].pop(key, None)
+    # no legacy llama key, which an mcore base's converter refuses: the header lists them, with
+    # the values the run has, for a legacy base (the user adds them there)
+    model_config, listed = overlay["model"]["model_config"], legacy_listed(alone)
+    assert not set(LEGACY_MODEL_KEYS) & set(model_config) and set(listed) <= set(LEGACY_MODEL_KEYS)
+    if base == QWEN3:
+        assert not set(LEGACY_MODEL_KEYS) & set(merged["model"]["model_config"])
+    else:
+        model_config.update(listed)
     assert mindformers_merge_a_into_b(overlay, base_as_mindformers_reads_it(base)) == merged
     # MindFormers' own section templates check every key: tests/export/test_mindformers_consumer.py
 
@@ -646,7 +657,7 @@ def test_the_header_lists_what_was_rederived_and_what_the_base_keeps(tmp_path):
         export(tmp_path, "ov", LAYOUTS["dp4-pp2"], device="ascend-910b") / "mindformers.yaml"
     )
     assert "re-derived for pp = 2" in (tmp_path / "ov" / "mindformers.yaml").read_text()
-    assert overlay["model"]["model_config"] == {"offset": 0, "parallel_optimizer": False}
+    assert overlay["model"]["model_config"] == {"offset": 0}  # its base's kind unknown
 
 
 def test_a_cpu_export_carries_autotunes_cpu_training_step(tmp_path):
@@ -689,15 +700,18 @@ def test_the_overlay_is_the_run_the_study_priced(tmp_path):
         recompute_layers={"select_recompute": [0], "select_comm_recompute": [0]},
     )
     knobs = dict(LAYOUTS["dp2-tp2-pp2"], parallel_optimizer=True)
-    mf = read_yaml(export(tmp_path, "sp", knobs, **llama) / "mindformers.yaml")
+    out = export(tmp_path, "sp", knobs, **llama)
+    mf = read_yaml(out / "mindformers.yaml")
     assert mf["parallel_config"]["use_seq_parallel"] is True
     assert mf["recompute_config"] == {
         "recompute": False,
         "select_recompute": [1, 0],
         "select_comm_recompute": [1, 0],
     }
-    # MindFormers' LlamaEmbedding stays out of the parallel optimizer, as model.yaml says
-    assert mf["model"]["model_config"]["parallel_optimizer"] is False
+    # MindFormers' LlamaEmbedding stays out of the parallel optimizer, as model.yaml says: on a
+    # legacy base (an mcore one refuses the key, so the overlay lists it for the user to add)
+    assert "parallel_optimizer" not in mf["model"]["model_config"]
+    assert legacy_listed(out) == {"parallel_optimizer": False}
     mf = read_yaml(
         export(
             tmp_path, "full", dict(knobs, recompute="full", pp=1, dp=4, micro_batches=1), **llama
@@ -710,5 +724,8 @@ def test_the_overlay_is_the_run_the_study_priced(tmp_path):
         "select_comm_recompute": [1],
     }
     shards = dict(llama, embedding_parallel_optimizer=True)
-    mf = read_yaml(export(tmp_path, "emb", knobs, **shards) / "mindformers.yaml")
-    assert mf["model"]["model_config"]["parallel_optimizer"] is True
+    assert legacy_listed(export(tmp_path, "emb", knobs, **shards)) == {"parallel_optimizer": True}
+    merged = read_yaml(
+        export(tmp_path, "emb-base", knobs, base=LLAMA2, **shards) / "mindformers.yaml"
+    )
+    assert merged["model"]["model_config"]["parallel_optimizer"] is True

@@ -1,16 +1,24 @@
-"""What MindFormers 1.9's mcore path does with a trial on this CPU (slow tier): a study of the
-tiny mcore Qwen3 (tests/mindformers/tiny_qwen3_mindformers.yaml) whose trials are MindFormers
-runs on a synthetic MindRecord of sliced rows, through ``autotune search``. MindFormers cannot
-train it here, and each way it stops is recorded as the trial's verdict (docs/mindformers.md, "On
-CPU"); the device check's step 9 runs the same study on Ascend. When MindFormers changes so that
-it runs, this test fails and the docs have to say so.
+"""What MindFormers 1.9's mcore path does with a trial on this CPU (slow tier): the evidence behind
+``autotune validate``/``search`` refusing a study whose trials are MindFormers runs of an mcore
+config on ``cpu`` (`autotune.spec.mindformers_trial.MCORE_ON_CPU`; the fast tier checks the
+refusal). The tiny mcore Qwen3 (tests/mindformers/tiny_qwen3_mindformers.yaml) is run past that
+refusal, through the runner as a study's trial would be, on a synthetic MindRecord of sliced
+rows: MindFormers cannot train it here, and each way it stops is the trial's verdict
+(docs/mindformers.md, "What the CPU run cannot show"); the device check's step 9 runs the same
+study on Ascend. When MindFormers changes so that it runs, this test fails, and the refusal and
+the docs have to go.
 """
 
 import pytest
 
 from autotune.cli import main
-from autotune.storage.connection import load_study
-from autotune.storage.schema import outcome_of
+from autotune.execution.runner import run_trial
+from autotune.mindformers.data import synthetic_dataset
+from autotune.mindformers.trial import SECTION, trial_section
+from autotune.spec.model_yaml import parse_spec
+from autotune.spec.space import build_space
+from autotune.spec.yaml_file import load_yaml
+from autotune.train.config import trial_config
 from tests.conftest import ROOT
 from tests.mindformers.conftest import mf_python, mindformers_model
 
@@ -32,6 +40,7 @@ FIXED = {  # the config's own values, one candidate per study
 
 
 def _one_trial(tmp_path, python, devices: int):
+    """``(outcome, detail, worker 0's log)`` of the study's one trial on ``devices`` ranks."""
     folder = tmp_path / f"dp{devices}"
     folder.mkdir()
     settings = {
@@ -44,15 +53,22 @@ def _one_trial(tmp_path, python, devices: int):
         "trial.measure_after": 1,
     }
     model = mindformers_model(folder, python, base=TINY_QWEN3, **settings)
-    storage = f"sqlite:///{folder}/s.db"
-    args = ["search", str(model), "--storage", storage, "--artifacts", str(folder / "trials")]
-    assert main([*args, "--trials", "1", "--no-confirm"]) == 0
-    (trial,) = load_study(f"mcore-dp{devices}", storage).get_trials(deepcopy=False)
-    log = folder / "trials" / f"mcore-dp{devices}" / "0" / "logs" / "worker_0.log"
-    return outcome_of(trial), trial.user_attrs.get("detail", ""), log.read_text(errors="replace")
+    assert main(["validate", str(model)]) == 2  # refused before any trial ...
+    spec = parse_spec(load_yaml(model), model, stored=True)  # ... which runs here past it
+    c, trial_dir = build_space(spec).baseline(), folder / "trial"
+    config = trial_config(
+        spec, c, study=spec.study, number=0, out_dir=trial_dir, steps=4, measure_after=1
+    )
+    data = synthetic_dataset(spec, folder / ".mindformers-data")
+    config.update(
+        program=spec.trial.program, **{SECTION: trial_section(spec, c, 0, trial_dir, data)}
+    )
+    result = run_trial(config, trial_dir, 600, None, c.devices)
+    log = trial_dir / "logs" / "worker_0.log"
+    return result.outcome, result.detail, log.read_text(errors="replace")
 
 
-def test_mindformers_mcore_qwen3_does_not_train_on_this_cpu(tmp_path):
+def test_mindformers_mcore_qwen3_does_not_train_on_this_cpu(tmp_path, capsys):
     python = mf_python()
     # data parallel, MindFormers' only mode here, resets parallel_config to 1 (the stand-alone
     # and data-parallel branch of _check_global_batch_size_for_auto_parallel), and mcore's
@@ -65,3 +81,4 @@ def test_mindformers_mcore_qwen3_does_not_train_on_this_cpu(tmp_path):
     outcome, detail, log = _one_trial(tmp_path, python, 1)
     assert outcome == "error" and "autotune.train: RuntimeError" in detail, detail
     assert "Unsupported op [RmsNorm] on CPU" in log and "input_layernorm" in log
+    assert "an mcore config (use_legacy: False)" in capsys.readouterr().err  # the refusals said

@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from autotune.cli import main
-from autotune.execution.runner import MINDFORMERS, run_trial
+from autotune.execution.runner import run_trial
 from autotune.jobs import TIME_PARTS
-from autotune.mindformers.trial import trial_section
+from autotune.mindformers.trial import SECTION, trial_section
 from autotune.spec.candidate import Candidate
 from autotune.spec.model_yaml import load_spec
 from autotune.spec.space import build_space
@@ -69,15 +69,17 @@ def _forced(spec, knobs: dict, edits: dict, trial_dir: Path, data: str):
     config = trial_config(
         spec, c, study=spec.study, number=0, out_dir=trial_dir, steps=STEPS, measure_after=1
     )
-    config[MINDFORMERS] = trial_section(spec, c, 0, trial_dir, data)
-    document = yaml.safe_load(config[MINDFORMERS]["trial_yaml"])
+    config.update(
+        program=spec.trial.program, **{SECTION: trial_section(spec, c, 0, trial_dir, data)}
+    )
+    document = yaml.safe_load(config[SECTION]["trial_yaml"])
     for dotted, value in edits.items():
         *parents, last = dotted.split(".")
         node = document
         for part in parents:
             node = node[part]
         node[last] = value
-    config[MINDFORMERS]["trial_yaml"] = yaml.safe_dump(document)
+    config[SECTION]["trial_yaml"] = yaml.safe_dump(document)
     return run_trial(config, trial_dir, 600, None, c.devices)
 
 
@@ -121,7 +123,7 @@ def test_a_study_of_mindformers_trials_runs_classifies_and_exports_what_ran(tmp_
             metrics["first_step_s"] > 0 and written["steps"] >= STEPS and metrics["loss_first"] > 4
         )
         config = json.loads((folder / "config.json").read_text())
-        ran_yaml = yaml.safe_load(config[MINDFORMERS]["trial_yaml"])
+        ran_yaml = yaml.safe_load(config[SECTION]["trial_yaml"])
         knobs = knobs_of(t)  # the candidate is in the config MindFormers ran
         assert ran_yaml["recompute_config"]["recompute"] == (knobs["recompute"] == "full")
         assert ran_yaml["context"]["jit_config"]["jit_level"] == knobs["jit_level"]

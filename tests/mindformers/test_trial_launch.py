@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from autotune.execution.runner import _mindformers_launch
+from autotune.execution.mindformers_run import node_launch
 from autotune.mindformers import CLUSTER_DIR
 from autotune.mindformers.launch import ENTRY, launch
 from autotune.mindformers.trial import RECORDER_FILE, TRIAL_FILE, trial_section
@@ -107,7 +107,7 @@ def test_each_node_writes_trial_yaml_whole(tmp_path):
     (tmp_path / TRIAL_FILE).write_text(old)
     mf = {"run_mindformer": str(RUN_MINDFORMER), "python": "/v/bin/python", "trial_yaml": "b: 2\n"}
     with open(tmp_path / TRIAL_FILE) as reader:
-        _mindformers_launch(mf, tmp_path, tmp_path, {}, 2, None, False, BACKENDS["cpu"], 600)
+        node_launch(mf, tmp_path, tmp_path, {}, 2, None, False, BACKENDS["cpu"], 600)
         assert reader.read() == old
     assert (tmp_path / TRIAL_FILE).read_text() == "b: 2\n"
     assert oct(os.stat(tmp_path / TRIAL_FILE).st_mode & 0o777) == "0o644"

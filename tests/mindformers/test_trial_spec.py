@@ -56,6 +56,30 @@ def test_a_mindformers_trial_section_is_read_and_each_problem_names_its_key(tmp_
     )
 
 
+def test_mindformers_trials_of_an_mcore_config_on_cpu_are_refused_before_any_trial(
+    tmp_path, capsys
+):
+    """MindFormers 1.9 trains no mcore model on this CPU (the slow tier's evidence:
+    tests/mindformers/test_mcore_trial_cpu.py): validate and search refuse such a study in one
+    line, exit 2, where each trial would fail; the legacy llama's is a study, and so is the mcore
+    one whose trials are autotune's trainer's."""
+    qwen3 = ROOT / "tests" / "mindformers" / "tiny_qwen3_mindformers.yaml"
+    (tmp_path / "mcore").mkdir()
+    model = mindformers_model(tmp_path / "mcore", base=qwen3)
+    for verb in (["validate"], ["search", "--storage", f"sqlite:///{tmp_path}/s.db"]):
+        assert main([*verb[:1], str(model), *verb[1:]]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"trial.program: mindformers on backend cpu: {qwen3}: an mcore config" in err
+        assert "does not train on CPU" in err
+    data = yaml.safe_load(model.read_text())
+    del data["trial"]
+    model.write_text(yaml.safe_dump(data))
+    assert main(["validate", str(model)]) == 0
+    (tmp_path / "legacy").mkdir()
+    assert main(["validate", str(mindformers_model(tmp_path / "legacy"))]) == 0
+
+
 def test_the_dataset_a_mindformers_trial_reads_is_checked_before_any_trial(tmp_path):
     config = tmp_path / "with_data.yaml"
     config.write_text(
@@ -123,9 +147,11 @@ def test_synthetic_rows_are_sliced_as_the_config_says(tmp_path):
     (tmp_path / "llama").mkdir()
     (tmp_path / "qwen3").mkdir()
     llama = load_spec(mindformers_model(tmp_path / "llama"))
-    qwen3 = load_spec(
+    qwen3 = load_spec(  # on Ascend (float32: no fused attention): none trains on the CPU
         mindformers_model(
-            tmp_path / "qwen3", base=ROOT / "tests" / "mindformers" / "tiny_qwen3_mindformers.yaml"
+            tmp_path / "qwen3",
+            base=ROOT / "tests" / "mindformers" / "tiny_qwen3_mindformers.yaml",
+            **{"cluster.backend": "ascend", "model.flash_attention": False},
         )
     )
     assert dataset_shape(llama)[1:] == (33, 128, ["input_ids", "labels"])

@@ -100,36 +100,31 @@ def candidate_of(t):
 
 def test_where_a_mechanism_is_mispriced_no_split_within_its_error_waits_for_polishing(tmp_path):
     """The model prices pipelined steps 1/0.6× too dear, so it ranks data parallelism first.
-    While some parallel split that has not run is within the model's demonstrated error of the
-    best measured candidate (the band), no variant of a measured split that its estimate says
-    changes less than one run's noise (a fusion threshold, the parallel optimizer) runs; every
-    parallel mechanism with a candidate in the band is measured; the study finds the truth's
-    best."""
-    from autotune.search.acquisition import LIKELY, mechanisms_of
+    No trial polishes — runs a variant of a measured split that its estimate says changes less
+    than one run's noise (a fusion threshold, the parallel optimizer) — while a parallel split
+    that has not run is within the model's demonstrated error of the best measured candidate
+    (the band), or a parallel mechanism nothing measured uses is within the wide band; the
+    study finds the truth's best."""
+    from autotune.search.acquisition import LIKELY
 
     path = spec_file(tmp_path)
     truth = table(path, lambda c, part: 0.6 if c.pp > 1 else 1.0)
     storage = f"sqlite:///{tmp_path}/s.db"
     assert main(["search", str(path), "--storage", storage, "--trials", "10"]) == 0
     trials = ran(storage)
-    banded = 0
+    banded = polished = 0
     for t in trials[1:]:
         prior = _prior_before(path, trials, t.number)
         measured, fits, open_ = prior.open_candidates(_measured_before(trials, t.number))
         gain, _ = prior.values()
-        best = float(gain[measured].max())
-        band, wide = prior.bands(gain, best, open_ & (fits >= LIKELY))
-        row = prior.index[prior.project(candidate_of(t))]
-        if band.any():
-            banded += 1
-            assert not prior.polishes(row, gain, best), t.number
-        used = set().union(*(mechanisms_of(prior.candidates[i]) for i in measured))
-        unmeasured = {
-            m for i in np.flatnonzero(wide) for m in mechanisms_of(prior.candidates[i])
-        } - used
-        if unmeasured:  # a mechanism nothing measured uses, in the band: it runs now
-            assert mechanisms_of(candidate_of(t)) & unmeasured, t.number
-    assert banded  # the measurements did show the model wrong
+        band, wide = prior.bands(gain, float(gain[measured].max()), open_ & (fits >= LIKELY))
+        _, uses = prior.split_arrays()
+        unmeasured = wide & (uses & ~uses[measured].any(axis=0)).any(axis=1)
+        banded += bool(band.any())
+        if prior.polishes(prior.index[prior.project(candidate_of(t))], gain, measured):
+            polished += 1
+            assert not band.any() and not unmeasured.any(), t.number
+    assert banded and polished  # the measurements showed the model wrong; the study polished
     best = max(t.values[0] for t in trials if t.values)
     assert best == pytest.approx(max(g for g in truth.values() if g))
 

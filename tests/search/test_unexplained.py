@@ -109,7 +109,7 @@ def test_a_truth_the_model_has_no_mechanism_for_is_found_by_measuring_the_splits
     assert main(["show", "unexplained", "--storage", storage]) == 0
     out = capsys.readouterr().out
     assert f"layouts: {len(layouts) - len(skipped)} of {len(layouts)} ran" in out
-    assert "predicted out of memory" in out and "within what the model may be off by" in out
+    assert "predicted out of memory" in out and "demonstrated error" in out, out
 
 
 def test_a_miss_stays_with_the_layout_it_was_measured_on(tmp_path):

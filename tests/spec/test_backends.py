@@ -105,6 +105,7 @@ from dataclasses import replace  # noqa: E402
 
 from autotune.spec import backends  # noqa: E402
 from autotune.spec.knobs import DTYPES, KNOBS  # noqa: E402
+from tests.conftest import naming  # noqa: E402
 
 PACKAGE = Path(__file__).resolve().parents[2] / "autotune"
 REGISTRY = PACKAGE / "spec" / "backends.py"
@@ -119,34 +120,6 @@ def backend_words() -> set[str]:
     return words
 
 
-def naming_a_backend(tree: ast.AST, words: set[str]) -> list[tuple[int, str]]:
-    """Where ``tree`` compares with a backend's word, keys a dict by one, or lists several: a
-    per-backend rule or fact kept outside the registry. (Other strings that happen to be a
-    backend's word — the cpu device profile's name, a call's argument — are not rules.)"""
-
-    def named(node) -> bool:
-        return (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and node.value.lower() in words
-        )
-
-    def holds(node) -> bool:
-        return named(node) or (
-            isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
-        )
-
-    hits = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare) and any(holds(n) for n in [node.left, *node.comparators]):
-            hits.append((node.lineno, "compares with a backend's word"))
-        elif isinstance(node, ast.Dict) and any(named(k) for k in node.keys if k is not None):
-            hits.append((node.lineno, "a dict keyed by a backend's word"))
-        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and sum(map(named, node.elts)) >= 2:
-            hits.append((node.lineno, "a collection of backends' words"))
-    return hits
-
-
 def test_no_module_outside_the_registry_names_a_backend():
     """A grep for `"GPU", "Ascend"` or `backend ==` anywhere in autotune/, and its AST
     form: no comparison with, dict keyed by or tuple of backend names outside
@@ -159,13 +132,11 @@ def test_no_module_outside_the_registry_names_a_backend():
         for number, line in enumerate(text.splitlines(), 1):
             if '"GPU", "Ascend"' in line or "backend ==" in line:
                 found.append(f"{where}:{number}: {line.strip()}")
-        found += [
-            f"{where}:{number}: {why}" for number, why in naming_a_backend(ast.parse(text), words)
-        ]
+        found += [f"{where}:{number}: {why}" for number, why in naming(ast.parse(text), words)]
     assert not found, "\n".join(found)
 
 
-def test_the_check_sees_each_way_of_naming_a_backend():
+def test_the_check_sees_each_way_of_naming():
     """The check above can fail: each form it looks for, planted."""
     words = backend_words()
     planted = {
@@ -177,7 +148,7 @@ def test_the_check_sees_each_way_of_naming_a_backend():
         'profile = load("cpu"); flag = name == "mindspore"': False,
     }
     for source, named in planted.items():
-        assert bool(naming_a_backend(ast.parse(source), words)) == named, source
+        assert bool(naming(ast.parse(source), words)) == named, source
 
 
 # --- every backend has every fact its kind needs (contract, parametrized over BACKENDS) -----

@@ -169,15 +169,38 @@ def test_more_devices_keep_the_global_batch_and_scale_dp(tmp_path):
     assert init(tmp_path, LLAMA70, "--total-steps", "10", "--devices", "96", out="b.yaml")[0] == 2
 
 
-def test_qwen2_5_bf16_gqa_and_per_layer_recompute(tmp_path, capsys):
-    # total_steps: -1 over a MindDataset whose files are not here: autotune's default, said
+def test_total_steps_init_cannot_count_is_priced_as_the_default_and_exported_as_minus_one(
+    tmp_path, capsys
+):
+    """-1 over a MindDataset whose files are not here: model.yaml leaves it null (said in one
+    line), the study prices autotune's default, and mindformers.yaml keeps the config's -1 for
+    MindFormers to derive — never the default as if it were the dataset's length. A length the
+    user gives (--total-steps) is written, over the base and in an overlay alike."""
+    from autotune.mindformers.config import UNSTATED_LENGTH, document
+
     code, data = init(tmp_path, QWEN25, "--backend", "simulate", out="a.yaml")
-    assert code == 0 and data["train"]["total_steps"] == 10000
+    assert code == 0 and data["train"]["total_steps"] is None
     assert (
         "lr_schedule.total_steps: -1 (the dataset's length) cannot be counted from the config "
-        "here: train.total_steps is autotune's default 10000; pass --total-steps T"
-        in capsys.readouterr().err
+        "here: train.total_steps is left null, a study prices autotune's default 10000 and the "
+        "export keeps -1 (MindFormers counts it); pass --total-steps T" in capsys.readouterr().err
     )
+    assert init(tmp_path, QWEN25, "--backend", "simulate", "--total-steps", "2000")[0] == 0
+    trial = {"study": "q", "number": 0}
+    for out, steps in (("a.yaml", None), ("model.yaml", 2000)):
+        spec, space = spec_and_space(tmp_path, out)
+        assert spec.train.total_steps == (steps or 10000)  # what the study prices
+        c = space.baseline()
+        merged, changes = document(spec, c, trial, spec.mindformers_base)
+        overlay, _ = document(spec, c, trial)
+        assert yaml.safe_load(merged)["lr_schedule"]["total_steps"] == (steps or -1)
+        assert yaml.safe_load(overlay)["lr_schedule"].get("total_steps") == steps
+        assert ("lr_schedule.total_steps" in {ch["key"] for ch in changes}) == bool(steps)
+        said = UNSTATED_LENGTH.format(steps=10000)
+        assert (said in merged, said in overlay) == (not steps, not steps)
+
+
+def test_qwen2_5_bf16_gqa_and_per_layer_recompute(tmp_path, capsys):
     code, data = init(tmp_path, QWEN25, "--backend", "simulate", "--total-steps", "2000")
     assert code == 0
     model = data["model"]
