@@ -84,8 +84,10 @@ class OptimizerShard:
     step: int
 
     def index(self, dp_index: int, tp_index: int, tp: int) -> int:
-        """Which of the ``size`` shards the rank at (dp_index, tp_index) holds."""
-        return dp_index if self.step > 1 else dp_index * tp + tp_index  # step tp: a dp group
+        """Which of the ``size`` shards the rank at (dp_index, tp_index) holds: its position
+        among the stage's ranks that stride by ``step`` (step tp: a dp group, its dp index;
+        step ep: the ranks holding the same experts)."""
+        return (dp_index * tp + tp_index) // self.step
 
 
 @dataclass(frozen=True)
@@ -125,10 +127,10 @@ class ParamLayout:
             index[0] = slice(ep_index * size, (ep_index + 1) * size)
         return tuple(index)
 
-    def shard_rows(self, tp: int, dp_index: int, tp_index: int) -> slice:
-        """The rows (dim 0 of this rank's tp slice) whose update this rank owns; all of them
-        without an optimizer shard."""
-        rows = self.local_shape(tp)[0] if self.shape else 1
+    def shard_rows(self, tp: int, dp_index: int, tp_index: int, ep: int = 1) -> slice:
+        """The rows (dim 0 of this rank's tp or ep slice) whose update this rank owns; all of
+        them without an optimizer shard."""
+        rows = self.local_shape(tp, ep)[0] if self.shape else 1
         if self.opt_shard is None:
             return slice(0, rows)
         size = rows // self.opt_shard.size

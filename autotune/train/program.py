@@ -26,10 +26,12 @@ Knobs as applied here:
 - the launch (`autotune.train.runtime.session`: set_device, the memory cap, ``communication.init()``, a
   failure there being the launch's, :class:`LaunchError`), once per process; then, per trial,
   the context's mode, the layout's process groups and parallel context.
-- the layout (``dp``, ``tp``, ``pp``): each rank builds its part of the model
+- the layout (``dp``, ``tp``, ``pp``, ``ep``; ``cp`` above 1 is refused: the trainer splits no
+  sequences): each rank builds its part of the model
   (`autotune.train.parallel.groups.Placement`, `autotune.layout`): tensor parallelism on
   explicit collectives in its tp group (`autotune.train.parallel.tp_layers`), pipeline stages driven by a
-  1F1B schedule over ``micro_batches`` (`autotune.train.parallel.pipeline`). Each dp replica trains on its
+  1F1B schedule over ``micro_batches`` (`autotune.train.parallel.pipeline`), routed experts
+  split over ep groups with an all-gather token dispatcher (`autotune.train.models.moe`). Each dp replica trains on its
   shard of every global batch. One process runs stand-alone (no init).
 - ``fusion_mb``: the parallel context's ``comm_fusion`` allreduce size threshold, which buckets
   the DP gradient all-reduce (`autotune.train.step.train_step`).
@@ -126,16 +128,20 @@ def check_config(cfg: dict) -> None:
             f"model.dtype: {dtype!r} does not run on backend {backend!r} "
             f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})"
         )
-    for name, what in (("ep", "expert"), ("cp", "context")):
-        if knobs.get(name, 1) > 1:  # until the trainer splits experts and sequences
-            raise ConfigError(
-                f"knobs.{name}: {knobs[name]}: the trial program runs no {what} parallelism "
-                "yet; study it on cluster.backend simulate"
-            )
-    if (knobs["tp"] > 1 or knobs["pp"] > 1) and model.get("entry"):
-        raise ConfigError("knobs.tp/pp: a model.entry network runs with tp = pp = 1")
+    if knobs.get("cp", 1) > 1:  # the trainer splits no sequences
+        raise ConfigError(
+            f"knobs.cp: {knobs['cp']}: the trial program runs no context parallelism (it "
+            "splits no sequence over devices); study it on cluster.backend simulate"
+        )
+    ep = knobs.get("ep", 1)
+    if (knobs["tp"] > 1 or knobs["pp"] > 1 or ep > 1) and model.get("entry"):
+        raise ConfigError("knobs.tp/pp/ep: a model.entry network runs with tp = pp = ep = 1")
+    if ep > 1 and (model.get("num_experts") or 0) < 2:
+        raise ConfigError(f"knobs.ep: {ep}: the model has no experts to split")
+    if ep > 1 and (knobs["dp"] * knobs["tp"]) % ep:
+        raise ConfigError(f"knobs.ep: {ep} does not divide dp·tp = {knobs['dp'] * knobs['tp']}")
     if model.get("entry") is None:
-        reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"])
+        reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"], ep)
         if reasons:
             raise ConfigError(f"knobs: {reasons[0]}")
     split = batch_split_problems(

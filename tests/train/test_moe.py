@@ -1,6 +1,8 @@
 """The llama family's experts and latent attention in the trainer: the parameters
 `autotune.families.moe` lists, each part against numpy, and a model of both that learns."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -153,3 +155,100 @@ def test_what_the_trainer_does_not_build_is_refused_by_key(ms, key, value, says)
 
     with pytest.raises(ConfigError, match=f"model.{key}: .*{says}"):
         models.build_network(MOE | {key: value})
+
+
+@pytest.mark.parametrize(
+    "dp, tp, ep, groups",
+    [
+        # ep carved out of dp·tp, its axis fastest: an ep group is ep adjacent ranks, the ranks
+        # holding the same experts stride by ep; groups of the same ranks are reused by name
+        (2, 2, 2, [("tp-0-1", "dp-0-2", 0), ("tp-0-1", "dp-1-3", 1), ("tp-2-3", "dp-0-2", 0)]),
+        (4, 1, 2, [("ep-0-1", "experts-0-2", 0), ("ep-0-1", "experts-1-3", 1)]),
+        (2, 1, 2, [(None, None, 0), (None, None, 1)]),  # the world; one rank per expert block
+    ],
+)
+def test_expert_groups_are_carved_out_of_dp_and_tp(ms, dp, tp, ep, groups):
+    from autotune.train.parallel.groups import Placement
+
+    for rank, (ep_group, expert_group, ep_index) in enumerate(groups):
+        p = Placement.of(rank, dp, tp, 1, ep)
+        assert (p.ep_group, p.expert_group, p.ep_index) == (ep_group, expert_group, ep_index)
+        assert p.expert_replicas == dp * tp // ep
+
+
+def test_the_trainer_runs_ep_and_refuses_cp(tmp_path):
+    from autotune.train.config import ConfigError
+    from autotune.train.program import check_config
+    from tests.conftest import make_config
+
+    def config(model, **knobs):
+        return json.loads(make_config(tmp_path, model=model, knobs=knobs).read_text())
+
+    check_config(config(MOE, dp=2, ep=2))
+    with pytest.raises(ConfigError, match="knobs.cp: 2: the trial program runs no context"):
+        check_config(config(MOE, dp=2, cp=2))
+    with pytest.raises(ConfigError, match="knobs.ep: 2: the model has no experts"):
+        check_config(config({"family": "llama"}, dp=2, ep=2))
+    with pytest.raises(ConfigError, match="ep = 8 does not divide"):
+        check_config(config(MOE, dp=8, ep=8))
+
+
+# -- expert parallelism: every layout trains to one process's losses --------------------------------
+# ep is carved out of dp·tp (`autotune.layout.ep_coords`); tp with experts runs with sequence
+# parallelism around them, as MindFormers requires (`autotune.spec.constraints.expert_reasons`)
+MOE_LAYOUTS = {
+    "dp2-ep2": dict(dp=2, tp=1, pp=1, ep=2, grad_accum=2),
+    "tp2-ep2": dict(dp=1, tp=2, pp=1, ep=2, grad_accum=2),
+    "tp2": dict(dp=1, tp=2, pp=1, grad_accum=2),
+    "pp2": dict(dp=1, tp=1, pp=2, micro_batches=2),
+    "dp2-tp2-ep2": dict(dp=2, tp=2, pp=1, ep=2, grad_accum=2),
+    "dp2-pp2-ep2": dict(dp=2, tp=1, pp=2, ep=2, micro_batches=2),
+    "dp4-ep2": dict(dp=4, tp=1, pp=1, ep=2, grad_accum=2),
+}
+# experts of 128: each stacked weight 64 KB, so the parallel optimizer shards it
+WIDE_EXPERTS = MOE | {"moe_ffn_hidden_size": 128, "sequence_parallel": True}
+
+
+@pytest.fixture(scope="module")
+def moe_reference(tmp_path_factory):
+    from tests.train.test_parallel import _launch
+
+    one = dict(dp=1, tp=1, pp=1, grad_accum=2)
+    out = tmp_path_factory.mktemp("moe") / "r"
+    return {
+        "moe": _launch(out, one, base=MOE | {"sequence_parallel": True})[0],
+        "wide": _launch(tmp_path_factory.mktemp("wide") / "r", one, base=WIDE_EXPERTS)[0],
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MOE_LAYOUTS)
+def test_expert_parallel_layouts_train_to_the_losses_of_one_process(tmp_path, moe_reference, name):
+    """Routed experts split over ep (all-gather dispatch over the ep group, the experts'
+    gradients reduced over the ranks that hold them), with dp, tp and pp: the same losses."""
+    from tests.train.test_parallel import _launch
+
+    knobs = MOE_LAYOUTS[name]
+    losses, ranks = _launch(tmp_path / name, knobs, base=MOE | {"sequence_parallel": True})
+    reference = moe_reference["moe"]
+    assert len(losses) == 4 and reference[-1] < reference[0]
+    np.testing.assert_allclose(losses, reference, rtol=1e-4)
+    if knobs.get("ep", 1) > 1 and knobs["tp"] == 1 and knobs["pp"] == 1:
+        # replicas but for their experts: each ep rank ends with other weights
+        assert len({r["weights_sha256"] for r in ranks}) == knobs["ep"]
+
+
+@pytest.mark.slow
+def test_parallel_optimizer_shards_experts_over_their_replicas(tmp_path, moe_reference):
+    """dp4·ep2: each expert block is held by 2 ranks, and the parallel optimizer splits its
+    update between them (step ep in the stage's rank order): the losses of one process."""
+    from autotune import layout
+    from tests.train.test_parallel import _launch
+
+    plan, _ = layout.builtin_layout(WIDE_EXPERTS, 1, 1, 2)
+    sharded = layout.with_optimizer_shards(plan, 4, 1, 4, ep=2)
+    shard = sharded["model.layers.1.feed_forward.experts.w1.weight"].opt_shard
+    assert (shard.size, shard.step) == (2, 2)
+    knobs = dict(dp=4, tp=1, pp=1, ep=2, grad_accum=2, parallel_optimizer=True)
+    losses, _ = _launch(tmp_path / "dp4-ep2", knobs, base=WIDE_EXPERTS)
+    np.testing.assert_allclose(losses, moe_reference["wide"], rtol=1e-4)

@@ -52,7 +52,8 @@ class Placement:
     is None for pure data parallelism too: the world group is the dp group then; so are
     ``ep_group`` (the ``ep`` ranks that split the experts, `autotune.layout.ep_coords`) and
     ``expert_group`` (the ``expert_replicas`` ranks that hold the same experts) where they are
-    the world. Expert parallelism's groups reuse the name of a tp or dp group of the same ranks.
+    the world. Expert parallelism's groups reuse the name of a tp, dp or stage group of the same
+    ranks (with ep = 1 the experts' replicas are the stage's ranks: no new group).
     """
 
     rank: int
@@ -94,10 +95,8 @@ class Placement:
             _group_name("pp", [rank, next_rank]) if next_rank is not None else None,
             _group_name("stage", stage_ranks) if pp > 1 and dp > 1 and tp > 1 else None,
         )
-        if ep == 1:
-            return placed
         ep_index, ep_ranks, replicas = layout.ep_coords(rank, dp, tp, ep)
-        known = (placed.tp_group, placed.dp_group)
+        known = (placed.tp_group, placed.dp_group, placed.stage_group)
         return replace(
             placed,
             ep=ep,

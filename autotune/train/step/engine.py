@@ -106,11 +106,27 @@ def _decays(param) -> bool:
     return len(param.shape) > 1
 
 
-def optimizer_order(params) -> list:
-    """``params`` in the order the optimizer holds them (decayed matrices first), which is the
-    order its gradients must come in."""
+def optimizer_order(params, first=frozenset()) -> list:
+    """``params`` in the order the optimizer holds them (decayed matrices first, and of them the
+    names in ``first`` — the routed experts `autotune.train.step.train_step.Parallelism` reduces
+    apart), which is the order its gradients must come in."""
     params = list(params)
-    return [p for p in params if _decays(p)] + [p for p in params if not _decays(p)]
+    decayed = [p for p in params if _decays(p)]
+    return (
+        [p for p in decayed if p.name in first]
+        + [p for p in decayed if p.name not in first]
+        + [p for p in params if not _decays(p)]
+    )
+
+
+def _routed_experts(model: dict, placement: Placement) -> frozenset:
+    """Names of the rank's routed experts whose tokens come from other ranks too (under ep, or
+    tp's token split: `autotune.train.models.moe`), reduced apart; none otherwise."""
+    p = placement
+    if model.get("entry") or (p.ep == 1 and p.tp == 1):
+        return frozenset()
+    plan, _ = layout.builtin_layout(model, p.tp, p.pp, p.ep)
+    return frozenset(name for name, lay in plan.items() if lay.ep_split and lay.stage == p.stage)
 
 
 def make_optimizer(params, learning_rate, state_dtype=ms.float32):
@@ -158,7 +174,7 @@ def _owned(cfg: dict, placement: Placement, network) -> set:
     model = cfg["model"]
     if model.get("entry"):
         return {p.name for p in network.trainable_params()}
-    plan, _ = layout.builtin_layout(model, placement.tp, placement.pp)
+    plan, _ = layout.builtin_layout(model, placement.tp, placement.pp, placement.ep)
     return {
         name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0
     }
@@ -224,7 +240,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             knobs["warmup_steps"], train["total_steps"], trial["steps"]
         )
     p, micro = placement, micro_steps(knobs)
-    weights = ParameterTuple(optimizer_order(network.trainable_params()))
+    experts = _routed_experts(model, p)
+    weights = ParameterTuple(optimizer_order(network.trainable_params(), experts))
     sharding = None
     if knobs.get("parallel_optimizer"):
         sharding = sharding_mod.plan(
@@ -239,8 +256,11 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     parallel = step.Parallelism(
         p.dp,
         p.dp_group,
-        agree=p.tp > 1 or p.pp > 1,
+        agree=p.tp > 1 or p.pp > 1 or p.ep > 1,
         loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0,
+        experts=len(experts),
+        expert_group=p.expert_group,
+        expert_replicas=p.expert_replicas,
     )
     jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
     loss_scale = knobs["loss_scale"] if scaling else 1.0
