@@ -90,6 +90,7 @@ from autotune.train import metrics as metrics_mod
 from autotune.train.config import UPDATE_CAP, ConfigError
 from autotune.train.runtime import compile_cache
 from autotune.train.runtime.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
+from autotune.train.step.routing import router_imbalance
 
 REQUIRED = {
     "model": ("family",),
@@ -324,6 +325,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     def steps_left() -> int:  # at most, if no step from here on overflows
         return min(last_step - i, trial["steps"] - (applied if updates else i))
 
+    loads = []  # per step, the rank's MoE layers' expert loads (engine.take_router_load)
     while steps_left() > 0 and (stop_at is None or i < stop_at):
         inputs, labels = engine.dataset(i, placement.dp_index, dp)
         if len(inputs) != shard_size or len(labels) != shard_size:
@@ -339,6 +341,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
         if first_done is None:
             first_done = time.time()
         log.add(i, seconds, float(loss), bool(overflow), float(scale))
+        loads.append(engine.take_router_load())
         applied += not bool(overflow)
         i += 1
         if precision is not None and log.pilot_ended() and steps_left() > 0:
@@ -361,6 +364,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     world = placement.world
     peak = _max_over_ranks(own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
+    imbalance = router_imbalance(cfg["model"], placement, loads, log.first_measured())
     timing = {"started_at": started, "init_s": built - started, "first_step_s": first_done - built}
 
     def before_probe(bound: float) -> None:
@@ -375,6 +379,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
                 underflow_share=None,
                 underflow_bound=bound,
                 underflow_note=metrics_mod.PROBE_UNFINISHED,
+                router_imbalance=imbalance,
             )
             pending["finished_at"] = time.time()
             write_json(os.path.join(out_dir, "metrics.json"), pending, indent=1)
@@ -382,7 +387,13 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     probe_started = time.perf_counter()
     underflow = _underflow_share(engine, placement, i - 1, final_scale, backend, before_probe)
     probe_s = time.perf_counter() - probe_started
-    result = log.summary({**timing, "probe_s": probe_s}, peak, final_scale, **underflow)
+    result = log.summary(
+        {**timing, "probe_s": probe_s},
+        peak,
+        final_scale,
+        router_imbalance=imbalance,
+        **underflow,
+    )
     if log.weight is not None and rank == 0:  # what the rule did, and what agreeing on it cost
         pilot = log.pilot_end - trial["measure_after"]
         verdict = (

@@ -139,6 +139,19 @@ def test_a_model_of_experts_and_latent_attention_learns_in_one_process(tmp_path)
     losses = [s["loss"] for s in steps]
     assert len(losses) == 6 and np.isfinite(losses).all()
     assert losses[-1] < losses[0] - 0.3, losses
+    # the busiest of 4 experts over the mean: above even, below every token's 2 on the same 2
+    assert 1.0 < metrics["router_imbalance"] < 2.0
+
+
+def test_router_imbalance_is_busiest_over_mean_averaged_over_layers_and_steps():
+    from autotune.train.metrics import router_imbalance
+
+    even, skewed, dense = [2, 2, 2, 2], [4, 2, 1, 1], [0, 0, 0, 0]
+    assert router_imbalance([[even, dense]]) == 1.0  # a dense layer routes nothing
+    assert router_imbalance([[even, skewed], [skewed, skewed]]) == pytest.approx(
+        (1 + 2 + 2 + 2) / 4
+    )
+    assert router_imbalance([[dense]]) is None
 
 
 @pytest.mark.parametrize(
@@ -209,6 +222,10 @@ MOE_LAYOUTS = {
 WIDE_EXPERTS = MOE | {"moe_ffn_hidden_size": 128, "sequence_parallel": True}
 
 
+def _imbalance(out) -> float:
+    return json.loads((out / "metrics.json").read_text())["router_imbalance"]
+
+
 @pytest.fixture(scope="module")
 def moe_reference(tmp_path_factory):
     from tests.train.test_parallel import _launch
@@ -217,6 +234,7 @@ def moe_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("moe") / "r"
     return {
         "moe": _launch(out, one, base=MOE | {"sequence_parallel": True})[0],
+        "imbalance": _imbalance(out),
         "wide": _launch(tmp_path_factory.mktemp("wide") / "r", one, base=WIDE_EXPERTS)[0],
     }
 
@@ -225,7 +243,8 @@ def moe_reference(tmp_path_factory):
 @pytest.mark.parametrize("name", MOE_LAYOUTS)
 def test_expert_parallel_layouts_train_to_the_losses_of_one_process(tmp_path, moe_reference, name):
     """Routed experts split over ep (all-gather dispatch over the ep group, the experts'
-    gradients reduced over the ranks that hold them), with dp, tp and pp: the same losses."""
+    gradients reduced over the ranks that hold them), with dp, tp and pp: the same losses, and
+    without tp the same router load statistics (every rank's counts summed)."""
     from tests.train.test_parallel import _launch
 
     knobs = MOE_LAYOUTS[name]
@@ -233,6 +252,10 @@ def test_expert_parallel_layouts_train_to_the_losses_of_one_process(tmp_path, mo
     reference = moe_reference["moe"]
     assert len(losses) == 4 and reference[-1] < reference[0]
     np.testing.assert_allclose(losses, reference, rtol=1e-4)
+    if knobs["tp"] == 1:
+        assert _imbalance(tmp_path / name) == pytest.approx(moe_reference["imbalance"], rel=1e-6)
+    else:  # not counted under tp (autotune.train.models.moe)
+        assert _imbalance(tmp_path / name) is None
     if knobs.get("ep", 1) > 1 and knobs["tp"] == 1 and knobs["pp"] == 1:
         # replicas but for their experts: each ep rank ends with other weights
         assert len({r["weights_sha256"] for r in ranks}) == knobs["ep"]

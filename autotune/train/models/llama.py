@@ -212,7 +212,7 @@ class DecoderLayer(nn.Cell):
         self.attention = LatentAttention(cfg, p) if mla else Attention(cfg, p)
         self.ffn_norm = RMSNorm(hidden)
         if moe_options.moe_layer(cfg, index):
-            self.feed_forward = MoEFeedForward(cfg, p, FeedForward)
+            self.feed_forward = MoEFeedForward(cfg, p, FeedForward, index)
         else:
             self.feed_forward = FeedForward(hidden, cfg["ffn_hidden_size"], p)
 

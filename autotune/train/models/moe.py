@@ -22,11 +22,23 @@ router's weight then sees a block of the tokens on each tp rank, and its gradien
 the tp group. Graph mode compiles static shapes, so a local expert computes every gathered token
 and the tokens not routed to it are weighted 0 — exact, at E/k times the routed experts' FLOPs
 (the cost model prices the routed ones).
+
+The router's load: each forward adds, per expert, how many top-k slots of this rank's tokens
+chose it to ``counter.load`` (float32 (E,), held outside the cell's parameters so that weights,
+checkpoints and strategy files never see it); the engine reads and clears it after every step
+(`autotune.train.step.engine.Engine.take_router_load`) for the trial's ``router_imbalance``
+(`autotune.train.metrics.router_imbalance`). Not under tensor parallelism: there, any
+assign in this layer's forward (the counter, on the router's output or on a separate no-gradient
+routing of the whole tokens, a parameter of the network or not) changes the step's gradients —
+measured: tp2 losses leave one process's from the second step (4.1126 against 4.0137), the
+same layouts without it equal it; the cause is not found — so a tp > 1 trial counts nothing
+and records no ``router_imbalance``.
 """
 
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 from mindspore.common.initializer import initializer
 from mindspore.ops.operations._inner_ops import SiLU
@@ -90,12 +102,25 @@ class Router(nn.Cell):
         return gates, ops.stop_gradient(one_hot.sum(axis=(0, 1)))
 
 
-class MoEFeedForward(nn.Cell):
-    """The routed experts and the shared ones of one MoE layer (see the module doc)."""
+class _Counter:
+    """Not a cell: its parameter is no parameter of the network (see the module doc)."""
 
-    def __init__(self, cfg: dict, p: Placement, shared_ffn):
+    def __init__(self, experts: int, layer: int):
+        self.load = ms.Parameter(
+            ms.Tensor(np.zeros(experts, np.float32)),
+            name=f"router_load.{layer}",
+            requires_grad=False,
+        )
+
+
+class MoEFeedForward(nn.Cell):
+    """The routed experts and the shared ones of MoE layer ``index`` (see the module doc)."""
+
+    def __init__(self, cfg: dict, p: Placement, shared_ffn, index: int):
         super().__init__()
+        self.index = index
         experts, hidden = cfg["num_experts"], cfg["hidden_size"]
+        self.counter = _Counter(experts, index)
         self.router = Router(experts, hidden, cfg["experts_per_token"], p)
         local = experts // p.ep
         self.experts = Experts(local, hidden, cfg["moe_ffn_hidden_size"])
@@ -119,7 +144,9 @@ class MoEFeedForward(nn.Cell):
         tokens = x.reshape(-1, shape[-1])
         if self.split is not None:
             tokens = self.split(tokens)
-        gates, _ = self.router(tokens)
+        gates, chosen = self.router(tokens)
+        if self.split is None:  # see the module doc: not under tp
+            gates = ops.depend(gates, ops.assign_add(self.counter.load, chosen))
         if self.gather is not None:
             routed = self.gather(tokens).reshape(-1, shape[-1])
             gates = self.gather_gates(gates).reshape(-1, gates.shape[-1])

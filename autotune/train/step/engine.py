@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import nn
+import numpy as np
+from mindspore import nn, ops
 from mindspore.common.initializer import initializer
 from mindspore.common.parameter import ParameterTuple
 
@@ -59,8 +60,23 @@ class Engine:
     fused_attention: bool = (
         False  # a fused flash-attention kernel: the bound stands (probe.measure)
     )
+    # the MoE layers' load counters, {layer index: float32 (E,) Parameter}
+    # (`autotune.train.models.moe`)
+    routers: dict = None
     _probe: object = None
     _last: tuple = None  # the last step's (zero counts tensor, scale, overflow)
+
+    def take_router_load(self) -> dict:
+        """``{layer index: [tokens routed to each expert]}`` of this rank's MoE layers since the
+        last call (top-k slots of its tokens; a forward a stage runs twice counts twice), and
+        clears the counters."""
+        taken = {}
+        for layer, load in (self.routers or {}).items():
+            taken[layer] = load.asnumpy().tolist()
+            # in place: set_data would give the parameter new storage, which the compiled step
+            # graphs (holding the counter as a free variable) do not see
+            ops.assign(load, ms.Tensor(np.zeros(load.shape, np.float32)))
+        return taken
 
     @property
     def scaled(self) -> bool:
@@ -207,6 +223,15 @@ def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int
     return make
 
 
+def _routers(network) -> dict:
+    """The load counters of ``network``'s MoE layers by layer index (none for other models)."""
+    return {
+        cell.index: cell.counter.load
+        for _, cell in network.cells_and_names()
+        if hasattr(cell, "counter") and hasattr(cell, "index")
+    }
+
+
 @APPLIES.register("recompute")
 def _apply_recompute(mode: str, network, cfg: dict) -> None:
     if mode == "none":
@@ -272,7 +297,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     probe_rule = trial.get("underflow_probe", "auto")
     if probe_rule not in ("auto", "always"):
         raise ConfigError(f"trial.underflow_probe: {probe_rule!r} is not auto or always")
-    underflow = dict(
+    measures = dict(
+        routers=_routers(network),
         make_probe=make_probe,
         bound=bound,
         probe_always=probe_rule == "always",
@@ -308,7 +334,7 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             run_micro,
             micro,
             sharding=sharding,
-            **underflow,
+            **measures,
         )
 
     state = step.TrainState(weights, micro, loss_scale, scale_window, count_zeros=scaling)
@@ -339,5 +365,5 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     micro_batch = train["global_batch_size"] // (p.dp * micro)
     stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
     return Engine(
-        network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **underflow
+        network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **measures
     )
