@@ -68,3 +68,51 @@ def test_an_expert_parallel_run_merges_into_the_whole_model(tmp_path):
     assert list(merged[EXPERTS].shape) == [4, 16, 32]
     assert whole_model_loss(merged, 2, model) == pytest.approx(steps[2]["loss"], rel=1e-5)
     assert json.loads((out / "summary.json").read_text())["knobs"]["ep"] == 2
+
+
+# MindFormers 1.9 reshards a checkpoint with its own MindSpore (2.9.0, pinned): what its
+# auto_trans_ckpt calls, run in its venv on the strategy this export writes
+MINDFORMERS_SPLIT = """
+import sys, numpy as np, mindspore as ms
+from mindspore.parallel import transform_checkpoints
+folder = sys.argv[1]
+transform_checkpoints(folder + "/src", folder + "/dst", "part_", None, folder + "/strategy.ckpt")
+name = "model.layers.1.feed_forward.experts.w1.weight"
+print([ms.load_checkpoint(f"{folder}/dst/rank_{r}/part_{r}.ckpt")[name].asnumpy().tolist()
+       for r in range(4)])
+"""
+
+
+def test_mindformers_own_mindspore_splits_the_experts_as_the_ranks_hold_them(tmp_path):
+    """dp2·tp2·ep2: the experts sit on the tp axis (ep index = tp index), so ranks 0 and 2 hold
+    experts 0–1 and ranks 1 and 3 experts 2–3, in MindFormers' venv as in autotune's."""
+    import subprocess
+
+    import numpy as np
+
+    from autotune import layout
+    from autotune.export.strategy import write_strategies
+    from tests.export.test_mindformers_consumer import _venv
+
+    python = _venv()
+    plan, _ = layout.builtin_layout(MOE, 2, 1, 2)
+    write_strategies(plan, 2, 2, 1, tmp_path, 2)
+    full = {n: np.random.default_rng(0).standard_normal(p.shape) for n, p in plan.items()}
+    (tmp_path / "src" / "rank_0").mkdir(parents=True)
+    ms.save_checkpoint(
+        [{"name": n, "data": ms.Tensor(v.astype(np.float32))} for n, v in full.items()],
+        str(tmp_path / "src" / "rank_0" / "full.ckpt"),
+    )
+    done = subprocess.run(
+        [python, "-c", MINDFORMERS_SPLIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = json.loads(done.stdout.strip().splitlines()[-1])
+    w1 = full[EXPERTS].astype(np.float32)
+    for rank, block in enumerate(held):
+        first = 2 * (rank % 2)
+        np.testing.assert_array_equal(np.array(block, np.float32), w1[first : first + 2])
