@@ -2,7 +2,8 @@
 parallelism add, per micro-batch on one device of a stage, in seconds.
 
 Contract: :func:`moe_parts` returns every key of :data:`MOE_PARTS` (zero where the model or
-layout has none of it); `autotune.costmodel.step_time` adds them to the stage's parts (the
+layout has none of it) and ``tp_comm``, the tensor-parallel seconds an MoE layer adds to the
+dense layer's (legacy MoE below); `autotune.costmodel.step_time` adds them to the stage's parts (the
 pipeline's pace and bubble include them; the estimate's breakdown shows each). The FLOPs are the
 workload's (`autotune.families.moe_workload`), run at the same rate as the rest of the step:
 
@@ -25,6 +26,16 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
   other: an assumption). An expert-parallel group is ep consecutive ranks (MindFormers'
   ``layout_moe``: device matrix (dp·tp·cp / ep, ep)), so it spans nodes once ep exceeds
   ``devices_per_node``.
+- MindFormers' legacy MoE (``model.experts_tensor_parallel``: ``MoEV2`` with each expert split
+  over ``model_parallel``) carves its ep group out of dp instead: ep consecutive dp indices,
+  ``tp`` ranks apart (``dp_moe = dp // ep`` outermost, then ep, then mp), so with tp = the
+  node's devices every peer is on another node. Without sequence parallelism (its release 1.3's
+  runs) the layer's tokens are split over dp only: each of the tp ranks dispatches the whole of
+  its dp share, and the experts' row-parallel output — the dispatched buffer, not the hidden
+  state — is all-reduced over tp, in the forward, in the backward (the column-parallel input's
+  gradient) and in a whole-layer recompute (``tp_comm``, added to the stage's). Under sequence
+  parallelism (MindFormers 1.9: the router's data parallel becomes dp·mp) the tokens split
+  over dp·tp as above.
 - ``cp_comm``: context parallelism as a ring over the cp ranks (MindFormers'
   ``colossalai_cp``): per layer the forward passes each rank's share of the keys and values on
   cp − 1 times, the backward passes them and their gradients (twice that), a whole-layer
@@ -43,19 +54,21 @@ ROUTER_IMBALANCE = 1.1
 MOE_PARTS = ("experts", "imbalance", "mla", "mtp", "ep_comm", "ep_comm_inter", "cp_comm")
 
 
-def ep_peers(ep: int, per_node: int) -> tuple[int, int]:
-    """``(peers inside the node, peers on other nodes)`` of a rank in an ep group of ep
-    consecutive ranks."""
-    inside = min(ep, per_node)
+def ep_peers(ep: int, per_node: int, stride: int = 1) -> tuple[int, int]:
+    """``(peers inside the node, peers on other nodes)`` of a rank in an ep group of ep ranks
+    ``stride`` apart (1: consecutive; node-aligned groups)."""
+    inside = min(ep, max(1, per_node // stride))
     return inside - 1, ep - inside
 
 
-def all_to_all(nbytes: float, ep: int, per_node: int, profile: DeviceProfile) -> tuple:
+def all_to_all(
+    nbytes: float, ep: int, per_node: int, profile: DeviceProfile, stride: int = 1
+) -> tuple:
     """``(seconds inside the node, seconds across nodes)`` of one all-to-all in which a device
-    sends ``nbytes`` spread evenly over its ep group (1/ep stays)."""
+    sends ``nbytes`` spread evenly over its ep group of ranks ``stride`` apart (1/ep stays)."""
     if ep <= 1:
         return 0.0, 0.0
-    inside, outside = ep_peers(ep, per_node)
+    inside, outside = ep_peers(ep, per_node, stride)
     alpha = (profile.collective_latency_us + (ep - 1) * profile.hop_latency_us) * 1e-6
     rate = profile.link_efficiency * 1e9
     intra = alpha + nbytes * inside / ep / (profile.group_gbps(inside + 1) * rate)
@@ -71,9 +84,10 @@ def ring_hops(nbytes: float, hops: int, gbps: float, profile: DeviceProfile) -> 
     return hops * (alpha + nbytes / (gbps * 1e9 * profile.link_efficiency))
 
 
-def moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels) -> dict:
-    """The :data:`MOE_PARTS` of one micro-batch on a device of ``stage`` (see the module doc);
-    ``kernels(flops, traffic)`` prices work per sample as the stage's other kernels are."""
+def moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels, tp_allreduce):
+    """The :data:`MOE_PARTS` and the added ``tp_comm`` of one micro-batch on a device of
+    ``stage`` (see the module doc); ``kernels(flops, traffic)`` prices work per sample as the
+    stage's other kernels are, ``tp_allreduce(nbytes)`` an all-reduce over its tp group."""
     modes = work.stage_modes(c.recompute, c.pp, stage)
     layers = sum(n for _, n in modes)
     full = sum(n for (mode, _), n in modes if mode == "full") / max(1, layers)
@@ -81,7 +95,7 @@ def moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels) -
     parts = work.part_flops()
     routed = layers * work.routed_flops()
     padded = routed * (work.capacity - 1) if work.capacity > 1 else 0.0
-    out = dict.fromkeys(MOE_PARTS, 0.0)
+    out = dict.fromkeys((*MOE_PARTS, "tp_comm"), 0.0)
     out["experts"] = kernels(layers * parts.get("experts", 0.0) + padded, 0.0)
     if c.ep > 1 and not work.capacity:
         out["imbalance"] = kernels(routed, 0.0) * (ROUTER_IMBALANCE - 1)
@@ -89,11 +103,16 @@ def moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels) -
     if last:
         out["mtp"] = kernels(work.mtp_flops(), 0.0)
     moe_layers = work.stage_moe_layers(c.pp, stage)
+    # legacy MoE without sequence parallelism: every tp rank holds its dp share's tokens whole
+    whole = work.legacy_experts and not work.sequence_parallel
+    buffer = micro_batch * work.dispatch_bytes(nbytes) / (c.cp if whole else c.tp * c.cp)
     if moe_layers and c.ep > 1:
-        sent = micro_batch * work.dispatch_bytes(nbytes) / (c.tp * c.cp)
-        intra, inter = all_to_all(sent, c.ep, per_node, profile)
+        stride = c.tp if work.legacy_experts else 1
+        intra, inter = all_to_all(buffer, c.ep, per_node, profile, stride)
         count = moe_layers * (4 + 2 * full)
         out["ep_comm"], out["ep_comm_inter"] = count * intra, count * inter
+    if moe_layers and whole and c.tp > 1:
+        out["tp_comm"] = moe_layers * (2 + full) * tp_allreduce(buffer)
     if c.cp > 1:
         share = micro_batch * work.kv_bytes(nbytes) / (c.tp * c.cp)
         crosses = c.tp * c.cp > per_node

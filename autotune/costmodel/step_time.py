@@ -306,7 +306,18 @@ def _stage_micro_batch(
         layers * (work.layer_flops() - own_parts) + (work.last_stage_flops() if last else 0.0),
         sum(n * 3 * forward_traffic(comm) for (_, comm), n in modes),
     )
-    extra = moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels)
+    extra = moe_parts(
+        work,
+        c,
+        profile,
+        per_node,
+        micro_batch,
+        nbytes,
+        stage,
+        kernels,
+        lambda size: allreduce_time(size, c.tp, tp_gbps, profile),
+    )
+    moe_tp = extra.pop("tp_comm")
     knob_recompute = kernels(
         sum(n * work.recompute_flops(mode) for (mode, _), n in modes),
         sum(n * redone_traffic(mode, comm) for (mode, comm), n in modes),
@@ -332,7 +343,7 @@ def _stage_micro_batch(
     # sequence parallel: a reduce-scatter and an all-gather for each all-reduce, and the norms'
     # all-gathers again in the backward of a layer whose communication is recomputed
     slot = 2 * gather if split else allreduce_time(message, c.tp, tp_gbps, profile)
-    tp_comm = count * slower * slot
+    tp_comm = count * slower * slot + slower * moe_tp
     if split:
         tp_comm += slower * 2 * gather * sum(n for (_, comm), n in modes if comm)
     if last:

@@ -246,6 +246,10 @@ class Llama(Transformer):
     def capacity(self) -> float:
         return self.moe.capacity if self.experts else 0.0
 
+    @property
+    def legacy_experts(self) -> bool:
+        return self.experts and self.moe.expert_tp
+
     def mtp_flops(self) -> float:
         """Each MTP module: its projection, one layer (an MoE one with experts), its logits."""
         if self.moe is None or not self.moe.mtp:

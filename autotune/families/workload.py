@@ -175,6 +175,9 @@ class Workload(ABC):
         return 0.0
 
     capacity: ClassVar[float] = 0.0  # an MoE router's capacity factor (0: dropless)
+    # MindFormers' legacy MoE (``model.experts_tensor_parallel``): its own dispatch
+    # (`autotune.costmodel.moe_time`)
+    legacy_experts: ClassVar[bool] = False
 
     def mtp_flops(self) -> float:
         """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage)."""
