@@ -18,7 +18,10 @@ Sources:
          (§3.1, §3.2.2); pipeline 16, expert parallelism 64 over 8 nodes, ZeRO-1 data
          parallelism, no tensor parallelism (§3.2); sequence 4,096, batch 15,360 after a ramp
          over the first 469 B tokens (§4.2); recompute of RMSNorm and MLA up-projections
-         (§3.2.3); FP8 GEMMs (§3.3).
+         (§3.2.3); FP8 GEMMs (§3.3); DualPipe overlapping the all-to-alls with computation
+         (§3.2.1); each token sent to at most 4 nodes (§3.2.2; its config.json: topk_group 4 of
+         n_group 8, one group per node at ep 64); AdamW's moments in BF16 (§3.3.3). The micro-
+         batch count is not published: 120 of one sample each (15,360 / dp 128).
   MF-MX  MindFormers r1.2.0 research/mixtral/mixtral.md, "模型性能": Mixtral-8x7B fine-tuning
          on Atlas 900 A2 PoDc, sequence 4,096: 1,678 tokens/s/p; its config
          finetune_mixtral-8x7b.yaml (dp 8, pp 2, ep 8, 16 micro-batches, full recompute).
@@ -77,6 +80,12 @@ DEEPSEEK_V3 = {
     "mtp_layers": 1,
     "dtype": "bfloat16",
     "flash_attention": True,
+    # how the report's run computes (its §3.2-3.3): FP8 GEMMs, DualPipe's overlap of the
+    # all-to-alls, tokens sent to at most 4 nodes, AdamW's moments in BF16
+    "fp8_linear": True,
+    "moe_comm_overlap": True,
+    "moe_node_limit": 4,
+    "optimizer_dtype": "bfloat16",
 }
 MIXTRAL = {
     "family": "llama",
@@ -156,13 +165,17 @@ def rows() -> list[dict]:
             "DeepSeek-V3 671B",
             lambda: (
                 _spec(DEEPSEEK_V3, 15360, 2048, "h800"),
-                _candidate(128, 16, 64, 120, "selective"),
+                # ZeRO-1 over dp: Megatron's distributed optimizer
+                _candidate(128, 16, 64, 120, "selective", parallel_optimizer=True),
             ),
             "megatron",
             14.8e12 / (2.664e6 * 3600),
             80.0,
-            "FP8 GEMMs (priced bf16); DualPipe's all-to-all overlap (priced exposed); "
-            "node-limited, per-node deduplicated FP8 dispatch (priced k bf16 copies)",
+            "DualPipe's bubble and its two parameter copies (priced as 1F1B); the report's "
+            "recompute of RMSNorm and MLA's up-projections (priced as MindFormers' selective "
+            "patterns) and its other FP8-cached activations; which layers each stage runs (not "
+            "published; priced 13 × 4 then 3 × 3, the head and MTP module on the last, which "
+            "paces the pipeline); FP32 gradients (priced BF16)",
         ),
         (
             "MF-MX",

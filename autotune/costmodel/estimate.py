@@ -34,7 +34,9 @@ Contract:
   step_time_s, samples_per_s, tflops_per_device, mfu, breakdown, not_modelled``; NaN becomes
   ``None`` so the dict is strict JSON. ``not_modelled`` lists, one sentence each, what the
   model.yaml says of the run that this engine does not price (:func:`not_modelled`: sequence
-  parallelism and the norms' communication recompute outside ``"mindspore"``). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
+  parallelism and the norms' communication recompute outside ``"mindspore"``; FP8 linear
+  layers under the trainer or on a device without FP8; the expert all-to-alls' overlap under
+  the trainer). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
   experts, imbalance, mla, mtp, ep_comm, ep_comm_inter, cp_comm, dp_comm, bubble, optimizer,
   host}, "memory_gb": {params, grads, accumulators, optimizer_states, activations,
   overhead}}`` for the device with the most memory (the parts sum to the totals; the parts of
@@ -143,10 +145,15 @@ def _unknown(feasible: bool, reason: str) -> Estimate:
     return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
 
 
-def not_modelled(model, engine: str) -> tuple[str, ...]:
-    """What ``model`` (a spec's ``model`` section) says of the run that ``engine`` does not
-    price, one sentence each."""
+def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
+    """What ``model`` (a spec's ``model`` section) says of the run that ``engine`` (on device
+    ``profile``) does not price, one sentence each."""
     notes = []
+    if model.fp8_linear and (engine == "trainer" or profile and profile.peak_tflops_fp8 <= 0):
+        where = "autotune's trainer" if engine == "trainer" else f"device {profile.name}"
+        notes.append(f"model.fp8_linear: {where} has no FP8 GEMMs; priced in the compute dtype")
+    if model.moe_comm_overlap and engine == "trainer":
+        notes.append("model.moe_comm_overlap: autotune's trainer does not overlap; priced exposed")
     if model.sequence_parallel and engine != "mindspore":
         notes.append(
             f"model.sequence_parallel: MindSpore's sequence parallelism is not what the "
@@ -233,7 +240,7 @@ def estimate(
         micro_batch,
         n_micro,
         dtype,
-        max(rank_params(work, candidate.tp, candidate.pp)),
+        max(rank_params(work, candidate.tp, candidate.pp, candidate.ep)),
         engine,
         model.param_dtype,
     )
@@ -263,7 +270,7 @@ def estimate(
         tflops_per_device=flops["executed"] / devices / seconds / 1e12,
         mfu=flops["model"] / devices / seconds / profile.peak(dtype),
         breakdown={"time_s": times, "memory_gb": memory},
-        not_modelled=not_modelled(spec.model, engine),
+        not_modelled=not_modelled(spec.model, engine, profile),
         calibration=calibration,
     )
 

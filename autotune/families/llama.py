@@ -250,6 +250,31 @@ class Llama(Transformer):
     def legacy_experts(self) -> bool:
         return self.experts and self.moe.expert_tp
 
+    @property
+    def fp8_linear(self) -> bool:
+        return self.moe is not None and self.moe.fp8
+
+    @property
+    def moe_comm_overlap(self) -> bool:
+        return self.experts and self.moe.overlap
+
+    @property
+    def node_limit(self) -> int:
+        return self.moe.node_limit if self.experts else 0
+
+    @property
+    def top_k(self) -> int:
+        return self.moe.top_k if self.experts else 0
+
+    def router_flops(self) -> float:
+        if not self.experts:
+            return 0.0
+        share = self.moe.moe_share(self.layers)
+        return 3 * self.seq * share * 2 * self.hidden * self.moe.experts
+
+    def linear_flops(self) -> float:
+        return 3 * self.seq * (self.projection_flops() + self.ffn_flops()) - self.router_flops()
+
     def mtp_flops(self) -> float:
         """Each MTP module: its projection, one layer (an MoE one with experts), its logits."""
         if self.moe is None or not self.moe.mtp:
