@@ -38,10 +38,11 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
   over dp·tp as above.
 - FP8 (``model.fp8_linear``, on a device with an FP8 peak, not under autotune's trainer):
   the linear layers' GEMMs — projections, feed-forward, experts, MLA's projections, in a
-  whole-layer recompute too — run at ``peak_tflops_fp8 × achievable`` (:func:`fp8_saving`; the
-  achievable fraction assumed the same as BF16's, unmeasured); the attention core, the router,
-  the head and the MTP modules stay in the compute dtype (DeepSeek-V3 §3.3: embedding, output
-  head, gating, norms and attention kept in BF16/FP32). The all-to-alls then move
+  whole-layer recompute and the MTP modules' projection and layer too — run at
+  ``peak_tflops_fp8 × achievable`` (:func:`fp8_saving`; the achievable fraction assumed the
+  same as BF16's, unmeasured); the attention core, the router and the logits stay in the
+  compute dtype (DeepSeek-V3 §3.3: embedding, output head, gating, norms and attention kept in
+  BF16/FP32). The all-to-alls then move
   :data:`FP8_MOVED` bytes per element instead of 2.
 - Overlap (``model.moe_comm_overlap``, not under autotune's trainer): the all-to-alls run while
   another micro-batch computes (DualPipe pairs one micro-batch's forward chunk with another's
@@ -177,7 +178,7 @@ def moe_parts(
         out["imbalance"] = kernels(routed, 0.0, routed) * (ROUTER_IMBALANCE - 1)
     out["mla"] = kernels(layers * parts.get("mla", 0.0), 0.0, layers * parts.get("mla", 0.0))
     if last:
-        out["mtp"] = kernels(work.mtp_flops(), 0.0)
+        out["mtp"] = kernels(work.mtp_flops(), 0.0, work.mtp_flops(linear=True))
     moe_layers = work.stage_moe_layers(c.pp, stage)
     # legacy MoE without sequence parallelism: every tp rank holds its dp share's tokens whole
     whole = work.legacy_experts and not work.sequence_parallel

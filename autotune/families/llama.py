@@ -275,12 +275,17 @@ class Llama(Transformer):
     def linear_flops(self) -> float:
         return 3 * self.seq * (self.projection_flops() + self.ffn_flops()) - self.router_flops()
 
-    def mtp_flops(self) -> float:
-        """Each MTP module: its projection, one layer (an MoE one with experts), its logits."""
+    def mtp_flops(self, linear: bool = False) -> float:
+        """Each MTP module: its projection, one layer (an MoE one with experts), its logits;
+        ``linear``: only its linear layers' GEMMs (the projection and the layer's, not the
+        attention core, the router or the logits)."""
         if self.moe is None or not self.moe.mtp:
             return 0.0
         s, h = self.seq, self.hidden
         ffn = self.moe.moe_flops(h) if self.experts else 6 * h * self.ffn
+        if linear:
+            router = 2 * h * self.moe.experts if self.experts else 0
+            return self.moe.mtp * 3 * s * (self.projection_flops() + ffn - router + 4 * h * h)
         layer = 3 * (s * (self.projection_flops() + ffn) + self.attention_flops())
         return self.moe.mtp * (layer + 6 * s * (2 * h * h + h * self.vocab))
 

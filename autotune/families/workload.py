@@ -196,8 +196,9 @@ class Workload(ABC):
         """Of ``part_flops()["experts"]``: the router's scores (kept in the compute dtype)."""
         return 0.0
 
-    def mtp_flops(self) -> float:
-        """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage)."""
+    def mtp_flops(self, linear: bool = False) -> float:
+        """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage);
+        ``linear``: of those, the linear layers' GEMMs (what FP8 runs)."""
         return 0.0
 
     def stage_moe_layers(self, pp: int, stage: int) -> int:

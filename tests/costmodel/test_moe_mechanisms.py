@@ -82,6 +82,17 @@ def test_fp8_linear_layers_run_at_the_fp8_peak_and_dispatch_fp8_where_the_device
     assert t1["mla"] == pytest.approx(t0["mla"] / speed, rel=1e-9)
     assert t1["ep_comm_inter"] == pytest.approx(t0["ep_comm_inter"] * FP8_MOVED / 2, rel=1e-9)
     assert m1["activations"] < m0["activations"]  # dispatched copies and SwiGLU inputs in FP8
+    mtp = {**UNIFORM, "mtp_layers": 1}  # its projection and layer FP8, its logits not
+    logits = priced(h800({**mtp, "mtp_layers": 0}, fp8_linear=True))[1]
+    assert logits["mtp"] == 0
+    with_mtp = priced(h800(mtp))[1]["mtp"], priced(h800(mtp, fp8_linear=True))[1]["mtp"]
+    assert with_mtp[1] / with_mtp[0] == pytest.approx(
+        1
+        - workload_for(h800(mtp).model).mtp_flops(linear=True)
+        / workload_for(h800(mtp).model).mtp_flops()
+        * (1 - 1 / speed),
+        rel=1e-9,
+    )
     assert not fp8.not_modelled
     ascend = spec_of(UNIFORM, devices=2048, batch=15360, fp8_linear=True)
     plain = spec_of(UNIFORM, devices=2048, batch=15360)
