@@ -19,7 +19,7 @@ Sources:
          parallelism, no tensor parallelism (§3.2); sequence 4,096, batch 15,360 after a ramp
          over the first 469 B tokens (§4.2); recompute of RMSNorm and MLA up-projections
          (§3.2.3); FP8 GEMMs (§3.3); DualPipe overlapping the all-to-alls with computation
-         (§3.2.1); each token sent to at most 4 nodes (§3.2.2; its config.json: topk_group 4 of
+         (§3.2.1; its bubble and memory: Table 2); each token sent to at most 4 nodes (§3.2.2; its config.json: topk_group 4 of
          n_group 8, one group per node at ep 64); AdamW's moments in BF16 (§3.3.3). The micro-
          batch count is not published: 120 of one sample each (15,360 / dp 128).
   MF-MX  MindFormers r1.2.0 research/mixtral/mixtral.md, "模型性能": Mixtral-8x7B fine-tuning
@@ -80,9 +80,10 @@ DEEPSEEK_V3 = {
     "mtp_layers": 1,
     "dtype": "bfloat16",
     "flash_attention": True,
-    # how the report's run computes (its §3.2-3.3): FP8 GEMMs, DualPipe's overlap of the
+    # how the report's run computes (its §3.2-3.3): FP8 GEMMs, DualPipe and its overlap of the
     # all-to-alls, tokens sent to at most 4 nodes, AdamW's moments in BF16
     "fp8_linear": True,
+    "pipeline_schedule": "dualpipe",
     "moe_comm_overlap": True,
     "moe_node_limit": 4,
     "optimizer_dtype": "bfloat16",
@@ -171,11 +172,9 @@ def rows() -> list[dict]:
             "megatron",
             14.8e12 / (2.664e6 * 3600),
             80.0,
-            "DualPipe's bubble and its two parameter copies (priced as 1F1B); the report's "
-            "recompute of RMSNorm and MLA's up-projections (priced as MindFormers' selective "
-            "patterns) and its other FP8-cached activations; which layers each stage runs (not "
-            "published; priced 13 × 4 then 3 × 3, the head and MTP module on the last, which "
-            "paces the pipeline); FP32 gradients (priced BF16)",
+            "the report's recompute of RMSNorm and MLA's up-projections (priced as MindFormers' "
+            "selective patterns) and its other FP8-cached activations; which layers each stage "
+            "runs (not published; priced 13 × 4 then 3 × 3); FP32 gradients (priced BF16)",
         ),
         (
             "MF-MX",

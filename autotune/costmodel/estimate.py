@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autotune.costmodel import schedules
 from autotune.costmodel.calibration import Calibration
 from autotune.costmodel.knob_pricing import PRICES
 from autotune.costmodel.memory import memory_per_stage, rank_params
@@ -152,6 +153,10 @@ def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
     if model.fp8_linear and (engine == "trainer" or profile and profile.peak_tflops_fp8 <= 0):
         where = "autotune's trainer" if engine == "trainer" else f"device {profile.name}"
         notes.append(f"model.fp8_linear: {where} has no FP8 GEMMs; priced in the compute dtype")
+    if model.pipeline_schedule == "dualpipe" and engine != "megatron":
+        notes.append(
+            f"model.pipeline_schedule: the {engine} engine runs no DualPipe; priced as 1F1B"
+        )
     if model.moe_comm_overlap and engine == "trainer":
         notes.append("model.moe_comm_overlap: autotune's trainer does not overlap; priced exposed")
     if model.sequence_parallel and engine != "mindspore":
@@ -168,6 +173,14 @@ def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
             "priced"
         )
     return tuple(notes)
+
+
+def _rank_params(work, c, engine: str) -> int:
+    """Parameters of the device with the most: one stage's, or under DualPipe its two."""
+    per_stage = rank_params(work, c.tp, c.pp, c.ep)
+    if schedules.dualpipe(work, c, engine):
+        return max(per_stage[r] + per_stage[-1 - r] for r in range(c.pp // 2))
+    return max(per_stage)
 
 
 def default_engine(spec) -> str:
@@ -240,7 +253,7 @@ def estimate(
         micro_batch,
         n_micro,
         dtype,
-        max(rank_params(work, candidate.tp, candidate.pp, candidate.ep)),
+        _rank_params(work, candidate, engine),
         engine,
         model.param_dtype,
     )

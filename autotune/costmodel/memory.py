@@ -82,6 +82,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from autotune.costmodel import schedules
 from autotune.families.workload import Workload
 from autotune.layout import (
     DTYPE_BYTES,
@@ -207,14 +208,23 @@ def optimizer_elements(
 
 
 def stage_activations(
-    work: Workload, candidate, stage: int, micro_batch: int, n_micro: int, dtype: str, engine: str
+    work: Workload,
+    candidate,
+    stage: int,
+    micro_batch: int,
+    n_micro: int,
+    dtype: str,
+    engine: str,
+    in_flight: float | None = None,
 ) -> float:
     """Activation bytes one device of ``stage`` holds at its peak (see the module doc);
-    ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step."""
+    ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step, ``in_flight``
+    of them kept (None: 1F1B's)."""
     tp, pp = candidate.tp, candidate.pp
     nbytes = DTYPE_BYTES[dtype]
     modes = work.stage_modes(candidate.recompute, pp, stage)
-    in_flight = max(1, min(pp - stage, n_micro))
+    if in_flight is None:
+        in_flight = max(1, min(pp - stage, n_micro))
     first, last = stage == 0, stage == pp - 1
     one = micro_batch * sum(
         layers * work.layer_activations(tp, mode, nbytes, comm) for (mode, comm), layers in modes
@@ -251,8 +261,10 @@ def memory_per_stage(
     param_dtype: str = "float32",
     optimizer_dtype: str = "float32",
 ) -> list[dict]:
-    """One breakdown dict (GiB by part) per pipeline stage."""
+    """One breakdown dict (GiB by part) per pipeline stage — under DualPipe per rank, each
+    holding two stages (`autotune.costmodel.schedules`)."""
     params_per_stage = rank_params(work, candidate.tp, candidate.pp, candidate.ep)
+    dual = schedules.dualpipe(work, candidate, engine)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     sharded = None
     if shards_optimizer(candidate, engine) or distributes_optimizer(candidate, engine):
@@ -284,9 +296,14 @@ def memory_per_stage(
                 # are all-reduced into a buffer of their own
                 whole_grads = params - (on_dp + on_stage)
                 parts["grads"] = (shard_rows + whole_grads) * DTYPE_BYTES[param_dtype] / GIB
+        kept = schedules.in_flight(candidate.pp) if dual else None
         parts["activations"] = (
-            stage_activations(work, candidate, stage, micro_batch, n_micro, dtype, engine) / GIB
+            stage_activations(work, candidate, stage, micro_batch, n_micro, dtype, engine, kept)
+            / GIB
         )
         parts["overhead"] = framework_gb + fusion / GIB
         stages.append(parts)
+    if dual:
+        pp = candidate.pp
+        return [schedules.rank_memory(stages[r], stages[pp - 1 - r]) for r in range(pp // 2)]
     return stages

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from autotune.costmodel import schedules
 from autotune.costmodel.collectives import allgather_time, allreduce_time, dp_exposed
 from autotune.costmodel.memory import (
     distributes_optimizer,
@@ -151,6 +152,7 @@ def step_time(
         return profile.inter_node_gbps if crossed else profile.group_gbps(group)
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
+    kinds = []
     for stage in range(c.pp):
         crossed = any(boundaries[max(0, stage - 1) : stage + 1])  # its own one or two boundaries
         kind = (
@@ -160,6 +162,7 @@ def step_time(
             work.stage_modes(c.recompute, c.pp, stage),
             work.stage_moe_layers(c.pp, stage),
         )
+        kinds.append(kind)
         if kind not in stages:
             # a pipeline transfer joins two devices: one link of a mesh
             stages[kind] = _stage_micro_batch(
@@ -174,7 +177,17 @@ def step_time(
                 engine,
                 per_node,
             )
-    pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
+    ranks = list(stages.values())
+    dual = schedules.dualpipe(work, c, engine)
+    if dual:  # rank r runs stage r and stage pp − 1 − r, half the micro-batches each
+        ranks = [
+            (
+                schedules.paired(stages[kinds[r]][0], stages[kinds[-1 - r]][0]),
+                (stages[kinds[r]][1] + stages[kinds[-1 - r]][1]) / 2,
+            )
+            for r in range(c.pp // 2)
+        ]
+    pace, window = max(ranks, key=lambda s: sum(s[0].values()))
     if engine != "megatron" and c.pp > 1 or engine == "trainer" and n_micro > 1:
         window = (
             0.0  # the update (and its all-reduce) runs after the last micro-batch, in its own graph
@@ -218,7 +231,9 @@ def step_time(
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
         "dp_comm": exposed + gather,
-        "bubble": (c.pp - 1) * sum(pace.values()),
+        "bubble": schedules.bubble(c.pp, sum(pace.values()))
+        if dual
+        else (c.pp - 1) * sum(pace.values()),
         "optimizer": updated
         * OPTIMIZER_BYTES_PER_PARAM
         / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),

@@ -263,6 +263,10 @@ class Llama(Transformer):
         return self.moe.node_limit if self.experts else 0
 
     @property
+    def dualpipe(self) -> bool:
+        return self.moe is not None and self.moe.schedule == "dualpipe"
+
+    @property
     def top_k(self) -> int:
         return self.moe.top_k if self.experts else 0
 

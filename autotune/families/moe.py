@@ -33,7 +33,8 @@ shapes, in the network's order, and the counts a person checks a model by:
   with computation (DeepSeek-V3's DualPipe, MindFormers' ``comp_comm_parallel``, Megatron's
   ``overlap_moe_expert_parallel_comm``); ``moe_node_limit``, the nodes a token's experts may be
   on, each reached once (DeepSeek-V3's node-limited routing, ``topk_group`` 4 of its 8 one-node
-  groups, with its per-node deduplicated dispatch).
+  groups, with its per-node deduplicated dispatch); ``pipeline_schedule: dualpipe``, DeepSeek-V3's
+  bidirectional pipeline (`autotune.costmodel.schedules`).
 
 :func:`active_parameters` is what one token's forward touches: every parameter but the routed
 experts it is not sent to (the token table counted whole, as Qwen counts "activated"
@@ -78,6 +79,7 @@ FIELDS = (
     "fp8_linear",
     "moe_comm_overlap",
     "moe_node_limit",
+    "pipeline_schedule",
 )
 
 

@@ -56,6 +56,7 @@ class MoEOptions:
     fp8: bool = False  # the linear layers' GEMMs in FP8
     overlap: bool = False  # the expert all-to-alls overlapped with computation
     node_limit: int = 0  # 0: a token's experts on any node, each copy sent on its own
+    schedule: str = ""  # the pipeline's: "" (1F1B) or "dualpipe"
 
     # model.yaml's name of each field (`autotune.families.moe.FIELDS`)
     NAMES = {
@@ -75,6 +76,7 @@ class MoEOptions:
         "fp8": "fp8_linear",
         "overlap": "moe_comm_overlap",
         "node_limit": "moe_node_limit",
+        "schedule": "pipeline_schedule",
     }
 
     @classmethod

@@ -185,6 +185,7 @@ class Workload(ABC):
     moe_comm_overlap: ClassVar[bool] = False
     node_limit: ClassVar[int] = 0
     top_k: ClassVar[int] = 0
+    dualpipe: ClassVar[bool] = False  # ``model.pipeline_schedule: dualpipe``
 
     def linear_flops(self) -> float:
         """Of :meth:`layer_flops`: the linear layers' GEMMs (projections, feed-forward,

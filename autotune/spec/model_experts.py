@@ -33,6 +33,7 @@ NONE = {
     "fp8_linear": False,
     "moe_comm_overlap": False,
     "moe_node_limit": None,
+    "pipeline_schedule": None,
 }
 # what num_experts needs or allows
 EXPERT_FIELDS = (*FIELDS[1:7], "moe_comm_overlap", "moe_node_limit")
@@ -56,6 +57,9 @@ def parse_experts(s, family: str | None, num_layers: int | None) -> dict:
         "fp8_linear": s.get("fp8_linear", bool, default=False),
         "moe_comm_overlap": s.get("moe_comm_overlap", bool, default=False),
         "moe_node_limit": s.get("moe_node_limit", int, minimum=1, default=None),
+        "pipeline_schedule": s.get(
+            "pipeline_schedule", str, choices=("1f1b", "dualpipe"), default=None
+        ),
     }
     for name, value in values.items():
         if value != NONE[name] and family not in owners(name):

@@ -63,6 +63,7 @@ class ModelSpec:
     fp8_linear: bool = False
     moe_comm_overlap: bool = False
     moe_node_limit: int | None = None
+    pipeline_schedule: str | None = None  # None: 1F1B; "dualpipe" (`autotune.costmodel.schedules`)
     tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 

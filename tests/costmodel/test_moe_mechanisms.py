@@ -150,3 +150,19 @@ def test_expert_gradients_are_reduced_over_the_ranks_holding_those_experts():
     h800_ = PROFILES["h800"]
     over_dp = dp_exposed(DSV3_LAYOUT, h800_, h800_.inter_node_gbps, 2 * stage, 0.0, 128)
     assert t["dp_comm"] < over_dp
+
+
+def test_dualpipe_pairs_stage_r_with_stage_pp_minus_1_minus_r_and_shrinks_the_bubble():
+    spec = h800(DEEPSEEK_V3)
+    dual = h800(DEEPSEEK_V3, pipeline_schedule="dualpipe")
+    one, t1, m1 = priced(spec)
+    two, t2, m2 = priced(dual)
+    assert two.step_time_s < one.step_time_s  # the head and MTP stage shares a rank
+    pace = sum(t2[p] for p in t2 if p not in ("dp_comm", "bubble", "optimizer", "host")) / 120
+    assert t2["bubble"] == pytest.approx((16 / 2 - 1) * 2 / 3 * pace, rel=1e-9)
+    assert t1["bubble"] > 2 * t2["bubble"]
+    assert m2["params"] > 1.5 * m1["params"] / 2  # two stages' parameters on a rank
+    assert not two.not_modelled
+    mindspore = estimate(dual, DSV3_LAYOUT, engine="mindspore")
+    assert "runs no DualPipe" in mindspore.not_modelled[0]
+    assert mindspore.breakdown == estimate(spec, DSV3_LAYOUT, engine="mindspore").breakdown
