@@ -60,7 +60,7 @@ from autotune.train.parallel.tp_layers import (
 
 RMS_EPS = 1e-5
 # the llama options (`autotune.families.moe`) this network does not build yet
-UNBUILT = ("num_experts", "kv_lora_rank", "mtp_layers")
+UNBUILT = ("num_experts", "kv_lora_rank", "mtp_layers", "fp8_linear")
 ROPE_THETA = 10000.0
 
 
@@ -304,7 +304,8 @@ class Llama(nn.Cell):
             if cfg.get(key):
                 raise ConfigError(
                     f"model.{key}: {cfg[key]}: the trial program builds no experts, latent "
-                    "attention or MTP modules yet; study this model on cluster.backend simulate"
+                    "attention, MTP modules or FP8 GEMMs yet; study this model on "
+                    "cluster.backend simulate"
                 )
         self.last = p.last
         self.recompute_marks = cfg.get("recompute_layers") or {}
