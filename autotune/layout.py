@@ -1,4 +1,4 @@
-"""Where every parameter lives under a (dp, tp, pp) layout: the one definition that the trainer's
+"""Where every parameter lives under a (dp, tp, pp[, ep]) layout: the one definition that the trainer's
 parallel engine, the export's strategy files and the cost model's memory estimate all read.
 
 Contract (pure Python, no MindSpore):
@@ -14,8 +14,16 @@ Contract (pure Python, no MindSpore):
   MindFormers' (`autotune.families.llama.MINDFORMERS_RULES`).
   A split is always contiguous (all a strategy file can express): tp rank ``t`` holds block ``t``
   of ``tp`` equal blocks of the split dimension (:meth:`ParamLayout.local_slice`).
+- Expert parallelism: a rule ``expert`` marks a mixture of experts' stacked expert weights
+  ((experts, out, in), `autotune.families.moe`), split on dim 0 over ``ep`` ranks and never over
+  tp (:attr:`ParamLayout.ep_split`), as MindFormers' mcore experts are (its ``layout_moe``:
+  device matrix (dp·tp·cp / ep, ep), the weights ``("ep", None)``); ``ep`` must divide the
+  experts. With ``model.experts_tensor_parallel`` each expert is also split over tp, gate and up
+  by their rows, down by its columns (:data:`EXPERT_TP_RULES`), as MindFormers' legacy MoE
+  shards them (``models/llama/llama_layer.py``: ``w1`` ``(ep, mp, 1)``, ``w2`` ``(ep, 1, mp)``).
 - Pipeline stages: a parameter whose name carries a layer index (``layers.N.``, ``blocks.N.``,
-  ``layer.N.``, ``h.N.``) goes to stage ``N // (layers / pp)`` (`autotune.families.layers.stage_layers`); any other
+  ``layer.N.``, ``h.N.``) goes to the stage that runs layer N (`autotune.families.layers.stage_layers`:
+  as even as it can be, the first ``layers mod pp`` stages one layer more); any other
   parameter goes to stage 0 if it comes before the first layer in parameter order (embeddings),
   else to the last stage (final norm, head).
 - Ranks, as MindSpore's strategy files and ``transform_checkpoints`` define them: each stage's
@@ -46,6 +54,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autotune.families import family, parameter_shapes
+from autotune.families.layers import stage_of
 
 # Bytes per element of the dtypes a model's parameters, compute or optimizer states may take.
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -56,6 +65,12 @@ OPTIMIZER_SHARD_THRESHOLD_KB = 64
 # moments, cloned from the parameters as "<prefix>.<parameter name>").
 OPTIMIZER_STATES = ("adam_m", "adam_v")
 
+# stacked experts split over tp as well (``model.experts_tensor_parallel``; see the module doc)
+EXPERT_TP_RULES = {
+    "*feed_forward.experts.w1.*": "expert_column",
+    "*feed_forward.experts.w3.*": "expert_column",
+    "*feed_forward.experts.w2.*": "expert_row",
+}
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|layer|h)\.(\d+)\.")
 
 
@@ -83,16 +98,18 @@ class ParamLayout:
     stage: int
     split_dim: int | None
     opt_shard: OptimizerShard | None = None
+    ep_split: bool = False  # stacked experts: dim 0 split over the ep ranks
 
     def tensor_map(self) -> list[int]:
         # Entries index the device matrix [dp, tp] from the right: 0 is the tp axis, -1 = whole.
         return [0 if i == self.split_dim else -1 for i in range(len(self.shape))]
 
-    def local_shape(self, tp: int) -> tuple[int, ...]:
-        """The shape one tp rank holds."""
-        if self.split_dim is None:
-            return self.shape
-        return tuple(d // tp if i == self.split_dim else d for i, d in enumerate(self.shape))
+    def local_shape(self, tp: int, ep: int = 1) -> tuple[int, ...]:
+        """The shape one rank holds: its tp block, and its ep block of stacked experts."""
+        return tuple(
+            d // tp if i == self.split_dim else d // ep if i == 0 and self.ep_split else d
+            for i, d in enumerate(self.shape)
+        )
 
     def local_slice(self, tp_index: int, tp: int) -> tuple[slice, ...]:
         """The index of tp rank ``tp_index``'s block in the full tensor."""
@@ -118,10 +135,10 @@ class ParamLayout:
         ranks of the stage."""
         return self.split_dim is not None or tp == 1
 
-    def rank_shape(self, tp: int) -> tuple[int, ...]:
-        """The shape this rank's optimizer updates and saves: its tp slice, its optimizer shard
-        of that slice when it has one."""
-        local = self.local_shape(tp)
+    def rank_shape(self, tp: int, ep: int = 1) -> tuple[int, ...]:
+        """The shape this rank's optimizer updates and saves: its tp (or ep) slice, its
+        optimizer shard of that slice when it has one."""
+        local = self.local_shape(tp, ep)
         if self.opt_shard is None:
             return local
         return (local[0] // self.opt_shard.size, *local[1:])
@@ -139,6 +156,10 @@ def _split_dim(kind: str, ndim: int) -> int | None:
         return 0
     if kind == "row" and ndim >= 2:
         return 1
+    if kind == "expert_column" and ndim >= 3:  # stacked (E, out, in): each expert's rows
+        return 1
+    if kind == "expert_row" and ndim >= 3:  # stacked (E, out, in): each expert's columns
+        return 2
     return None
 
 
@@ -153,19 +174,19 @@ def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
             "(layers.N. / blocks.N. / layer.N. / h.N.), so stages cannot be assigned"
         ]
     layers = max(index.values()) + 1
-    if layers % pp:
-        return {}, [f"pp = {pp} does not divide the model's {layers} layers"]
+    if layers < pp:
+        return {}, [f"pp = {pp} exceeds the model's {layers} layers"]
     first_layer = next(i for i, n in enumerate(names) if n in index)
     stages = {}
     for position, name in enumerate(names):
         if name in index:
-            stages[name] = index[name] // (layers // pp)
+            stages[name] = stage_of(layers, pp, index[name])
         else:
             stages[name] = 0 if position < first_layer else pp - 1
     return stages, []
 
 
-def plan_layout(shapes: dict, tp: int, pp: int, rules: dict) -> tuple[dict, list[str]]:
+def plan_layout(shapes: dict, tp: int, pp: int, rules: dict, ep: int = 1) -> tuple[dict, list[str]]:
     """``({name: ParamLayout}, reasons)``; ``shapes`` must be in the network's parameter order."""
     names = list(shapes)
     reasons = [
@@ -179,28 +200,36 @@ def plan_layout(shapes: dict, tp: int, pp: int, rules: dict) -> tuple[dict, list
     layouts = {}
     for name in names:
         shape = tuple(int(d) for d in shapes[name])
-        split = _split_dim(split_kind(name, rules), len(shape)) if tp > 1 else None
+        kind = split_kind(name, rules)
+        experts = kind.startswith("expert") and len(shape) >= 1
+        split = _split_dim(kind, len(shape)) if tp > 1 else None
         if split is not None and shape[split] % tp:
             reasons.append(f"tp = {tp} does not divide {name} dim {split} ({shape[split]})")
-        layouts[name] = ParamLayout(name, shape, stages.get(name, 0), split)
+        if experts and shape[0] % ep:
+            reasons.append(f"ep = {ep} does not divide {name}'s {shape[0]} experts")
+        layouts[name] = ParamLayout(name, shape, stages.get(name, 0), split, ep_split=experts)
     return layouts, reasons
 
 
-def builtin_layout(model_cfg: dict, tp: int, pp: int) -> tuple[dict, list[str]]:
+def builtin_layout(model_cfg: dict, tp: int, pp: int, ep: int = 1) -> tuple[dict, list[str]]:
     """:func:`plan_layout` of a built-in family (``model_cfg["family"]``), shapes and rules
     included. The trainer builds exactly these local shapes; a test checks it on real networks."""
-    return plan_layout(parameter_shapes(model_cfg), tp, pp, family(model_cfg["family"]).tp_rules)
+    rules = family(model_cfg["family"]).tp_rules
+    if model_cfg.get("experts_tensor_parallel"):  # each expert split over tp too
+        rules = {**EXPERT_TP_RULES, **rules}
+    return plan_layout(parameter_shapes(model_cfg), tp, pp, rules, ep)
 
 
 @lru_cache(maxsize=256)
-def _builtin_reasons(frozen_model: tuple, tp: int, pp: int) -> tuple[str, ...]:
-    return tuple(builtin_layout(dict(frozen_model), tp, pp)[1])
+def _builtin_reasons(frozen_model: tuple, tp: int, pp: int, ep: int) -> tuple[str, ...]:
+    return tuple(builtin_layout(dict(frozen_model), tp, pp, ep)[1])
 
 
-def builtin_layout_reasons(model_cfg: dict, tp: int, pp: int) -> list[str]:
-    """Why a built-in family cannot be laid out with (tp, pp); cached (the search asks often)."""
-    frozen = tuple(sorted((k, v) for k, v in model_cfg.items() if isinstance(v, (int, str))))
-    return list(_builtin_reasons(frozen, tp, pp))
+def builtin_layout_reasons(model_cfg: dict, tp: int, pp: int, ep: int = 1) -> list[str]:
+    """Why a built-in family cannot be laid out with (tp, pp, ep); cached (the search asks
+    often)."""
+    frozen = tuple(sorted((k, v) for k, v in model_cfg.items() if isinstance(v, (int, float, str))))
+    return list(_builtin_reasons(frozen, tp, pp, ep))
 
 
 def with_optimizer_states(layouts: dict) -> dict:
@@ -219,14 +248,20 @@ def optimizer_shard(
     tp: int,
     element_bytes: int,
     threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB,
+    ep: int = 1,
 ) -> OptimizerShard | None:
-    """The parallel optimizer's shard of ``p`` (see the module doc), or None if it stays whole."""
-    size, step = (dp, tp) if p.split_dim is not None else (dp * tp, 1)
-    if dp == 1 or size == 1 or not p.shape:
+    """The parallel optimizer's shard of ``p`` (see the module doc), or None if it stays whole.
+    Stacked experts split over ``ep`` are shared by the stage's dp·tp / ep ranks that hold the
+    same experts (every ep-th rank: step ep), where ep divides dp·tp."""
+    if p.ep_split:  # split over tp too: the dp / ep ranks of its tp index hold the same slice
+        size, step = (dp * tp) // ep // (tp if p.split_dim is not None else 1), ep
+    else:
+        size, step = (dp, tp) if p.split_dim is not None else (dp * tp, 1)
+    if dp == 1 or size <= 1 or not p.shape:
         return None
     if math.prod(p.shape) * element_bytes < threshold_kb * 1024:
         return None
-    if p.local_shape(tp)[0] % size:
+    if p.local_shape(tp, ep)[0] % size:
         return None
     return OptimizerShard(size, step)
 
@@ -247,6 +282,7 @@ def with_optimizer_shards(
     element_bytes: int,
     threshold_kb: float = OPTIMIZER_SHARD_THRESHOLD_KB,
     whole: tuple[str, ...] = (),
+    ep: int = 1,
 ) -> dict:
     """``layouts`` with the parallel optimizer's shards marked (``element_bytes``: the
     parameters' dtype size, which the threshold is measured in; ``whole``: globs of parameters
@@ -256,15 +292,15 @@ def with_optimizer_shards(
             p,
             opt_shard=None
             if any(fnmatch.fnmatchcase(name, g) for g in whole)
-            else optimizer_shard(p, dp, tp, element_bytes, threshold_kb),
+            else optimizer_shard(p, dp, tp, element_bytes, threshold_kb, ep),
         )
         for name, p in layouts.items()
     }
 
 
-def rank_elements(layouts: dict, tp: int, stage: int) -> int:
+def rank_elements(layouts: dict, tp: int, stage: int, ep: int = 1) -> int:
     """Elements of the parameters one rank of ``stage`` holds (the cost model's count)."""
-    return sum(math.prod(p.local_shape(tp)) for p in layouts.values() if p.stage == stage)
+    return sum(math.prod(p.local_shape(tp, ep)) for p in layouts.values() if p.stage == stage)
 
 
 def rank_coords(rank: int, dp: int, tp: int) -> tuple[int, int, int]:

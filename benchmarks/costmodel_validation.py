@@ -47,6 +47,10 @@ fitted. Source for every row: github.com/mindspore-ai/mindformers at 15218ea4 (t
 with Llama 2), ``docs/model_cards/llama2.md``, "模型性能" (Atlas 800T A2 table); the configs are
 that commit's ``configs/llama2/*.yaml``, verbatim in ``benchmarks/mindformers_configs/``.
 
+Table 4 — published mixture-of-experts runs (DeepSeek-V3's pre-training on 2,048 H800,
+MindFormers' and ModelLink's Mixtral-8x7B, MindFormers' DeepSeek-V2 236B):
+``benchmarks/moe_validation.py``, its sources there.
+
 Table 2 — the (tp, pp) ranking for GPT-3 175B on A100s (8 per node), full recompute: on 64 GPUs
 with batch 64 (Korthikanti et al.'s setting) and on 1,024 GPUs with batch 1,536. Tensor
 parallelism inside the node and pipelining across nodes should win; TP groups that cross a node
@@ -418,9 +422,13 @@ def mindformers_table() -> None:
 
 
 if __name__ == "__main__":
+    from moe_validation import table as moe_table  # benchmarks/moe_validation.py
+
     validation_table()
     print()
     mindformers_table()
+    print()
+    moe_table()
     print("\nTable 2")
     ranking_table(64, 64)  # Korthikanti et al. 2022's 175B setting: one model replica
     ranking_table(1024, 1536)  # Narayanan et al. 2021 Table 2's batch, 16 replicas

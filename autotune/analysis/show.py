@@ -18,7 +18,7 @@ from rich.table import Table
 from autotune.analysis import trial_time
 from autotune.analysis.text import fmt
 from autotune.analysis.view import StudyView
-from autotune.costmodel.diagnosis import PARTS, fact_lines
+from autotune.costmodel.diagnosis import OPTIONAL_PARTS, PARTS, fact_lines
 from autotune.spec.knobs import KNOB_NAMES
 from autotune.storage.schema import metrics_of, outcome_of
 
@@ -220,6 +220,8 @@ def show_trial(v: StudyView, trial, console: Console) -> None:
     table.add_column("")
     for part, label in PARTS.items():
         share = found["shares"][part]
+        if part in OPTIONAL_PARTS and not share:
+            continue
         table.add_row(
             label,
             f"{found['parts_ms'][part]:.4g}",

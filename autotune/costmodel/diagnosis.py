@@ -36,6 +36,8 @@ import json
 import math
 from functools import lru_cache
 
+from autotune.costmodel.moe_time import MOE_PARTS
+
 # The parts of a step, in the cost model's names, with the words a person uses for them.
 PARTS = {
     "compute": "compute",
@@ -46,7 +48,17 @@ PARTS = {
     "dp_comm": "exposed DP all-reduce",
     "optimizer": "optimizer",
     "host": "host overhead",
+    "experts": "experts",
+    "imbalance": "expert imbalance",
+    "mla": "latent attention projections",
+    "mtp": "MTP modules",
+    "ep_comm": "expert all-to-all in a node",
+    "ep_comm_inter": "expert all-to-all across nodes",
+    "cp_comm": "context-parallel ring",
 }
+# the parts a model or layout without experts, latent attention, MTP modules, ep or cp never has:
+# a view leaves them out where they are zero
+OPTIONAL_PARTS = MOE_PARTS
 COMPUTE_BOUND = 0.8  # compute at least this share of the step: nothing else is worth chasing
 OVERFLOW_ALARM = 0.05  # overflowed measured steps after the back-off (each skips an update)
 UNDERFLOW_ALARM = 0.01  # gradient elements float16 flushes to zero at the settled scale
@@ -74,6 +86,12 @@ def _advice(part: str, knobs: dict) -> str:
         return "recompute less (selective or none) where memory allows"
     if part == "optimizer":
         return "shard the parameters over more devices (tp or pp)"
+    if part == "ep_comm_inter":
+        return "an expert-parallel group inside one node (smaller ep)"
+    if part in ("ep_comm", "imbalance"):
+        return "smaller ep"
+    if part == "cp_comm":
+        return "smaller cp, or a cp group inside one node"
     if part == "host":
         if knobs.get("jit_level") == "pynative":
             return "graph mode (jit_level O1) instead of PyNative"
@@ -218,4 +236,10 @@ def of_trial(frozen, knobs: dict, study_attrs: dict) -> dict | None:
     diagnoses were stored (or None: not ok, or no estimate)."""
     if frozen.user_attrs.get("outcome") != "ok":
         return None
-    return frozen.user_attrs.get("diagnosis") or from_attrs(frozen.user_attrs, knobs, study_attrs)
+    found = frozen.user_attrs.get("diagnosis")
+    if not found:
+        return from_attrs(frozen.user_attrs, knobs, study_attrs)
+    # stored before a part was known: it had none of it
+    return found | {
+        key: {part: found[key].get(part, 0.0) for part in PARTS} for key in ("parts_ms", "shares")
+    }

@@ -33,7 +33,7 @@ for _name, _where, _why in (
     ),
     (
         "fusion_mb",
-        "autotune.costmodel.step_time:_dp_exposed",
+        "autotune.costmodel.collectives:dp_exposed",
         "the bucket size sets how much of the data-parallel all-reduce overlaps the backward",
     ),
     (
@@ -45,6 +45,16 @@ for _name, _where, _why in (
         "parallel_optimizer",
         "autotune.costmodel.memory:shards_optimizer",
         "sharded optimizer states and the gathers they need, in memory and in time",
+    ),
+    (
+        "ep",
+        "autotune.costmodel.moe_time:moe_parts",
+        "the experts' all-to-alls and the busiest rank's wait; their states split in memory",
+    ),
+    (
+        "cp",
+        "autotune.costmodel.moe_time:moe_parts",
+        "the key/value ring; every token-proportional cost split over the cp ranks",
     ),
 ):
     PRICES.in_place(_name, _where, _why)

@@ -51,7 +51,12 @@ def parallel_mode(c: Candidate) -> str:
 
 def export_reasons(spec: Spec, c: Candidate) -> list[str]:
     """Why no exported config could run ``c`` (docs/export.md, "What MindSpore refuses")."""
-    reasons = []
+    reasons = [
+        f"{name} = {value}: strategy.ckpt and the trainer's launch do not lay out {what} "
+        "parallelism yet; export a trial with it at 1 (--trial N)"
+        for name, value, what in (("ep", c.ep, "expert"), ("cp", c.cp, "context"))
+        if value > 1
+    ]
     if c.jit_level == "pynative" and (c.tp > 1 or c.pp > 1):
         reasons.append(
             f"jit_level = pynative with tp = {c.tp}, pp = {c.pp}: MindSpore's PyNative "
@@ -141,6 +146,12 @@ LAUNCH_YAML.in_place(
     "the layout: auto_parallel_context.device_num (dp·tp·pp), the per-device "
     "batch.micro_batch_size, and strategy.ckpt",
 )
+for _name in ("ep", "cp"):
+    LAUNCH_YAML.in_place(
+        _name,
+        "autotune.export.configs:export_reasons",
+        "refused above 1 until strategy.ckpt lays experts and sequence splits out",
+    )
 LAUNCH_YAML.in_place(
     "tp",
     "autotune.export.configs:parallel_mode",

@@ -1,7 +1,9 @@
 """Which layers a pipeline stage runs, and how each layer is recomputed.
 
 Contract (pure Python): :func:`stage_layers` gives the global layer indices of a stage — the
-split the trainer builds, the export writes and the cost model prices — and
+split the trainer builds, the export writes and the cost model prices: as even as it can be,
+the first ``num_layers mod pp`` stages one layer more (DeepSeek-V3's 61 layers on 16 stages:
+13 of 4, 3 of 3; MindFormers writes it as ``model_config.offset``, :func:`stage_offsets`) — and
 :func:`layer_recompute` the recompute mode of one layer under the ``recompute`` knob and
 ``model.recompute_layers`` (MindFormers' per-layer lists, docs/mindformers.md).
 """
@@ -14,10 +16,31 @@ from __future__ import annotations
 RECOMPUTE_LAYER_KEYS = ("recompute", "select_recompute", "select_comm_recompute")
 
 
+def stage_sizes(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage: ``num_layers // pp``, one more on the first ``num_layers mod pp``."""
+    base, extra = divmod(num_layers, pp)
+    return [base + (stage < extra) for stage in range(pp)]
+
+
 def stage_layers(num_layers: int, pp: int, stage: int) -> range:
-    """The layer indices pipeline stage ``stage`` runs (pp must divide num_layers)."""
-    per_stage = num_layers // pp
-    return range(stage * per_stage, (stage + 1) * per_stage)
+    """The layer indices pipeline stage ``stage`` runs (pp ≤ num_layers)."""
+    sizes = stage_sizes(num_layers, pp)
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
+
+
+def stage_offsets(num_layers: int, pp: int) -> int | list[int]:
+    """MindFormers' ``model_config.offset`` for that split (``LayerSetting``: stage i runs
+    ``num_layers // pp + offset[i]`` layers): 0 when pp divides the layers, else one per stage."""
+    sizes = stage_sizes(num_layers, pp)
+    return 0 if len(set(sizes)) == 1 else [size - num_layers // pp for size in sizes]
+
+
+def stage_of(num_layers: int, pp: int, layer: int) -> int:
+    """The stage that runs global layer ``layer``."""
+    base, extra = divmod(num_layers, pp)
+    wide = extra * (base + 1)  # the first stages' layers, one more each
+    return layer // (base + 1) if layer < wide else extra + (layer - wide) // base
 
 
 def layer_recompute(knob: str, layer: int, marks: dict) -> tuple[str, bool]:

@@ -1,6 +1,6 @@
 """The ``llama`` family: MindFormers' legacy LLaMA decoder (RMSNorm, grouped-query attention with
 rotary embeddings, a SwiGLU feed-forward, an untied head), named and split as MindFormers names
-and splits it, with the two options MindFormers' mcore Qwen3 adds.
+and splits it, with the options MindFormers' mcore Qwen3, Qwen3-MoE and DeepSeek-V3 add.
 
 Its names and shapes are those of MindFormers' legacy ``LlamaForCausalLM``
 (``mindformers/models/llama``, docs/mindformers.md "Parameter names"): no biases, grouped-query
@@ -11,7 +11,9 @@ Options (model.yaml; docs/model-yaml.md): ``head_dim``, the width of every atten
 need not be hidden / heads (Qwen3-32B: 64 heads of 128 over a hidden size of 5120, so its
 ``wq`` is 8192 × 5120); ``qk_norm``, an RMSNorm over each query and key head before the rotary
 embedding (``attention.q_layernorm``, ``attention.k_layernorm``: one ``head_dim`` weight each,
-shared by the heads, as mcore's ``q_layernorm``/``k_layernorm``), which every Qwen3 layer has.
+shared by the heads, as mcore's ``q_layernorm``/``k_layernorm``), which every Qwen3 layer has;
+routed and shared experts, multi-latent attention and multi-token prediction modules
+(`autotune.families.moe`: Qwen3-MoE, DeepSeek-V3).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from autotune.families import moe
 from autotune.families.base import Family
+from autotune.families.layers import stage_layers
+from autotune.families.moe_workload import MoEOptions
 from autotune.families.transformer import Transformer
 from autotune.families.workload import dimensions
 
@@ -56,7 +61,7 @@ LLAMA_RULES = {
     if glob.startswith(("*attention.w", "*feed_forward.w", "*tok_embeddings", "*lm_head"))
     and "w_qkv" not in glob
     and "w_gate_hidden" not in glob
-}
+} | moe.MOE_RULES
 # Parameters MindFormers' legacy llama creates with parallel_optimizer=False, which MindSpore's
 # SplitParam leaves whole ("manually set"): the RMSNorm weights always (LlamaRMSNorm), the token
 # table unless model_config.parallel_optimizer (LlamaEmbedding; its default False). The q/k
@@ -88,14 +93,27 @@ def head_dim(model_cfg: dict) -> int:
 
 
 def shapes(cfg: dict) -> dict:
-    """The decoder's parameters (see `autotune.families.base.Family.shapes`)."""
-    h, ffn, vocab = cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["vocab_size"]
-    d = head_dim(cfg)
-    q_dim, kv_dim = cfg["num_heads"] * d, kv_heads(cfg) * d
+    """The decoder's parameters (see `autotune.families.base.Family.shapes`); with experts,
+    latent attention or MTP modules, as `autotune.families.moe` lays them out."""
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     out = {"model.tok_embeddings.embedding_weight": (vocab, h)}
     for i in range(cfg["num_layers"]):
-        b = f"model.layers.{i}"
-        out[f"{b}.attention_norm.weight"] = (h,)
+        out.update(layer_shapes(f"model.layers.{i}", cfg, i))
+    out.update(moe.mtp_shapes(cfg, lambda prefix, i: layer_shapes(prefix, cfg, i)))
+    out["model.norm_out.weight"] = (h,)
+    out["lm_head.weight"] = (vocab, h)
+    return out
+
+
+def layer_shapes(b: str, cfg: dict, index: int) -> dict:
+    """One decoder layer's parameters under prefix ``b``; ``index`` decides dense or MoE."""
+    h, ffn = cfg["hidden_size"], cfg["ffn_hidden_size"]
+    out = {f"{b}.attention_norm.weight": (h,)}
+    if moe.has_mla(cfg):
+        out.update(moe.mla_shapes(b, cfg))
+    else:
+        d = head_dim(cfg)
+        q_dim, kv_dim = cfg["num_heads"] * d, kv_heads(cfg) * d
         out[f"{b}.attention.wq.weight"] = (q_dim, h)
         out[f"{b}.attention.wk.weight"] = (kv_dim, h)
         out[f"{b}.attention.wv.weight"] = (kv_dim, h)
@@ -103,20 +121,23 @@ def shapes(cfg: dict) -> dict:
             out[f"{b}.attention.q_layernorm.weight"] = (d,)
             out[f"{b}.attention.k_layernorm.weight"] = (d,)
         out[f"{b}.attention.wo.weight"] = (h, q_dim)
-        out[f"{b}.ffn_norm.weight"] = (h,)
+    out[f"{b}.ffn_norm.weight"] = (h,)
+    if moe.moe_layer(cfg, index):
+        out.update(moe.moe_shapes(b, cfg))
+    else:
         out[f"{b}.feed_forward.w1.weight"] = (ffn, h)  # gate
         out[f"{b}.feed_forward.w2.weight"] = (h, ffn)  # down
         out[f"{b}.feed_forward.w3.weight"] = (ffn, h)  # up
-    out["model.norm_out.weight"] = (h,)
-    out["lm_head.weight"] = (vocab, h)
     return out
 
 
 def optimizer_whole(model_cfg: dict) -> tuple[str, ...]:
     """The norms always, and the token table unless ``embedding_parallel_optimizer``
     (see :data:`LLAMA_NORMS`)."""
-    return LLAMA_NORMS + (
-        () if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,)
+    return (
+        LLAMA_NORMS
+        + moe.LATENT_NORMS
+        + (() if model_cfg.get("embedding_parallel_optimizer") else (LLAMA_EMBEDDING,))
     )
 
 
@@ -129,6 +150,8 @@ class Llama(Transformer):
     kv_heads: int = 0  # key/value heads (grouped-query attention)
     head_dim: int = 0  # each head's width (0: hidden / heads)
     qk_norm: bool = False  # an RMSNorm on each query and key head (Qwen3)
+    # experts, latent attention, MTP modules (`autotune.families.moe_workload`); None: none
+    moe: MoEOptions | None = None
 
     @property
     def head_width(self) -> int:
@@ -160,6 +183,7 @@ class Llama(Transformer):
             kv_heads=model.num_kv_heads or model.num_heads,
             head_dim=model.head_dim or 0,
             qk_norm=model.qk_norm,
+            moe=MoEOptions.of(model),
         )
 
     def layout_config(self) -> dict:
@@ -168,17 +192,121 @@ class Llama(Transformer):
             "num_kv_heads": self.kv_heads,
             "head_dim": self.head_dim or None,
             "qk_norm": self.qk_norm,
+            **(self.moe.config() if self.moe else {}),
         }
+
+    @property
+    def mla(self) -> bool:
+        return self.moe is not None and self.moe.mla
+
+    @property
+    def experts(self) -> bool:
+        return self.moe is not None and self.moe.experts > 1
 
     def attention_flops(self) -> float:
         """QKᵀ and AV over the heads' width: 4·s²·q_dim forward, the causal half fused."""
+        if self.mla:
+            return self.moe.core_flops(self.seq, self.heads, self.fused_attention)
         return (2 if self.fused_attention else 4) * self.seq * self.seq * self.q_dim
 
+    def projection_flops(self) -> float:
+        """The attention's projections per token, forward: 2·(2h·q_dim + 2h·kv_dim)."""
+        if self.mla:
+            return self.moe.projection_flops(self.hidden, self.heads)
+        return 4 * self.hidden * (self.q_dim + self.kv_dim)
+
+    def ffn_flops(self) -> float:
+        """The feed-forward per token, forward (averaged over dense and MoE layers)."""
+        if self.moe is None:
+            return 6 * self.hidden * self.ffn
+        return self.moe.ffn_flops(self.hidden, self.ffn, self.layers)
+
     def layer_flops(self) -> float:
-        s, h, f, q, kv = self.seq, self.hidden, self.ffn, self.q_dim, self.kv_dim
-        # 2·(2h·q_dim + 2h·kv_dim + 3h·ffn) per token for the seven GEMMs, QKᵀ and AV;
+        # the seven GEMMs' 2·(2h·q_dim + 2h·kv_dim + 3h·ffn) per token, QKᵀ and AV;
         # backward = 2 × forward. The q/k norms are element-wise (not counted).
-        return 3 * (s * (4 * h * q + 4 * h * kv + 6 * h * f) + self.attention_flops())
+        s = self.seq
+        return 3 * (s * (self.projection_flops() + self.ffn_flops()) + self.attention_flops())
+
+    def part_flops(self) -> dict:
+        parts = {}
+        if self.experts:
+            share = self.moe.moe_share(self.layers)
+            parts["experts"] = 3 * self.seq * share * self.moe.moe_flops(self.hidden)
+        if self.mla:
+            parts["mla"] = 3 * self.seq * self.projection_flops()
+        return parts
+
+    def routed_flops(self) -> float:
+        if not self.experts:
+            return 0.0
+        share = self.moe.moe_share(self.layers)
+        return 3 * self.seq * share * self.moe.routed_flops(self.hidden)
+
+    @property
+    def capacity(self) -> float:
+        return self.moe.capacity if self.experts else 0.0
+
+    @property
+    def legacy_experts(self) -> bool:
+        return self.experts and self.moe.expert_tp
+
+    @property
+    def fp8_linear(self) -> bool:
+        return self.moe is not None and self.moe.fp8
+
+    @property
+    def moe_comm_overlap(self) -> bool:
+        return self.experts and self.moe.overlap
+
+    @property
+    def node_limit(self) -> int:
+        return self.moe.node_limit if self.experts else 0
+
+    @property
+    def dualpipe(self) -> bool:
+        return self.moe is not None and self.moe.schedule == "dualpipe"
+
+    @property
+    def top_k(self) -> int:
+        return self.moe.top_k if self.experts else 0
+
+    def router_flops(self) -> float:
+        if not self.experts:
+            return 0.0
+        share = self.moe.moe_share(self.layers)
+        return 3 * self.seq * share * 2 * self.hidden * self.moe.experts
+
+    def linear_flops(self) -> float:
+        return 3 * self.seq * (self.projection_flops() + self.ffn_flops()) - self.router_flops()
+
+    def mtp_flops(self, linear: bool = False) -> float:
+        """Each MTP module: its projection, one layer (an MoE one with experts), its logits;
+        ``linear``: only its linear layers' GEMMs (the projection and the layer's, not the
+        attention core, the router or the logits)."""
+        if self.moe is None or not self.moe.mtp:
+            return 0.0
+        s, h = self.seq, self.hidden
+        ffn = self.moe.moe_flops(h) if self.experts else 6 * h * self.ffn
+        if linear:
+            router = 2 * h * self.moe.experts if self.experts else 0
+            return self.moe.mtp * 3 * s * (self.projection_flops() + ffn - router + 4 * h * h)
+        layer = 3 * (s * (self.projection_flops() + ffn) + self.attention_flops())
+        return self.moe.mtp * (layer + 6 * s * (2 * h * h + h * self.vocab))
+
+    def stage_moe_layers(self, pp: int, stage: int) -> int:
+        if not self.experts:
+            return 0
+        return sum(self.moe.moe_layer(i) for i in stage_layers(self.layers, pp, stage))
+
+    def dispatch_bytes(self, dtype_bytes: int) -> float:
+        if not self.experts:
+            return 0.0
+        return self.moe.dispatch_elements(self.seq, self.hidden) * dtype_bytes
+
+    def kv_bytes(self, dtype_bytes: int) -> float:
+        if self.mla:
+            return self.moe.kv_elements(self.seq, self.heads) * dtype_bytes
+        return 2 * self.seq * self.kv_dim * dtype_bytes
 
     def recompute_flops(self, mode: str) -> float:
         if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused
@@ -200,13 +328,27 @@ class Llama(Transformer):
         attention = 4 * self.q_dim + 4 * self.kv_dim
         if self.qk_norm:
             attention += 2 * (self.q_dim + self.kv_dim)
-        stored = s * (norms + (attention + swiglu) / tp)
+        if self.moe is None:
+            stored = s * (norms + (attention + swiglu) / tp)
+        else:  # experts and latent attention (`autotune.families.moe_workload`)
+            ffn = self.moe.ffn_bytes(self.hidden, self.ffn, self.layers, mode, tp)
+            if self.mla:
+                stored = s * (norms + self.moe.attention_bytes(self.heads, tp) + ffn)
+            else:
+                stored = s * (norms + attention / tp + ffn)
         if mode == "none" and not self.fused_attention:
             stored += 2 * a * s * s / tp  # the softmax output (no dropout)
         return stored * scale
 
     def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         return 0.0  # no embedding dropout
+
+    def last_stage_activations(self, tp: int, dtype_bytes: int) -> float:
+        """The head's, and each MTP module's: one layer's and one more logits tensor."""
+        head = super().last_stage_activations(tp, dtype_bytes)
+        if self.moe is None or not self.moe.mtp:
+            return head
+        return head + self.moe.mtp * (head + self.layer_activations(tp, "none", dtype_bytes))
 
 
 FAMILY = Family(
@@ -223,10 +365,16 @@ FAMILY = Family(
         "sequence_parallel",
         "embedding_parallel_optimizer",
         "recompute_layers",
+        *moe.FIELDS,
     ),
     optimizer_whole=optimizer_whole,
     # what its layer represents: Qwen 1.5/2/2.5, Yi, CodeLlama, DeepSeek-Coder use LlamaForCausalLM
-    mindformers_architectures=("LlamaForCausalLM",),
+    # MindFormers' research DeepSeek-V2/V3 (experts, latent attention: autotune.families.moe)
+    mindformers_architectures=(
+        "LlamaForCausalLM",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+    ),
     # mcore model types (their defaults: autotune.spec.mindformers_mcore.MCORE_TYPES)
-    mindformers_model_types=("qwen3",),
+    mindformers_model_types=("qwen3", "qwen3_moe", "deepseek_v3"),
 )

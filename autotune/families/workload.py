@@ -162,6 +162,59 @@ class Workload(ABC):
     def first_stage_activations(self, tp: int, dtype_bytes: int) -> float:
         return 0.0
 
+    # -- parts of the step a family's options add (none here) --------------------------------
+    def part_flops(self) -> dict:
+        """FLOPs per layer and sample (fwd+bwd, averaged over the layers) of the mechanisms
+        the estimate prices as parts of their own (``experts``, ``mla``), included in
+        :meth:`layer_flops`."""
+        return {}
+
+    def routed_flops(self) -> float:
+        """Of ``part_flops()["experts"]``: the routed experts', whose slowest rank the others
+        wait for (fwd+bwd per layer and sample, averaged)."""
+        return 0.0
+
+    capacity: ClassVar[float] = 0.0  # an MoE router's capacity factor (0: dropless)
+    # MindFormers' legacy MoE (``model.experts_tensor_parallel``): its own dispatch
+    # (`autotune.costmodel.moe_time`)
+    legacy_experts: ClassVar[bool] = False
+    # how the run computes and communicates (`autotune.families.moe`'s fields): FP8 linear
+    # layers, expert all-to-alls overlapped with computation, the nodes a token's experts may
+    # be on (0: any), a token's routed experts
+    fp8_linear: ClassVar[bool] = False
+    moe_comm_overlap: ClassVar[bool] = False
+    node_limit: ClassVar[int] = 0
+    top_k: ClassVar[int] = 0
+    dualpipe: ClassVar[bool] = False  # ``model.pipeline_schedule: dualpipe``
+
+    def linear_flops(self) -> float:
+        """Of :meth:`layer_flops`: the linear layers' GEMMs (projections, feed-forward,
+        experts; not the attention core nor the router), what FP8 runs (fwd+bwd per layer
+        and sample, averaged)."""
+        return 0.0
+
+    def router_flops(self) -> float:
+        """Of ``part_flops()["experts"]``: the router's scores (kept in the compute dtype)."""
+        return 0.0
+
+    def mtp_flops(self, linear: bool = False) -> float:
+        """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage);
+        ``linear``: of those, the linear layers' GEMMs (what FP8 runs)."""
+        return 0.0
+
+    def stage_moe_layers(self, pp: int, stage: int) -> int:
+        """The MoE layers of pipeline stage ``stage`` (each runs its all-to-alls)."""
+        return 0
+
+    def dispatch_bytes(self, dtype_bytes: int) -> float:
+        """Bytes per sample of one expert-parallel dispatch (or combine) of an MoE layer."""
+        return 0.0
+
+    def kv_bytes(self, dtype_bytes: int) -> float:
+        """Bytes per sample of one layer's keys and values (what context parallelism's ring
+        passes on): 2·s·h."""
+        return 2 * self.tokens * self.hidden * dtype_bytes
+
     # -- communication ------------------------------------------------------------------------
     @abstractmethod
     def tp_forward_allreduces(self) -> int:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import yaml
 
+from autotune.families.layers import stage_offsets
 from autotune.families.llama import LLAMA_EMBEDDING
 from autotune.layout import optimizer_whole
 from autotune.mindformers.base import kept, stage_lists
@@ -112,7 +113,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             "data_parallel": c.dp,
             "model_parallel": c.tp,
             "pipeline_stage": c.pp,
-            "context_parallel": 1,
+            "context_parallel": c.cp,
             "micro_batch_num": c.micro_batches if pp else 1,
             "vocab_emb_dp": c.tp == 1,  # tp > 1: vocab-parallel embedding, as strategy.ckpt has it
             "use_seq_parallel": spec.model.sequence_parallel,
@@ -125,16 +126,20 @@ def overlay(spec: Spec, c: Candidate) -> dict:
         "runner_wrapper": {"type": "MFTrainOneStepCell", "scale_sense": None},
         "lr_schedule": None,
         "recompute_config": None,
-        # layers split evenly over the stages, as strategy.ckpt places them; the legacy llama
+        # layers split as strategy.ckpt places them (the first stages one more where pp does not
+        # divide them: `autotune.families.layers.stage_offsets`); the legacy llama
         # shards its embedding with the parallel optimizer only when its model_config says so
         "model": {
             "model_config": {
-                "offset": 0,
+                "offset": stage_offsets(spec.model.num_layers, c.pp),
                 "parallel_optimizer": c.parallel_optimizer
                 and (LLAMA_EMBEDDING not in optimizer_whole(spec.model.as_config())),
             }
         },
     }
+    if spec.model.num_experts or c.ep > 1:  # MindFormers' MoE configs: the all-to-all dispatch
+        document["parallel_config"]["expert_parallel"] = c.ep
+        document["parallel"]["enable_alltoall"] = c.ep > 1
     MINDFORMERS_YAML.call(c.as_dict(), spec, c, document)
     if cpu:
         _for_cpu(document, c)
@@ -150,6 +155,8 @@ for _name in (
     "fusion_mb",
     "parallel_optimizer",
     "jit_level",
+    "ep",
+    "cp",
 ):
     MINDFORMERS_YAML.in_place(
         _name,
@@ -199,10 +206,12 @@ def _mindformers_recompute(value, spec: Spec, c: Candidate, document: dict) -> N
 def recompute_lists(spec: Spec, c: Candidate, interleave: int = 1) -> dict:
     """``recompute_config``'s ``recompute``, ``select_recompute`` and (when the model.yaml has
     it) ``select_comm_recompute`` for ``c``: the layers `autotune.layout.layer_recompute` gives
-    the study, as per-stage lists of the tuned layout (``interleave`` chunks per stage, offset 0)
+    the study, as per-stage lists of the tuned layout (``interleave`` chunks per stage; without
+    interleave, the stages `autotune.families.layers.stage_layers` gives)
     where ``model.recompute_layers`` marks some layers only, else booleans."""
     marks = spec.model.recompute_layers
-    layout = chunks(spec.model.num_layers, c.pp, interleave, 0) if marks else None
+    offset = stage_offsets(spec.model.num_layers, c.pp) if interleave == 1 else 0
+    layout = chunks(spec.model.num_layers, c.pp, interleave, offset) if marks else None
 
     def listed(key: str, on: bool):
         value = marks.get(key)

@@ -25,8 +25,17 @@ def fused_refusal(model) -> str:
         return f"the {model.family or 'entry'} model has no attention the fused operator replaces"
     if model.dtype not in FUSED_DTYPES:
         return f"the fused operator computes in {' or '.join(FUSED_DTYPES)}, not {model.dtype}"
-    head_dim = model.head_dim or model.hidden_size // model.num_heads
-    if head_dim % HEAD_DIM_MULTIPLE:
+    if model.kv_lora_rank:  # latent attention: its heads' query/key and value widths
+        widths = {
+            "qk_nope_head_dim + qk_rope_head_dim": model.qk_nope_head_dim + model.qk_rope_head_dim,
+            "v_head_dim": model.v_head_dim,
+        }
+    else:
         where = "head_dim" if model.head_dim else "hidden_size / num_heads"
-        return f"the head dimension {head_dim} ({where}) is not a multiple of {HEAD_DIM_MULTIPLE}"
+        widths = {where: model.head_dim or model.hidden_size // model.num_heads}
+    for where, head_dim in widths.items():
+        if head_dim % HEAD_DIM_MULTIPLE:
+            return (
+                f"the head dimension {head_dim} ({where}) is not a multiple of {HEAD_DIM_MULTIPLE}"
+            )
     return ""

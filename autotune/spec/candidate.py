@@ -8,7 +8,7 @@ and picklable; :meth:`Candidate.as_dict` lists the knobs in :data:`KNOBS` order.
 
 from __future__ import annotations
 
-from autotune.spec.knobs import KNOBS, is_active
+from autotune.spec.knobs import KNOBS, devices_of, is_active
 
 
 class Candidate:
@@ -51,7 +51,8 @@ class Candidate:
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        """dp·tp·cp·pp (`autotune.spec.knobs.devices_of`)."""
+        return devices_of(self.dp, self.tp, self.pp, self.cp)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

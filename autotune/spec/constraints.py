@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
 def violations(spec: Spec, c: Candidate) -> list[str]:
     """The hard constraints (docs/model-yaml.md, "Search spaces") that ``c`` breaks, as readable reasons:
-    dp·tp·pp = cluster.devices; tp divides num_heads, num_kv_heads (llama) and hidden_size; pp
-    divides num_layers — pp · pp_interleave_num where a MindFormers base
-    (``export.mindformers_base``) interleaves its pipeline, which MindFormers refuses otherwise
+    dp·tp·cp·pp = cluster.devices; ep and cp as MindFormers checks them (:func:`expert_reasons`,
+    :func:`context_reasons`); tp divides num_heads, num_kv_heads (llama) and hidden_size; pp
+    ≤ num_layers (uneven stages: `autotune.families.layers.stage_layers`) — and pp ·
+    pp_interleave_num divides them where a MindFormers base (``export.mindformers_base``)
+    interleaves its pipeline, which MindFormers refuses otherwise
     (`autotune.spec.mindformers_layers.pipeline_interleave`); the global batch divides by dp·grad_accum (pp = 1) or by
     dp·micro_batches with micro_batches ≥ pp (pp > 1); and for a built-in family split by tp or
     pp, what its layout needs besides; and what the study's trial program refuses
@@ -31,7 +33,9 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
     reasons = []
     m, batch = spec.model, spec.train.global_batch_size
     if c.devices != spec.cluster.devices:
-        reasons.append(f"dp·tp·pp = {c.devices} ≠ cluster.devices = {spec.cluster.devices}")
+        product = "dp·tp·cp·pp" if c.cp > 1 else "dp·tp·pp"
+        reasons.append(f"{product} = {c.devices} ≠ cluster.devices = {spec.cluster.devices}")
+    reasons += expert_reasons(m, c) + context_reasons(m, c)
     if c.tp > 1 and m.num_heads is not None and m.num_heads % c.tp:
         reasons.append(f"tp = {c.tp} does not divide num_heads = {m.num_heads}")
     if c.tp > 1 and m.num_kv_heads and m.num_kv_heads % c.tp:
@@ -39,13 +43,14 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
         reasons.append(f"tp = {c.tp} does not divide num_kv_heads = {m.num_kv_heads}")
     if c.tp > 1 and m.hidden_size is not None and m.hidden_size % c.tp:
         reasons.append(f"tp = {c.tp} does not divide hidden_size = {m.hidden_size}")
-    # MindFormers splits the layers into pp · its base's interleave chunks, offset 0
+    # MindFormers splits the layers into pp · its base's interleave chunks: unevenly only
+    # without interleave (the export writes the offsets, `autotune.families.layers`)
     interleave = pipeline_interleave(spec.mindformers_base) if spec.mindformers_base else 1
-    if c.pp * interleave > 1 and m.num_layers is not None and m.num_layers % (c.pp * interleave):
+    if m.num_layers is not None and c.pp > m.num_layers:
+        reasons.append(f"pp = {c.pp} exceeds num_layers = {m.num_layers}")
+    elif interleave > 1 and m.num_layers is not None and m.num_layers % (c.pp * interleave):
         reasons.append(
-            f"pp = {c.pp} does not divide num_layers = {m.num_layers}"
-            if interleave == 1
-            else f"pp · pp_interleave_num = {c.pp} · {interleave} does not divide num_layers = "
+            f"pp · pp_interleave_num = {c.pp} · {interleave} does not divide num_layers = "
             f"{m.num_layers} (MindFormers' LayerSetting, the base's pipeline interleave)"
         )
     reasons += [
@@ -60,5 +65,47 @@ def violations(spec: Spec, c: Candidate) -> list[str]:
     ]
     if not reasons and m.family is not None and (c.tp > 1 or c.pp > 1):
         # the rest of what the layout needs: the vocabulary and the FFN width split too
-        reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp)
+        reasons += builtin_layout_reasons(m.as_config(), c.tp, c.pp, c.ep)
     return reasons + program_of(spec).refusals(spec, c)
+
+
+def expert_reasons(m, c: Candidate) -> list[str]:
+    """What MindFormers refuses of ``c``'s expert parallelism for model section ``m``
+    (mindformers 1.9, ``parallel_core/training_graph/transformer/moe``): ep > 1 on a model
+    without experts (``TransformerConfig``: "num_moe_experts must be non None to use
+    expert-parallel"), an ep that does not divide the experts (``BaseMoELayer``) or dp·tp
+    (``FFNGroupedGEMM.shard``: the experts' device matrix is (dp·tp·cp / ep, ep)), and tensor
+    parallelism in an MoE model without sequence parallelism (``MoELayer``: "performance may
+    degrade if MoE and tensor parallelism are enabled without also enabling sequence
+    parallelism", a ValueError)."""
+    experts = m.num_experts or 0
+    if c.ep > 1 and experts < 2:
+        return [f"ep = {c.ep}: the model has no experts to split"]
+    reasons = []
+    if c.ep > 1 and experts % c.ep:
+        reasons.append(f"ep = {c.ep} does not divide num_experts = {experts}")
+    if c.ep > 1 and (c.dp * c.tp) % c.ep:
+        reasons.append(
+            f"ep = {c.ep} does not divide dp·tp = {c.dp * c.tp} (MindFormers carves the expert "
+            "groups out of them)"
+        )
+    if experts > 1 and c.tp > 1 and not m.sequence_parallel:
+        reasons.append(
+            f"tp = {c.tp} in a model with experts needs model.sequence_parallel (MindFormers "
+            "refuses MoE with tensor parallelism and no sequence parallelism)"
+        )
+    return reasons
+
+
+def context_reasons(m, c: Candidate) -> list[str]:
+    """What MindFormers refuses of ``c``'s context parallelism: cp > 1 without flash attention
+    (``check_rules._check_parallel``, ``TransformerConfig``: "context_parallel is only available
+    for flash attention"), and a sequence the cp ranks cannot split evenly."""
+    if c.cp == 1:
+        return []
+    reasons = []
+    if not m.flash_attention:
+        reasons.append(f"cp = {c.cp} needs model.flash_attention (MindFormers' rule)")
+    if m.seq_length is not None and m.seq_length % c.cp:
+        reasons.append(f"cp = {c.cp} does not divide seq_length = {m.seq_length}")
+    return reasons

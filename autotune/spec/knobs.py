@@ -200,6 +200,30 @@ KNOBS: dict[str, Knob] = {
             graphs="update",
             default_space=[False, True],
         ),
+        Knob(
+            "ep",
+            int,
+            "expert-parallel ways: the devices a mixture of experts' routed experts are split "
+            "over, carved out of dp·tp (acts on a model with experts)",
+            "semi-auto parallel layout (dp·tp·cp / ep, ep) of the expert weights, an all-to-all "
+            "token dispatch (parallel.enable_alltoall)",
+            "parallel_config.expert_parallel",
+            default=1,
+            added_later=True,
+            default_space=[1, 2, 4, 8, 16, 32, 64],
+        ),
+        Knob(
+            "cp",
+            int,
+            "context-parallel ways: the sequence split across devices for attention, its keys "
+            "and values exchanged in a ring (devices = dp·tp·cp·pp)",
+            "semi-auto parallel layout (dp, cp, tp) of the activations; flash attention's ring "
+            "over the cp group",
+            "parallel_config.context_parallel",
+            default=1,
+            added_later=True,
+            default_space=[1, 2, 4, 8],
+        ),
     )
 }
 
@@ -282,6 +306,12 @@ def trial_warmup(warmup_steps: int, total_steps: int, trial_steps: int) -> int:
     train alike in a trial."""
     warmup = round(warmup_steps * trial_steps / total_steps) if total_steps > 0 else 0
     return min(warmup, trial_steps)
+
+
+def devices_of(dp: int, tp: int, pp: int, cp: int = 1) -> int:
+    """The devices a layout takes: dp·tp·cp·pp (expert parallelism is carved out of dp·tp, as
+    MindFormers' ``check_rules`` and mcore layouts count them)."""
+    return dp * tp * cp * pp
 
 
 def is_active(name: str, dp: int, pp: int) -> bool:

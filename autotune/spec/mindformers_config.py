@@ -8,9 +8,12 @@ table in docs/mindformers.md ("autotune init --mindformers") says, each rule rea
 MindFormers' source:
 
 - the model (`autotune.spec.mindformers_model`): an architecture outside the llama family's
-  allow-list, PEFT, MoE, multi-latent attention, q/k layernorm, context parallelism is a
-  :class:`SpecError` naming the key (exit 2), and so is a missing or ill-typed key the reading
-  needs; a setting that is dropped or fixed is one warning line naming the key;
+  allow-list, PEFT, q/k layernorm on the legacy llama, an expert or latent-attention pattern
+  the llama family cannot represent is a :class:`SpecError` naming the key (exit 2), and so is
+  a missing or ill-typed key the reading needs; a setting that is dropped or fixed is one
+  warning line naming the key;
+- ``expert_parallel`` and ``context_parallel`` are the baseline's ep and cp (devices =
+  dp·mp·cp·pp);
 - the layout as MindFormers runs it: ``use_parallel`` false (its default) is one device
   stand-alone, ``parallel_mode`` 0 data parallel over dp·mp·pp devices, both with the
   accumulation reset to 1 (``BaseTrainer._check_grad_accumulation_steps``);
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import JIT_LEVELS, LOSS_SCALED_DTYPES
+from autotune.spec.knobs import JIT_LEVELS, KNOBS, LOSS_SCALED_DTYPES
 from autotune.spec.mindformers_cluster import read_cluster
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.mindformers_model import read_model
@@ -60,6 +63,13 @@ class _Layout:
     split_key: str
     interleave: int  # micro_batch_interleave_num where it counts (semi-auto parallel), else 1
     source: str = "parallel_config"  # where dp, tp and pp come from
+    cp: int = 1  # parallel_config.context_parallel (semi-auto parallel)
+    ep: int = 1  # parallel_config.expert_parallel (semi-auto parallel)
+
+    @property
+    def split_devices(self) -> int:
+        """The devices of one data-parallel replica: tp·pp·cp (ep is carved out of dp·tp)."""
+        return self.tp * self.pp * self.cp
 
 
 @dataclass
@@ -141,21 +151,23 @@ def read_config(
     reading.warnings += repeated
     read_model(cfg, reading)
     runs = _layout(cfg, reading)
-    own = runs.dp * runs.tp * runs.pp
+    own = runs.dp * runs.split_devices
     devices = own if devices is None else devices
     if devices != own:
-        if devices % (runs.tp * runs.pp):
+        if devices % runs.split_devices:
             raise SpecError(
                 f"--devices {devices}: not a multiple of the config's model_parallel × "
-                f"pipeline_stage = {runs.tp * runs.pp} (dp is scaled, tp and pp kept)"
+                f"pipeline_stage{' × context_parallel' if runs.cp > 1 else ''} = "
+                f"{runs.split_devices} (dp is scaled, the rest kept)"
             )
         reading.notes.append(
             f"--devices {devices}, not the config's {own}: the global batch is "
-            f"kept and dp scaled from {runs.dp} to {devices // (runs.tp * runs.pp)}"
+            f"kept and dp scaled from {runs.dp} to {devices // runs.split_devices}"
         )
     _read_train(cfg, reading, runs, total_steps)
     where = (
         "parallel_config: data_parallel × model_parallel × pipeline_stage"
+        + (" × context_parallel" if runs.cp > 1 else "")
         if runs.source == "parallel_config"
         else runs.source
     )
@@ -168,7 +180,7 @@ def read_config(
         backend,
     )
     recompute = read_run(cfg, reading, runs.pp)
-    _read_baseline(cfg, reading, runs, devices // (runs.tp * runs.pp), recompute)
+    _read_baseline(cfg, reading, runs, devices // runs.split_devices, recompute)
     reading.space = _space(dict((k, v) for k, v, _ in reading.baseline))
     return reading
 
@@ -206,7 +218,11 @@ def _layout(cfg: _Config, r: Reading) -> _Layout:
             )
         why = f"parallel.parallel_mode {mode} (data parallel)"
         return _Layout(dp * tp * pp, 1, 1, 1, why, 1, why)
-    return _Layout(dp, tp, pp, split, key, interleave)
+    cp, ep = (
+        cfg.number(f"parallel_config.{k}", default=1, minimum=1)
+        for k in ("context_parallel", "expert_parallel")
+    )
+    return _Layout(dp, tp, pp, split, key, interleave, cp=cp, ep=ep)
 
 
 def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> None:
@@ -276,6 +292,11 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: 
         ("tp", runs.tp, where["model_parallel"]),
         ("pp", runs.pp, where["pipeline_stage"]),
     ]
+    if runs.cp > 1:
+        rows.append(("cp", runs.cp, "parallel_config.context_parallel"))
+    experts = any(k == "num_experts" for k, _, _ in r.model)
+    if experts or runs.ep > 1:  # ep > 1 without experts: the constraints name it
+        rows.append(("ep", runs.ep, "parallel_config.expert_parallel"))
     knob = "micro_batches" if runs.pp > 1 else "grad_accum"
     n, key = runs.split, runs.split_key
     if dp != runs.dp and n * runs.dp % dp == 0:  # the same global batch over the scaled dp
@@ -309,9 +330,15 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: 
     if dtype in LOSS_SCALED_DTYPES and isinstance(scale, dict):
         key = "runner_wrapper.scale_sense.loss_scale_value"
         value = cfg.number(key, minimum=1)
-        if value & (value - 1):
-            cfg.fail(key, f"{value} is not a power of two (the loss_scale knob's values are)")
-        rows.append(("loss_scale", value, key))
+        where = key
+        if value & (value - 1):  # the knob's values are powers of two: the nearest one
+            nearest = min((2**e for e in range(64)), key=lambda v: (abs(math.log2(v / value)), v))
+            r.warnings.append(
+                f"{key}: {value}: not a power of two, as the loss_scale knob's values are; "
+                f"the baseline starts at the nearest, {nearest}"
+            )
+            value, where = nearest, f"{key} {value}, the nearest power of two"
+        rows.append(("loss_scale", value, where))
     elif dtype in LOSS_SCALED_DTYPES and scale is not None:
         r.warnings.append(
             f"runner_wrapper.scale_sense: {scale}: a fixed scale; the baseline "
@@ -354,6 +381,10 @@ def _space(base: dict) -> dict:
         ),
         "grad_accum": sorted({1, 2, 4, 8, base.get("grad_accum", 1)}),
     }
+    for name in ("ep", "cp"):  # the default space's values, and a baseline's beyond them
+        default = KNOBS[name].default_space
+        if base.get(name, 1) not in default:
+            space[name] = sorted({*default, base[name]})
     if "loss_scale" in base:
         exponent = int(math.log2(base["loss_scale"]))
         space["loss_scale"] = {"pow2": [min(8, exponent), max(24, exponent)]}

@@ -90,6 +90,75 @@ MCORE_TYPES = {
             )
         },
     ),
+    "qwen3_moe": McoreType(
+        "Qwen3MoeConfig",
+        {
+            # Qwen3MoeConfig.__init__ (models/qwen3_moe/configuration_qwen3_moe.py); it has no
+            # head_dim: without one, TransformerConfig's kv_channels is hidden / heads
+            "vocab_size": 151936,
+            "num_key_value_heads": 4,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "rope_theta": 10000.0,
+            "attention_bias": False,
+            "moe_intermediate_size": 768,
+            "num_experts_per_tok": 8,
+            "num_experts": 128,
+            # its @register_mf_model_parameter
+            "seq_length": 4096,
+            "normalization": "RMSNorm",
+            "add_bias_linear": False,
+            "gated_linear_unit": True,
+            **TRANSFORMER_CONFIG_DEFAULTS,
+        },
+        {
+            "qk_layernorm": (
+                True,
+                "MindFormers' Qwen3-MoE training model: get_gpt_layer_local_spec("
+                "qk_layernorm=True) in models/qwen3_moe/modeling_qwen3_moe_train.py",
+            )
+        },
+    ),
+    "deepseek_v3": McoreType(
+        "DeepseekV3Config",
+        {
+            # DeepseekV3Config.__init__ (models/deepseek3/configuration_deepseek_v3.py): the
+            # 671 B model's own numbers
+            "vocab_size": 129280,
+            "moe_intermediate_size": 2048,
+            "num_nextn_predict_layers": 1,
+            "num_key_value_heads": 128,
+            "n_shared_experts": 1,
+            "n_routed_experts": 256,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 1536,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "qk_nope_head_dim": 128,
+            "num_experts_per_tok": 8,
+            "moe_layer_freq": 1,
+            "first_k_dense_replace": 3,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "rope_theta": 10000.0,
+            "attention_bias": False,
+            # its @register_mf_model_parameter (compute_dtype 'bf16': MindFormers' bfloat16)
+            "seq_length": 4096,
+            "compute_dtype": "bfloat16",
+            "use_flash_attention": True,
+            "normalization": "RMSNorm",
+            "add_bias_linear": False,
+            "gated_linear_unit": True,
+            "multi_latent_attention": True,
+            **{
+                k: v
+                for k, v in TRANSFORMER_CONFIG_DEFAULTS.items()
+                if k not in ("compute_dtype", "multi_latent_attention")
+            },
+        },
+    ),
 }
 # mcore model types MindFormers registers that train no llama-shaped dense model: why autotune
 # does not read them (each from the type's modeling file)

@@ -12,8 +12,9 @@ every config autotune's llama family does not represent (docs/mindformers.md, "R
   ``model_config``, MindFormers' defaults for that type (`autotune.spec.mindformers_mcore`);
 - parameter-efficient fine-tuning (``pet_config``): MindFormers freezes the base weights, which
   autotune's cost model and trial do not (they price and train every weight's Adam states);
-- mixture of experts, multi-latent attention, q/k layernorm on the legacy llama (which builds
-  none), context parallelism.
+- q/k layernorm on the legacy llama (which builds none). Experts, multi-latent attention and
+  MTP modules are read (`autotune.spec.mindformers_experts`), refused by key where the llama
+  family cannot represent them.
 
 The legacy llama ignores ``kv_channels`` and ``head_dim`` (its heads are hidden / heads wide,
 ``mindformers/models/llama/llama.py``), so init does too, with a warning when they disagree; an
@@ -26,6 +27,7 @@ from __future__ import annotations
 from autotune.families.llama import FAMILY as LLAMA
 from autotune.families.llama import llama_ffn
 from autotune.spec import mindformers_mcore as mcore
+from autotune.spec.mindformers_experts import read_experts
 
 MC = "model.model_config"
 # model_config keys: MindFormers' legacy LlamaConfig name first, then the mcore name; an mcore
@@ -68,8 +70,6 @@ _NEEDS = {  # what autotune would need for architectures MindFormers' configs na
     "Baichuan13BV2ForCausalLM": "ALiBi positions in place of rotary embeddings",
     "Baichuan13BForCausalLM": "ALiBi positions in place of rotary embeddings",
     "InternLMForCausalLM": "attention biases (has_bias)",
-    "DeepseekV2ForCausalLM": "mixture of experts and multi-latent attention",
-    "DeepseekV3ForCausalLM": "mixture of experts and multi-latent attention",
 }
 _HEADS = (
     "ForSequenceClassification",
@@ -142,26 +142,6 @@ def refuse(cfg) -> None:
             "trains Adam states for every weight; autotune would need frozen weights in its "
             "trial program and cost model",
         )
-    experts = [
-        (k, cfg.get(k))
-        for k in (
-            "moe_config.expert_num",
-            f"{MC}.num_experts",
-            f"{MC}.num_moe_experts",
-            f"{MC}.n_routed_experts",
-        )
-    ]
-    for key, value in experts:
-        if isinstance(value, int) and value > 1:
-            cfg.fail(
-                key,
-                f"{value} experts: a mixture of experts; autotune's llama family is dense, and "
-                "this model would need a family with experts and routing in the trial and the "
-                "cost model, and the expert-parallel knob",
-            )
-    for key in (f"{MC}.multi_latent_attention", f"{MC}.q_lora_rank", f"{MC}.kv_lora_rank"):
-        if cfg.get(key) not in (None, False):
-            cfg.fail(key, "multi-latent attention cannot be represented")
     if cfg.get("use_legacy", True) is not False:  # an mcore model's is its type's (mcore.complete)
         for key in (f"{MC}.qk_layernorm", f"{MC}.qk_norm", f"{MC}.use_qk_norm"):
             if cfg.get(key) is True:
@@ -170,12 +150,6 @@ def refuse(cfg) -> None:
                     "q/k layernorm: MindFormers' legacy LlamaForCausalLM builds none, so it "
                     "would be dropped; autotune reads it for the mcore Qwen3 (qk_norm)",
                 )
-    if cfg.get("parallel_config.context_parallel", 1) != 1:
-        cfg.fail(
-            "parallel_config.context_parallel",
-            f"{cfg.get('parallel_config.context_parallel')}:"
-            " context parallelism is not a knob autotune has (its devices have no layout)",
-        )
 
 
 def _head_width(cfg, r) -> None:
@@ -232,6 +206,8 @@ def read_model(cfg, r) -> None:
                 f"ffn_dim_multiplier {factor}",
             )
         )
+    ffn = next(v for k, v, _ in r.model if k == "ffn_hidden_size")
+    read_experts(cfg, r, legacy, arch, ffn)
     for name in ("seq_length", "vocab_size"):
         r.model.append((name, dims[name][1], cfg.label(dims[name][0])))
     param_key = f"{MC}.param_init_type" if legacy else f"{MC}.params_dtype"
@@ -256,9 +232,13 @@ def read_model(cfg, r) -> None:
 
 
 def _mcore_attention(cfg, r, hidden: int, heads: int) -> None:
-    """The mcore model's ``head_dim`` (written where it is not hidden / heads) and q/k norm."""
+    """The mcore model's ``head_dim`` (written where it is not hidden / heads; a type without
+    one has MindFormers' kv_channels default, hidden / heads) and q/k norm; latent attention
+    has neither (`autotune.spec.mindformers_experts`)."""
+    if cfg.get(f"{MC}.multi_latent_attention"):
+        return
     key = f"{MC}.head_dim"
-    width = cfg.number(key, minimum=1)
+    width = cfg.number(key, default=hidden // heads, minimum=1)
     if width * heads != hidden:
         r.model.append(("head_dim", width, cfg.label(key)))
     if cfg.get(f"{MC}.qk_layernorm") is True:
@@ -340,7 +320,10 @@ def _warn(cfg, r) -> None:
         )
     offset = cfg.get(f"{MC}.offset", 0)
     if offset not in (0, [], None) and any(flatten(offset)):
-        r.warnings.append(f"{MC}.offset: {offset}: layers are split evenly over the stages")
+        r.warnings.append(
+            f"{MC}.offset: {offset}: layers are split as evenly as they go over the stages "
+            "(the first ones one more)"
+        )
 
 
 def flatten(value) -> list:

@@ -41,10 +41,12 @@ if TYPE_CHECKING:
 def cpu_refusals(c: Candidate) -> list[str]:
     """Why MindFormers cannot run ``c`` on CPU (empty: it can)."""
     reasons = []
-    if c.tp > 1 or c.pp > 1:
+    if c.tp > 1 or c.pp > 1 or c.ep > 1 or c.cp > 1:
+        split = ", ".join(
+            f"{k} = {getattr(c, k)}" for k in ("tp", "pp", "ep", "cp") if getattr(c, k) > 1
+        )
         reasons.append(
-            f"tp = {c.tp}, pp = {c.pp} is semi-auto parallel, which MindSpore refuses "
-            "on CPU ('Invalid backend: CPU')"
+            f"{split} is semi-auto parallel, which MindSpore refuses on CPU ('Invalid backend: CPU')"
         )
     if c.parallel_optimizer:
         reasons.append(

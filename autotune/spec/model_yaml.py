@@ -24,6 +24,8 @@ from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
+from autotune.spec.model_experts import NONE as EXPERTS_NONE
+from autotune.spec.model_experts import parse_experts
 from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.programs import program_of, read_trial
 from autotune.spec.specs import (
@@ -178,6 +180,7 @@ LATER_MODEL_FIELDS = {
     "sequence_parallel": False,
     "embedding_parallel_optimizer": False,
     "recompute_layers": {},
+    **EXPERTS_NONE,
 }
 
 
@@ -197,8 +200,10 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")
     }
     attention = _parse_attention(s, family)
+    experts = parse_experts(s, family, dims["num_layers"])
     if (
         attention["head_dim"] is None
+        and experts["kv_lora_rank"] is None
         and dims["hidden_size"]
         and dims["num_heads"]
         and dims["hidden_size"] % dims["num_heads"]
@@ -250,6 +255,7 @@ def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         **attention,
         **precision,
         **mindformers,
+        **experts,
         tp_rules=tp_rules,
         extra=extra,
     )

@@ -114,16 +114,17 @@ class SearchSpace:
     def _resolve(self, values: dict) -> Candidate:
         values = dict(values)
         if values["dp"] == "auto":
-            values["dp"] = max(1, self.devices // (values["tp"] * values["pp"]))
+            values["dp"] = self._dp(values)
         for name in KNOB_NAMES:
             if not is_active(name, values["dp"], values["pp"]):
                 values[name] = KNOBS[name].default
         return Candidate(**values)
 
     def _dp(self, values: dict) -> int:
-        """dp of a candidate whose dp, tp and pp are drawn (``auto``: the devices left)."""
+        """dp of a candidate whose dp, tp, pp and cp are drawn (``auto``: the devices left)."""
         if values["dp"] == "auto":
-            return max(1, self.devices // (values["tp"] * values["pp"]))
+            split = values["tp"] * values["pp"] * values.get("cp", 1)
+            return max(1, self.devices // split)
         return values["dp"]
 
     @cached_property
@@ -139,10 +140,11 @@ class SearchSpace:
         after it (not sampled for this trial, or sampled as an exponent or index), for the
         caller to store as user attrs."""
         values, own = {}, set()
-        for name in KNOB_NAMES:
+        # the layout's knobs (auto dp reads cp) come before every knob that depends on them
+        first = ("dp", "tp", "pp", "cp")
+        for name in (*first, *(n for n in KNOB_NAMES if n not in first)):
             domain = self.domains[name]
-            # dp, tp and pp come before every knob that depends on them
-            active = name in ("dp", "tp", "pp") or is_active(name, self._dp(values), values["pp"])
+            active = name in first or is_active(name, self._dp(values), values["pp"])
             if len(domain) > 1 and active:
                 values[name] = self.params[name].suggest(trial)
                 if self.params[name].holds_value:
@@ -300,7 +302,7 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
         return
     base = space.baseline()
     where = f"{spec.source}: baseline"
-    if overridden & {"tp", "pp"}:
+    if overridden & {"tp", "pp", "cp"}:
         overridden.add("dp")  # dp follows the layout --set chose
     for name, value in spec.baseline.items():
         if name in overridden or not is_active(name, base.dp, base.pp):
@@ -308,7 +310,7 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
         held = space.domains[name]
         if name == "dp" and held == ("auto",):
             if value != base.dp:
-                raise SpecError(f"{where}.dp: {value} is not devices / (tp·pp) = {base.dp}")
+                raise SpecError(f"{where}.dp: {value} is not devices / (tp·pp·cp) = {base.dp}")
         elif value not in held:
             raise SpecError(
                 f"{where}.{name}: {value!r} is not in the search space "
@@ -321,9 +323,9 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
 
 def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
     """Fix the knobs the model gives nothing to choose (in ``domains``); returns the notes."""
-    notes = []
+    notes = _fix_expert_and_context(spec, domains)
     if spec.model.entry is not None:
-        for name in ("tp", "pp"):
+        for name in ("tp", "pp", "ep", "cp"):
             if domains[name] == (1,):
                 continue
             if 1 not in domains[name]:
@@ -345,6 +347,50 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
         notes.append(
             f"loss_scale: fixed to {domains['loss_scale'][0]}: {dtype} compute is not "
             "loss-scaled, so the value changes nothing"
+        )
+    return notes
+
+
+# The default space searches cp only where a device keeps at least this many tokens of a
+# sequence: context parallelism is MindFormers' answer to long sequences (its 32K and 128K
+# configs set it; its 4K and 8K ones keep 1). A space that lists cp itself is taken as it is.
+MIN_CP_TOKENS = 4096
+
+
+def _fix_expert_and_context(spec: Spec, domains: dict) -> list[str]:
+    """ep only on a model with experts and dividing them, cp only with flash attention and,
+    in the default space, on long sequences (:data:`MIN_CP_TOKENS`); the baseline's values
+    stay. Returns the notes: one per knob whose space is not the default one (the default
+    space's ep and cp go quietly where a model has no use for them)."""
+    m, notes = spec.model, []
+    keep = {name: spec.baseline.get(name) for name in ("ep", "cp")}
+    stated = {
+        name
+        for name in ("ep", "cp")
+        if spec.search.space.get(name, KNOBS[name].default_space) != KNOBS[name].default_space
+    }
+
+    def restrict(name: str, allowed, why: str) -> None:
+        kept = tuple(v for v in domains[name] if allowed(v) or v == keep[name])
+        dropped = [v for v in domains[name] if v not in kept]
+        if dropped and kept:
+            domains[name] = kept
+            if name in stated:
+                notes.append(f"{name}: {', '.join(map(str, dropped))} removed: {why}")
+
+    experts = m.num_experts or 0
+    if experts < 2:
+        restrict("ep", lambda v: v == 1, "the model has no experts")
+    else:
+        restrict("ep", lambda v: experts % v == 0, f"they do not divide its {experts} experts")
+    if not m.flash_attention:
+        restrict("cp", lambda v: v == 1, "context parallelism needs model.flash_attention")
+    elif "cp" not in stated and m.seq_length:
+        restrict(
+            "cp",
+            lambda v: v == 1 or m.seq_length // v >= MIN_CP_TOKENS,
+            f"a {m.seq_length}-token sequence split that far leaves a device under "
+            f"{MIN_CP_TOKENS} tokens (list other cp values in search.space to search them)",
         )
     return notes
 
@@ -380,9 +426,9 @@ def merge_warmups(spec: Spec, domains: dict) -> list[str]:
 def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
     """Drop the tp and pp values that no feasible candidate uses (the sampler could only have them
     recorded infeasible); returns the notes. SpecError when no candidate is feasible at all."""
-    structural = ("dp", "tp", "pp", "micro_batches", "grad_accum")
+    structural = ("dp", "tp", "pp", "cp", "ep", "micro_batches", "grad_accum")
     space = SearchSpace(domains, spec.cluster.devices)
-    used = {"tp": set(), "pp": set()}
+    used = {"tp": set(), "pp": set(), "cp": set(), "ep": set()}
     first_reasons = None
     for combo in itertools.product(*(domains[n] for n in structural)):
         values = {n: domains[n][0] for n in KNOB_NAMES} | dict(zip(structural, combo))
@@ -391,12 +437,17 @@ def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:
         if reasons:
             first_reasons = first_reasons or reasons
             continue
-        used["tp"].add(candidate.tp)
-        used["pp"].add(candidate.pp)
+        for name in used:
+            used[name].add(getattr(candidate, name))
     if not used["tp"]:
+        if spec.baseline:  # the user's own layout: what breaks it says most
+            preset = tuple(spec.baseline.items())
+            base = SearchSpace(domains, spec.cluster.devices, preset=preset).baseline()
+            first_reasons = violations(spec, base) or first_reasons
         raise SpecError(f"{source}: no feasible candidate in the space, e.g. {first_reasons[0]}")
     notes = []
-    for name in ("tp", "pp"):
+    for name in used:  # the baseline's own values stay: its check names what breaks
+        used[name].add(spec.baseline.get(name))
         dropped = [v for v in domains[name] if v not in used[name]]
         if dropped:
             domains[name] = tuple(v for v in domains[name] if v in used[name])

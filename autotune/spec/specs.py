@@ -44,6 +44,26 @@ class ModelSpec:
     sequence_parallel: bool = False
     embedding_parallel_optimizer: bool = False
     recompute_layers: dict = field(default_factory=dict)
+    # llama: experts, latent attention and multi-token prediction (`autotune.families.moe`;
+    # MindFormers' Qwen3-MoE and DeepSeek-V3); None / 0 where the model has none
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    shared_ffn_hidden_size: int | None = None
+    dense_layers: int = 0
+    moe_capacity_factor: float | None = None
+    experts_tensor_parallel: bool = False  # each expert split over tp too (legacy MindFormers)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    mtp_layers: int = 0
+    # how the run computes and communicates (`autotune.families.moe`): the cost model's only
+    fp8_linear: bool = False
+    moe_comm_overlap: bool = False
+    moe_node_limit: int | None = None
+    pipeline_schedule: str | None = None  # None: 1F1B; "dualpipe" (`autotune.costmodel.schedules`)
     tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 

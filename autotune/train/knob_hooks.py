@@ -70,5 +70,15 @@ for _name, _where, _why in (
         "autotune.train.step.engine:build_engine",
         "the optimizer's shards and the step's gathers",
     ),
+    (
+        "ep",
+        "autotune.train.program:check_config",
+        "refused above 1 until the trainer splits experts (the layout would)",
+    ),
+    (
+        "cp",
+        "autotune.train.program:check_config",
+        "refused above 1 until the trainer splits sequences (the layout would)",
+    ),
 ):
     APPLIES.in_place(_name, _where, _why)

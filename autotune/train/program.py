@@ -126,6 +126,12 @@ def check_config(cfg: dict) -> None:
             f"model.dtype: {dtype!r} does not run on backend {backend!r} "
             f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})"
         )
+    for name, what in (("ep", "expert"), ("cp", "context")):
+        if knobs.get(name, 1) > 1:  # until the trainer splits experts and sequences
+            raise ConfigError(
+                f"knobs.{name}: {knobs[name]}: the trial program runs no {what} parallelism "
+                "yet; study it on cluster.backend simulate"
+            )
     if (knobs["tp"] > 1 or knobs["pp"] > 1) and model.get("entry"):
         raise ConfigError("knobs.tp/pp: a model.entry network runs with tp = pp = 1")
     if model.get("entry") is None:

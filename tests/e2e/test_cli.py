@@ -70,6 +70,8 @@ def test_estimate_fills_the_knobs_not_set_with_the_studys_baseline(capsys):
         "jit_level": "O1",
         "recompute": "none",
         "parallel_optimizer": False,
+        "ep": 1,
+        "cp": 1,
     }
     baseline = build_space(load_spec(LLAMA), {"tp": 8}).baseline()
     assert out["candidate"] == baseline.as_dict()

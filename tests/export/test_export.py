@@ -346,7 +346,7 @@ def test_configs_mindspore_cannot_run_are_refused(tmp_path, knobs, message):
             6,
             "tp = 3 does not divide embed.tok.embedding_table dim 0 (32)",
         ),
-        (H, dict(dp=1, tp=2, pp=4), 8, "pp = 4 does not divide the model's 2 layers"),
+        (H, dict(dp=1, tp=2, pp=4), 8, "pp = 4 exceeds the model's 2 layers"),
     ],
 )
 def test_invalid_layout_raises_and_writes_nothing(tmp_path, hidden, knobs, devices, message):

@@ -103,3 +103,29 @@ def test_each_rank_owns_its_rows_in_mindspore_rank_order():
         slice(384, 512),
     ]
     assert whole.rank_shape(2) == (128, 128)
+
+
+def test_a_pipeline_that_does_not_divide_the_layers_gives_its_first_stages_one_more():
+    """DeepSeek-V3's 61 layers on 16 stages: 13 stages of 4, 3 of 3 — the split the trainer
+    builds, the export writes (MindFormers' offsets) and the cost model prices."""
+    from autotune.families.layers import stage_layers, stage_of, stage_offsets, stage_sizes
+
+    sizes = stage_sizes(61, 16)
+    assert sizes == [4] * 13 + [3] * 3 and sum(sizes) == 61
+    assert stage_offsets(61, 16) == [1] * 13 + [0] * 3 and stage_offsets(48, 4) == 0
+    covered = [i for s in range(16) for i in stage_layers(61, 16, s)]
+    assert covered == list(range(61))
+    assert all(stage_of(61, 16, i) == s for s in range(16) for i in stage_layers(61, 16, s))
+    model = {
+        "family": "transformer",
+        "num_layers": 5,
+        "hidden_size": 8,
+        "num_heads": 2,
+        "ffn_hidden_size": 32,
+        "seq_length": 4,
+        "vocab_size": 16,
+    }
+    layouts, reasons = builtin_layout(model, tp=1, pp=2)
+    assert not reasons
+    assert [layouts[f"blocks.{i}.ln1.gamma"].stage for i in range(5)] == [0, 0, 0, 1, 1]
+    assert builtin_layout(model, tp=1, pp=6)[1] == ["pp = 6 exceeds the model's 5 layers"]

@@ -143,11 +143,16 @@ def test_a_repeated_key_keeps_its_last_value_with_a_warning(tmp_path, capsys):
             "model:\n  model_config:\n    model_type: qwen3\n",
             "config.json is not there and model.model_config does not state num_hidden_layers",
         ),
-        (QWEN3_MOE, "", "model.model_config.num_experts: 128 experts: a mixture of experts"),
+        (
+            QWEN3_MOE,
+            "model:\n  model_config:\n    moe_layer_freq: 2\n",
+            "model.model_config.moe_layer_freq: 2: an MoE layer every 2 layers",
+        ),
         (
             QWEN3_32B,
             "model:\n  model_config:\n    model_type: qwen2\n",
-            "model_type: 'qwen2': autotune's llama family represents the mcore models qwen3; "
+            "model_type: 'qwen2': autotune's llama family represents the mcore models qwen3, "
+            "qwen3_moe, deepseek_v3; "
             "MindFormers' mcore Qwen2 does not train",
         ),
         (

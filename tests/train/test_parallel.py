@@ -458,3 +458,15 @@ def test_parallel_optimizer_equals_unsharded_with_tensor_and_pipeline_parallelis
     )
     assert len(set(off)) == 3  # the weights moved every step
     np.testing.assert_allclose(on, off, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_uneven_pipeline_trains_to_the_losses_of_one_process(tmp_path):
+    """3 layers on 2 stages (the first stage one more: `autotune.families.layers.stage_layers`),
+    as DeepSeek-V3's 61 layers are split on any pipeline: the same losses as one process."""
+    model = LLAMA | {"num_layers": 3}
+    one = dict(dp=1, tp=1, pp=1, grad_accum=2)
+    reference = _launch(tmp_path / "one", one, base=model)[0]
+    losses, ranks = _launch(tmp_path / "pp2", dict(dp=1, tp=1, pp=2, micro_batches=2), base=model)
+    np.testing.assert_allclose(losses, reference, rtol=1e-4)
+    assert [r["stage"] for r in ranks] == [0, 1]

@@ -44,6 +44,13 @@ COLOURS = {
     "dp_comm": "#55a868",
     "optimizer": "#da8bc3",
     "host": "#8c8c8c",
+    "experts": "#64b5cd",
+    "imbalance": "#ccb974",
+    "mla": "#4c4c9c",
+    "mtp": "#9c9c4c",
+    "ep_comm": "#e08a3c",
+    "ep_comm_inter": "#a0522d",
+    "cp_comm": "#2e8b57",
 }
 
 

@@ -47,6 +47,7 @@ from mindspore.ops.operations._inner_ops import SiLU  # the primitive MindFormer
 
 from autotune.families.layers import layer_recompute, stage_layers
 from autotune.families.llama import head_dim, kv_heads
+from autotune.train.config import ConfigError
 from autotune.train.models.fused import FusedCore
 from autotune.train.models.registry import network
 from autotune.train.parallel.groups import CopyToGroup, Placement
@@ -58,6 +59,8 @@ from autotune.train.parallel.tp_layers import (
 )
 
 RMS_EPS = 1e-5
+# the llama options (`autotune.families.moe`) this network does not build yet
+UNBUILT = ("num_experts", "kv_lora_rank", "mtp_layers", "fp8_linear")
 ROPE_THETA = 10000.0
 
 
@@ -297,6 +300,13 @@ class Llama(nn.Cell):
 
     def __init__(self, cfg: dict, p: Placement):
         super().__init__()
+        for key in UNBUILT:
+            if cfg.get(key):
+                raise ConfigError(
+                    f"model.{key}: {cfg[key]}: the trial program builds no experts, latent "
+                    "attention, MTP modules or FP8 GEMMs yet; study this model on "
+                    "cluster.backend simulate"
+                )
         self.last = p.last
         self.recompute_marks = cfg.get("recompute_layers") or {}
         self.model = Backbone(cfg, p)
