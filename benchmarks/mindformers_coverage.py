@@ -34,11 +34,14 @@ from autotune.spec.mindformers_file import load_config  # noqa: E402
 
 HF = ROOT / "tests" / "fixtures" / "huggingface"
 # the Hugging Face folder a placeholder pretrained_model_dir stands for: the one it names, or the
-# dense model a template is for (Qwen3-8B, MindFormers' dense mcore model that trains)
+# model a template is for (Qwen3-8B, MindFormers' dense mcore model that trains; Qwen3-30B-A3B,
+# its mixture of experts: configs/qwen3_moe)
 FOLDERS = {
     "configs/qwen3/finetune_qwen3.yaml": "Qwen3-32B",
     "configs/general/llm_finetune_dense_template.yaml": "Qwen3-8B",
     "configs/general/llm_pretrain_dense_template.yaml": "Qwen3-8B",
+    "configs/general/llm_finetune_moe_template.yaml": "Qwen3-30B-A3B",
+    "configs/general/llm_pretrain_moe_template.yaml": "Qwen3-30B-A3B",
 }
 TRAINING = ("train", "finetune")
 

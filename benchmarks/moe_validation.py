@@ -18,7 +18,10 @@ Sources:
          (§3.1, §3.2.2); pipeline 16, expert parallelism 64 over 8 nodes, ZeRO-1 data
          parallelism, no tensor parallelism (§3.2); sequence 4,096, batch 15,360 after a ramp
          over the first 469 B tokens (§4.2); recompute of RMSNorm and MLA up-projections
-         (§3.2.3); FP8 GEMMs (§3.3).
+         (§3.2.3); FP8 GEMMs (§3.3); DualPipe overlapping the all-to-alls with computation
+         (§3.2.1; its bubble and memory: Table 2); each token sent to at most 4 nodes (§3.2.2; its config.json: topk_group 4 of
+         n_group 8, one group per node at ep 64); AdamW's moments in BF16 (§3.3.3). The micro-
+         batch count is not published: 120 of one sample each (15,360 / dp 128).
   MF-MX  MindFormers r1.2.0 research/mixtral/mixtral.md, "模型性能": Mixtral-8x7B fine-tuning
          on Atlas 900 A2 PoDc, sequence 4,096: 1,678 tokens/s/p; its config
          finetune_mixtral-8x7b.yaml (dp 8, pp 2, ep 8, 16 micro-batches, full recompute).
@@ -26,12 +29,18 @@ Sources:
          aeeeeeep/ModelLink at 0fd82fb8), "Throughput": Mixtral-8x7B pre-training on 16 Ascend
          NPUs, ep 2, pp 8: 1,053.63 tokens/s/p, 31.13 s per step; its script
          pretrain_mixtral_8x7b_ptd.sh (at 31017915): tp 1, sequence 4,096, micro-batch 1,
-         global batch 128, capacity factor 1.1, full recompute, sequence parallelism, bf16.
+         global batch 128, capacity factor 1.1, full recompute, sequence parallelism, bf16;
+         no --moe-token-dispatcher-type (Megatron's default of the time, allgather), no
+         --moe-grouped-gemm, and ASCEND_LAUNCH_BLOCKING=1 (synchronous kernel launches).
   MF-DS2 MindFormers r1.3.0 research/deepseek2/deepseek2.md, "模型性能": DeepSeek-V2 236B
          fine-tuning on Atlas 900 A2 PoDc, sequence 4,096: 36 tokens/s/p; its config
          finetune_deepseek2_236B.yaml (dp 4, mp 8, pp 2, ep 4, capacity factor 2.0, 20
-         micro-batches, full recompute) — read with use_seq_parallel on: MindFormers 1.9 refuses
-         MoE with tensor parallelism without it (tools/check_rules.py), r1.3.0 ran it off.
+         micro-batches, full recompute, use_seq_parallel False) — init reads it with
+         use_seq_parallel on (MindFormers 1.9 refuses MoE with tensor parallelism without it:
+         tools/check_rules.py), and the row is priced as r1.3.0 ran it, sequence parallelism
+         off: its legacy MoE then dispatches each dp share whole from every tp rank, to ep peers
+         tp ranks apart (autotune/costmodel/moe_time.py). The card's figure is per device
+         (64 NPUs: 36 × 64 = 2,304 tokens/s, 142 s per step of 80 × 4,096 tokens).
 """
 
 from __future__ import annotations
@@ -71,6 +80,13 @@ DEEPSEEK_V3 = {
     "mtp_layers": 1,
     "dtype": "bfloat16",
     "flash_attention": True,
+    # how the report's run computes (its §3.2-3.3): FP8 GEMMs, DualPipe and its overlap of the
+    # all-to-alls, tokens sent to at most 4 nodes, AdamW's moments in BF16
+    "fp8_linear": True,
+    "pipeline_schedule": "dualpipe",
+    "moe_comm_overlap": True,
+    "moe_node_limit": 4,
+    "optimizer_dtype": "bfloat16",
 }
 MIXTRAL = {
     "family": "llama",
@@ -123,17 +139,21 @@ def _candidate(dp, pp, ep, micro_batches, recompute, tp=1, parallel_optimizer=Fa
     )
 
 
-def _mindformers(config: str, layered: str = ""):
-    """(spec, baseline) of a published MindFormers config as init reads it (simulate)."""
+def _mindformers(config: str, layered: str = "", ran: dict | None = None):
+    """(spec, baseline) of a published MindFormers config as init reads it (simulate). ``layered``
+    is a config over the published one (through base_config) that init needs to accept it;
+    ``ran`` the model.yaml fields of the run as its release ran it, priced in their place."""
     out = CONFIGS / "model.yaml"  # never written: only names the file for errors
     with tempfile.TemporaryDirectory() as folder:
         path = CONFIGS / config
-        if layered:  # a config over the published one through base_config
+        if layered:
             path = Path(folder) / config
             path.write_text(f"base_config: {CONFIGS / config}\n{layered}")
         text, _ = init_text(path, out, backend="simulate", total_steps=1000)
-    spec = parse_spec(yaml.safe_load(text), out)
-    return spec, build_space(spec).baseline()
+    data = yaml.safe_load(text)
+    baseline = build_space(parse_spec(data, out)).baseline()
+    data["model"].update(ran or {})
+    return parse_spec(data, out), baseline
 
 
 def rows() -> list[dict]:
@@ -146,13 +166,15 @@ def rows() -> list[dict]:
             "DeepSeek-V3 671B",
             lambda: (
                 _spec(DEEPSEEK_V3, 15360, 2048, "h800"),
-                _candidate(128, 16, 64, 120, "selective"),
+                # ZeRO-1 over dp: Megatron's distributed optimizer
+                _candidate(128, 16, 64, 120, "selective", parallel_optimizer=True),
             ),
             "megatron",
             14.8e12 / (2.664e6 * 3600),
             80.0,
-            "FP8 GEMMs (priced bf16); DualPipe's all-to-all overlap (priced exposed); "
-            "node-limited, per-node deduplicated FP8 dispatch (priced k bf16 copies)",
+            "the report's recompute of RMSNorm and MLA's up-projections (priced as MindFormers' "
+            "selective patterns) and its other FP8-cached activations; which layers each stage "
+            "runs (not published; priced 13 × 4 then 3 × 3); FP32 gradients (priced BF16)",
         ),
         (
             "MF-MX",
@@ -173,23 +195,31 @@ def rows() -> list[dict]:
             "megatron",
             1053.63,
             64.0,
-            "",
+            "ASCEND_LAUNCH_BLOCKING=1 (each kernel launch waits for the last); Megatron's "
+            "default allgather token dispatcher (priced as the all-to-all); experts one after "
+            "another (no --moe-grouped-gemm; priced as dense GEMMs)",
         ),
         (
             "MF-DS2",
             "DeepSeek-V2 236B",
+            # MindFormers 1.9 refuses MoE with tp and no sequence parallelism (init with it
+            # on); r1.3.0 ran it off, and is priced so
             lambda: _mindformers(
-                "finetune_deepseek2_236B.yaml", "parallel_config:\n  use_seq_parallel: True\n"
+                "finetune_deepseek2_236B.yaml",
+                "parallel_config:\n  use_seq_parallel: True\n",
+                {"sequence_parallel": False},
             ),
             "mindspore",
             36,
             None,
-            "",
+            "parallel_optimizer_comm_recompute (parameters gathered again for the backward); "
+            "gradient_aggregation_group 4; legacy MoE's activations priced split over tp",
         ),
     ]
     for source, label, build, engine, reported, cap, missing in runs:
         spec, c = build()
-        est = estimate(spec, c, engine=engine)
+        # a published run is priced as it ran, also where today's MindFormers would refuse it
+        est = estimate(spec, c, engine=engine, refuse=False)
         tokens = est.samples_per_s * spec.model.seq_length / c.devices
         cap = cap if cap is not None else spec.cluster.max_device_memory_gb
         fits = est.memory_gb_per_device <= cap

@@ -14,7 +14,8 @@ API (what the search loop and the CLI call):
 - ``Calibration.from_pairs([(estimate, peak_memory_mb, step_time_ms), ...])`` — per-study
   multiplicative corrections from measured trials; ``as_dict()`` / ``from_dict()``.
 
-Modules: ``workload`` (per-sample FLOPs, activations, messages of a model family),
+Modules: ``workload`` (per-sample FLOPs, activations, messages of a model family), ``collectives``
+(the α–β prices), ``moe_time`` (experts, MLA, MTP, ep and cp),
 ``profiles`` (devices), ``memory`` and ``timing`` (the physics), ``calibration``, ``estimate``.
 """
 

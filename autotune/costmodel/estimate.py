@@ -3,9 +3,11 @@
 
 Contract:
 
-- ``estimate(spec, candidate, calibration=None, engine=None) -> Estimate`` never runs
-  anything. It is infeasible (``feasible=False``, ``reason`` says why) when the candidate breaks
-  a hard constraint (:func:`autotune.spec.constraints.violations`, the layout's included; numbers NaN),
+- ``estimate(spec, candidate, calibration=None, engine=None, refuse=True) -> Estimate`` never
+  runs anything. It is infeasible (``feasible=False``, ``reason`` says why) when the candidate
+  breaks a hard constraint (:func:`autotune.spec.constraints.violations`, the layout's included;
+  numbers NaN; ``refuse=False`` prices it anyway: a published run of a release that accepted
+  what today's MindFormers refuses, as ``benchmarks/moe_validation.py`` prices one),
   asks for ``O2`` on a device that is not Ascend, or needs more than ``device memory ×
   SAFETY_MARGIN`` per device — or than ``cluster.max_device_memory_gb`` where given (MindSpore's
   ``max_device_memory``, a cap already: no margin on top) — (the reason carries the predicted
@@ -32,7 +34,9 @@ Contract:
   step_time_s, samples_per_s, tflops_per_device, mfu, breakdown, not_modelled``; NaN becomes
   ``None`` so the dict is strict JSON. ``not_modelled`` lists, one sentence each, what the
   model.yaml says of the run that this engine does not price (:func:`not_modelled`: sequence
-  parallelism and the norms' communication recompute outside ``"mindspore"``). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
+  parallelism and the norms' communication recompute outside ``"mindspore"``; FP8 linear
+  layers under the trainer or on a device without FP8; the expert all-to-alls' overlap under
+  the trainer). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
   experts, imbalance, mla, mtp, ep_comm, ep_comm_inter, cp_comm, dp_comm, bubble, optimizer,
   host}, "memory_gb": {params, grads, accumulators, optimizer_states, activations,
   overhead}}`` for the device with the most memory (the parts sum to the totals; the parts of
@@ -51,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autotune.costmodel import schedules
 from autotune.costmodel.calibration import Calibration
 from autotune.costmodel.knob_pricing import PRICES
 from autotune.costmodel.memory import memory_per_stage, rank_params
@@ -141,10 +146,19 @@ def _unknown(feasible: bool, reason: str) -> Estimate:
     return Estimate(feasible, reason, NAN, NAN, NAN, NAN, NAN, {})
 
 
-def not_modelled(model, engine: str) -> tuple[str, ...]:
-    """What ``model`` (a spec's ``model`` section) says of the run that ``engine`` does not
-    price, one sentence each."""
+def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
+    """What ``model`` (a spec's ``model`` section) says of the run that ``engine`` (on device
+    ``profile``) does not price, one sentence each."""
     notes = []
+    if model.fp8_linear and (engine == "trainer" or profile and profile.peak_tflops_fp8 <= 0):
+        where = "autotune's trainer" if engine == "trainer" else f"device {profile.name}"
+        notes.append(f"model.fp8_linear: {where} has no FP8 GEMMs; priced in the compute dtype")
+    if model.pipeline_schedule == "dualpipe" and engine != "megatron":
+        notes.append(
+            f"model.pipeline_schedule: the {engine} engine runs no DualPipe; priced as 1F1B"
+        )
+    if model.moe_comm_overlap and engine == "trainer":
+        notes.append("model.moe_comm_overlap: autotune's trainer does not overlap; priced exposed")
     if model.sequence_parallel and engine != "mindspore":
         notes.append(
             f"model.sequence_parallel: MindSpore's sequence parallelism is not what the "
@@ -159,6 +173,14 @@ def not_modelled(model, engine: str) -> tuple[str, ...]:
             "priced"
         )
     return tuple(notes)
+
+
+def _rank_params(work, c, engine: str) -> int:
+    """Parameters of the device with the most: one stage's, or under DualPipe its two."""
+    per_stage = rank_params(work, c.tp, c.pp, c.ep)
+    if schedules.dualpipe(work, c, engine):
+        return max(per_stage[r] + per_stage[-1 - r] for r in range(c.pp // 2))
+    return max(per_stage)
 
 
 def default_engine(spec) -> str:
@@ -177,14 +199,18 @@ def default_engine(spec) -> str:
 
 
 def estimate(
-    spec, candidate, calibration: Calibration | None = None, engine: str | None = None
+    spec,
+    candidate,
+    calibration: Calibration | None = None,
+    engine: str | None = None,
+    refuse: bool = True,
 ) -> Estimate:
     """The verdict on ``candidate`` for ``spec`` (see the module doc)."""
     engine = engine or default_engine(spec)
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     profile = resolve_profile(spec.cluster)
-    broken = violations(spec, candidate)
+    broken = violations(spec, candidate) if refuse else []
     if broken:
         return _unknown(False, "; ".join(broken))
     if candidate.jit_level == "O2" and not backend_of(profile.kind).graph_engine:
@@ -227,7 +253,7 @@ def estimate(
         micro_batch,
         n_micro,
         dtype,
-        max(rank_params(work, candidate.tp, candidate.pp)),
+        _rank_params(work, candidate, engine),
         engine,
         model.param_dtype,
     )
@@ -257,7 +283,7 @@ def estimate(
         tflops_per_device=flops["executed"] / devices / seconds / 1e12,
         mfu=flops["model"] / devices / seconds / profile.peak(dtype),
         breakdown={"time_s": times, "memory_gb": memory},
-        not_modelled=not_modelled(spec.model, engine),
+        not_modelled=not_modelled(spec.model, engine, profile),
         calibration=calibration,
     )
 

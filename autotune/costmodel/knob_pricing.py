@@ -33,7 +33,7 @@ for _name, _where, _why in (
     ),
     (
         "fusion_mb",
-        "autotune.costmodel.step_time:_dp_exposed",
+        "autotune.costmodel.collectives:dp_exposed",
         "the bucket size sets how much of the data-parallel all-reduce overlaps the backward",
     ),
     (

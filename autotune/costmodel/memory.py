@@ -26,7 +26,10 @@ Model (sources in the docstrings below and in ``workload.py``):
   accumulator per parameter, in ``param_dtype``.
   Megatron-LM in 16-bit mixed precision keeps what Rajbhandari et al. 2020 ("ZeRO", §3.1)
   count: 16-bit parameters and gradients (accumulated in place) and fp32 master weights,
-  momentum and variance = 2 + 2 + 12.
+  momentum and variance = 2 + 2 + 12 (the moments in ``optimizer_dtype``: DeepSeek-V3 keeps
+  them in BF16, 2 + 2 + 8); its distributed optimizer (``--use-distributed-optimizer``, ZeRO-1;
+  the ``parallel_optimizer`` knob) shards the master weights and moments as
+  :func:`optimizer_elements` shards MindSpore's, parameters and gradients whole.
   MindSpore's pipeline and gradient accumulation (``"mindspore"``: MindFormers'
   ``MFPipelineWithLossScaleCell`` clones every weight into ``accu_grads``, and MindSpore's
   micro-step operators add each micro-batch's gradient into them in the backward graph) keep the
@@ -79,6 +82,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from autotune.costmodel import schedules
 from autotune.families.workload import Workload
 from autotune.layout import (
     DTYPE_BYTES,
@@ -107,9 +111,10 @@ def state_bytes(
     optimizer_dtype: str = "float32",
 ) -> dict:
     """Bytes per local parameter of each model-state part (see the module doc)."""
-    if engine == "megatron":
+    if engine == "megatron":  # float32 master weights beside the moments when 16-bit
+        moments = 2 * DTYPE_BYTES[optimizer_dtype]
         half = dtype != "float32"
-        return dict(zip(STATE_PARTS, (2, 2, 0, 12) if half else (4, 4, 0, 8)))
+        return dict(zip(STATE_PARTS, (2, 2, 0, 4 + moments) if half else (4, 4, 0, moments)))
     param = DTYPE_BYTES[param_dtype]
     accumulates = n_micro > 1
     # MindSpore adds each micro-batch's gradient into its accumulators: no separate gradients
@@ -144,9 +149,29 @@ def rank_params(work: Workload, tp: int, pp: int, ep: int = 1) -> tuple[int, ...
     return tuple(rank_elements(layouts, tp, stage, ep) for stage in range(pp))
 
 
+@lru_cache(maxsize=1024)
+def rank_expert_params(work: Workload, tp: int, pp: int, ep: int) -> tuple[int, ...]:
+    """Of :func:`rank_params`: the routed experts' elements one device of each stage holds."""
+    layouts, _ = builtin_layout(work.layout_config(), tp, pp, ep)
+    return tuple(
+        sum(
+            math.prod(p.local_shape(tp, ep))
+            for p in layouts.values()
+            if p.ep_split and p.stage == s
+        )
+        for s in range(pp)
+    )
+
+
 def shards_optimizer(candidate, engine: str) -> bool:
     """Whether the parallel optimizer changes what ``engine`` runs for ``candidate``."""
     return engine != "megatron" and candidate.parallel_optimizer and candidate.dp > 1
+
+
+def distributes_optimizer(candidate, engine: str) -> bool:
+    """Whether Megatron's distributed optimizer (``--use-distributed-optimizer``, ZeRO-1: the
+    parallel_optimizer knob under ``"megatron"``) shards ``candidate``'s optimizer states."""
+    return engine == "megatron" and candidate.parallel_optimizer and candidate.dp > 1
 
 
 @lru_cache(maxsize=1024)
@@ -183,14 +208,23 @@ def optimizer_elements(
 
 
 def stage_activations(
-    work: Workload, candidate, stage: int, micro_batch: int, n_micro: int, dtype: str, engine: str
+    work: Workload,
+    candidate,
+    stage: int,
+    micro_batch: int,
+    n_micro: int,
+    dtype: str,
+    engine: str,
+    in_flight: float | None = None,
 ) -> float:
     """Activation bytes one device of ``stage`` holds at its peak (see the module doc);
-    ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step."""
+    ``micro_batch`` samples per micro-batch, ``n_micro`` micro-batches per step, ``in_flight``
+    of them kept (None: 1F1B's)."""
     tp, pp = candidate.tp, candidate.pp
     nbytes = DTYPE_BYTES[dtype]
     modes = work.stage_modes(candidate.recompute, pp, stage)
-    in_flight = max(1, min(pp - stage, n_micro))
+    if in_flight is None:
+        in_flight = max(1, min(pp - stage, n_micro))
     first, last = stage == 0, stage == pp - 1
     one = micro_batch * sum(
         layers * work.layer_activations(tp, mode, nbytes, comm) for (mode, comm), layers in modes
@@ -227,11 +261,13 @@ def memory_per_stage(
     param_dtype: str = "float32",
     optimizer_dtype: str = "float32",
 ) -> list[dict]:
-    """One breakdown dict (GiB by part) per pipeline stage."""
+    """One breakdown dict (GiB by part) per pipeline stage — under DualPipe per rank, each
+    holding two stages (`autotune.costmodel.schedules`)."""
     params_per_stage = rank_params(work, candidate.tp, candidate.pp, candidate.ep)
+    dual = schedules.dualpipe(work, candidate, engine)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     sharded = None
-    if shards_optimizer(candidate, engine):
+    if shards_optimizer(candidate, engine) or distributes_optimizer(candidate, engine):
         sharded = optimizer_elements(
             work, candidate.dp, candidate.tp, candidate.pp, per_param["params"], candidate.ep
         )
@@ -246,10 +282,11 @@ def memory_per_stage(
         parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
         if sharded is not None:
             owned, shard_rows, on_dp, on_stage = sharded[stage]
+            # Megatron's distributed optimizer (ZeRO-1) shards these states only
             parts["optimizer_states"] = owned * per_param["optimizer_states"] / GIB
             if engine == "trainer":  # the shard copies the trainer's optimizer updates
                 parts["params"] += shard_rows * per_param["params"] / GIB
-            else:  # MindSpore keeps the owned rows, and the gathered copy until the backward
+            elif engine == "mindspore":  # the owned rows, and the gathered copy until backward
                 unowned = on_dp + on_stage - shard_rows
                 parts["params"] += (
                     (on_dp + on_stage) * gathered_bytes(dtype, param_dtype)
@@ -259,9 +296,14 @@ def memory_per_stage(
                 # are all-reduced into a buffer of their own
                 whole_grads = params - (on_dp + on_stage)
                 parts["grads"] = (shard_rows + whole_grads) * DTYPE_BYTES[param_dtype] / GIB
+        kept = schedules.in_flight(candidate.pp) if dual else None
         parts["activations"] = (
-            stage_activations(work, candidate, stage, micro_batch, n_micro, dtype, engine) / GIB
+            stage_activations(work, candidate, stage, micro_batch, n_micro, dtype, engine, kept)
+            / GIB
         )
         parts["overhead"] = framework_gb + fusion / GIB
         stages.append(parts)
+    if dual:
+        pp = candidate.pp
+        return [schedules.rank_memory(stages[r], stages[pp - 1 - r]) for r in range(pp // 2)]
     return stages

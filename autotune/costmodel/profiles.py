@@ -59,6 +59,9 @@ class DeviceProfile:
     # two devices. A group of n devices of a node then has n − 1 links each: min(intra_node_gbps,
     # (n − 1) × mesh_link_gbps). 0: a switch (NVLink/NVSwitch), every group at intra_node_gbps.
     mesh_link_gbps: float = 0.0
+    # Dense FP8 matrix peak (TFLOP/s) where the device has FP8 tensor cores (Hopper); 0: none,
+    # and a model's ``fp8_linear`` is priced in its compute dtype (the estimate says so).
+    peak_tflops_fp8: float = 0.0
     # Why this profile's numbers should be calibrated on a few real trials before its estimates
     # rank anything ("" when none); `autotune estimate` prints it.
     caveat: str = field(default="", compare=False)
@@ -142,20 +145,51 @@ PROFILES: dict[str, DeviceProfile] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16/FP16 1,979 TFLOPS with sparsity →
     # 989 dense, FP32 67, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction).
     # NVIDIA DGX H100: 8× 400 Gb/s NDR InfiniBand (ConnectX-7), one per GPU → 50 GB/s.
+    # FP8: 3,958 TFLOPS with sparsity → 1,979 dense (H100, H200 and H800 alike).
     "h100-80g": DeviceProfile(
-        "h100-80g", "gpu", 80.0, 989.0, 67.0, 3350.0, 450.0, 50.0, **_ACCEL, caveat=_HOPPER
+        "h100-80g",
+        "gpu",
+        80.0,
+        989.0,
+        67.0,
+        3350.0,
+        450.0,
+        50.0,
+        **_ACCEL,
+        peak_tflops_fp8=1979.0,
+        caveat=_HOPPER,
     ),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e at 4.8 TB/s, same compute as
     # H100 SXM (989 dense FP16/BF16, 67 FP32), NVLink 900 GB/s; DGX H200: 400 Gb/s per GPU.
     "h200": DeviceProfile(
-        "h200", "gpu", 141.0, 989.0, 67.0, 4800.0, 450.0, 50.0, **_ACCEL, caveat=_HOPPER
+        "h200",
+        "gpu",
+        141.0,
+        989.0,
+        67.0,
+        4800.0,
+        450.0,
+        50.0,
+        **_ACCEL,
+        peak_tflops_fp8=1979.0,
+        caveat=_HOPPER,
     ),
     # NVIDIA H800 SXM5 (the H100 SXM5's compute and HBM3 for the Chinese market): 989 dense
     # BF16/FP16 TFLOPS, 80 GB at 3.35 TB/s, NVLink cut to 400 GB/s (200 per direction: at the
     # 0.8 link efficiency the 160 GB/s DeepSeek-V3's report, §3.2.2, measures). Its cluster: 8
     # GPUs per node, one 400 Gb/s InfiniBand NIC each → 50 GB/s (the report's "IB (50 GB/s)").
     "h800": DeviceProfile(
-        "h800", "gpu", 80.0, 989.0, 67.0, 3350.0, 200.0, 50.0, **_ACCEL, caveat=_HOPPER
+        "h800",
+        "gpu",
+        80.0,
+        989.0,
+        67.0,
+        3350.0,
+        200.0,
+        50.0,
+        **_ACCEL,
+        peak_tflops_fp8=1979.0,
+        caveat=_HOPPER,
     ),
     # Huawei Ascend 910B (Atlas 800T A2 server, 8 NPUs). Huawei publishes no full per-chip
     # datasheet; public figures: ≈313 TFLOPS FP16/BF16 (variants quoted 280–376), 64 GB HBM2e at
@@ -251,7 +285,10 @@ CPU_BASE = DeviceProfile(
 )
 
 _NUMERIC = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("name", "kind", "caveat"))
-_OPTIONAL = ("mesh_link_gbps",)  # a whole profile given as numbers may leave these out
+_OPTIONAL = (
+    "mesh_link_gbps",
+    "peak_tflops_fp8",
+)  # a whole profile given as numbers may leave these out
 _MAY_BE_ZERO = (
     "collective_latency_us",
     "hop_latency_us",
@@ -259,6 +296,7 @@ _MAY_BE_ZERO = (
     "step_overhead_ms",
     "comm_overlap",
     "mesh_link_gbps",
+    "peak_tflops_fp8",
 )
 
 

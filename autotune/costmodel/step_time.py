@@ -84,15 +84,22 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from autotune.costmodel import schedules
+from autotune.costmodel.collectives import allgather_time, allreduce_time, dp_exposed
 from autotune.costmodel.memory import (
-    FUSION_FILL,
-    MIB,
+    distributes_optimizer,
     gathered_bytes,
     gradient_bytes,
     optimizer_elements,
     shards_optimizer,
 )
-from autotune.costmodel.moe_time import MOE_PARTS, moe_parts
+from autotune.costmodel.moe_time import (
+    MOE_PARTS,
+    expert_replicas,
+    fp8_saving,
+    moe_parts,
+    overlap,
+)
 from autotune.costmodel.profiles import DeviceProfile
 from autotune.families.layers import stage_layers
 from autotune.families.workload import Workload
@@ -102,14 +109,6 @@ OPTIMIZER_BYTES_PER_PARAM = 32  # read + write of the 16 bytes/param of Adam sta
 __all__ = ["MOE_PARTS", "allgather_time", "allreduce_time", "crossings", "step_time"]
 BACKWARD_SHARE = 2 / 3  # backward = 2 × forward FLOPs (Narayanan et al. 2021)
 FLOAT32 = 4  # the cross-entropy's all-reduces are float32 whatever the dtype
-
-
-def allreduce_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks at ``gbps`` per direction (see doc)."""
-    if n <= 1:
-        return 0.0
-    alpha = (profile.collective_latency_us + 2 * (n - 1) * profile.hop_latency_us) * 1e-6
-    return alpha + 2 * (n - 1) / n * nbytes / (gbps * 1e9 * profile.link_efficiency)
 
 
 @lru_cache(maxsize=1024)
@@ -153,6 +152,7 @@ def step_time(
         return profile.inter_node_gbps if crossed else profile.group_gbps(group)
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
+    kinds = []
     for stage in range(c.pp):
         crossed = any(boundaries[max(0, stage - 1) : stage + 1])  # its own one or two boundaries
         kind = (
@@ -162,6 +162,7 @@ def step_time(
             work.stage_modes(c.recompute, c.pp, stage),
             work.stage_moe_layers(c.pp, stage),
         )
+        kinds.append(kind)
         if kind not in stages:
             # a pipeline transfer joins two devices: one link of a mesh
             stages[kind] = _stage_micro_batch(
@@ -176,7 +177,17 @@ def step_time(
                 engine,
                 per_node,
             )
-    pace, window = max(stages.values(), key=lambda s: sum(s[0].values()))
+    ranks = list(stages.values())
+    dual = schedules.dualpipe(work, c, engine)
+    if dual:  # rank r runs stage r and stage pp − 1 − r, half the micro-batches each
+        ranks = [
+            (
+                schedules.paired(stages[kinds[r]][0], stages[kinds[-1 - r]][0]),
+                (stages[kinds[r]][1] + stages[kinds[-1 - r]][1]) / 2,
+            )
+            for r in range(c.pp // 2)
+        ]
+    pace, window = max(ranks, key=lambda s: sum(s[0].values()))
     if engine != "megatron" and c.pp > 1 or engine == "trainer" and n_micro > 1:
         window = (
             0.0  # the update (and its all-reduce) runs after the last micro-batch, in its own graph
@@ -203,11 +214,26 @@ def step_time(
         )
         if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
             grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_grad / 2
+    elif distributes_optimizer(c, engine):  # its reduce-scatter and all-gather: an all-reduce
+        owned = optimizer_elements(work, c.dp, c.tp, c.pp, DTYPE_BYTES[dtype], c.ep)
+        updated = max(rows for rows, *_ in owned)
+    # the routed experts' gradients are reduced over the ranks holding the same experts only
+    share, n_experts = expert_replicas(work, c, params_per_device)
+    experts = grad_bytes * share
+    exposed = dp_exposed(
+        c, profile, gbps(dp_crosses, replicas), grad_bytes - experts, window * (1 - share), replicas
+    )
+    if experts:
+        crossed = dp_crosses or tp_crosses  # its ranks stride over the stage's dp·tp
+        exposed += dp_exposed(
+            c, profile, gbps(crossed, n_experts), experts, window * share, n_experts
+        )
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
-        "dp_comm": _dp_exposed(c, profile, gbps(dp_crosses, replicas), grad_bytes, window, replicas)
-        + gather,
-        "bubble": (c.pp - 1) * sum(pace.values()),
+        "dp_comm": exposed + gather,
+        "bubble": schedules.bubble(c.pp, sum(pace.values()))
+        if dual
+        else (c.pp - 1) * sum(pace.values()),
         "optimizer": updated
         * OPTIMIZER_BYTES_PER_PARAM
         / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
@@ -226,14 +252,6 @@ def step_time(
     if work.capacity > 1:  # the padded expert slots run too
         executed += batch * work.layers * work.routed_flops() * (work.capacity - 1)
     return breakdown, {"model": model, "executed": executed}
-
-
-def allgather_time(nbytes: float, n: int, gbps: float, profile: DeviceProfile) -> float:
-    """Ring all-gather into ``nbytes`` over ``n`` ranks: (n−1)/n · S/B + (n−1)·α_hop + α_launch."""
-    if n <= 1:
-        return 0.0
-    alpha = (profile.collective_latency_us + (n - 1) * profile.hop_latency_us) * 1e-6
-    return alpha + (n - 1) / n * nbytes / (gbps * 1e9 * profile.link_efficiency)
 
 
 def _sharded_traffic(
@@ -283,10 +301,14 @@ def _stage_micro_batch(
     twice = _forwards_twice(engine, c.pp) and not last
     split = work.sequence_parallel and c.tp > 1
 
-    def kernels(flops_per_sample: float, traffic_per_sample: float) -> float:
-        # tp splits the work, cp the tokens (`autotune.costmodel.moe_time` prices its ring)
-        work_share = c.tp * c.cp
-        return micro_batch * (flops_per_sample / work_share / rate + traffic_per_sample / hbm)
+    # FP8 linear layers (`moe_time.fp8_saving`): the share of their GEMMs' time saved
+    saved = fp8_saving(work, profile, dtype, engine)
+
+    def kernels(flops_per_sample: float, traffic_per_sample: float, linear: float = 0.0) -> float:
+        # tp splits the work, cp the tokens (`autotune.costmodel.moe_time` prices its ring);
+        # ``linear`` of the FLOPs are the linear layers' GEMMs, FP8 where the model says so
+        flops = flops_per_sample - saved * linear
+        return micro_batch * (flops / c.tp / c.cp / rate + traffic_per_sample / hbm)
 
     def forward_traffic(comm: bool) -> float:  # each kept activation written and read once
         return 2 * work.layer_activations(c.tp, "none", nbytes, comm)
@@ -305,12 +327,28 @@ def _stage_micro_batch(
     compute = kernels(
         layers * (work.layer_flops() - own_parts) + (work.last_stage_flops() if last else 0.0),
         sum(n * 3 * forward_traffic(comm) for (_, comm), n in modes),
+        layers * (work.linear_flops() - own_parts + work.router_flops()),
     )
-    extra = moe_parts(work, c, profile, per_node, micro_batch, nbytes, stage, kernels)
+    extra = moe_parts(
+        work,
+        c,
+        profile,
+        per_node,
+        micro_batch,
+        nbytes,
+        stage,
+        kernels,
+        lambda size: allreduce_time(size, c.tp, tp_gbps, profile),
+        saved > 0,
+    )
+    moe_tp = extra.pop("tp_comm")
     knob_recompute = kernels(
         sum(n * work.recompute_flops(mode) for (mode, _), n in modes),
         sum(n * redone_traffic(mode, comm) for (mode, comm), n in modes),
+        sum(n for (mode, _), n in modes if mode == "full") * work.linear_flops() / 3,
     )
+    if work.moe_comm_overlap and engine != "trainer":
+        overlap(extra, compute + knob_recompute)
     second_forward = (
         kernels(
             layers * work.forward_layer_flops(),
@@ -332,7 +370,7 @@ def _stage_micro_batch(
     # sequence parallel: a reduce-scatter and an all-gather for each all-reduce, and the norms'
     # all-gathers again in the backward of a layer whose communication is recomputed
     slot = 2 * gather if split else allreduce_time(message, c.tp, tp_gbps, profile)
-    tp_comm = count * slower * slot
+    tp_comm = count * slower * slot + slower * moe_tp
     if split:
         tp_comm += slower * 2 * gather * sum(n for (_, comm), n in modes if comm)
     if last:
@@ -353,18 +391,3 @@ def _stage_micro_batch(
     }
     kernels_run = compute + knob_recompute + extra["experts"] + extra["mla"]
     return times, BACKWARD_SHARE * kernels_run
-
-
-def _dp_exposed(
-    c, profile: DeviceProfile, gbps: float, grad_bytes: float, window: float, n: int
-) -> float:
-    """Data-parallel gradient all-reduce over ``n`` ranks (dp·cp) left after overlap with the
-    last backward."""
-    if n <= 1:
-        return 0.0
-    bucket = max(1.0, c.fusion_mb * MIB * FUSION_FILL)
-    buckets = max(1, -(-int(grad_bytes) // int(bucket)))
-    alpha = allreduce_time(0.0, n, gbps, profile)
-    total = buckets * alpha + allreduce_time(grad_bytes, n, gbps, profile) - alpha
-    window *= profile.comm_overlap
-    return max(total - window * (buckets - 1) / buckets, total / buckets)

@@ -246,12 +246,50 @@ class Llama(Transformer):
     def capacity(self) -> float:
         return self.moe.capacity if self.experts else 0.0
 
-    def mtp_flops(self) -> float:
-        """Each MTP module: its projection, one layer (an MoE one with experts), its logits."""
+    @property
+    def legacy_experts(self) -> bool:
+        return self.experts and self.moe.expert_tp
+
+    @property
+    def fp8_linear(self) -> bool:
+        return self.moe is not None and self.moe.fp8
+
+    @property
+    def moe_comm_overlap(self) -> bool:
+        return self.experts and self.moe.overlap
+
+    @property
+    def node_limit(self) -> int:
+        return self.moe.node_limit if self.experts else 0
+
+    @property
+    def dualpipe(self) -> bool:
+        return self.moe is not None and self.moe.schedule == "dualpipe"
+
+    @property
+    def top_k(self) -> int:
+        return self.moe.top_k if self.experts else 0
+
+    def router_flops(self) -> float:
+        if not self.experts:
+            return 0.0
+        share = self.moe.moe_share(self.layers)
+        return 3 * self.seq * share * 2 * self.hidden * self.moe.experts
+
+    def linear_flops(self) -> float:
+        return 3 * self.seq * (self.projection_flops() + self.ffn_flops()) - self.router_flops()
+
+    def mtp_flops(self, linear: bool = False) -> float:
+        """Each MTP module: its projection, one layer (an MoE one with experts), its logits;
+        ``linear``: only its linear layers' GEMMs (the projection and the layer's, not the
+        attention core, the router or the logits)."""
         if self.moe is None or not self.moe.mtp:
             return 0.0
         s, h = self.seq, self.hidden
         ffn = self.moe.moe_flops(h) if self.experts else 6 * h * self.ffn
+        if linear:
+            router = 2 * h * self.moe.experts if self.experts else 0
+            return self.moe.mtp * 3 * s * (self.projection_flops() + ffn - router + 4 * h * h)
         layer = 3 * (s * (self.projection_flops() + ffn) + self.attention_flops())
         return self.moe.mtp * (layer + 6 * s * (2 * h * h + h * self.vocab))
 

@@ -27,6 +27,14 @@ shapes, in the network's order, and the counts a person checks a model by:
   state), their concatenation projected back (``eh_proj``, (h, 2h)), one decoder layer (an MoE
   one where the model has experts) and a final norm; the embedding and the head are the main
   model's. Named ``model.mtp.<j>.``: after the layers, on the last pipeline stage.
+- how the run computes and communicates them, which changes no parameter (the cost model's,
+  `autotune.families.moe_workload`): ``fp8_linear``, the linear layers' GEMMs in FP8
+  (DeepSeek-V3's FP8 mixed precision); ``moe_comm_overlap``, the expert all-to-alls overlapped
+  with computation (DeepSeek-V3's DualPipe, MindFormers' ``comp_comm_parallel``, Megatron's
+  ``overlap_moe_expert_parallel_comm``); ``moe_node_limit``, the nodes a token's experts may be
+  on, each reached once (DeepSeek-V3's node-limited routing, ``topk_group`` 4 of its 8 one-node
+  groups, with its per-node deduplicated dispatch); ``pipeline_schedule: dualpipe``, DeepSeek-V3's
+  bidirectional pipeline (`autotune.costmodel.schedules`).
 
 :func:`active_parameters` is what one token's forward touches: every parameter but the routed
 experts it is not sent to (the token table counted whole, as Qwen counts "activated"
@@ -68,6 +76,10 @@ FIELDS = (
     "qk_rope_head_dim",
     "v_head_dim",
     "mtp_layers",
+    "fp8_linear",
+    "moe_comm_overlap",
+    "moe_node_limit",
+    "pipeline_schedule",
 )
 
 

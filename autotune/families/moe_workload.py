@@ -19,7 +19,9 @@ as 2 (forward only unless a name says fwd+bwd, where backward = 2 × forward):
   layer's router scores and probabilities (float32: 8·E), the k dispatched copies of the token
   and the k expert outputs before they are combined (4·k·h), each expert's SwiGLU (8·k·f_e,
   4·k·f_e under selective recompute), the shared experts' (8·f_s); a capacity factor c pads the
-  dispatched buffers (× c). MindFormers splits an MoE layer's tokens over dp·tp·cp, so those
+  dispatched buffers (× c). With FP8 linear layers the dispatched copies and the SwiGLU's
+  cached inputs are kept in FP8, 1 byte (DeepSeek-V3 §3.3.3: activations quantized before the
+  dispatch, the SwiGLU's inputs cached in FP8): 3·k·h and half the SwiGLU's. MindFormers splits an MoE layer's tokens over dp·tp·cp, so those
   are per tp rank (/ tp) too.
 - an MTP module per sample: the projection of the concatenated norms (2·2h·h per token), one
   decoder layer (an MoE one where the model has experts), its own logits (2·h·V per token);
@@ -51,6 +53,10 @@ class MoEOptions:
     qk_rope: int = 0
     v_dim: int = 0
     mtp: int = 0
+    fp8: bool = False  # the linear layers' GEMMs in FP8
+    overlap: bool = False  # the expert all-to-alls overlapped with computation
+    node_limit: int = 0  # 0: a token's experts on any node, each copy sent on its own
+    schedule: str = ""  # the pipeline's: "" (1F1B) or "dualpipe"
 
     # model.yaml's name of each field (`autotune.families.moe.FIELDS`)
     NAMES = {
@@ -67,6 +73,10 @@ class MoEOptions:
         "qk_rope": "qk_rope_head_dim",
         "v_dim": "v_head_dim",
         "mtp": "mtp_layers",
+        "fp8": "fp8_linear",
+        "overlap": "moe_comm_overlap",
+        "node_limit": "moe_node_limit",
+        "schedule": "pipeline_schedule",
     }
 
     @classmethod
@@ -77,7 +87,8 @@ class MoEOptions:
 
     def config(self) -> dict:
         """The options as model.yaml fields (None where absent), for the layout."""
-        counts = {"dense_layers": 0, "mtp": 0, "expert_tp": False}  # where absent; the rest None
+        # where absent; the rest None
+        counts = {"dense_layers": 0, "mtp": 0, "expert_tp": False, "fp8": False, "overlap": False}
         return {name: getattr(self, key) or counts.get(key) for key, name in self.NAMES.items()}
 
     @property
@@ -131,7 +142,10 @@ class MoEOptions:
         if self.experts < 2:
             return swiglu * ffn / tp
         pad = self.capacity or 1.0
-        routed = pad * self.top_k * (4 * hidden + swiglu * self.expert_ffn)
+        if self.fp8:  # the dispatched copy and the SwiGLU's cached inputs in FP8: 1 byte
+            routed = pad * self.top_k * (3 * hidden + swiglu / 2 * self.expert_ffn)
+        else:
+            routed = pad * self.top_k * (4 * hidden + swiglu * self.expert_ffn)
         moe = (8 * self.experts + routed + swiglu * self.shared_ffn) / tp
         share = self.moe_share(layers)
         return share * moe + (1 - share) * swiglu * ffn / tp

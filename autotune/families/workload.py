@@ -175,9 +175,31 @@ class Workload(ABC):
         return 0.0
 
     capacity: ClassVar[float] = 0.0  # an MoE router's capacity factor (0: dropless)
+    # MindFormers' legacy MoE (``model.experts_tensor_parallel``): its own dispatch
+    # (`autotune.costmodel.moe_time`)
+    legacy_experts: ClassVar[bool] = False
+    # how the run computes and communicates (`autotune.families.moe`'s fields): FP8 linear
+    # layers, expert all-to-alls overlapped with computation, the nodes a token's experts may
+    # be on (0: any), a token's routed experts
+    fp8_linear: ClassVar[bool] = False
+    moe_comm_overlap: ClassVar[bool] = False
+    node_limit: ClassVar[int] = 0
+    top_k: ClassVar[int] = 0
+    dualpipe: ClassVar[bool] = False  # ``model.pipeline_schedule: dualpipe``
 
-    def mtp_flops(self) -> float:
-        """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage)."""
+    def linear_flops(self) -> float:
+        """Of :meth:`layer_flops`: the linear layers' GEMMs (projections, feed-forward,
+        experts; not the attention core nor the router), what FP8 runs (fwd+bwd per layer
+        and sample, averaged)."""
+        return 0.0
+
+    def router_flops(self) -> float:
+        """Of ``part_flops()["experts"]``: the router's scores (kept in the compute dtype)."""
+        return 0.0
+
+    def mtp_flops(self, linear: bool = False) -> float:
+        """FLOPs per sample (fwd+bwd) of the multi-token prediction modules (last stage);
+        ``linear``: of those, the linear layers' GEMMs (what FP8 runs)."""
         return 0.0
 
     def stage_moe_layers(self, pp: int, stage: int) -> int:

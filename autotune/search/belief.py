@@ -32,7 +32,26 @@ import numpy as np
 
 from autotune.search.factors import FactorPosterior, Shape
 
-PARTS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer", "host")
+# every part of the estimate's step time: the dense model's, then those experts, latent
+# attention, MTP modules and expert and context parallelism add (`autotune.costmodel.moe_time`;
+# zero for a model or layout without them, so they leave a dense study's belief as it was)
+PARTS = (
+    "compute",
+    "recompute",
+    "tp_comm",
+    "pp_comm",
+    "dp_comm",
+    "bubble",
+    "optimizer",
+    "host",
+    "experts",
+    "imbalance",
+    "mla",
+    "mtp",
+    "ep_comm",
+    "ep_comm_inter",
+    "cp_comm",
+)
 MEMORY_PARTS = ("states", "activations", "overhead")
 # where each of the estimate's memory parts goes
 MEMORY_OF = {
@@ -57,10 +76,18 @@ STEP = Shape(
         "recompute": ("recompute",),
         "tp": ("tp_comm",),
         # on pipelined candidates only: their stage compute, bubble and transfers
-        "pipeline": ("compute", "recompute", "bubble", "pp_comm"),
+        "pipeline": ("compute", "recompute", "bubble", "pp_comm", "experts", "mla", "mtp"),
         "dp": ("dp_comm",),
         "optimizer": ("optimizer",),
         "host": ("host",),
+        # a mixture of experts' and latent attention's own mechanisms, each mispriced alone
+        "experts": ("experts",),
+        "imbalance": ("imbalance",),  # a stated factor, unmeasured: its own doubt
+        "mla": ("mla",),
+        "mtp": ("mtp",),
+        "ep": ("ep_comm",),
+        "ep across nodes": ("ep_comm_inter",),
+        "cp": ("cp_comm",),
     },
     conditional=("pipeline",),
     # the pool against its device profile, which is fitted (the 910B's the A100's, unmeasured on

@@ -7,7 +7,7 @@ field of a family that does not take it; experts without their top-k or width, a
 outside 1 … num_experts, dense layers that leave no MoE layer, a capacity factor ≤ 0; the
 expert fields without ``num_experts``; latent attention without its head widths, or beside
 ``head_dim``, ``qk_norm`` or grouped key/value heads (its heads are given by its own widths,
-its norms are the latents'); a negative MTP count.
+its norms are the latents'); a negative MTP count, a node limit below 1.
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ NONE = {
     "qk_rope_head_dim": None,
     "v_head_dim": None,
     "mtp_layers": 0,
+    "fp8_linear": False,
+    "moe_comm_overlap": False,
+    "moe_node_limit": None,
+    "pipeline_schedule": None,
 }
-EXPERT_FIELDS = FIELDS[1:7]  # what num_experts needs or allows
+# what num_experts needs or allows
+EXPERT_FIELDS = (*FIELDS[1:7], "moe_comm_overlap", "moe_node_limit")
 MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -49,6 +54,12 @@ def parse_experts(s, family: str | None, num_layers: int | None) -> dict:
         "kv_lora_rank": s.get("kv_lora_rank", int, minimum=1, default=None),
         **{name: s.get(name, int, minimum=1, default=None) for name in MLA_WIDTHS},
         "mtp_layers": s.get("mtp_layers", int, minimum=0, default=0),
+        "fp8_linear": s.get("fp8_linear", bool, default=False),
+        "moe_comm_overlap": s.get("moe_comm_overlap", bool, default=False),
+        "moe_node_limit": s.get("moe_node_limit", int, minimum=1, default=None),
+        "pipeline_schedule": s.get(
+            "pipeline_schedule", str, choices=("1f1b", "dualpipe"), default=None
+        ),
     }
     for name, value in values.items():
         if value != NONE[name] and family not in owners(name):

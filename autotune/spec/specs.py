@@ -59,6 +59,11 @@ class ModelSpec:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     mtp_layers: int = 0
+    # how the run computes and communicates (`autotune.families.moe`): the cost model's only
+    fp8_linear: bool = False
+    moe_comm_overlap: bool = False
+    moe_node_limit: int | None = None
+    pipeline_schedule: str | None = None  # None: 1F1B; "dualpipe" (`autotune.costmodel.schedules`)
     tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 

@@ -814,15 +814,21 @@ def test_parallel_optimizer_memory_and_traffic_by_hand():
     assert ms_on.breakdown["time_s"]["dp_comm"] == pytest.approx(reduced + gathered)
 
 
-def test_parallel_optimizer_changes_nothing_without_a_dp_group_or_for_megatron():
+def test_parallel_optimizer_changes_nothing_without_a_dp_group_and_megatron_shards_its_states():
     spec = spec_of({"hidden_size": 128, "ffn_hidden_size": 512}, cluster={"devices": 2})
     on = Candidate(1, 2, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
     assert estimate(spec, on).breakdown == estimate(spec, cand(tp=2)).breakdown
     on_dp = Candidate(2, 1, 1, 1, 64, 1, 2**16, 0, "O1", "none", True)
-    assert (
-        estimate(spec, on_dp, engine="megatron").breakdown
-        == estimate(spec, cand(dp=2), engine="megatron").breakdown
-    )
+    # Megatron's distributed optimizer (ZeRO-1): master weights and moments over dp, the
+    # update on the owned half; parameters, gradients and their traffic as they were
+    sharded = estimate(spec, on_dp, engine="megatron").breakdown
+    whole = estimate(spec, cand(dp=2), engine="megatron").breakdown
+    for part in ("params", "grads", "activations"):
+        assert sharded["memory_gb"][part] == whole["memory_gb"][part]
+    assert sharded["time_s"]["dp_comm"] == whole["time_s"]["dp_comm"]
+    ratio = sharded["memory_gb"]["optimizer_states"] / whole["memory_gb"]["optimizer_states"]
+    assert 0.5 < ratio < 0.6  # parameters under 64 KB (MindSpore's threshold) stay whole
+    assert sharded["time_s"]["optimizer"] < 0.6 * whole["time_s"]["optimizer"]  # owned rows
 
 
 # -- MindSpore's own run (engine "mindspore", the simulate backend's default) -------------------

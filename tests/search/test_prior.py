@@ -6,6 +6,7 @@ wrong on purpose; real studies into real Optuna storage."""
 
 import csv
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -350,3 +351,19 @@ def test_a_table_of_runs_of_mindspores_engine_is_priced_as_that_engine(tmp_path,
     assert main(["search", str(path), "--storage", storage, "--trials", "2", "--study", "x"]) == 2
     err = capsys.readouterr().err
     assert "cluster.replay_engine: trainer" in err and "mindspore" in err
+
+
+def test_belief_prices_every_part_of_the_estimate():
+    """The belief's parts are the estimate's: an MoE candidate's experts, all-to-alls and latent
+    attention are mechanisms the measurements correct, not time the belief leaves out."""
+    from autotune.costmodel import estimate
+    from autotune.search.belief import PARTS
+    from autotune.search.prior import raw_parts
+    from autotune.spec.model_yaml import load_spec
+    from autotune.spec.space import build_space
+
+    spec = load_spec(Path("examples/deepseek_v3_2048dev_simulate.yaml"))
+    est = estimate(spec, build_space(spec).baseline())
+    assert set(est.breakdown["time_s"]) == set(PARTS)
+    assert raw_parts(est).sum() == pytest.approx(est.step_time_s, rel=1e-12)
+    assert est.breakdown["time_s"]["ep_comm_inter"] > 0
