@@ -44,6 +44,7 @@ METRICS = (
     "steps_s",
     "probe_s",
     "teardown_s",
+    "router_imbalance",
     "measurement",
 )
 # Where a trial's run time went, in order (`autotune.train.metrics`, `autotune.execution.launch_time`);

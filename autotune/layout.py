@@ -84,8 +84,10 @@ class OptimizerShard:
     step: int
 
     def index(self, dp_index: int, tp_index: int, tp: int) -> int:
-        """Which of the ``size`` shards the rank at (dp_index, tp_index) holds."""
-        return dp_index if self.step > 1 else dp_index * tp + tp_index  # step tp: a dp group
+        """Which of the ``size`` shards the rank at (dp_index, tp_index) holds: its position
+        among the stage's ranks that stride by ``step`` (step tp: a dp group, its dp index;
+        step ep: the ranks holding the same experts)."""
+        return (dp_index * tp + tp_index) // self.step
 
 
 @dataclass(frozen=True)
@@ -111,18 +113,24 @@ class ParamLayout:
             for i, d in enumerate(self.shape)
         )
 
-    def local_slice(self, tp_index: int, tp: int) -> tuple[slice, ...]:
-        """The index of tp rank ``tp_index``'s block in the full tensor."""
+    def local_slice(
+        self, tp_index: int, tp: int, ep_index: int = 0, ep: int = 1
+    ) -> tuple[slice, ...]:
+        """The index of tp rank ``tp_index``'s block in the full tensor (and of ep rank
+        ``ep_index``'s experts, for stacked experts)."""
         index = [slice(None)] * len(self.shape)
         if self.split_dim is not None:
             size = self.shape[self.split_dim] // tp
             index[self.split_dim] = slice(tp_index * size, (tp_index + 1) * size)
+        if self.ep_split:
+            size = self.shape[0] // ep
+            index[0] = slice(ep_index * size, (ep_index + 1) * size)
         return tuple(index)
 
-    def shard_rows(self, tp: int, dp_index: int, tp_index: int) -> slice:
-        """The rows (dim 0 of this rank's tp slice) whose update this rank owns; all of them
-        without an optimizer shard."""
-        rows = self.local_shape(tp)[0] if self.shape else 1
+    def shard_rows(self, tp: int, dp_index: int, tp_index: int, ep: int = 1) -> slice:
+        """The rows (dim 0 of this rank's tp or ep slice) whose update this rank owns; all of
+        them without an optimizer shard."""
+        rows = self.local_shape(tp, ep)[0] if self.shape else 1
         if self.opt_shard is None:
             return slice(0, rows)
         size = rows // self.opt_shard.size
@@ -323,6 +331,19 @@ def dp_group(rank: int, dp: int, tp: int) -> list[int]:
     """The ranks that hold the same slices as ``rank`` and average gradients with it."""
     stage, _, t = rank_coords(rank, dp, tp)
     return [rank_of(stage, d, t, dp, tp) for d in range(dp)]
+
+
+def ep_coords(rank: int, dp: int, tp: int, ep: int) -> tuple[int, list[int], list[int]]:
+    """``(ep_index, ep group, expert replicas)`` of a global rank: its stage's dp·tp ranks form
+    the experts' device matrix (dp·tp / ep, ep), the ep axis fastest (MindFormers'
+    ``layout_moe``), so an ep group is ``ep`` adjacent ranks of a stage, holding one block of
+    the experts each, and the ranks that hold the same experts (``dp·tp / ep`` of them) stride by
+    ``ep``."""
+    stage, local = divmod(rank, dp * tp)
+    base, index = stage * dp * tp, local % ep
+    group = [base + local - index + e for e in range(ep)]
+    replicas = [base + index + ep * k for k in range(dp * tp // ep)]
+    return index, group, replicas
 
 
 def pipeline_peers(rank: int, dp: int, tp: int, pp: int) -> tuple[int | None, int | None]:

@@ -51,12 +51,17 @@ def parallel_mode(c: Candidate) -> str:
 
 def export_reasons(spec: Spec, c: Candidate) -> list[str]:
     """Why no exported config could run ``c`` (docs/export.md, "What MindSpore refuses")."""
-    reasons = [
-        f"{name} = {value}: strategy.ckpt and the trainer's launch do not lay out {what} "
-        "parallelism yet; export a trial with it at 1 (--trial N)"
-        for name, value, what in (("ep", c.ep, "expert"), ("cp", c.cp, "context"))
-        if value > 1
-    ]
+    reasons = []
+    if c.cp > 1:
+        reasons.append(
+            f"cp = {c.cp}: strategy.ckpt and the trainer's launch do not lay out context "
+            "parallelism (the trainer splits no sequence); export a trial with it at 1 (--trial N)"
+        )
+    if c.ep > 1 and spec.model.experts_tensor_parallel:
+        reasons.append(
+            f"ep = {c.ep} with model.experts_tensor_parallel: strategy.ckpt lays experts out "
+            "over ep only, and the trainer splits them so; export a trial with ep 1 (--trial N)"
+        )
     if c.jit_level == "pynative" and (c.tp > 1 or c.pp > 1):
         reasons.append(
             f"jit_level = pynative with tp = {c.tp}, pp = {c.pp}: MindSpore's PyNative "
@@ -146,12 +151,17 @@ LAUNCH_YAML.in_place(
     "the layout: auto_parallel_context.device_num (dp·tp·pp), the per-device "
     "batch.micro_batch_size, and strategy.ckpt",
 )
-for _name in ("ep", "cp"):
-    LAUNCH_YAML.in_place(
-        _name,
-        "autotune.export.configs:export_reasons",
-        "refused above 1 until strategy.ckpt lays experts and sequence splits out",
-    )
+LAUNCH_YAML.in_place(
+    "ep",
+    "autotune.export.strategy:write_strategies",
+    "the experts' device matrix (dp·tp / ep, ep) in strategy.ckpt; mindformers.yaml's "
+    "parallel_config.expert_parallel",
+)
+LAUNCH_YAML.in_place(
+    "cp",
+    "autotune.export.configs:export_reasons",
+    "refused above 1: the trainer splits no sequence, strategy.ckpt lays none out",
+)
 LAUNCH_YAML.in_place(
     "tp",
     "autotune.export.configs:parallel_mode",

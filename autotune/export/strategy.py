@@ -10,7 +10,10 @@ Contract:
   RuntimeError unless it holds exactly the expected parameters: MindSpore silently copies a
   parameter the file lacks whole to every rank, so a gap would otherwise go unnoticed.
 
-Each layout item uses the device matrix ``[dp, tp]`` of its stage (see ``layout.py``), no field,
+Each layout item uses the device matrix ``[dp, tp]`` of its stage (see ``layout.py``) — a stacked
+expert weight split over ``ep`` the experts' own, ``[dp·tp / ep, ep]`` with dim 0 on the ep axis
+(tensor map ``[0, -1, -1]``: `autotune.layout.ep_coords`' rank order, MindFormers' ``layout_moe``) —
+no field,
 and the parallel optimizer's ``opt_weight_shard_step``/``opt_weight_shard_size`` where the
 layout shards the parameter (``ParamLayout.opt_shard``). A stage map also needs at least one ``parallel_strategy_item``:
 the merge reads the stage number from there. There is one item per parameter, keyed by the bare
@@ -30,23 +33,33 @@ STRATEGY_FILE = "strategy.ckpt"
 STAGES_DIR = "strategy_stages"
 
 
-def _stage_map(layouts: list[ParamLayout], stage: int, dp: int, tp: int):
+def _matrix(p: ParamLayout, dp: int, tp: int, ep: int) -> tuple[list, list, list]:
+    """``(device matrix, tensor map, split per dimension)`` of one parameter."""
+    if p.ep_split and ep > 1:
+        if p.split_dim is not None:
+            raise ValueError(f"{p.name}: experts split over tp and ep have no strategy here")
+        rest = [-1] * (len(p.shape) - 1)
+        return [dp * tp // ep, ep], [0, *rest], [ep] + [1] * len(rest)
+    splits = [tp if i == p.split_dim else 1 for i in range(len(p.shape))]
+    return [dp, tp], p.tensor_map(), splits
+
+
+def _stage_map(layouts: list[ParamLayout], stage: int, dp: int, tp: int, ep: int = 1):
     from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
     strategy_map = ParallelStrategyMap()
     strategy_map.current_stage = 1  # what MindSpore writes for a single save
     for p in layouts:
+        matrix, tensor_map, splits = _matrix(p, dp, tp, ep)
         item = strategy_map.parallel_strategy_item.add()
         item.node_name = p.name
         item.parallel_strategys.stage = stage
-        item.parallel_strategys.parallel_strategy.add().dim.extend(
-            [tp if i == p.split_dim else 1 for i in range(len(p.shape))]
-        )
+        item.parallel_strategys.parallel_strategy.add().dim.extend(splits)
         layout_item = strategy_map.parallel_layout_item.add()
         layout_item.param_name = p.name
         parallel = layout_item.parallel_layouts
-        parallel.dev_matrix.add().dim.extend([dp, tp])
-        parallel.tensor_map.add().dim.extend(p.tensor_map())
+        parallel.dev_matrix.add().dim.extend(matrix)
+        parallel.tensor_map.add().dim.extend(tensor_map)
         # MindSpore's reader indexes param_split_shape[0] unconditionally: keep an empty entry.
         parallel.param_split_shape.add()
         parallel.indices_offset.add()
@@ -58,11 +71,13 @@ def _stage_map(layouts: list[ParamLayout], stage: int, dp: int, tp: int):
     return strategy_map
 
 
-def write_strategies(layouts: dict, dp: int, tp: int, pp: int, folder: Path) -> list[Path]:
+def write_strategies(
+    layouts: dict, dp: int, tp: int, pp: int, folder: Path, ep: int = 1
+) -> list[Path]:
     by_stage = [[p for p in layouts.values() if p.stage == k] for k in range(pp)]
     merged = folder / STRATEGY_FILE
     if pp == 1:
-        merged.write_bytes(_stage_map(by_stage[0], 0, dp, tp).SerializeToString())
+        merged.write_bytes(_stage_map(by_stage[0], 0, dp, tp, ep).SerializeToString())
         return [merged]
     from mindspore.parallel import merge_pipeline_strategys
 
@@ -71,7 +86,7 @@ def write_strategies(layouts: dict, dp: int, tp: int, pp: int, folder: Path) -> 
     written = []
     for k, stage_layouts in enumerate(by_stage):
         path = stages_dir / f"stage{k}.ckpt"
-        path.write_bytes(_stage_map(stage_layouts, k, dp, tp).SerializeToString())
+        path.write_bytes(_stage_map(stage_layouts, k, dp, tp, ep).SerializeToString())
         written.append(path)
     merge_pipeline_strategys(str(stages_dir), str(merged))
     return [merged, *written]

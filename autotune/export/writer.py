@@ -125,6 +125,7 @@ def saved_layouts(spec: Spec, c: Candidate, layouts: dict) -> dict:
         c.tp,
         DTYPE_BYTES[spec.model.param_dtype],
         whole=optimizer_whole(spec.model.as_config()),
+        ep=c.ep,
     )
 
 
@@ -150,7 +151,9 @@ def write_export(
     _check_out_dir(out_dir, overwrite)
     c = candidate
     run_config = configs.train_config(spec, c, trial)
-    layouts, reasons = plan_layout(model_parameters(spec, run_config), c.tp, c.pp, tp_rules(spec))
+    layouts, reasons = plan_layout(
+        model_parameters(spec, run_config), c.tp, c.pp, tp_rules(spec), c.ep
+    )
     reasons += violations(spec, c) + configs.export_reasons(spec, c)
     if reasons:
         shown = "; ".join(reasons[:_SHOWN_REASONS])
@@ -170,7 +173,7 @@ def write_export(
         # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments,
         # each a shard of its slice where the parallel optimizer splits it
         saved = with_optimizer_states(saved_layouts(spec, c, layouts))
-        write_strategies(saved, c.dp, c.tp, c.pp, staged)
+        write_strategies(saved, c.dp, c.tp, c.pp, staged, c.ep)
         check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}
         program = program_of(spec)  # the run its trials were

@@ -72,13 +72,13 @@ for _name, _where, _why in (
     ),
     (
         "ep",
-        "autotune.train.program:check_config",
-        "refused above 1 until the trainer splits experts (the layout would)",
+        "autotune.train.runtime.session:Session.place",
+        "the layout: the rank's ep groups and its block of every MoE layer's experts",
     ),
     (
         "cp",
         "autotune.train.program:check_config",
-        "refused above 1 until the trainer splits sequences (the layout would)",
+        "refused above 1: the trainer splits no sequences (context parallelism is simulated)",
     ),
 ):
     APPLIES.in_place(_name, _where, _why)

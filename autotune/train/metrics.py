@@ -60,6 +60,13 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
   ``steps_s`` the measured steps (what ``throughput`` divides by); ``probe_s`` the underflow
   probe's wall time; ``started_at`` / ``finished_at`` the epoch seconds when the trial started
   and when its outputs were written (rank 0).
+- ``router_imbalance``: how unevenly a mixture of experts' routers load their experts — per MoE
+  layer and measured step, the tokens routed to the busiest expert over the mean per expert (1:
+  even; E / k at worst, every token to the same k experts), averaged over layers and measured
+  steps (:func:`router_imbalance`); None for a model without experts, and under tensor
+  parallelism (not counted there: `autotune.train.models.moe`). The tokens are the whole
+  global batch's: every rank's counts summed. The cost model prices the router's imbalance by a
+  stated factor (docs/costmodel.md); this is what the trainer measured.
 - ``measurement``: the version of these rules (`MEASUREMENT`) that measured the numbers.
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU
@@ -108,6 +115,7 @@ METRIC_KEYS = (
     "started_at",
     "finished_at",
     "step_time_ci",
+    "router_imbalance",
     "measurement",
 )
 # metrics.json's underflow_note while the probe runs (`autotune.train.program`)
@@ -170,6 +178,19 @@ def rising(losses) -> bool:
     significant = stderr == 0 or slope / stderr > TREND_T
     start = mean_y - slope * mean_x
     return significant and slope * (n - 1) > TREND_RISE * abs(start)
+
+
+def router_imbalance(loads) -> float | None:
+    """The mean over steps and MoE layers of max / mean tokens per expert: ``loads[step][layer]``
+    the tokens routed to each expert in that step (a layer with none routed — a dense layer —
+    is left out); None when no layer routed any."""
+    ratios = [
+        max(counts) * len(counts) / sum(counts)
+        for step in loads
+        for counts in step
+        if sum(counts) > 0
+    ]
+    return sum(ratios) / len(ratios) if ratios else None
 
 
 def backoff_steps(overflows) -> int:
@@ -262,6 +283,11 @@ class StepLog:
         need = math.ceil(((1.0 - self.weight) * spread) ** 2 / room)
         return min(steps_left, max(math.ceil(self.pilot_steps / 2), need))
 
+    def first_measured(self) -> int:
+        """The index of the first measured record: ``measure_after``, or the last record of a
+        run (a resumed one) that recorded fewer steps — time at least that one."""
+        return min(self.measure_after, len(self.records) - 1)
+
     def summary(
         self,
         timing: dict,
@@ -271,13 +297,14 @@ class StepLog:
         underflow_bound=0.0,
         underflow_probed=False,
         underflow_note=None,
+        router_imbalance=None,
     ) -> dict:
         """The metrics dict (`METRIC_KEYS`) of the steps recorded so far; the underflow metrics
-        are `autotune.train.step.probe.measure`'s, 0 and false without float16. ``timing``:
+        are `autotune.train.step.probe.measure`'s, 0 and false without float16;
+        ``router_imbalance`` :func:`router_imbalance`'s (None without experts). ``timing``:
         ``started_at``, ``init_s``, ``first_step_s``, ``probe_s`` as the program measured them
         (``finished_at`` is set by the caller once the outputs are written)."""
-        # a resumed run may record fewer steps than measure_after: time at least its last one
-        first = min(self.measure_after, len(self.records) - 1)
+        first = self.first_measured()
         measured = self.records[first:]
         times = [r["step_time_ms"] for r in measured]
         seconds = sum(times) / 1000.0
@@ -327,5 +354,6 @@ class StepLog:
             "started_at": timing["started_at"],
             "finished_at": None,
             "step_time_ci": step_time_ci(times, pilot, self.weight),
+            "router_imbalance": router_imbalance,
             "measurement": MEASUREMENT,
         }

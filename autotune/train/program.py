@@ -26,10 +26,12 @@ Knobs as applied here:
 - the launch (`autotune.train.runtime.session`: set_device, the memory cap, ``communication.init()``, a
   failure there being the launch's, :class:`LaunchError`), once per process; then, per trial,
   the context's mode, the layout's process groups and parallel context.
-- the layout (``dp``, ``tp``, ``pp``): each rank builds its part of the model
+- the layout (``dp``, ``tp``, ``pp``, ``ep``; ``cp`` above 1 is refused: the trainer splits no
+  sequences): each rank builds its part of the model
   (`autotune.train.parallel.groups.Placement`, `autotune.layout`): tensor parallelism on
   explicit collectives in its tp group (`autotune.train.parallel.tp_layers`), pipeline stages driven by a
-  1F1B schedule over ``micro_batches`` (`autotune.train.parallel.pipeline`). Each dp replica trains on its
+  1F1B schedule over ``micro_batches`` (`autotune.train.parallel.pipeline`), routed experts
+  split over ep groups with an all-gather token dispatcher (`autotune.train.models.moe`). Each dp replica trains on its
   shard of every global batch. One process runs stand-alone (no init).
 - ``fusion_mb``: the parallel context's ``comm_fusion`` allreduce size threshold, which buckets
   the DP gradient all-reduce (`autotune.train.step.train_step`).
@@ -88,6 +90,7 @@ from autotune.train import metrics as metrics_mod
 from autotune.train.config import UPDATE_CAP, ConfigError
 from autotune.train.runtime import compile_cache
 from autotune.train.runtime.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
+from autotune.train.step.routing import router_imbalance
 
 REQUIRED = {
     "model": ("family",),
@@ -126,16 +129,20 @@ def check_config(cfg: dict) -> None:
             f"model.dtype: {dtype!r} does not run on backend {backend!r} "
             f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})"
         )
-    for name, what in (("ep", "expert"), ("cp", "context")):
-        if knobs.get(name, 1) > 1:  # until the trainer splits experts and sequences
-            raise ConfigError(
-                f"knobs.{name}: {knobs[name]}: the trial program runs no {what} parallelism "
-                "yet; study it on cluster.backend simulate"
-            )
-    if (knobs["tp"] > 1 or knobs["pp"] > 1) and model.get("entry"):
-        raise ConfigError("knobs.tp/pp: a model.entry network runs with tp = pp = 1")
+    if knobs.get("cp", 1) > 1:  # the trainer splits no sequences
+        raise ConfigError(
+            f"knobs.cp: {knobs['cp']}: the trial program runs no context parallelism (it "
+            "splits no sequence over devices); study it on cluster.backend simulate"
+        )
+    ep = knobs.get("ep", 1)
+    if (knobs["tp"] > 1 or knobs["pp"] > 1 or ep > 1) and model.get("entry"):
+        raise ConfigError("knobs.tp/pp/ep: a model.entry network runs with tp = pp = ep = 1")
+    if ep > 1 and (model.get("num_experts") or 0) < 2:
+        raise ConfigError(f"knobs.ep: {ep}: the model has no experts to split")
+    if ep > 1 and (knobs["dp"] * knobs["tp"]) % ep:
+        raise ConfigError(f"knobs.ep: {ep} does not divide dp·tp = {knobs['dp'] * knobs['tp']}")
     if model.get("entry") is None:
-        reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"])
+        reasons = layout.builtin_layout_reasons(model, knobs["tp"], knobs["pp"], ep)
         if reasons:
             raise ConfigError(f"knobs: {reasons[0]}")
     split = batch_split_problems(
@@ -318,6 +325,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     def steps_left() -> int:  # at most, if no step from here on overflows
         return min(last_step - i, trial["steps"] - (applied if updates else i))
 
+    loads = []  # per step, the rank's MoE layers' expert loads (engine.take_router_load)
     while steps_left() > 0 and (stop_at is None or i < stop_at):
         inputs, labels = engine.dataset(i, placement.dp_index, dp)
         if len(inputs) != shard_size or len(labels) != shard_size:
@@ -333,6 +341,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
         if first_done is None:
             first_done = time.time()
         log.add(i, seconds, float(loss), bool(overflow), float(scale))
+        loads.append(engine.take_router_load())
         applied += not bool(overflow)
         i += 1
         if precision is not None and log.pilot_ended() and steps_left() > 0:
@@ -355,6 +364,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     world = placement.world
     peak = _max_over_ranks(own_peak, rank, world) if world > 1 else own_peak
     final_scale = float(engine.state.scale.asnumpy())
+    imbalance = router_imbalance(cfg["model"], placement, loads, log.first_measured())
     timing = {"started_at": started, "init_s": built - started, "first_step_s": first_done - built}
 
     def before_probe(bound: float) -> None:
@@ -369,6 +379,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
                 underflow_share=None,
                 underflow_bound=bound,
                 underflow_note=metrics_mod.PROBE_UNFINISHED,
+                router_imbalance=imbalance,
             )
             pending["finished_at"] = time.time()
             write_json(os.path.join(out_dir, "metrics.json"), pending, indent=1)
@@ -376,7 +387,13 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
     probe_started = time.perf_counter()
     underflow = _underflow_share(engine, placement, i - 1, final_scale, backend, before_probe)
     probe_s = time.perf_counter() - probe_started
-    result = log.summary({**timing, "probe_s": probe_s}, peak, final_scale, **underflow)
+    result = log.summary(
+        {**timing, "probe_s": probe_s},
+        peak,
+        final_scale,
+        router_imbalance=imbalance,
+        **underflow,
+    )
     if log.weight is not None and rank == 0:  # what the rule did, and what agreeing on it cost
         pilot = log.pilot_end - trial["measure_after"]
         verdict = (

@@ -150,7 +150,7 @@ def test_ctrl_c_stops_a_study_and_resume_finishes_it_with_nothing_lost(tmp_path)
         textwrap.dedent(SIMULATED)
         .replace("study: small", "study: big")
         .replace("fusion_mb: 64", "fusion_mb: [4, 64, 256]")
-        .replace("n_trials: 60", "n_trials: 20")
+        .replace("n_trials: 60", "n_trials: 50")  # of its 54 feasible candidates
     )
     storage = f"sqlite:///{tmp_path}/s.db"
     command = [
@@ -169,7 +169,9 @@ def test_ctrl_c_stops_a_study_and_resume_finishes_it_with_nothing_lost(tmp_path)
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     lines = 0
-    for line in search.stdout:  # stop it after its fifth run, wherever it is then
+    # stop it after its fifth run, wherever it is then: its 45 other runs of ~50 ms each leave
+    # a loaded machine (where this process may wait a second for the CPU) time to deliver it
+    for line in search.stdout:
         lines += line.startswith("[")
         if lines == 5:
             search.send_signal(signal.SIGINT)
@@ -181,12 +183,12 @@ def test_ctrl_c_stops_a_study_and_resume_finishes_it_with_nothing_lost(tmp_path)
     assert search.returncode == 130, err[-2000:]
     assert "interrupted: running trials recorded as interrupted" in err
     before = optuna.load_study(study_name="big", storage=storage).trials
-    assert 5 <= sum(map(counting.counted, before)) < 20
+    assert 5 <= sum(map(counting.counted, before)) < 50
     resumed = subprocess.run(command + ["--resume"], capture_output=True, text=True, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     trials = optuna.load_study(study_name="big", storage=storage).trials
     assert not [t.number for t in trials if t.state.name in ("RUNNING", "WAITING")]
-    assert sum(map(counting.counted, trials)) == 20
+    assert sum(map(counting.counted, trials)) == 50
     runs = Counter(Candidate(**schema.knobs_of(t)) for t in trials if counting.ran(t))
     assert set(runs.values()) == {1}  # nothing ran twice, nothing counted that did not run
     for t in trials:  # an interrupted trial's candidate ran later, or was never chosen

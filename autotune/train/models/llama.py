@@ -25,6 +25,11 @@ wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
   one ``head_dim`` weight over every query and key head before the rotary embedding, as mcore's
   ``SelfAttention`` applies ``q_layernorm``/``k_layernorm``; the norms are whole on every tp rank.
 
+- MindFormers' Qwen3-MoE and DeepSeek-V3 options (`autotune.families.moe`): the MoE layers'
+  feed-forward is `autotune.train.models.moe` (routed experts over ep, shared experts, the first
+  ``dense_layers`` dense), the attention with ``kv_lora_rank`` `autotune.train.models.mla`;
+  what this network does not build (:data:`UNBUILT`) is refused by key.
+
 Recompute (:meth:`Llama.apply_recompute`), layer by layer as `autotune.families.layers.layer_recompute`
 gives it from the knob and ``model.recompute_layers``: ``full`` recomputes the layer,
 ``selective`` is MindFormers' ``select_recompute`` — its default patterns
@@ -37,7 +42,6 @@ attention (``mindformers/models/llama/llama_transformer.py``, mindspore-lab/mind
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 import mindspore as ms
@@ -45,10 +49,20 @@ from mindspore import nn, ops
 from mindspore.common.initializer import initializer
 from mindspore.ops.operations._inner_ops import SiLU  # the primitive MindFormers' LlamaSiLU holds
 
+from autotune.families import moe as moe_options
 from autotune.families.layers import layer_recompute, stage_layers
 from autotune.families.llama import head_dim, kv_heads
 from autotune.train.config import ConfigError
 from autotune.train.models.fused import FusedCore
+from autotune.train.models.llama_parts import (
+    RMS_EPS,
+    AttentionCore,
+    RMSNorm,
+    rotary_tables,
+    rotate,
+)
+from autotune.train.models.mla import LatentAttention
+from autotune.train.models.moe import MoEFeedForward
 from autotune.train.models.registry import network
 from autotune.train.parallel.groups import CopyToGroup, Placement
 from autotune.train.parallel.tp_layers import (
@@ -58,25 +72,16 @@ from autotune.train.parallel.tp_layers import (
     vocab_lookup,
 )
 
-RMS_EPS = 1e-5
-# the llama options (`autotune.families.moe`) this network does not build yet
-UNBUILT = ("num_experts", "kv_lora_rank", "mtp_layers", "fp8_linear")
-ROPE_THETA = 10000.0
-
-
-class RMSNorm(nn.Cell):
-    """x · rsqrt(mean(x²) + ε) · weight, computed in float32 (the weight is float32 too)."""
-
-    keep_float32 = True  # `autotune.train.step.train_step.set_compute_dtype` leaves it in float32
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = ms.Parameter(initializer("ones", (dim,), ms.float32))
-
-    def construct(self, x):
-        x32 = ops.cast(x, ms.float32)
-        normed = x32 * ops.rsqrt((x32 * x32).mean(axis=-1, keep_dims=True) + RMS_EPS)
-        return normed * self.weight
+# the llama options (`autotune.families.moe`) this network does not build, and why
+UNBUILT = {
+    "mtp_layers": "the trial program builds no multi-token prediction modules",
+    "moe_capacity_factor": (
+        "the trial program's experts are dropless (a capacity drops tokens by the batch's "
+        "composition, which a layout changes)"
+    ),
+    "experts_tensor_parallel": "the trial program splits experts over ep only, not over tp",
+    "fp8_linear": "the trial program computes no FP8 GEMMs (it trains in the compute dtype)",
+}
 
 
 class HeadNorm(nn.Cell):
@@ -118,54 +123,6 @@ class Embedding(nn.Cell):
 
     def construct(self, ids):
         return vocab_lookup(self.embedding_weight, ids, self.start, self.reduce)
-
-
-def rotary_tables(seq: int, head_dim: int):
-    """(cos, sin) of the rotary angles, (seq, head_dim) float32: position × θ^(−2i/head_dim),
-    the frequencies repeated over both halves. Made in the graph: a tensor attribute would be
-    cast to the compute dtype through numpy, which has no bfloat16."""
-    inv = ops.exp(ops.arange(0, head_dim, 2, dtype=ms.float32) * (-math.log(ROPE_THETA) / head_dim))
-    angles = ops.arange(0, seq, dtype=ms.float32).expand_dims(1) * inv.expand_dims(0)
-    angles = ops.concat((angles, angles), axis=-1)
-    return ops.cos(angles), ops.sin(angles)
-
-
-def rotate(x, cos, sin):
-    """The rotary embedding of ``x`` (batch, heads, seq, head_dim): x·cos + rotate_half(x)·sin,
-    rotate_half(x) = [−x₂, x₁] of x's two halves; in float32, returned in x's dtype."""
-    x32 = ops.cast(x, ms.float32)
-    half = x.shape[-1] // 2
-    rotated = ops.concat((-x32[..., half:], x32[..., :half]), axis=-1)
-    return ops.cast(x32 * cos + rotated * sin, x.dtype)
-
-
-class AttentionCore(nn.Cell):
-    """Causal softmax(q·kᵀ/√d)·v, key/value heads repeated over their query heads. A cell of its
-    own so that selective recompute targets exactly the (seq × seq) tensors."""
-
-    def __init__(self, seq: int, head_dim: int, group: int):
-        super().__init__()
-        self.seq, self.group = seq, group
-        self.scale = 1.0 / math.sqrt(head_dim)
-        self.qk = ops.BatchMatMul(transpose_b=True)
-        self.pv = ops.BatchMatMul()
-        self.softmax = ops.Softmax(axis=-1)
-
-    def _repeat(self, x):
-        """(b, kv, s, d) → (b, kv·group, s, d): head j of the result is head j // group."""
-        if self.group == 1:
-            return x
-        b, kv, s, d = x.shape
-        return ops.broadcast_to(x.expand_dims(2), (b, kv, self.group, s, d)).reshape(
-            b, kv * self.group, s, d
-        )
-
-    def construct(self, q, k, v):
-        scores = self.qk(q, self._repeat(k)) * self.scale
-        # the mask is made here: a tensor attribute would be cast through numpy (no bfloat16)
-        mask = ops.triu(ops.full((self.seq, self.seq), -1.0e4, dtype=ms.float32), 1)
-        probs = self.softmax(ops.cast(scores, ms.float32) + mask)  # float32: fp16 exp overflows
-        return self.pv(ops.cast(probs, q.dtype), self._repeat(v))
 
 
 class Attention(nn.Cell):
@@ -243,15 +200,22 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    """h = x + attention(attention_norm(x)); h + feed_forward(ffn_norm(h))."""
+    """h = x + attention(attention_norm(x)); h + feed_forward(ffn_norm(h)). Layer ``index``'s
+    attention is latent (`autotune.train.models.mla`) with ``kv_lora_rank``, its feed-forward a
+    mixture of experts (`autotune.train.models.moe`) where `autotune.families.moe.moe_layer`
+    says so."""
 
-    def __init__(self, cfg: dict, p: Placement):
+    def __init__(self, cfg: dict, p: Placement, index: int):
         super().__init__()
         hidden = cfg["hidden_size"]
         self.attention_norm = RMSNorm(hidden)
-        self.attention = Attention(cfg, p)
+        mla = moe_options.has_mla(cfg)
+        self.attention = LatentAttention(cfg, p) if mla else Attention(cfg, p)
         self.ffn_norm = RMSNorm(hidden)
-        self.feed_forward = FeedForward(hidden, cfg["ffn_hidden_size"], p)
+        if moe_options.moe_layer(cfg, index):
+            self.feed_forward = MoEFeedForward(cfg, p, FeedForward, index)
+        else:
+            self.feed_forward = FeedForward(hidden, cfg["ffn_hidden_size"], p)
 
     def construct(self, x):
         h = x + ops.cast(self.attention(self.attention_norm(x)), x.dtype)
@@ -259,8 +223,11 @@ class DecoderLayer(nn.Cell):
 
     def select_recompute(self):
         """MindFormers' selective recompute of this layer (see the module doc)."""
-        self.feed_forward.mul.recompute()
-        self.feed_forward.w1.activation.silu.recompute()
+        if isinstance(self.feed_forward, MoEFeedForward):
+            self.feed_forward.select_recompute()
+        else:
+            self.feed_forward.mul.recompute()
+            self.feed_forward.w1.activation.silu.recompute()
         if not isinstance(self.attention.core, FusedCore):
             self.attention.core.recompute()
 
@@ -276,7 +243,7 @@ class Backbone(nn.Cell):
             self.tok_embeddings = Embedding(cfg["vocab_size"], hidden, p)
         self.layers = nn.SequentialCell(
             OrderedDict(
-                (str(i), DecoderLayer(cfg, p))
+                (str(i), DecoderLayer(cfg, p, i))
                 for i in stage_layers(cfg["num_layers"], p.pp, p.stage)
             )
         )
@@ -300,12 +267,11 @@ class Llama(nn.Cell):
 
     def __init__(self, cfg: dict, p: Placement):
         super().__init__()
-        for key in UNBUILT:
+        for key, why in UNBUILT.items():
             if cfg.get(key):
                 raise ConfigError(
-                    f"model.{key}: {cfg[key]}: the trial program builds no experts, latent "
-                    "attention, MTP modules or FP8 GEMMs yet; study this model on "
-                    "cluster.backend simulate"
+                    f"model.{key}: {cfg[key]}: {why}; study this model on cluster.backend "
+                    "simulate, or leave the key out"
                 )
         self.last = p.last
         self.recompute_marks = cfg.get("recompute_layers") or {}

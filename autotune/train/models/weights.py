@@ -9,7 +9,8 @@ checks that the network holds exactly the parameters the layout gives this rank,
 shapes the layout promises, and raises RuntimeError otherwise.
 
 Distributions (MindSpore's own defaults for these layers): Dense weight and bias
-U(±1/√fan_in), fan_in the full weight's input width; embedding tables N(0, 0.01); norm gains 1
+U(±1/√fan_in), fan_in the full weight's input width (its last dimension, stacked experts'
+too); embedding tables N(0, 0.01); norm gains 1
 (LayerNorm's ``gamma``, RMSNorm's ``…norm.weight`` / ``norm_out.weight``), shifts 0.
 """
 
@@ -38,14 +39,15 @@ def full_value(name: str, shape: tuple, shapes: dict, seed: int) -> np.ndarray:
     if name.endswith(("embedding_table", "embedding_weight")):
         return (0.01 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
     weight = name[: -len("bias")] + "weight" if name.endswith(".bias") else name
-    bound = 1.0 / np.sqrt(shapes[weight][1])
+    bound = 1.0 / np.sqrt(shapes[weight][-1])  # fan_in: the input width (stacked experts too)
     return (bound * (2.0 * rng.random(shape, dtype=np.float32) - 1.0)).astype(np.float32)
 
 
 def initialize(network, model_cfg: dict, placement, seed: int) -> None:
     """Fill ``network`` (one rank of a built-in family) with its blocks of the whole model's
     initial weights (see the module doc)."""
-    layouts, reasons = layout.builtin_layout(model_cfg, placement.tp, placement.pp)
+    place = placement
+    layouts, reasons = layout.builtin_layout(model_cfg, place.tp, place.pp, place.ep)
     if reasons:
         raise RuntimeError("; ".join(reasons))
     shapes = {name: p.shape for name, p in layouts.items()}
@@ -58,15 +60,14 @@ def initialize(network, model_cfg: dict, placement, seed: int) -> None:
         )
     for name, param in held.items():
         p = layouts[name]
-        if tuple(param.shape) != p.local_shape(placement.tp):
+        local = p.local_shape(place.tp, place.ep)
+        if tuple(param.shape) != local:
             raise RuntimeError(
-                f"{name}: holds {tuple(param.shape)}, the layout says "
-                f"{p.local_shape(placement.tp)} of {p.shape}"
+                f"{name}: holds {tuple(param.shape)}, the layout says {local} of {p.shape}"
             )
         full = full_value(name, p.shape, shapes, seed)
-        param.set_data(
-            ms.Tensor(np.ascontiguousarray(full[p.local_slice(placement.tp_index, placement.tp)]))
-        )
+        block = p.local_slice(place.tp_index, place.tp, place.ep_index, place.ep)
+        param.set_data(ms.Tensor(np.ascontiguousarray(full[block])))
         del full
 
 

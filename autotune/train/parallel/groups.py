@@ -18,7 +18,7 @@ MindSpore groups a placement names (call it after ``communication.init()``, on e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mindspore as ms
 import numpy as np
@@ -31,12 +31,29 @@ def _group_name(kind: str, ranks: list[int]) -> str:
     return f"{kind}-" + "-".join(map(str, ranks))
 
 
+def _ranks(name: str) -> list[int]:
+    return [int(r) for r in name.split("-")[1:]]
+
+
+def _expert_group(kind: str, ranks: list[int], world: int, known: tuple) -> str | None:
+    """The group of ``ranks`` for expert parallelism: None for one rank or the world, the name
+    of a ``known`` group of the same ranks (no second group of them), else a new name."""
+    if len(ranks) in (1, world):
+        return None
+    same = [name for name in known if name and _ranks(name) == ranks]
+    return same[0] if same else _group_name(kind, ranks)
+
+
 @dataclass(frozen=True)
 class Placement:
     """One rank of a (dp, tp, pp) layout: its coordinates and the groups it communicates in.
 
     A group name is None where no communication is needed (a group of one rank). ``dp_group``
-    is None for pure data parallelism too: the world group is the dp group then.
+    is None for pure data parallelism too: the world group is the dp group then; so are
+    ``ep_group`` (the ``ep`` ranks that split the experts, `autotune.layout.ep_coords`) and
+    ``expert_group`` (the ``expert_replicas`` ranks that hold the same experts) where they are
+    the world. Expert parallelism's groups reuse the name of a tp, dp or stage group of the same
+    ranks (with ep = 1 the experts' replicas are the stage's ranks: no new group).
     """
 
     rank: int
@@ -52,14 +69,19 @@ class Placement:
     next_link: str | None  # ... and to the next stage's
     # the stage's dp·tp ranks when they are neither the world, the dp group nor the tp group
     stage_group: str | None = None
+    ep: int = 1
+    ep_index: int = 0
+    ep_group: str | None = None
+    expert_group: str | None = None
+    expert_replicas: int = 1
 
     @classmethod
-    def of(cls, rank: int, dp: int, tp: int, pp: int) -> Placement:
+    def of(cls, rank: int, dp: int, tp: int, pp: int, ep: int = 1) -> Placement:
         stage, dp_index, tp_index = layout.rank_coords(rank, dp, tp)
         prev_rank, next_rank = layout.pipeline_peers(rank, dp, tp, pp)
         tp_ranks, dp_ranks = layout.tp_group(rank, dp, tp), layout.dp_group(rank, dp, tp)
         stage_ranks = list(range(stage * dp * tp, (stage + 1) * dp * tp))
-        return cls(
+        placed = cls(
             rank,
             dp,
             tp,
@@ -72,6 +94,16 @@ class Placement:
             _group_name("pp", [prev_rank, rank]) if prev_rank is not None else None,
             _group_name("pp", [rank, next_rank]) if next_rank is not None else None,
             _group_name("stage", stage_ranks) if pp > 1 and dp > 1 and tp > 1 else None,
+        )
+        ep_index, ep_ranks, replicas = layout.ep_coords(rank, dp, tp, ep)
+        known = (placed.tp_group, placed.dp_group, placed.stage_group)
+        return replace(
+            placed,
+            ep=ep,
+            ep_index=ep_index,
+            ep_group=_expert_group("ep", ep_ranks, placed.world, known),
+            expert_group=_expert_group("experts", replicas, placed.world, known),
+            expert_replicas=len(replicas),
         )
 
     @property
@@ -88,8 +120,16 @@ class Placement:
 
     def groups(self) -> dict:
         """``{name: ranks}`` of every group this rank belongs to (besides the world)."""
-        named = [self.tp_group, self.dp_group, self.prev_link, self.next_link, self.stage_group]
-        return {name: [int(r) for r in name.split("-")[1:]] for name in named if name}
+        named = [
+            self.tp_group,
+            self.dp_group,
+            self.prev_link,
+            self.next_link,
+            self.stage_group,
+            self.ep_group,
+            self.expert_group,
+        ]
+        return {name: _ranks(name) for name in named if name}
 
 
 def create_groups(placement: Placement, made: set) -> None:

@@ -77,7 +77,7 @@ class Sharding(nn.Cell):
                 starts.append(-1)
                 stops.append(-1)
                 continue
-            rows = lay.shard_rows(p.tp, p.dp_index, p.tp_index)
+            rows = lay.shard_rows(p.tp, p.dp_index, p.tp_index, p.ep)
             shard = ms.Parameter(
                 ms.Tensor(weight.asnumpy()[rows]), name=f"{SHARD_PREFIX}{weight.name}"
             )
@@ -93,7 +93,10 @@ class Sharding(nn.Cell):
                     + ((0, 0),) * (len(weight.shape) - 1)
                 )
             )
-            group = groups["dp"] if lay.shared_by_dp_group(p.tp) else groups["stage"]
+            if lay.ep_split:  # the ranks that hold the same experts
+                group = groups["experts"]
+            else:
+                group = groups["dp"] if lay.shared_by_dp_group(p.tp) else groups["stage"]
             reducers.append(ops.AllReduce(group=group) if group else ops.AllReduce())
         self.starts, self.stops = tuple(starts), tuple(stops)
         # tuples, not cells of their own: a cell container would rename the parameters it holds
@@ -141,10 +144,11 @@ def plan(weights, model: dict, placement: Placement, element_bytes: int) -> Shar
         shapes = {w.name: tuple(w.shape) for w in weights}  # tp = pp = 1: local shapes are full
         layouts, _ = layout.plan_layout(shapes, 1, 1, {})
     else:
-        layouts, _ = layout.builtin_layout(model, p.tp, p.pp)
+        layouts, _ = layout.builtin_layout(model, p.tp, p.pp, p.ep)
     layouts = layout.with_optimizer_shards(
-        layouts, p.dp, p.tp, element_bytes, whole=layout.optimizer_whole(model)
+        layouts, p.dp, p.tp, element_bytes, whole=layout.optimizer_whole(model), ep=p.ep
     )
     if not any(layouts[w.name].opt_shard for w in weights):
         return None
-    return Sharding(weights, layouts, p, {"dp": p.dp_group, "stage": p.stage_group})
+    groups = {"dp": p.dp_group, "stage": p.stage_group, "experts": p.expert_group}
+    return Sharding(weights, layouts, p, groups)

@@ -118,7 +118,7 @@ class Session:
                 f"knobs: dp·tp·pp = {dp * tp * pp} but the launcher started {self.world} processes"
             )
         ms.set_context(mode=ms.PYNATIVE_MODE if knobs["jit_level"] == "pynative" else ms.GRAPH_MODE)
-        placement = parallel.Placement.of(self.rank, dp, tp, pp)
+        placement = parallel.Placement.of(self.rank, dp, tp, pp, knobs.get("ep", 1))
         if self.world == 1:
             return placement
         _launch(

@@ -1,6 +1,7 @@
 """One rank's training step: `engine` (the network part, optimizer and step function for the
 rank's place in the layout), `train_step` (the compiled step: accumulation, the DP all-reduce,
-loss scaling), `schedule` (the learning rate) and `probe` (the underflow probe)."""
+loss scaling), `schedule` (the learning rate), `probe` (the underflow probe) and `routing` (the
+router's load statistics)."""
 
 
 def __getattr__(name):

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import nn
+import numpy as np
+from mindspore import nn, ops
 from mindspore.common.initializer import initializer
 from mindspore.common.parameter import ParameterTuple
 
@@ -59,8 +60,23 @@ class Engine:
     fused_attention: bool = (
         False  # a fused flash-attention kernel: the bound stands (probe.measure)
     )
+    # the MoE layers' load counters, {layer index: float32 (E,) Parameter}
+    # (`autotune.train.models.moe`)
+    routers: dict = None
     _probe: object = None
     _last: tuple = None  # the last step's (zero counts tensor, scale, overflow)
+
+    def take_router_load(self) -> dict:
+        """``{layer index: [tokens routed to each expert]}`` of this rank's MoE layers since the
+        last call (top-k slots of its tokens; a forward a stage runs twice counts twice), and
+        clears the counters."""
+        taken = {}
+        for layer, load in (self.routers or {}).items():
+            taken[layer] = load.asnumpy().tolist()
+            # in place: set_data would give the parameter new storage, which the compiled step
+            # graphs (holding the counter as a free variable) do not see
+            ops.assign(load, ms.Tensor(np.zeros(load.shape, np.float32)))
+        return taken
 
     @property
     def scaled(self) -> bool:
@@ -106,11 +122,27 @@ def _decays(param) -> bool:
     return len(param.shape) > 1
 
 
-def optimizer_order(params) -> list:
-    """``params`` in the order the optimizer holds them (decayed matrices first), which is the
-    order its gradients must come in."""
+def optimizer_order(params, first=frozenset()) -> list:
+    """``params`` in the order the optimizer holds them (decayed matrices first, and of them the
+    names in ``first`` — the routed experts `autotune.train.step.train_step.Parallelism` reduces
+    apart), which is the order its gradients must come in."""
     params = list(params)
-    return [p for p in params if _decays(p)] + [p for p in params if not _decays(p)]
+    decayed = [p for p in params if _decays(p)]
+    return (
+        [p for p in decayed if p.name in first]
+        + [p for p in decayed if p.name not in first]
+        + [p for p in params if not _decays(p)]
+    )
+
+
+def _routed_experts(model: dict, placement: Placement) -> frozenset:
+    """Names of the rank's routed experts whose tokens come from other ranks too (under ep, or
+    tp's token split: `autotune.train.models.moe`), reduced apart; none otherwise."""
+    p = placement
+    if model.get("entry") or (p.ep == 1 and p.tp == 1):
+        return frozenset()
+    plan, _ = layout.builtin_layout(model, p.tp, p.pp, p.ep)
+    return frozenset(name for name, lay in plan.items() if lay.ep_split and lay.stage == p.stage)
 
 
 def make_optimizer(params, learning_rate, state_dtype=ms.float32):
@@ -158,7 +190,7 @@ def _owned(cfg: dict, placement: Placement, network) -> set:
     model = cfg["model"]
     if model.get("entry"):
         return {p.name for p in network.trainable_params()}
-    plan, _ = layout.builtin_layout(model, placement.tp, placement.pp)
+    plan, _ = layout.builtin_layout(model, placement.tp, placement.pp, placement.ep)
     return {
         name for name, lay in plan.items() if lay.split_dim is not None or placement.tp_index == 0
     }
@@ -189,6 +221,15 @@ def _probe_factory(cfg: dict, placement: Placement, network, loss_fn, micro: int
         )
 
     return make
+
+
+def _routers(network) -> dict:
+    """The load counters of ``network``'s MoE layers by layer index (none for other models)."""
+    return {
+        cell.index: cell.counter.load
+        for _, cell in network.cells_and_names()
+        if hasattr(cell, "counter") and hasattr(cell, "index")
+    }
 
 
 @APPLIES.register("recompute")
@@ -224,7 +265,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             knobs["warmup_steps"], train["total_steps"], trial["steps"]
         )
     p, micro = placement, micro_steps(knobs)
-    weights = ParameterTuple(optimizer_order(network.trainable_params()))
+    experts = _routed_experts(model, p)
+    weights = ParameterTuple(optimizer_order(network.trainable_params(), experts))
     sharding = None
     if knobs.get("parallel_optimizer"):
         sharding = sharding_mod.plan(
@@ -239,8 +281,11 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     parallel = step.Parallelism(
         p.dp,
         p.dp_group,
-        agree=p.tp > 1 or p.pp > 1,
+        agree=p.tp > 1 or p.pp > 1 or p.ep > 1,
         loss_weight=1.0 / (p.dp * p.tp) if p.last else 0.0,
+        experts=len(experts),
+        expert_group=p.expert_group,
+        expert_replicas=p.expert_replicas,
     )
     jit_level = None if knobs["jit_level"] == "pynative" else knobs["jit_level"]
     loss_scale = knobs["loss_scale"] if scaling else 1.0
@@ -252,7 +297,8 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     probe_rule = trial.get("underflow_probe", "auto")
     if probe_rule not in ("auto", "always"):
         raise ConfigError(f"trial.underflow_probe: {probe_rule!r} is not auto or always")
-    underflow = dict(
+    measures = dict(
+        routers=_routers(network),
         make_probe=make_probe,
         bound=bound,
         probe_always=probe_rule == "always",
@@ -288,7 +334,7 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
             run_micro,
             micro,
             sharding=sharding,
-            **underflow,
+            **measures,
         )
 
     state = step.TrainState(weights, micro, loss_scale, scale_window, count_zeros=scaling)
@@ -319,5 +365,5 @@ def build_engine(cfg: dict, placement: Placement, scale_window: int) -> Engine:
     micro_batch = train["global_batch_size"] // (p.dp * micro)
     stage = pipeline.PipelineStage(p, cells, micro, _boundary(model, micro_batch), COMPUTE[dtype])
     return Engine(
-        network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **underflow
+        network, optimizer, state, dataset, stage.step, micro, sharding=sharding, **measures
     )

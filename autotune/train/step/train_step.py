@@ -17,7 +17,9 @@ own, not a second copy of the forward and backward with the update on top (docs/
 
 The DP all-reduce is MindSpore's ``nn.DistributedGradReducer``: over the world group under pure
 data parallelism, over the rank's dp group otherwise; either way its all-reduces are bucketed by
-the ``comm_fusion`` threshold of the parallel context (``fusion_mb``).
+the ``comm_fusion`` threshold of the parallel context (``fusion_mb``). Routed experts whose
+tokens came from other ranks are reduced over the ranks that hold the same experts instead
+(:class:`Parallelism`).
 
 Loss scaling (float16 compute): gradients come from ``loss * scale``; after the all-reduce they
 are unscaled and checked with ``isfinite`` (the stock FloatStatus check has no CPU kernel). Under
@@ -161,14 +163,24 @@ class TrainState(nn.Cell):
 @dataclass(frozen=True)
 class Parallelism:
     """How a step's update communicates: ``dp`` replicas (``dp_group`` None: the world group),
-    and whether ranks must agree over the world (tensor or pipeline parallelism), in which case
-    ``loss_weight`` is this rank's share of the reported loss (1/(dp·tp) on the last stage, 0
-    elsewhere)."""
+    and whether ranks must agree over the world (tensor, pipeline or expert parallelism), in
+    which case ``loss_weight`` is this rank's share of the reported loss (1/(dp·tp) on the last
+    stage, 0 elsewhere).
+
+    ``experts``: how many of the weights, first in their order, are routed experts whose tokens
+    came from other ranks too (`autotune.train.models.moe`: under ep or tp). Their gradients sum
+    the contributions of the distinct tokens of an ep group, so they are summed over the
+    ``expert_replicas`` ranks that hold the same experts (``expert_group``; None: the world)
+    and divided by ``dp`` — the mean over the dp replicas of the whole model's gradient.
+    """
 
     dp: int = 1
     dp_group: str | None = None
     agree: bool = False
     loss_weight: float = 1.0
+    experts: int = 0
+    expert_group: str | None = None
+    expert_replicas: int = 1
 
 
 class _Update(nn.Cell):
@@ -193,26 +205,41 @@ class _Update(nn.Cell):
         self.state = state
         self.hyper_map = ops.HyperMap()
         self.accum_steps, self.scaling = accum_steps, scaling
-        self.reducer = None
+        self.reducer = self.expert_reducer = self.expert_scale = None
         self.loss_rides = not parallel.agree
+        self.experts = parallel.experts
+        weights = tuple(self.weights)
         if parallel.dp > 1:
             group = {"group": parallel.dp_group} if parallel.dp_group else {}
             # Pure DP: the loss sum rides along as one more "gradient" of the fused all-reduce.
-            reduced = tuple(self.weights) + ((state.loss_sum,) if self.loss_rides else ())
+            reduced = weights[self.experts :] + ((state.loss_sum,) if self.loss_rides else ())
             self.reducer = nn.DistributedGradReducer(
                 ParameterTuple(reduced), mean=True, degree=parallel.dp, **group
             )
+        if self.experts and parallel.expert_replicas > 1:
+            group = {"group": parallel.expert_group} if parallel.expert_group else {}
+            self.expert_reducer = nn.DistributedGradReducer(
+                ParameterTuple(weights[: self.experts]), mean=True, degree=parallel.dp, **group
+            )
+        elif self.experts and parallel.dp > 1:  # one rank holds these experts: / dp only
+            self.expert_scale = ms.Tensor(1.0 / parallel.dp, ms.float32)
         self.agree = ops.AllReduce() if parallel.agree else None
         self.loss_weight = ms.Tensor(parallel.loss_weight, ms.float32)
 
     def update(self, grads, loss, scale):
         """Returns ``(loss, overflow)`` once the update (or the skip) is done."""
+        experts, grads = grads[: self.experts], grads[self.experts :]  # () and all: no experts
+        if self.expert_reducer is not None:
+            experts = self.expert_reducer(experts)
+        if self.expert_scale is not None:
+            experts = self.hyper_map(ops.partial(_mul, self.expert_scale), experts)
         if self.reducer is not None:
             if self.loss_rides:
                 reduced = self.reducer(grads + (loss,))
                 grads, loss = reduced[:-1], reduced[-1]
             else:
                 grads = self.reducer(grads)
+        grads = experts + grads
         finite = ops.ones((), ms.bool_)
         if self.scaling:
             grads = self.hyper_map(ops.partial(_mul, ops.reciprocal(scale)), grads)
