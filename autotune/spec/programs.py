@@ -113,7 +113,15 @@ class Trainer(TrialProgram):
         pass  # the model.yaml's own checks are the trainer's
 
     def refusals(self, spec: Spec, c: Candidate) -> list[str]:
-        return []  # the layout's are every program's (`autotune.spec.constraints`)
+        # the layout's are every program's (`autotune.spec.constraints`); what a trial of the
+        # trainer cannot run is refused before dispatch, so it is recorded infeasible rather
+        # than failing as an error (an estimate or a table prices any cp)
+        if c.cp > 1 and backend_of(spec.cluster.backend).kind == "program":
+            return [
+                f"cp = {c.cp}: autotune's trainer splits no sequence (context parallelism runs "
+                "in MindFormers trials; price it on cluster.backend simulate)"
+            ]
+        return []
 
     def space_limits(self, spec: Spec) -> tuple[dict, str | None]:
         return {}, None

@@ -60,6 +60,25 @@ def test_ep_and_cp_are_refused_as_mindformers_refuses_them():
     assert "dp·tp·cp·pp = 128" in violations(long, ok.replace(dp=32))[0]
 
 
+def test_cp_is_refused_before_dispatch_where_the_trainer_runs_the_trial():
+    """The trainer splits no sequence: on a backend whose trials are its runs a cp > 1 candidate
+    is infeasible (recorded, never dispatched to fail), while an estimate prices it."""
+    long = dict(DENSE, flash_attention=True, seq_length=32768, dtype="float16")
+    on_gpu = parse_spec(
+        {
+            "model": long,
+            "train": {"global_batch_size": 256},
+            "cluster": {"backend": "gpu", "devices": 64, "devices_per_node": 8},
+        },
+        Path("model.yaml"),
+    )
+    split = candidate(on_gpu, dp=16, cp=4)
+    assert [r for r in violations(on_gpu, split) if "trainer splits no sequence" in r]
+    assert not [r for r in violations(on_gpu, split.replace(dp=64, cp=1)) if "cp =" in r]
+    simulated = spec_of(DENSE, flash_attention=True, seq_length=32768)
+    assert violations(simulated, candidate(simulated, dp=16, cp=4)) == []
+
+
 def test_the_space_searches_ep_on_experts_and_cp_on_long_sequences():
     moe = build_space(spec_of(QWEN3_30B_A3B))
     assert moe.domains["ep"] == (1, 2, 4, 8, 16, 32, 64) and moe.domains["cp"] == (1,)
