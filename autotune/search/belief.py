@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autotune.costmodel.moe_time import MOE_PARTS
 from autotune.search.factors import FactorPosterior, Shape
 
 # every part of the estimate's step time: the dense model's, then those experts, latent
@@ -44,13 +45,7 @@ PARTS = (
     "bubble",
     "optimizer",
     "host",
-    "experts",
-    "imbalance",
-    "mla",
-    "mtp",
-    "ep_comm",
-    "ep_comm_inter",
-    "cp_comm",
+    *MOE_PARTS,
 )
 MEMORY_PARTS = ("states", "activations", "overhead")
 # where each of the estimate's memory parts goes
