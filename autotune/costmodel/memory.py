@@ -28,8 +28,9 @@ Model (sources in the docstrings below and in ``workload.py``):
   count: 16-bit parameters and gradients (accumulated in place) and fp32 master weights,
   momentum and variance = 2 + 2 + 12 (the moments in ``optimizer_dtype``: DeepSeek-V3 keeps
   them in BF16, 2 + 2 + 8); its distributed optimizer (``--use-distributed-optimizer``, ZeRO-1;
-  the ``parallel_optimizer`` knob) shards the master weights and moments as
-  :func:`optimizer_elements` shards MindSpore's, parameters and gradients whole.
+  the ``parallel_optimizer`` knob) shards the master weights and moments of every parameter
+  evenly over its data-parallel replicas (:func:`distributed_elements`), parameters and
+  gradients whole.
   MindSpore's pipeline and gradient accumulation (``"mindspore"``: MindFormers'
   ``MFPipelineWithLossScaleCell`` clones every weight into ``accu_grads``, and MindSpore's
   micro-step operators add each micro-batch's gradient into them in the backward graph) keep the
@@ -207,6 +208,26 @@ def optimizer_elements(
     return tuple(per_stage)
 
 
+@lru_cache(maxsize=1024)
+def distributed_elements(work: Workload, dp: int, tp: int, pp: int, ep: int = 1) -> tuple:
+    """Per stage, the elements whose master weights and moments one device keeps under
+    Megatron's distributed optimizer: each parameter's local slice split evenly over the ranks
+    holding the same slice — the dp group, or for routed experts their dp·tp / ep
+    expert-data-parallel ranks (over tp too when each expert is split over it). Megatron
+    shards flat buffers "evenly across data parallel ranks" (Megatron-LM,
+    docs/distrib_optimizer.md), so no parameter stays whole: no size threshold, no
+    divisibility, no MindFormers exception."""
+    layouts, _ = builtin_layout(work.layout_config(), tp, pp, ep)
+    owned = [0.0] * pp
+    for p in layouts.values():
+        if p.ep_split:
+            replicas = (dp * tp) // ep // (tp if p.split_dim is not None else 1)
+        else:
+            replicas = dp
+        owned[p.stage] += math.prod(p.local_shape(tp, ep)) / replicas
+    return tuple(owned)
+
+
 def stage_activations(
     work: Workload,
     candidate,
@@ -266,10 +287,14 @@ def memory_per_stage(
     params_per_stage = rank_params(work, candidate.tp, candidate.pp, candidate.ep)
     dual = schedules.dualpipe(work, candidate, engine)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
-    sharded = None
-    if shards_optimizer(candidate, engine) or distributes_optimizer(candidate, engine):
+    sharded = distributed = None
+    if shards_optimizer(candidate, engine):
         sharded = optimizer_elements(
             work, candidate.dp, candidate.tp, candidate.pp, per_param["params"], candidate.ep
+        )
+    elif distributes_optimizer(candidate, engine):  # ZeRO-1: only these states are sharded
+        distributed = distributed_elements(
+            work, candidate.dp, candidate.tp, candidate.pp, candidate.ep
         )
     stages = []
     for stage, params in enumerate(params_per_stage):
@@ -280,9 +305,10 @@ def memory_per_stage(
                 params * gradient_bytes(engine, dtype, param_dtype),
             )
         parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
+        if distributed is not None:
+            parts["optimizer_states"] = distributed[stage] * per_param["optimizer_states"] / GIB
         if sharded is not None:
             owned, shard_rows, on_dp, on_stage = sharded[stage]
-            # Megatron's distributed optimizer (ZeRO-1) shards these states only
             parts["optimizer_states"] = owned * per_param["optimizer_states"] / GIB
             if engine == "trainer":  # the shard copies the trainer's optimizer updates
                 parts["params"] += shard_rows * per_param["params"] / GIB

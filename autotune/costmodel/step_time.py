@@ -87,6 +87,7 @@ from functools import lru_cache
 from autotune.costmodel import schedules
 from autotune.costmodel.collectives import allgather_time, allreduce_time, dp_exposed
 from autotune.costmodel.memory import (
+    distributed_elements,
     distributes_optimizer,
     gathered_bytes,
     gradient_bytes,
@@ -215,8 +216,7 @@ def step_time(
         if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
             grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_grad / 2
     elif distributes_optimizer(c, engine):  # its reduce-scatter and all-gather: an all-reduce
-        owned = optimizer_elements(work, c.dp, c.tp, c.pp, DTYPE_BYTES[dtype], c.ep)
-        updated = max(rows for rows, *_ in owned)
+        updated = max(distributed_elements(work, c.dp, c.tp, c.pp, c.ep))
     # the routed experts' gradients are reduced over the ranks holding the same experts only
     share, n_experts = expert_replicas(work, c, params_per_device)
     experts = grad_bytes * share
