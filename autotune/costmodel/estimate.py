@@ -226,6 +226,7 @@ def estimate(
     )
     if work is None:
         return _unknown(True, NOT_ESTIMATED)
+    work = work.executed_by(engine)
 
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
     n_micro = micro_steps(

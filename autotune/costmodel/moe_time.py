@@ -56,6 +56,11 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
   its experts' devices, k·(g − 1)/g copies at the node's rate (g = devices per node;
   :func:`node_limited`; DeepSeek-V3 §3.2.2: IB to the same-index GPU, then NVLink). Without
   it every copy travels on its own (above).
+- autotune's trainer (`autotune.families.llama.Llama.executed_by`): every local expert runs
+  every gathered token (``experts`` at E/k × the routed FLOPs; no ``imbalance``: each rank
+  computes all its tokens whatever the router chose), and its all-gather dispatcher's gather
+  and combine are each an all-reduce of ep blocks of the rank's tokens (this CPU has no
+  all-to-all: docs/parallel.md, "Expert parallelism"), 4 per MoE layer (6 recomputed whole).
 - ``cp_comm``: context parallelism as a ring over the cp ranks (MindFormers'
   ``colossalai_cp``): per layer the forward passes each rank's share of the keys and values on
   cp − 1 times, the backward passes them and their gradients (twice that), a whole-layer
@@ -65,6 +70,7 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
 
 from __future__ import annotations
 
+from autotune.costmodel.collectives import allreduce_time
 from autotune.costmodel.memory import rank_expert_params, rank_params
 from autotune.costmodel.profiles import DeviceProfile
 
@@ -174,7 +180,7 @@ def moe_parts(
     out = dict.fromkeys((*MOE_PARTS, "tp_comm"), 0.0)
     experts = layers * parts.get("experts", 0.0) + padded
     out["experts"] = kernels(experts, 0.0, experts - layers * work.router_flops())
-    if c.ep > 1 and not work.capacity:
+    if c.ep > 1 and not work.capacity and not work.gathered_experts:
         out["imbalance"] = kernels(routed, 0.0, routed) * (ROUTER_IMBALANCE - 1)
     out["mla"] = kernels(layers * parts.get("mla", 0.0), 0.0, layers * parts.get("mla", 0.0))
     if last:
@@ -183,7 +189,15 @@ def moe_parts(
     # legacy MoE without sequence parallelism: every tp rank holds its dp share's tokens whole
     whole = work.legacy_experts and not work.sequence_parallel
     buffer = micro_batch * work.dispatch_bytes(nbytes) / (c.cp if whole else c.tp * c.cp)
-    if moe_layers and c.ep > 1:
+    if moe_layers and c.ep > 1 and work.gathered_experts:
+        # autotune's trainer: each dispatch and combine an all-reduce of the group's rows, ep
+        # blocks of the rank's tokens (split over tp) — forward, backward, a full recompute's
+        rows = c.ep * micro_batch * work.hidden_state_bytes(nbytes) / (c.tp * c.cp)
+        _, outside = ep_peers(c.ep, per_node)
+        gbps = profile.inter_node_gbps if outside else profile.group_gbps(c.ep)
+        part = "ep_comm_inter" if outside else "ep_comm"
+        out[part] = moe_layers * (4 + 2 * full) * allreduce_time(rows, c.ep, gbps, profile)
+    elif moe_layers and c.ep > 1:
         stride = c.tp if work.legacy_experts else 1
         moved = buffer * (FP8_MOVED / nbytes if fp8 and nbytes == 2 else 1.0)
         if work.node_limit and not work.legacy_experts and c.ep > per_node:

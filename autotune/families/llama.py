@@ -18,7 +18,7 @@ routed and shared experts, multi-latent attention and multi-token prediction mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from autotune.families import moe
@@ -152,6 +152,18 @@ class Llama(Transformer):
     qk_norm: bool = False  # an RMSNorm on each query and key head (Qwen3)
     # experts, latent attention, MTP modules (`autotune.families.moe_workload`); None: none
     moe: MoEOptions | None = None
+    gathered_experts: bool = False  # see executed_by
+
+    def executed_by(self, engine: str) -> Llama:
+        """Under autotune's trainer (`autotune.train.models.moe`) each rank runs its local
+        experts over every token its ep group gathered, weighting 0 the tokens not routed to
+        them: a token goes through all E experts, not its k — the routed experts' FLOPs and
+        activations are priced at top-k = E — and the dispatch and combine are all-reduces
+        of the group's rows (`autotune.costmodel.moe_time`)."""
+        if engine != "trainer" or not self.experts:
+            return self
+        dense = replace(self.moe, top_k=self.moe.experts)
+        return replace(self, moe=dense, gathered_experts=True)
 
     @property
     def head_width(self) -> int:

@@ -186,6 +186,14 @@ class Workload(ABC):
     node_limit: ClassVar[int] = 0
     top_k: ClassVar[int] = 0
     dualpipe: ClassVar[bool] = False  # ``model.pipeline_schedule: dualpipe``
+    # autotune's trainer runs the experts: every local expert on every gathered token
+    # (:meth:`executed_by`)
+    gathered_experts: ClassVar[bool] = False
+
+    def executed_by(self, engine: str) -> Workload:
+        """This workload as ``engine`` (one of `autotune.spec.backends.ENGINES`) computes it:
+        the same model, unless the engine runs a mechanism its own way."""
+        return self
 
     def linear_flops(self) -> float:
         """Of :meth:`layer_flops`: the linear layers' GEMMs (projections, feed-forward,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.costmodel import PROFILES, estimate
-from autotune.costmodel.collectives import dp_exposed
+from autotune.costmodel.collectives import allreduce_time, dp_exposed
 from autotune.costmodel.memory import rank_params
 from autotune.costmodel.moe_time import FP8_MOVED, ep_peers, expert_replicas
 from autotune.costmodel.workload import workload_for
@@ -166,3 +166,28 @@ def test_dualpipe_pairs_stage_r_with_stage_pp_minus_1_minus_r_and_shrinks_the_bu
     mindspore = estimate(dual, DSV3_LAYOUT, engine="mindspore")
     assert "runs no DualPipe" in mindspore.not_modelled[0]
     assert mindspore.breakdown == estimate(spec, DSV3_LAYOUT, engine="mindspore").breakdown
+
+
+def test_the_trainer_runs_every_expert_on_every_gathered_token_and_all_reduces_the_rows():
+    """autotune's trainer computes each local expert over all the ep group's tokens (weight 0
+    where not routed): the routed FLOPs and their activations are E/k × the router's choice,
+    no rank waits for a busier one, and each dispatch or combine is an all-reduce of ep blocks
+    of the rank's tokens."""
+    spec = spec_of(QWEN3_30B_A3B, devices=8, batch=8)
+    c = candidate(spec, dp=8, tp=1, pp=1, ep=8, micro_batches=1, recompute="none")
+    routed = workload_for(spec.model)
+    dense = routed.executed_by("trainer")
+    assert routed.executed_by("mindspore") is routed
+    assert dense.routed_flops() == pytest.approx(routed.routed_flops() * 128 / 8)
+    kept = dense.layer_activations(1, "none", 2) - routed.layer_activations(1, "none", 2)
+    per_copy = 2 * (2 * 2048 + 4 * 768)  # a dispatched copy, its output, the SwiGLU's four
+    assert kept == pytest.approx(spec.model.seq_length * (128 - 8) * per_copy)
+    trainer = estimate(spec, c, engine="trainer").breakdown["time_s"]
+    mindspore = estimate(spec, c, engine="mindspore").breakdown["time_s"]
+    assert trainer["imbalance"] == 0.0 < mindspore["imbalance"]
+    assert trainer["experts"] > 10 * mindspore["experts"]
+    profile = PROFILES["ascend-910b"]
+    rows = 8 * spec.model.seq_length * 2048 * 2  # ep blocks of one sample's bf16 tokens
+    one = allreduce_time(rows, 8, profile.group_gbps(8), profile)
+    assert trainer["ep_comm"] == pytest.approx(48 * 4 * one)
+    assert trainer["ep_comm_inter"] == 0.0
