@@ -203,7 +203,7 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     # a temporary folder beside the output, renamed into place: files.staged_folder, used by
     # the export, the report, the compile cache and MindFormers trials' synthetic dataset
     makers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "mkdtemp(" in text]
-    assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
+    assert makers == ["execution/ray_cluster.py", "files.py"]  # ray_cluster: Ray's own temp folder
     users = [
         p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text
     ]
