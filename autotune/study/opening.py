@@ -43,7 +43,7 @@ from autotune.costmodel.estimate import default_engine
 from autotune.spec.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
-from autotune.spec.model_yaml import LATER_MODEL_FIELDS
+from autotune.spec.model_section import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
 from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec
