@@ -89,7 +89,7 @@ def cmd_search(args) -> int:
 
     budget = parse_budget(args.budget) if args.budget is not None else None
     spec, space = _load(args)
-    from autotune.execution.dispatch import ClusterLost
+    from autotune.execution.ray_cluster import ClusterLost
     from autotune.storage.connection import resolve_storage
     from autotune.study.progress import Progress
     from autotune.study.run import run_study

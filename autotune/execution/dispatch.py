@@ -11,29 +11,22 @@ ASCEND_RT_VISIBLE_DEVICES). It decides nothing about what to try: the study's lo
 collects each trial's `autotune.jobs.Result` (with its queued and wall seconds) with
 :meth:`Dispatcher.wait`.
 
-:meth:`Dispatcher.check` refuses, before any trial, a cluster that cannot place one: no
-resource of the backend's kind at all (naming it and the ``ray start`` flag that provides it),
-or not enough nodes for a trial that spans several (a SpecError). A trial Ray could not finish —
+The Ray it runs on is ``Dispatcher.cluster`` (`autotune.execution.ray_cluster`: embedded, or
+joined at ``address``), whose ``check`` refuses, before any trial, a cluster that cannot place
+one. A trial Ray could not finish —
 the worker or node running it died, its result was lost, any error of Ray or of the runner
 itself — comes back as an ``error`` with ``infrastructure`` set: not the candidate's fault. A
 failure on one node of a multi-node trial cancels its other nodes at once. Ray does not retry
 tasks itself (``max_retries=0``): the study's loop does, once, as a trial of its own
 (`autotune.study.retry`). When the driver's own connection to the cluster is gone (the local
 raylet died), or a trial can no longer be placed on the nodes alive, no trial can run any
-more: :meth:`Dispatcher.submit` or :meth:`Dispatcher.wait` raise :class:`ClusterLost`
-(:class:`Unplaceable`) instead, and :meth:`Dispatcher.cancel_all` then names every trial that
+more: :meth:`Dispatcher.submit` or :meth:`Dispatcher.wait` raise
+`autotune.execution.ray_cluster.ClusterLost` (:class:`Unplaceable`) instead, and :meth:`Dispatcher.cancel_all` then names every trial that
 was running, so the study's loop records them as interrupted and a resume reruns them.
 :meth:`Dispatcher.cancel` does not wait: the trial's tasks are told to stop (each stops its
 process tree within ``STOP_GRACE_S`` + a few seconds) and its placement group is removed once
 they have, checked on each later call; :meth:`Dispatcher.cancel_all` (the driver ending) waits
 up to ``CANCEL_WAIT_S`` for them all.
-
-An embedded Ray is quiet, bound to loopback and shut down (no processes left) on close. If the
-driver dies instead (SIGKILL included), nothing of the study outlives it by more than a few
-seconds: Ray ends its raylet and GCS with the driver, a running trial's processes die with the
-Ray worker that launched them (`autotune.execution.runner`), and an
-`autotune.execution.processes.Guard` ends the
-rest — Ray's agents, which otherwise wait 60 s on the dead GCS — and removes Ray's temp folder.
 """
 
 from __future__ import annotations
@@ -41,23 +34,17 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.execution.nodes import node_plan, unplaceable
-from autotune.execution.processes import Guard
+from autotune.execution.ray_cluster import ClusterLost, RayCluster, connect
 from autotune.execution.ray_tasks import PoolActor, master_address, node_task
 from autotune.jobs import Result
 from autotune.spec.backends import Backend
-from autotune.spec.errors import SpecError
 
 CANCEL_WAIT_S = 15  # how long a cancelled trial's tasks get to stop their processes
-
-
-class ClusterLost(RuntimeError):
-    """The driver lost its Ray cluster (the local raylet died): nothing more can run."""
 
 
 class Unplaceable(ClusterLost):
@@ -109,34 +96,11 @@ class Dispatcher:
         self._trials: dict[int, _Trial] = {}
         # cancelled: (tasks still running, group, when they were asked to stop)
         self._stopping: list[tuple[list, object, float]] = []
-        self._temp_dir: str | None = None
-        self._guard: Guard | None = None
+        self.cluster: RayCluster | None = None  # the Ray it runs on, once entered
 
     def __enter__(self) -> Dispatcher:
-        # Ray reads these at import and init: no auth-token file or warning, no log spam.
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if not self.address:
-            # An embedded Ray serves this machine only: this switch makes Ray take the loopback
-            # address as the node IP, so GCS, raylet and object manager listen on 127.0.0.1.
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        import ray
-
-        self._ray = ray
-        common = dict(logging_level="ERROR", log_to_driver=False, configure_logging=True)
-        if self.address:
-            ray.init(address=self.address, **common)
-        else:
-            self._temp_dir = tempfile.mkdtemp(prefix="autotune-ray-")
-            self._guard = Guard(remove=[self._temp_dir]).__enter__()
-            # On CPU the embedded pool is the study's devices, so trials never share the cores
-            # they measure; accelerators are whatever Ray detects.
-            pool = {"num_cpus": self.pool_devices} if self.backend.host_devices else {}
-            try:
-                ray.init(include_dashboard=False, _temp_dir=self._temp_dir, **pool, **common)
-            except BaseException:
-                self._close_embedded()
-                raise
+        self.cluster = connect(self.backend, self.devices_per_node, self.pool_devices, self.address)
+        self._ray = ray = self.cluster.ray
         self._remote = ray.remote(node_task)
         self._address_task = ray.remote(master_address)
         self._pool_actor = ray.remote(PoolActor)
@@ -149,65 +113,10 @@ class Dispatcher:
                 self._retire(pool)
             self._ray.shutdown()
         finally:
-            self._close_embedded()
+            self.cluster.close_embedded()
             if self.warm_root is not None:  # the pools' folders this host can see
                 for folder in self.warm_root.glob(f"{self._pool_prefix}*"):
                     shutil.rmtree(folder, ignore_errors=True)
-
-    def _close_embedded(self) -> None:
-        if self._guard:
-            self._guard.__exit__(None, None, None)
-            self._guard = None
-        if self._temp_dir:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
-
-    def _where(self) -> str:
-        return f"the Ray cluster at {self.address}" if self.address else "the embedded Ray"
-
-    def _bundles(self, devices: int) -> list[dict]:
-        try:
-            plan = node_plan(devices, self.devices_per_node)
-        except ValueError as exc:
-            raise SpecError(f"cluster.devices_per_node: {exc}") from None
-        return [self.backend.resources(launch.local_workers) for launch in plan]
-
-    def _alive_nodes(self) -> list[dict]:
-        """The total resources of each node alive; ClusterLost when this driver's own node is
-        not among them (its raylet died: nothing can be submitted any more)."""
-        nodes = [node for node in self._ray.nodes() if node.get("Alive")]
-        mine = self._ray.get_runtime_context().get_node_id()
-        if not any(node["NodeID"] == mine for node in nodes):
-            raise ClusterLost("the Ray cluster is gone (this driver's node is not alive)")
-        return [node["Resources"] for node in nodes]
-
-    def capacity(self) -> int:
-        """Devices of this backend's kind in the Ray cluster: how many trial devices fit at once
-        (embedded on CPU: ``pool_devices``, so trials never share the cores they measure)."""
-        return int(self._ray.cluster_resources().get(self.backend.ray_resource, 0))
-
-    def check(self, devices: int) -> None:
-        """Refuse a cluster that cannot place a trial of ``devices`` (see the module doc)."""
-        kind, name = self.backend.ray_resource, self.backend.name
-        if not self.capacity():
-            raise SpecError(
-                f"cluster.backend: {name} trials need Ray resource {kind} and {self._where()} has "
-                f"none: start each Ray node with `ray start {self.backend.ray_start_flag}` "
-                "(N: the node's devices) and pass --ray-address"
-            )
-        bundles = self._bundles(devices)
-        reason = unplaceable(bundles, self._alive_nodes())
-        if reason:
-            spans = (
-                f"spans {len(bundles)} nodes of {self.devices_per_node} devices"
-                if len(bundles) > 1
-                else "needs one node"
-            )
-            raise SpecError(
-                f"cluster.devices: a trial of {devices} devices {spans}: {reason} in "
-                f"{self._where()}; start more nodes (`ray start --address=HEAD:PORT "
-                f"{self.backend.ray_start_flag}`) and pass --ray-address, or lower "
-                "cluster.devices"
-            )
 
     def submit(
         self,
@@ -224,7 +133,7 @@ class Dispatcher:
         `autotune.execution.warm`), else fresh on as many nodes as it spans."""
         plan = node_plan(devices, self.devices_per_node)
         bundles = [self.backend.resources(launch.local_workers) for launch in plan]
-        reason = unplaceable(bundles, self._alive_nodes())
+        reason = unplaceable(bundles, self.cluster.alive_nodes())
         if reason:
             raise Unplaceable(f"no set of nodes can place trial {number}: {reason}")
         # No Ray retries: a task whose worker died comes back as an infrastructure error, and
@@ -413,7 +322,7 @@ class Dispatcher:
         ]
         if not waiting:
             return
-        nodes = self._alive_nodes()
+        nodes = self.cluster.alive_nodes()
         for trial in waiting:
             reason = unplaceable(trial.bundles, nodes)
             if reason:

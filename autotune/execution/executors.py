@@ -218,10 +218,10 @@ class DispatchedExecutor:
         self._dispatcher.__exit__(*exc)
 
     def capacity(self) -> int:
-        return self._dispatcher.capacity()
+        return self._dispatcher.cluster.capacity()
 
     def check(self, devices: int) -> None:
-        self._dispatcher.check(devices)
+        self._dispatcher.cluster.check(devices)
 
     def steps_dir(self, number: int) -> Path:
         return self.study_dir / str(number)

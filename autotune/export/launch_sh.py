@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import json
 
-from autotune.mindformers.config import UNSET_BASE, on_cpu
+from autotune.mindformers.config import UNSET_BASE
+from autotune.mindformers.cpu_form import on_cpu
 from autotune.mindformers.run_settings import run_backend
 from autotune.spec.candidate import Candidate
 from autotune.spec.mindformers_trial import cpu_refusals
@@ -200,7 +201,7 @@ def launch_script(spec: Spec, c: Candidate, trial: dict) -> str:
         environment="".join(f"export {name}={value}\n" for name, value in backend.environment),
         trials_ran=program_of(spec).launch_note(spec),
         no_mindformers=f'  fail "--mindformers: {refusal}"\n' if refusal else "",
-        # autotune's CPU training step, beside mindformers.yaml (autotune.mindformers.config)
+        # autotune's CPU training step, beside mindformers.yaml (autotune.mindformers.cpu_form)
         register='  ARGS+=(--register_path "$HERE")\n' if on_cpu(spec, c) else "",
     )
     if workers == 1:

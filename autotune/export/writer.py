@@ -10,7 +10,7 @@ folder into place, so a failure at any point leaves no half-written export. Retu
 the finished folder, sorted. A run backend MindFormers cannot run (``Backend.no_mindformers``:
 gpu) gets no mindformers.yaml, and a ``mindformers_base`` for it is refused with that reason; a
 CPU export MindFormers runs gets its CPU training step beside it
-(`autotune.mindformers.config.CPU_WRAPPER_FILE`).
+(`autotune.mindformers.cpu_form.CPU_WRAPPER_FILE`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from autotune.layout import (
     with_optimizer_states,
 )
 from autotune.mindformers import config as mf_config
+from autotune.mindformers import cpu_form
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
@@ -104,9 +105,9 @@ def _write_documents(
         **({"mindformers.yaml": mindformers_yaml} if mindformers_yaml is not None else {}),
         "summary.json": json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False),
     }
-    if mindformers_yaml is not None and mf_config.on_cpu(spec, c):
-        documents[mf_config.CPU_WRAPPER_FILE] = (
-            mf.CLUSTER_DIR / mf_config.CPU_WRAPPER_FILE
+    if mindformers_yaml is not None and cpu_form.on_cpu(spec, c):
+        documents[cpu_form.CPU_WRAPPER_FILE] = (
+            mf.CLUSTER_DIR / cpu_form.CPU_WRAPPER_FILE
         ).read_text()
     for name, text in documents.items():
         (folder / name).write_text(text.rstrip("\n") + "\n", encoding="utf-8")

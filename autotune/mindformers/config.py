@@ -6,11 +6,11 @@ output through MindFormers itself in a venv of its own, docs/mindformers.md):
   its MindFormers source ("What the overlay sets"). MindFormers' global batch under it is
   ``train.global_batch_size`` in every layout, pure data parallel included.
 - A run backend of ``mindformers_cpu_form`` (``cpu``) gets the config MindFormers runs on CPU
-  when it can (:func:`cpu_refusals` is empty): data parallel (``parallel_mode: 0``, gradients
-  averaged), accumulation folded into the per-rank batch, no sink mode, the legacy llama's CPU
-  kernels, and autotune's CPU training step (:data:`CPU_WRAPPER_FILE`, passed by ``launch.sh``
-  through ``--register_path``). When it cannot, the file is the device form and its header
-  says why MindFormers refuses it on CPU.
+  when it can (`autotune.mindformers.cpu_form.on_cpu`): data parallel (``parallel_mode: 0``,
+  gradients averaged) in `autotune.mindformers.cpu_form`'s CPU form (accumulation folded into
+  the per-rank batch, no sink mode, the legacy llama's CPU kernels, and autotune's CPU training
+  step, passed by ``launch.sh`` through ``--register_path``). When it cannot, the file is the
+  device form and its header says why MindFormers refuses it on CPU.
 - The base is read and merged by MindFormers' own rule, `autotune.spec.mindformers_file`
   (``load_config``, ``merge``), which ``autotune init --mindformers`` reads configs with too; its
   per-stage recompute lists are re-derived for the tuned pp and the keys it keeps that change
@@ -42,6 +42,7 @@ from autotune.families.layers import stage_offsets
 from autotune.families.llama import LLAMA_EMBEDDING
 from autotune.layout import optimizer_whole
 from autotune.mindformers.base import kept, stage_lists
+from autotune.mindformers.cpu_form import device_notes, for_cpu, on_cpu
 from autotune.mindformers.run_settings import (
     GRAPH_MODE,
     PYNATIVE_MODE,
@@ -57,7 +58,6 @@ from autotune.spec.knobs import KNOBS, KnobHooks
 from autotune.spec.mindformers_file import BASE_CONFIG, is_mcore, load_config, merge
 from autotune.spec.mindformers_layers import chunks, per_stage
 from autotune.spec.mindformers_mcore import TRANSFORMER_CONFIG_DEFAULTS
-from autotune.spec.mindformers_trial import cpu_refusals
 from autotune.spec.specs import Spec
 
 # Where each knob is written in mindformers.yaml (`autotune.export.knob_writers` says what a
@@ -67,15 +67,6 @@ MINDFORMERS_YAML = KnobHooks("export: mindformers.yaml")
 
 # What the overlay's base_config says until the user sets it; launch.sh refuses to start with it.
 UNSET_BASE = "SET-ME-your-model-mindformers-config.yaml"
-# autotune's training step for MindFormers on CPU, copied beside a CPU export's mindformers.yaml
-# (the file's own name) and registered through runner_wrapper.auto_register.
-CPU_WRAPPER_FILE = "mindformers_cpu_wrapper.py"
-CPU_WRAPPER = "CpuTrainOneStepCell"
-
-
-def on_cpu(spec: Spec, c: Candidate) -> bool:
-    """Whether mindformers.yaml is the CPU form (MindFormers runs ``c`` on this CPU)."""
-    return run_backend(spec).mindformers_cpu_form and not cpu_refusals(c)
 
 
 def overlay(spec: Spec, c: Candidate) -> dict:
@@ -142,7 +133,7 @@ def overlay(spec: Spec, c: Candidate) -> dict:
         document["parallel"]["enable_alltoall"] = c.ep > 1
     MINDFORMERS_YAML.call(c.as_dict(), spec, c, document)
     if cpu:
-        _for_cpu(document, c)
+        for_cpu(document, c)
     return document
 
 
@@ -231,25 +222,6 @@ def recompute_lists(spec: Spec, c: Candidate, interleave: int = 1) -> dict:
     return lists
 
 
-def _for_cpu(document: dict, c: Candidate) -> None:
-    """The CPU form (docs/mindformers.md, "On CPU"): MindFormers accumulates gradients only under
-    semi-auto parallel, so the K accumulated micro-batches become one K-fold batch per rank (the
-    same global batch and updates, more activation memory)."""
-    runner = document["runner_config"]
-    runner.update(
-        batch_size=runner["batch_size"] * runner["gradient_accumulation_steps"],
-        gradient_accumulation_steps=1,
-        sink_mode=False,
-    )  # sink: steps × sink_size
-    document["runner_wrapper"].update(
-        type=CPU_WRAPPER, auto_register=f"{Path(CPU_WRAPPER_FILE).stem}.{CPU_WRAPPER}"
-    )
-    # no RmsNorm or fused attention kernel on CPU; rope without slicing fails to broadcast
-    document["model"]["model_config"].update(
-        use_rope_slice=True, fused_rms_norm=False, use_flash_attention=False
-    )
-
-
 # Keys of the legacy llama's model_config the overlay may write: an mcore model's converter
 # refuses each when MindFormers builds the network ("`parallel_optimizer` is unexpected in
 # TransformerConfig": parallel_core/transformer_config_utils.py, convert_to_transformer_config,
@@ -303,23 +275,6 @@ def _value(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _notes(spec: Spec, c: Candidate) -> str:
-    """Header lines on how MindFormers runs this file where it differs by device."""
-    if on_cpu(spec, c):
-        return (
-            "# On CPU: data parallel, accumulation folded into the per-rank batch, and autotune's\n"
-            f"# {CPU_WRAPPER} ({CPU_WRAPPER_FILE} beside this file), which launch.sh\n"
-            "# --mindformers registers through run_mindformer.py --register_path.\n"
-        )
-    if run_backend(spec).mindformers_cpu_form:
-        return (
-            "# MindFormers cannot run this on CPU: "
-            + "; ".join(cpu_refusals(c))
-            + ".\n# It is the config for Ascend; launch.sh --mindformers refuses it here.\n"
-        )
-    return ""
-
-
 def _length_note(spec: Spec) -> str:
     """The header's line on the run's length when mindformers.yaml leaves it to the base."""
     return (
@@ -349,7 +304,7 @@ def document(
             "# file's folder): MindFormers merges this file over it. Or export again with\n"
             "# --mindformers-base YOUR.yaml to get the complete config, in which recompute lists\n"
             f"# keyed by stage (select_comm_recompute: [..]) are re-derived for pp = {c.pp}.\n"
-            + _notes(spec, c)
+            + device_notes(spec, c)
             + _length_note(spec)
             + _legacy_note(legacy)
             + "# docs/mindformers.md says why each key is set. Knobs map to:\n"
@@ -383,7 +338,7 @@ def document(
     header = (
         f"{title}:\n#   {Path(base_path).resolve()}\n"
         "# with the tuned settings merged in by MindFormers' own rule (docs/mindformers.md).\n"
-        + _notes(spec, c)
+        + device_notes(spec, c)
         + _length_note(spec)
         + "# Changed, old -> new:\n"
         + lines

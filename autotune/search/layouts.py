@@ -22,7 +22,7 @@ import numpy as np
 
 from autotune.search.acquisition import FIT_AT_LEAST, LIKELY, UNMEASURED
 
-if TYPE_CHECKING:  # the prior imports this module; this one only reads a prior it is given
+if TYPE_CHECKING:  # study_prior imports this module and the prior; this one only reads a prior
     from autotune.search.prior import Prior
 
 

@@ -7,7 +7,8 @@ measurements so far, and whether every knob of it is fixed (a layout being explo
 sampler chooses the knobs the cost model does not estimate. It reads no storage and runs
 nothing; the proposer (`autotune.search.proposer`) asks it and tells it every candidate proposed
 and how each ended (:meth:`Prior.mark`), so nothing running or finished is proposed again.
-:func:`prior_for` is the prior of a study's spec (None: not ``auto``, or nothing to rank).
+`autotune.search.study_prior.prior_for` is the prior of a study's spec (None: not ``auto``, or
+nothing to rank).
 
 - Belief: the estimate of each candidate — priced as the program its trials run
   (`autotune.costmodel.estimate.default_engine`) — is corrected by what was measured,
@@ -43,7 +44,7 @@ and how each ended (:meth:`Prior.mark`), so nothing running or finished is propo
 - Several objectives the model estimates (goodput, peak memory): the proposer takes them in turn
   (:attr:`Prior.objectives`); by peak memory the prior ranks by the corrected memory estimate.
   ``final_loss`` is not estimated: a study with no estimated objective, or a model without
-  dimensions, has no prior (:func:`usable`).
+  dimensions, has no prior (`autotune.search.study_prior.usable`).
 - `autotune.search.layouts` says, for every layout, whether it ran and, if not, why not.
 """
 
@@ -56,8 +57,6 @@ from dataclasses import replace
 import numpy as np
 
 from autotune import costmodel
-from autotune.costmodel.estimate import default_engine
-from autotune.costmodel.workload import workload_for
 from autotune.search.acquisition import (
     BAND,
     FIT_AT_LEAST,
@@ -71,7 +70,6 @@ from autotune.search.acquisition import (
     mechanisms_of,
 )
 from autotune.search.belief import PARTS, Belief, Row, memory_parts, position
-from autotune.search.layouts import worth_measuring
 from autotune.spec.backends import backend_of
 from autotune.spec.knobs import KNOB_NAMES, KNOBS, micro_steps
 
@@ -79,13 +77,6 @@ PRIOR_LIMIT = 20_000  # candidates estimated at most (≈0.2 ms each)
 ESTIMATED = ("goodput", "peak_memory")
 MEMORY_REACH = 2.0  # candidates estimated up to this × the limit may still fit
 NOT_RUN = ("infeasible",)
-
-
-def usable(spec) -> bool:
-    """Whether the cost model can rank this study's candidates (see the module doc)."""
-    return (
-        any(o in ESTIMATED for o in spec.search.objectives) and workload_for(spec.model) is not None
-    )
 
 
 def raw_parts(estimate) -> np.ndarray:
@@ -367,39 +358,3 @@ def _candidates(space, limit: int, seed: int | None) -> list:
             break
         drawn.setdefault(space._resolve({n: rng.choice(space.domains[n]) for n in KNOB_NAMES}))
     return list(drawn)
-
-
-def prior_for(spec, space, note, n_trials: int | None = None) -> Prior | None:
-    """The prior of an ``auto`` study, when the cost model can rank its candidates; ``note``
-    (a callable taking one line) hears why not, or what it ranked, and — given ``n_trials`` —
-    when the study is too short to measure every layout that could be the best."""
-    if spec.search.sampler != "auto":
-        return None
-    if not usable(spec):
-        note(
-            f"auto: the cost model cannot rank by {', '.join(spec.search.objectives)} "
-            "for this model: TPE after the baseline and the layout openers"
-        )
-        return None
-    prior = Prior(spec, space, spec.search.seed)
-    if not prior.candidates:  # then the baseline and the layout openers say why, recorded
-        note(
-            "auto: the cost model predicts no candidate fits: the baseline and one "
-            "trial per layout run as with any sampler"
-        )
-        return None
-    worth = worth_measuring(prior)
-    note(
-        f"auto: the cost model ranks {len(prior.candidates)} candidates in "
-        f"{len(prior.layout_ids)} layouts ({default_engine(spec)}'s steps); the baseline "
-        "runs first, then the candidates likeliest to improve on the best measured one, by "
-        "the estimate corrected by every measurement — and first each parallel split within "
-        "what the model may be off by of the best measured"
-    )
-    if n_trials is not None and worth > n_trials - 1:
-        note(
-            f"auto: {worth} parallel splits are estimated within {math.expm1(UNMEASURED):.0%} "
-            f"of the best, and {n_trials - 1} trials follow the baseline: the rest are judged by "
-            "what the measured ones teach (autotune show lists them)"
-        )
-    return prior

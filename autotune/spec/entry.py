@@ -1,4 +1,4 @@
-"""The one loader of a ``model.entry`` network: validation (`autotune.spec.model_yaml`), export
+"""The one loader of a ``model.entry`` network: validation (`autotune.spec.model_section`), export
 (`autotune.export.params`) and the trial program (`autotune.train.models.entry`) import the user's
 function through here, by one rule.
 

@@ -17,15 +17,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from autotune.families import FAMILIES, owners
-from autotune.families.layers import RECOMPUTE_LAYER_KEYS
-from autotune.spec import entry as entry_loader
 from autotune.spec.attention import fused_refusal
 from autotune.spec.backends import BACKENDS, DEFAULT_BACKEND, ENGINES
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import DTYPES, JIT_LEVELS, KNOBS, RECOMPUTE_MODES
-from autotune.spec.model_experts import NONE as EXPERTS_NONE
-from autotune.spec.model_experts import parse_experts
+from autotune.spec.knobs import JIT_LEVELS, KNOBS, RECOMPUTE_MODES
+from autotune.spec.model_section import parse_model
 from autotune.spec.objectives import OBJECTIVES
 from autotune.spec.programs import program_of, read_trial
 from autotune.spec.specs import (
@@ -33,7 +29,6 @@ from autotune.spec.specs import (
     DEFAULT_PRECISION,
     DEFAULT_TOTAL_STEPS,
     ClusterSpec,
-    ModelSpec,
     SearchSpec,
     Spec,
     TrainSpec,
@@ -44,7 +39,6 @@ from autotune.spec.yaml_file import load_yaml
 # search.sampler's names, the CLI's --sampler choices: `autotune.search.samplers.make_sampler`
 # builds each (it imports this tuple; spec never imports search)
 SAMPLERS = ("auto", "tpe", "random", "grid", "cmaes", "nsga2", "gp")
-TP_SPLITS = ("column", "row", "replicated")  # how a tensor-parallel layout splits a weight
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 
 
@@ -116,7 +110,7 @@ def parse_spec(data: dict, path: Path, stored: bool = False) -> Spec:
     study = top.get("study", str, default=path.stem)
     if not study.strip() or "/" in study:
         top.fail("study", "must be a non-empty name without '/'")
-    model = _parse_model(_Section(data.get("model"), "model", source), path.parent, stored)
+    model = parse_model(_Section(data.get("model"), "model", source), path.parent, stored)
     top.used.add("model")
     train = _parse_train(_Section(data.get("train"), "train", source))
     top.used.add("train")
@@ -166,156 +160,6 @@ def _parse_baseline(s: _Section) -> dict:
         for name, knob in KNOBS.items()
         if name in s.data
     }
-
-
-# Model fields added after studies were first stored: at these values a study's fingerprint
-# leaves them out, so a study made before them still resumes (`autotune.study.opening`).
-LATER_MODEL_FIELDS = {
-    "num_kv_heads": None,
-    "head_dim": None,
-    "qk_norm": False,
-    "param_dtype": "float32",
-    "optimizer_dtype": "float32",
-    "flash_attention": False,
-    "sequence_parallel": False,
-    "embedding_parallel_optimizer": False,
-    "recompute_layers": {},
-    **EXPERTS_NONE,
-}
-
-
-def _parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
-    family = s.get("family", str, default=None, choices=tuple(FAMILIES))
-    entry = s.get("entry", str, default=None)
-    if (family is None) == (entry is None):
-        s.fail(
-            "family", f"give exactly one of model.family ({' | '.join(FAMILIES)}) or model.entry"
-        )
-    if entry is not None:
-        entry = entry_loader.resolve(entry, base) if stored else _check_entry(entry, base, s)
-    # A built-in family needs its dimensions; an entry model may give them for the cost model.
-    required = ... if family is not None else None
-    dims = {
-        key: s.get(key, int, minimum=1, default=required)
-        for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size")
-    }
-    attention = _parse_attention(s, family)
-    experts = parse_experts(s, family, dims["num_layers"])
-    if (
-        attention["head_dim"] is None
-        and experts["kv_lora_rank"] is None
-        and dims["hidden_size"]
-        and dims["num_heads"]
-        and dims["hidden_size"] % dims["num_heads"]
-    ):
-        s.fail(
-            "hidden_size",
-            f"{dims['hidden_size']} is not a multiple of model.num_heads = "
-            f"{dims['num_heads']} (each head gets hidden_size / num_heads unless model.head_dim "
-            "says)",
-        )
-    dims["ffn_hidden_size"] = s.get("ffn_hidden_size", int, minimum=1, default=None)
-    if dims["ffn_hidden_size"] is None and dims["hidden_size"] is not None:
-        # the family's own width (llama: MindFormers' SwiGLU width); an entry model's 4·hidden
-        dims["ffn_hidden_size"] = (
-            FAMILIES[family].default_ffn(dims["hidden_size"]) if family else 4 * dims["hidden_size"]
-        )
-    kv = s.get("num_kv_heads", int, minimum=1, default=None)
-    if kv is not None and family not in owners("num_kv_heads"):
-        names, choice = _taking("num_kv_heads")
-        s.fail("num_kv_heads", f"grouped-query attention is the {names} family's ({choice})")
-    if kv is not None and dims["num_heads"] % kv:
-        s.fail(
-            "num_kv_heads",
-            f"{kv} does not divide model.num_heads = {dims['num_heads']} "
-            "(each key/value head serves a whole group of query heads)",
-        )
-    dtype = s.get("dtype", str, default="float32", choices=DTYPES)
-    precision = {
-        "param_dtype": s.get("param_dtype", str, default="float32", choices=DTYPES),
-        "optimizer_dtype": s.get("optimizer_dtype", str, default="float32", choices=DTYPES),
-        "flash_attention": s.get("flash_attention", bool, default=False),
-    }
-    mindformers = _parse_mindformers_run(s, family, dims["num_layers"])
-    tp_rules = s.get("tp_rules", dict, default={})
-    for glob, split in tp_rules.items():
-        if not isinstance(glob, str) or split not in TP_SPLITS:
-            s.fail(f"tp_rules.{glob}", f"must be one of {', '.join(TP_SPLITS)}, got {split!r}")
-    extra = {}
-    if entry is None:
-        s.reject_unknown()
-    else:  # a user model may take settings of its own; they reach build(config) untouched
-        extra = {k: v for k, v in s.data.items() if k not in s.used}
-    return ModelSpec(
-        family,
-        entry,
-        dtype=dtype,
-        **dims,
-        num_kv_heads=kv,
-        **attention,
-        **precision,
-        **mindformers,
-        **experts,
-        tp_rules=tp_rules,
-        extra=extra,
-    )
-
-
-def _parse_attention(s: _Section, family: str | None) -> dict:
-    """``head_dim`` and ``qk_norm``: the llama family's attention options (MindFormers' Qwen3)."""
-    fields = {
-        "head_dim": s.get("head_dim", int, minimum=1, default=None),
-        "qk_norm": s.get("qk_norm", bool, default=False),
-    }
-    for name, value in fields.items():
-        if value not in (None, False) and family not in owners(name):
-            names, choice = _taking(name)
-            s.fail(name, f"is the {names} family's attention option ({choice})")
-    return fields
-
-
-def _taking(field: str) -> tuple[str, str]:
-    """("llama", "model.family: llama"): the families whose model.yaml takes ``field``, for an
-    error about a model that is not one of them."""
-    names = owners(field)
-    return " or ".join(names), f"model.family: {' | '.join(names)}"
-
-
-def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) -> dict:
-    """``sequence_parallel``, ``embedding_parallel_optimizer``, ``recompute_layers``: how
-    MindFormers runs a llama (its names; `autotune init --mindformers` writes them)."""
-    fields = {
-        "sequence_parallel": s.get("sequence_parallel", bool, default=False),
-        "embedding_parallel_optimizer": s.get("embedding_parallel_optimizer", bool, default=False),
-        "recompute_layers": s.get("recompute_layers", dict, default={}),
-    }
-    for name, value in fields.items():
-        if value and family not in owners(name):
-            names, choice = _taking(name)
-            s.fail(name, f"describes MindFormers' {names} ({choice})")
-    for key, value in fields["recompute_layers"].items():
-        where = f"recompute_layers.{key}"
-        if key not in RECOMPUTE_LAYER_KEYS:
-            s.fail(where, f"unknown key (known: {', '.join(RECOMPUTE_LAYER_KEYS)})")
-        if value is True:
-            continue
-        if not isinstance(value, list) or any(
-            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in value
-        ):
-            s.fail(
-                where, f"must be true or a list of layer indices 0 … {layers - 1}, got {value!r}"
-            )
-    return fields
-
-
-def _check_entry(entry: str, base: Path, s: _Section) -> str:
-    """Import ``entry`` now (`autotune.spec.entry`'s rule), so a bad entry fails at validation
-    rather than inside a trial. Returns it with a file's path made absolute."""
-    try:
-        entry_loader.load(entry, base)
-        return entry_loader.resolve(entry, base)
-    except entry_loader.EntryError as exc:
-        s.fail("entry", str(exc).removeprefix("model.entry: "))
 
 
 def _parse_train(s: _Section) -> TrainSpec:

@@ -29,9 +29,10 @@ from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.encoding import ORDERED, param_for
 from autotune.spec.errors import SpecError
-from autotune.spec.knobs import KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active, trial_warmup
+from autotune.spec.knobs import KNOB_NAMES, KNOBS, LOSS_SCALED_DTYPES, is_active
 from autotune.spec.model_yaml import DEFAULT_SPACE
 from autotune.spec.programs import program_of
+from autotune.spec.space_narrowing import fix_expert_and_context, merge_warmups
 from autotune.spec.specs import Spec
 from autotune.spec.yaml_file import load_yaml
 
@@ -323,7 +324,7 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
 
 def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
     """Fix the knobs the model gives nothing to choose (in ``domains``); returns the notes."""
-    notes = _fix_expert_and_context(spec, domains)
+    notes = fix_expert_and_context(spec, domains)
     if spec.model.entry is not None:
         for name in ("tp", "pp", "ep", "cp"):
             if domains[name] == (1,):
@@ -349,78 +350,6 @@ def _fix_for_model(spec: Spec, domains: dict, source: str) -> list[str]:
             "loss-scaled, so the value changes nothing"
         )
     return notes
-
-
-# The default space searches cp only where a device keeps at least this many tokens of a
-# sequence: context parallelism is MindFormers' answer to long sequences (its 32K and 128K
-# configs set it; its 4K and 8K ones keep 1). A space that lists cp itself is taken as it is.
-MIN_CP_TOKENS = 4096
-
-
-def _fix_expert_and_context(spec: Spec, domains: dict) -> list[str]:
-    """ep only on a model with experts and dividing them, cp only with flash attention and,
-    in the default space, on long sequences (:data:`MIN_CP_TOKENS`); the baseline's values
-    stay. Returns the notes: one per knob whose space is not the default one (the default
-    space's ep and cp go quietly where a model has no use for them)."""
-    m, notes = spec.model, []
-    keep = {name: spec.baseline.get(name) for name in ("ep", "cp")}
-    stated = {
-        name
-        for name in ("ep", "cp")
-        if spec.search.space.get(name, KNOBS[name].default_space) != KNOBS[name].default_space
-    }
-
-    def restrict(name: str, allowed, why: str) -> None:
-        kept = tuple(v for v in domains[name] if allowed(v) or v == keep[name])
-        dropped = [v for v in domains[name] if v not in kept]
-        if dropped and kept:
-            domains[name] = kept
-            if name in stated:
-                notes.append(f"{name}: {', '.join(map(str, dropped))} removed: {why}")
-
-    experts = m.num_experts or 0
-    if experts < 2:
-        restrict("ep", lambda v: v == 1, "the model has no experts")
-    else:
-        restrict("ep", lambda v: experts % v == 0, f"they do not divide its {experts} experts")
-    if not m.flash_attention:
-        restrict("cp", lambda v: v == 1, "context parallelism needs model.flash_attention")
-    elif "cp" not in stated and m.seq_length:
-        restrict(
-            "cp",
-            lambda v: v == 1 or m.seq_length // v >= MIN_CP_TOKENS,
-            f"a {m.seq_length}-token sequence split that far leaves a device under "
-            f"{MIN_CP_TOKENS} tokens (list other cp values in search.space to search them)",
-        )
-    return notes
-
-
-def merge_warmups(spec: Spec, domains: dict) -> list[str]:
-    """Keep one warmup of each group a trial cannot tell apart (the same compressed warmup,
-    `autotune.spec.knobs.trial_warmup`): the value nearest the full-run warmup that group's
-    trial schedule stands for (ties: the smaller), or the baseline's warmup when the group holds
-    it, so the baseline stays a candidate. Returns the note naming the merged values."""
-    total, steps = spec.train.total_steps, spec.trial.steps
-    baseline = spec.baseline.get("warmup_steps")
-    groups: dict = {}
-    for value in domains["warmup_steps"]:
-        groups.setdefault(trial_warmup(value, total, steps), []).append(value)
-    kept, merged = [], []
-    for compressed, values in groups.items():
-        stands_for = compressed * total / steps
-        keep = (
-            baseline if baseline in values else min(values, key=lambda v: (abs(v - stands_for), v))
-        )
-        kept.append(keep)
-        if len(values) > 1:
-            merged.append(f"{', '.join(str(v) for v in values if v != keep)} → {keep}")
-    if not merged:
-        return []
-    domains["warmup_steps"] = tuple(kept)
-    return [
-        f"warmup_steps: {'; '.join(merged)}: a {steps}-step trial of the {total}-step "
-        "schedule compresses them to the same warmup, so they would run alike"
-    ]
 
 
 def _keep_feasible_layouts(spec: Spec, domains: dict, source: str) -> list[str]:

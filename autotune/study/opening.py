@@ -26,8 +26,8 @@ Contract:
   added since it was created (`autotune.spec.knobs.Knob.added_later`) fixed at the default the
   study ran with. The fingerprint leaves such a knob out while it is fixed at its default, so a
   study created before it resumes (and a new study that fixes it so fingerprints alike). A study
-  created before warmups a trial cannot tell apart were merged (`autotune.spec.space.merge_warmups`)
-  keeps its own warmup values.
+  created before warmups a trial cannot tell apart were merged
+  (`autotune.spec.space_narrowing.merge_warmups`) keeps its own warmup values.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from autotune.costmodel.estimate import default_engine
 from autotune.spec.encoding import CATEGORICAL, ENCODINGS
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
-from autotune.spec.model_yaml import LATER_MODEL_FIELDS
+from autotune.spec.model_section import LATER_MODEL_FIELDS
 from autotune.spec.objectives import directions as objective_directions
 from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec

@@ -36,9 +36,9 @@ from autotune.analysis.ranking import noise_floor, summarize
 from autotune.execution.executors import make_executor
 from autotune.execution.replay import load_table, with_engine
 from autotune.search.layouts import layouts
-from autotune.search.prior import prior_for
 from autotune.search.proposer import Proposer
 from autotune.search.samplers import make_sampler
+from autotune.search.study_prior import prior_for
 from autotune.spec.backends import backend_of
 from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError

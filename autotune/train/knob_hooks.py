@@ -77,7 +77,7 @@ for _name, _where, _why in (
     ),
     (
         "cp",
-        "autotune.train.program:check_config",
+        "autotune.train.config_check:check_config",
         "refused above 1: the trainer splits no sequences (context parallelism is simulated)",
     ),
 ):

@@ -203,7 +203,7 @@ def test_folders_are_staged_and_renamed_in_one_place(tmp_path):
     # a temporary folder beside the output, renamed into place: files.staged_folder, used by
     # the export, the report, the compile cache and MindFormers trials' synthetic dataset
     makers = [p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "mkdtemp(" in text]
-    assert makers == ["execution/dispatch.py", "files.py"]  # dispatch: Ray's own temp folder
+    assert makers == ["execution/ray_cluster.py", "files.py"]  # ray_cluster: Ray's own temp folder
     users = [
         p.relative_to(PACKAGE).as_posix() for p, text in _sources() if "staged_folder(" in text
     ]
@@ -252,7 +252,7 @@ cluster: {backend: cpu, devices: 2}
     ],
 )
 def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_path, knobs, broken):
-    # spec.constraints screens a candidate, train.program.check_config refuses its config: the
+    # spec.constraints screens a candidate, train.config_check.check_config refuses its config: the
     # same rule (spec.knobs.batch_split_problems) with the same words, the program's naming the
     # field
 
@@ -260,7 +260,7 @@ def test_the_batch_split_is_one_rule_for_the_search_and_the_trial_program(tmp_pa
     from autotune.spec.model_yaml import load_spec
     from autotune.spec.space import build_space
     from autotune.train.config import ConfigError, trial_config
-    from autotune.train.program import check_config
+    from autotune.train.config_check import check_config
 
     (tmp_path / "model.yaml").write_text(BATCH_SPEC)
     spec = load_spec(tmp_path / "model.yaml")

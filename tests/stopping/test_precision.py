@@ -152,7 +152,7 @@ def test_the_summary_records_the_interval_of_the_measured_steps():
 def test_only_a_study_without_final_loss_stops_measuring_early(tmp_path):
     from autotune.spec.space import build_space
     from autotune.train.config import trial_config
-    from autotune.train.program import check_config
+    from autotune.train.config_check import check_config
 
     text = textwrap.dedent("""
         study: t
@@ -207,7 +207,7 @@ def test_only_a_study_without_final_loss_stops_measuring_early(tmp_path):
 )
 def test_the_program_refuses_a_bad_stop_rule_naming_it(trial, says):
     from autotune.train.config import ConfigError
-    from autotune.train.program import check_config
+    from autotune.train.config_check import check_config
 
     config = {
         "out_dir": "x",

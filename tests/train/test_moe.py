@@ -191,7 +191,7 @@ def test_expert_groups_are_carved_out_of_dp_and_tp(ms, dp, tp, ep, groups):
 
 def test_the_trainer_runs_ep_and_refuses_cp(tmp_path):
     from autotune.train.config import ConfigError
-    from autotune.train.program import check_config
+    from autotune.train.config_check import check_config
     from tests.conftest import make_config
 
     def config(model, **knobs):
