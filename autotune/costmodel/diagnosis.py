@@ -54,7 +54,7 @@ PARTS = {
     "mtp": "MTP modules",
     "ep_comm": "expert all-to-all in a node",
     "ep_comm_inter": "expert all-to-all across nodes",
-    "cp_comm": "context-parallel ring",
+    "cp_comm": "context-parallel exchange (ring, Ulysses all-to-alls)",
 }
 # the parts a model or layout without experts, latent attention, MTP modules, ep or cp never has:
 # a view leaves them out where they are zero
@@ -91,7 +91,7 @@ def _advice(part: str, knobs: dict) -> str:
     if part in ("ep_comm", "imbalance"):
         return "smaller ep"
     if part == "cp_comm":
-        return "smaller cp, or a cp group inside one node"
+        return "smaller cp, a cp group inside one node, or another ulysses share of it"
     if part == "host":
         if knobs.get("jit_level") == "pynative":
             return "graph mode (jit_level O1) instead of PyNative"

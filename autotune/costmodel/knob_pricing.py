@@ -56,5 +56,10 @@ for _name, _where, _why in (
         "autotune.costmodel.moe_time:moe_parts",
         "the key/value ring; every token-proportional cost split over the cp ranks",
     ),
+    (
+        "ulysses",
+        "autotune.costmodel.moe_time:ulysses_exchange",
+        "the heads' all-to-alls inside the group; the key/value ring over the rest of cp",
+    ),
 ):
     PRICES.in_place(_name, _where, _why)

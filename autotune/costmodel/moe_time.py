@@ -66,6 +66,11 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
   cp − 1 times, the backward passes them and their gradients (twice that), a whole-layer
   recompute the forward's once more — each hop at the rate of one link (inter-node when the
   cp group, which strides by tp, spans nodes), not hidden behind attention (an assumption).
+  With a Ulysses group of u of the cp ranks (knob ``ulysses``: MindFormers' ``ulysses_cp`` /
+  ``hybrid_cp``, ``ulysses_degree_in_cp``) the ring runs over cp / u of them, and each pass of
+  a layer — forward, backward, a whole-layer recompute's forward — adds two all-to-alls inside
+  the group (:func:`ulysses_exchange`): the queries, keys and values, then the output, priced as
+  the expert all-to-alls are.
 """
 
 from __future__ import annotations
@@ -106,6 +111,19 @@ def all_to_all(
     intra = alpha + nbytes * inside / ep / (profile.group_gbps(inside + 1) * rate)
     inter = nbytes * outside / ep / (profile.inter_node_gbps * rate) if outside else 0.0
     return intra, inter
+
+
+def ulysses_exchange(work, c, micro_batch, nbytes, per_node, profile: DeviceProfile) -> float:
+    """One pass of a layer's Ulysses all-to-alls on a device: its tokens' queries, keys and
+    values to the ranks of its ulysses group (consecutive cp indices, tp ranks apart), then the
+    attention's output back — a rank's share of each split over tp and cp."""
+    seconds = 0.0
+    for size in work.head_exchange_bytes(nbytes):
+        intra, inter = all_to_all(
+            micro_batch * size / (c.tp * c.cp), c.ulysses, per_node, profile, c.tp
+        )
+        seconds += intra + inter
+    return seconds
 
 
 def ring_hops(nbytes: float, hops: int, gbps: float, profile: DeviceProfile) -> float:
@@ -213,5 +231,12 @@ def moe_parts(
         crosses = c.tp * c.cp > per_node
         gbps = profile.inter_node_gbps if crosses else profile.group_gbps(2)
         passes = layers * (3 + full)  # forward, backward twice, a full recompute's forward
-        out["cp_comm"] = passes * ring_hops(share, c.cp - 1, gbps, profile)
+        ring = c.cp // c.ulysses  # the ranks that pass keys and values around
+        out["cp_comm"] = passes * ring_hops(share, ring - 1, gbps, profile)
+        if c.ulysses > 1:
+            out["cp_comm"] += (
+                layers
+                * (2 + full)
+                * ulysses_exchange(work, c, micro_batch, nbytes, per_node, profile)
+            )
     return out

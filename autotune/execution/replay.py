@@ -93,11 +93,12 @@ class ReplayTable:
         return len(self.rows)
 
 
-def _acts(name: str, dp: int | None, pp: int | None) -> bool:
-    """Whether knob ``name`` acts on a row of this dp and pp (None: the table has no column for
-    it, so the row may stand for any value and every knob is read as written)."""
+def _acts(name: str, dp: int | None, pp: int | None, cp: int | None) -> bool:
+    """Whether knob ``name`` acts on a row of this dp, pp and cp (None: the table has no column
+    for it, so the row may stand for any value and every knob is read as written)."""
     dps, pps = (1, 2) if dp is None else (dp,), (1, 2) if pp is None else (pp,)
-    return any(is_active(name, d, p) for d in dps for p in pps)
+    cps = (1, 2) if cp is None else (cp,)
+    return any(is_active(name, d, p, c) for d in dps for p in pps for c in cps)
 
 
 def _allowed(space, spec) -> dict:
@@ -181,8 +182,9 @@ class _Reader:
         values = {}
         pp = self.knob(row, "pp", record["pp"]) if "pp" in knobs else None
         dp = self.knob(row, "dp", record["dp"]) if "dp" in knobs else None
+        cp = self.knob(row, "cp", record["cp"]) if "cp" in knobs else None
         for name in knobs:
-            if not _acts(name, dp, pp):
+            if not _acts(name, dp, pp, cp):
                 values[name] = KNOBS[name].default  # does not act here: as a candidate resolves it
             else:
                 values[name] = self.knob(row, name, record[name])

@@ -52,9 +52,10 @@ def parallel_mode(c: Candidate) -> str:
 def export_reasons(spec: Spec, c: Candidate) -> list[str]:
     """Why no exported config could run ``c`` (docs/export.md, "What MindSpore refuses")."""
     reasons = []
-    if c.cp > 1:
+    if c.cp > 1:  # its Ulysses group (knob ulysses) with it
+        group = f" (ulysses {c.ulysses})" if c.ulysses > 1 else ""
         reasons.append(
-            f"cp = {c.cp}: strategy.ckpt and the trainer's launch do not lay out context "
+            f"cp = {c.cp}{group}: strategy.ckpt and the trainer's launch do not lay out context "
             "parallelism (the trainer splits no sequence); export a trial with it at 1 (--trial N)"
         )
     if c.ep > 1 and spec.model.experts_tensor_parallel:
@@ -161,6 +162,12 @@ LAUNCH_YAML.in_place(
     "cp",
     "autotune.export.configs:export_reasons",
     "refused above 1: the trainer splits no sequence, strategy.ckpt lays none out",
+)
+LAUNCH_YAML.in_place(
+    "ulysses",
+    "autotune.export.configs:export_reasons",
+    "acts only with cp above 1, which the export refuses; mindformers.yaml's "
+    "parallel_config.context_parallel_algo and ulysses_degree_in_cp",
 )
 LAUNCH_YAML.in_place(
     "tp",

@@ -320,6 +320,16 @@ class Llama(Transformer):
             return self.moe.kv_elements(self.seq, self.heads) * dtype_bytes
         return 2 * self.seq * self.kv_dim * dtype_bytes
 
+    def head_exchange_bytes(self, dtype_bytes: int) -> tuple[float, float]:
+        """Queries, keys (grouped, or latent attention's per-head ones) and values; the output."""
+        if self.mla:
+            qkv = self.moe.kv_elements(self.seq, self.heads) + self.seq * self.heads * (
+                self.moe.qk_width
+            )
+            return qkv * dtype_bytes, self.seq * self.heads * self.moe.v_dim * dtype_bytes
+        qkv = self.seq * (self.q_dim + 2 * self.kv_dim)
+        return qkv * dtype_bytes, self.seq * self.q_dim * dtype_bytes
+
     def recompute_flops(self, mode: str) -> float:
         if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused
             return 0.0 if self.fused_attention else self.attention_flops()

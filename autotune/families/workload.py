@@ -223,6 +223,11 @@ class Workload(ABC):
         passes on): 2·s·h."""
         return 2 * self.tokens * self.hidden * dtype_bytes
 
+    def head_exchange_bytes(self, dtype_bytes: int) -> tuple[float, float]:
+        """Bytes per sample of one layer's (queries, keys and values; attention output), what
+        a Ulysses all-to-all moves: 3·s·h and s·h."""
+        return 3 * self.tokens * self.hidden * dtype_bytes, self.tokens * self.hidden * dtype_bytes
+
     # -- communication ------------------------------------------------------------------------
     @abstractmethod
     def tp_forward_allreduces(self) -> int:

@@ -157,6 +157,18 @@ for _name in (
     )
 
 
+@MINDFORMERS_YAML.register("ulysses")
+def _mindformers_ulysses(value, spec: Spec, c: Candidate, document: dict) -> None:
+    """A Ulysses group inside cp: the whole of it ``ulysses_cp``, part of it ``hybrid_cp`` (the
+    legacy llama's ``get_ulysses_cp_num``; an mcore base: :func:`_for_mcore`), its degree in
+    ``ulysses_degree_in_cp`` (mcore's ``hierarchical_context_parallel_sizes``)."""
+    if c.cp > 1 and value > 1:
+        document["parallel_config"]["context_parallel_algo"] = (
+            "ulysses_cp" if value == c.cp else "hybrid_cp"
+        )
+        document["parallel_config"]["ulysses_degree_in_cp"] = value
+
+
 @MINDFORMERS_YAML.register("loss_scale")
 def _mindformers_loss_scale(value, spec: Spec, c: Candidate, document: dict) -> None:
     scaler = {"type": "DynamicLossScaleUpdateCell", **loss_scale_cell(c)}
@@ -231,23 +243,35 @@ LEGACY_MODEL_KEYS = ("parallel_optimizer", "use_rope_slice", "fused_rms_norm")
 
 
 def _for_mcore(document: dict) -> dict:
-    """The overlay's model keys as an mcore model takes them: no legacy llama key (above); the
-    ones taken out are returned. Its ``VocabParallelEmbedding`` joins the parallel optimizer as
-    any weight, as the study priced it (init writes ``embedding_parallel_optimizer: true`` for an
-    mcore config)."""
+    """The overlay as an mcore model takes it: no legacy llama model key (above), and a Ulysses
+    group inside cp as the degree alone — mcore's attention splits heads over
+    ``ulysses_degree_in_cp`` whatever the algorithm, and its converter refuses ``hybrid_cp``
+    (``get_cp_comm_type``: colossalai_cp or ulysses_cp only). Returns what was taken out or
+    changed, by its path in the config. Its ``VocabParallelEmbedding`` joins the parallel
+    optimizer as any weight, as the study priced it (init writes
+    ``embedding_parallel_optimizer: true`` for an mcore config)."""
     model_config = document["model"]["model_config"]
-    return {key: model_config.pop(key) for key in LEGACY_MODEL_KEYS if key in model_config}
+    legacy = {
+        f"model.model_config.{key}": model_config.pop(key)
+        for key in LEGACY_MODEL_KEYS
+        if key in model_config
+    }
+    parallel = document["parallel_config"]
+    if parallel.get("context_parallel_algo") == "hybrid_cp":
+        parallel["context_parallel_algo"] = "colossalai_cp"
+        legacy["parallel_config.context_parallel_algo"] = "hybrid_cp"
+    return legacy
 
 
 def _legacy_note(keys: dict) -> str:
-    """An overlay's header lines naming the legacy llama's keys it leaves out (a base of
+    """An overlay's header lines naming the legacy llama's settings it leaves out (a base of
     unknown kind), with the values the study's run has."""
     if not keys:
         return ""
     lines = "".join(f"#     {key}: {_value(value)}\n" for key, value in keys.items())
     return (
-        "# For a legacy llama base (use_legacy not false), also set under model.model_config\n"
-        "# (an mcore base refuses them, so this overlay does not):\n" + lines
+        "# For a legacy llama base (use_legacy not false), also set (an mcore base refuses\n"
+        "# them, so this overlay does not):\n" + lines
     )
 
 

@@ -66,7 +66,11 @@ class Candidate:
         (`autotune.spec.knobs.is_active`): a candidate stored before a knob was known not to
         act (fusion_mb with dp = 1) is the one the space proposes now."""
         return self.replace(
-            **{name: KNOBS[name].default for name in KNOBS if not is_active(name, self.dp, self.pp)}
+            **{
+                name: KNOBS[name].default
+                for name in KNOBS
+                if not is_active(name, self.dp, self.pp, self.cp)
+            }
         )
 
 

@@ -108,4 +108,26 @@ def context_reasons(m, c: Candidate) -> list[str]:
         reasons.append(f"cp = {c.cp} needs model.flash_attention (MindFormers' rule)")
     if m.seq_length is not None and m.seq_length % c.cp:
         reasons.append(f"cp = {c.cp} does not divide seq_length = {m.seq_length}")
+    return reasons + ulysses_reasons(m, c)
+
+
+def ulysses_reasons(m, c: Candidate) -> list[str]:
+    """What MindFormers refuses of ``c``'s Ulysses group inside cp: a degree that does not
+    divide cp (``TransformerOpParallelConfig._check_context_parallel``), and attention heads —
+    queries and keys/values alike, as its legacy llama checks them — that tp·ulysses ranks
+    cannot split evenly (``MultiHeadAttention``; mcore's ``ParallelAttention`` the same for the
+    queries)."""
+    if c.ulysses == 1 or c.cp == 1:
+        return []
+    reasons = []
+    if c.cp % c.ulysses:
+        reasons.append(f"ulysses = {c.ulysses} does not divide cp = {c.cp}")
+    split = c.tp * c.ulysses
+    for field in ("num_heads", "num_kv_heads"):
+        heads = getattr(m, field) or (m.num_heads if field == "num_kv_heads" else None)
+        if heads is not None and heads % split:
+            reasons.append(
+                f"tp·ulysses = {split} does not divide model.{field} = {heads} (MindFormers "
+                "splits the heads over them)"
+            )
     return reasons

@@ -224,6 +224,21 @@ KNOBS: dict[str, Knob] = {
             added_later=True,
             default_space=[1, 2, 4, 8],
         ),
+        Knob(
+            "ulysses",
+            int,
+            "of the cp ranks, how many split the attention heads instead of the sequence "
+            "(DeepSpeed-Ulysses: queries, keys, values and output exchanged all-to-all inside "
+            "that group; the cp / ulysses groups of them pass keys and values around; acts "
+            "with cp > 1)",
+            "semi-auto parallel layout of the attention (dp, cp / ulysses, ulysses·tp) with "
+            "all-to-alls inside each ulysses group",
+            "parallel_config.context_parallel_algo (ulysses_cp, or hybrid_cp on the legacy "
+            "models) and parallel_config.ulysses_degree_in_cp",
+            default=1,
+            added_later=True,
+            default_space=[1, 2, 4, 8],
+        ),
     )
 }
 
@@ -314,12 +329,15 @@ def devices_of(dp: int, tp: int, pp: int, cp: int = 1) -> int:
     return dp * tp * cp * pp
 
 
-def is_active(name: str, dp: int, pp: int) -> bool:
-    """Whether knob ``name`` acts on a candidate of data-parallel size ``dp`` and ``pp`` stages:
-    micro_batches only with pipeline stages, grad_accum only without, fusion_mb and
-    parallel_optimizer only with a data-parallel group (gradients to all-reduce, states to
-    shard). A knob that does not act takes its default, so candidates that differ only in
-    knobs that cannot act on them are one candidate, for every sampler."""
+def is_active(name: str, dp: int, pp: int, cp: int = 1) -> bool:
+    """Whether knob ``name`` acts on a candidate of data-parallel size ``dp``, ``pp`` stages and
+    ``cp`` context-parallel ranks: micro_batches only with pipeline stages, grad_accum only
+    without, fusion_mb and parallel_optimizer only with a data-parallel group (gradients to
+    all-reduce, states to shard), ulysses only with context parallelism. A knob that does not
+    act takes its default, so candidates that differ only in knobs that cannot act on them are
+    one candidate, for every sampler."""
+    if name == "ulysses":
+        return cp > 1
     if name == "micro_batches":
         return pp > 1
     if name == "grad_accum":

@@ -41,6 +41,7 @@ from pathlib import Path
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import JIT_LEVELS, KNOBS, LOSS_SCALED_DTYPES
 from autotune.spec.mindformers_cluster import read_cluster
+from autotune.spec.mindformers_context import ulysses_degree
 from autotune.spec.mindformers_file import load_config
 from autotune.spec.mindformers_model import read_model
 from autotune.spec.mindformers_run import read_run
@@ -65,6 +66,7 @@ class _Layout:
     source: str = "parallel_config"  # where dp, tp and pp come from
     cp: int = 1  # parallel_config.context_parallel (semi-auto parallel)
     ep: int = 1  # parallel_config.expert_parallel (semi-auto parallel)
+    ulysses: int = 1  # of cp, the Ulysses group (`autotune.spec.mindformers_context`)
 
     @property
     def split_devices(self) -> int:
@@ -222,7 +224,8 @@ def _layout(cfg: _Config, r: Reading) -> _Layout:
         cfg.number(f"parallel_config.{k}", default=1, minimum=1)
         for k in ("context_parallel", "expert_parallel")
     )
-    return _Layout(dp, tp, pp, split, key, interleave, cp=cp, ep=ep)
+    ulysses = ulysses_degree(cfg.data, cp)
+    return _Layout(dp, tp, pp, split, key, interleave, cp=cp, ep=ep, ulysses=ulysses)
 
 
 def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> None:
@@ -294,6 +297,8 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: 
     ]
     if runs.cp > 1:
         rows.append(("cp", runs.cp, "parallel_config.context_parallel"))
+        algo = "parallel_config.context_parallel_algo / ulysses_degree_in_cp"
+        rows.append(("ulysses", runs.ulysses, algo))
     experts = any(k == "num_experts" for k, _, _ in r.model)
     if experts or runs.ep > 1:  # ep > 1 without experts: the constraints name it
         rows.append(("ep", runs.ep, "parallel_config.expert_parallel"))
@@ -381,7 +386,7 @@ def _space(base: dict) -> dict:
         ),
         "grad_accum": sorted({1, 2, 4, 8, base.get("grad_accum", 1)}),
     }
-    for name in ("ep", "cp"):  # the default space's values, and a baseline's beyond them
+    for name in ("ep", "cp", "ulysses"):  # the default space's values, and a baseline's beyond
         default = KNOBS[name].default_space
         if base.get(name, 1) not in default:
             space[name] = sorted({*default, base[name]})

@@ -117,7 +117,7 @@ class SearchSpace:
         if values["dp"] == "auto":
             values["dp"] = self._dp(values)
         for name in KNOB_NAMES:
-            if not is_active(name, values["dp"], values["pp"]):
+            if not is_active(name, values["dp"], values["pp"], values["cp"]):
                 values[name] = KNOBS[name].default
         return Candidate(**values)
 
@@ -145,7 +145,7 @@ class SearchSpace:
         first = ("dp", "tp", "pp", "cp")
         for name in (*first, *(n for n in KNOB_NAMES if n not in first)):
             domain = self.domains[name]
-            active = name in first or is_active(name, self._dp(values), values["pp"])
+            active = name in first or is_active(name, self._dp(values), values["pp"], values["cp"])
             if len(domain) > 1 and active:
                 values[name] = self.params[name].suggest(trial)
                 if self.params[name].holds_value:
@@ -160,7 +160,7 @@ class SearchSpace:
         return {
             param.name: param.encode(getattr(candidate, name))
             for name, param in self.params.items()
-            if is_active(name, candidate.dp, candidate.pp)
+            if is_active(name, candidate.dp, candidate.pp, candidate.cp)
         }
 
     def attrs_of(self, candidate: Candidate) -> dict:
@@ -168,7 +168,7 @@ class SearchSpace:
         own = {
             name
             for name, param in self.params.items()
-            if param.holds_value and is_active(name, candidate.dp, candidate.pp)
+            if param.holds_value and is_active(name, candidate.dp, candidate.pp, candidate.cp)
         }
         return {k: v for k, v in candidate.as_dict().items() if k not in own}
 
@@ -183,7 +183,7 @@ class SearchSpace:
             if not (
                 name == "dp"
                 and auto
-                or not is_active(name, candidate.dp, candidate.pp)
+                or not is_active(name, candidate.dp, candidate.pp, candidate.cp)
                 or values[name] in self.domains[name]
             ):
                 return False
@@ -306,7 +306,7 @@ def _check_baseline(spec: Spec, space: SearchSpace, overridden: set) -> None:
     if overridden & {"tp", "pp", "cp"}:
         overridden.add("dp")  # dp follows the layout --set chose
     for name, value in spec.baseline.items():
-        if name in overridden or not is_active(name, base.dp, base.pp):
+        if name in overridden or not is_active(name, base.dp, base.pp, base.cp):
             continue
         held = space.domains[name]
         if name == "dp" and held == ("auto",):

@@ -2,8 +2,9 @@
 
 Contract:
 - :func:`fix_expert_and_context` keeps ep only on a model with experts and the values dividing
-  them, and cp only with flash attention and, in the default space, where a device keeps at least
-  :data:`MIN_CP_TOKENS` tokens of a sequence; the baseline's values always stay. It narrows
+  them, cp only with flash attention and, in the default space, where a device keeps at least
+  :data:`MIN_CP_TOKENS` tokens of a sequence, and ulysses only at values dividing a cp value
+  left above 1; the baseline's values always stay. It narrows
   ``domains`` in place and returns a note for each knob whose space the user stated.
 - :func:`merge_warmups` keeps one warmup of each group a trial compresses to the same warmup
   (`autotune.spec.knobs.trial_warmup`), the baseline's when the group holds it, so the baseline
@@ -24,14 +25,14 @@ MIN_CP_TOKENS = 4096
 
 def fix_expert_and_context(spec: Spec, domains: dict) -> list[str]:
     """ep only on a model with experts and dividing them, cp only with flash attention and,
-    in the default space, on long sequences (:data:`MIN_CP_TOKENS`); the baseline's values
-    stay. Returns the notes: one per knob whose space is not the default one (the default
+    in the default space, on long sequences (:data:`MIN_CP_TOKENS`), ulysses only dividing a
+    cp left; the baseline's values stay. Returns the notes: one per knob whose space is not the default one (the default
     space's ep and cp go quietly where a model has no use for them)."""
     m, notes = spec.model, []
-    keep = {name: spec.baseline.get(name) for name in ("ep", "cp")}
+    keep = {name: spec.baseline.get(name) for name in ("ep", "cp", "ulysses")}
     stated = {
         name
-        for name in ("ep", "cp")
+        for name in ("ep", "cp", "ulysses")
         if spec.search.space.get(name, KNOBS[name].default_space) != KNOBS[name].default_space
     }
 
@@ -57,6 +58,12 @@ def fix_expert_and_context(spec: Spec, domains: dict) -> list[str]:
             f"a {m.seq_length}-token sequence split that far leaves a device under "
             f"{MIN_CP_TOKENS} tokens (list other cp values in search.space to search them)",
         )
+    split = [v for v in domains["cp"] if v > 1]  # Ulysses groups are carved out of cp
+    restrict(
+        "ulysses",
+        lambda v: v == 1 or any(cp % v == 0 for cp in split),
+        f"no cp value it divides (cp: {', '.join(map(str, domains['cp']))})",
+    )
     return notes
 
 

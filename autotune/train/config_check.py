@@ -3,7 +3,7 @@
 Contract: :func:`check_config` raises :class:`~autotune.train.config.ConfigError`, its message
 naming the field, for a config the driver should have kept from the program — a section or key
 missing (:data:`REQUIRED`, and every knob not added later), a backend that runs no program or
-not the model's dtype, a knob value outside its choices, cp above 1 (the trainer splits no
+not the model's dtype, a knob value outside its choices, cp or ulysses above 1 (the trainer splits no
 sequence), a layout the model or its experts cannot take, a batch the split does not divide, or
 a ``trial`` section whose steps or stop rule are out of range. It returns None for any other
 config, and imports nothing of MindSpore.
@@ -51,11 +51,12 @@ def check_config(cfg: dict) -> None:
             f"model.dtype: {dtype!r} does not run on backend {backend!r} "
             f"(it runs {', '.join(BACKENDS[backend].compute_dtypes)})"
         )
-    if knobs.get("cp", 1) > 1:  # the trainer splits no sequences
-        raise ConfigError(
-            f"knobs.cp: {knobs['cp']}: the trial program runs no context parallelism (it "
-            "splits no sequence over devices); study it on cluster.backend simulate"
-        )
+    for knob in ("cp", "ulysses"):  # the trainer splits no sequences, nor their heads
+        if knobs.get(knob, 1) > 1:
+            raise ConfigError(
+                f"knobs.{knob}: {knobs[knob]}: the trial program runs no context parallelism "
+                "(it splits no sequence over devices); study it on cluster.backend simulate"
+            )
     ep = knobs.get("ep", 1)
     if (knobs["tp"] > 1 or knobs["pp"] > 1 or ep > 1) and model.get("entry"):
         raise ConfigError("knobs.tp/pp/ep: a model.entry network runs with tp = pp = ep = 1")

@@ -80,5 +80,10 @@ for _name, _where, _why in (
         "autotune.train.config_check:check_config",
         "refused above 1: the trainer splits no sequences (context parallelism is simulated)",
     ),
+    (
+        "ulysses",
+        "autotune.train.config_check:check_config",
+        "acts only with cp above 1, which the trainer refuses",
+    ),
 ):
     APPLIES.in_place(_name, _where, _why)

@@ -87,8 +87,9 @@ def read_yaml(path: Path) -> dict:
 
 
 def legacy_listed(folder) -> dict:
-    """The legacy llama's keys an overlay's header lists, with their values, for a legacy base
-    (`autotune.mindformers.config`: the overlay itself carries none, its base's kind unknown)."""
+    """The legacy llama's settings an overlay's header lists, by their dotted paths, with their
+    values, for a legacy base (`autotune.mindformers.config`: the overlay itself carries none,
+    its base's kind unknown)."""
     lines = (folder / "mindformers.yaml").read_text().splitlines()
     return yaml.safe_load("".join(f"{x[6:]}\n" for x in lines if x.startswith("#     "))) or {}
 
@@ -322,11 +323,12 @@ def test_every_layout_trains_as_tuned_under_mindformers(tmp_path, base, dtype, l
     # no legacy llama key, which an mcore base's converter refuses: the header lists them, with
     # the values the run has, for a legacy base (the user adds them there)
     model_config, listed = overlay["model"]["model_config"], legacy_listed(alone)
-    assert not set(LEGACY_MODEL_KEYS) & set(model_config) and set(listed) <= set(LEGACY_MODEL_KEYS)
+    keys = {k.removeprefix("model.model_config."): v for k, v in listed.items()}
+    assert not set(LEGACY_MODEL_KEYS) & set(model_config) and set(keys) <= set(LEGACY_MODEL_KEYS)
     if base == QWEN3:
         assert not set(LEGACY_MODEL_KEYS) & set(merged["model"]["model_config"])
     else:
-        model_config.update(listed)
+        model_config.update(keys)
     assert mindformers_merge_a_into_b(overlay, base_as_mindformers_reads_it(base)) == merged
     # MindFormers' own section templates check every key: tests/export/test_mindformers_consumer.py
 
@@ -711,7 +713,7 @@ def test_the_overlay_is_the_run_the_study_priced(tmp_path):
     # MindFormers' LlamaEmbedding stays out of the parallel optimizer, as model.yaml says: on a
     # legacy base (an mcore one refuses the key, so the overlay lists it for the user to add)
     assert "parallel_optimizer" not in mf["model"]["model_config"]
-    assert legacy_listed(out) == {"parallel_optimizer": False}
+    assert legacy_listed(out) == {"model.model_config.parallel_optimizer": False}
     mf = read_yaml(
         export(
             tmp_path, "full", dict(knobs, recompute="full", pp=1, dp=4, micro_batches=1), **llama
@@ -724,7 +726,9 @@ def test_the_overlay_is_the_run_the_study_priced(tmp_path):
         "select_comm_recompute": [1],
     }
     shards = dict(llama, embedding_parallel_optimizer=True)
-    assert legacy_listed(export(tmp_path, "emb", knobs, **shards)) == {"parallel_optimizer": True}
+    assert legacy_listed(export(tmp_path, "emb", knobs, **shards)) == {
+        "model.model_config.parallel_optimizer": True
+    }
     merged = read_yaml(
         export(tmp_path, "emb-base", knobs, base=LLAMA2, **shards) / "mindformers.yaml"
     )
