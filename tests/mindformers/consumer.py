@@ -12,6 +12,11 @@
 - ``{"batch": PATH}``: the global batch and per-rank batch MindFormers' trainer computes
   (``BaseTrainer._check_grad_accumulation_steps`` and ``_check_global_batch_size_for_auto_parallel``)
   with the auto-parallel context the config's ``parallel`` section sets and ``device_num`` ranks;
+- ``{"ulysses": PATH}``: the Ulysses degree each of MindFormers' paths takes from the config's
+  ``parallel_config``: the legacy llama's (``build_parallel_config``, then
+  ``get_ulysses_cp_num``) and mcore's (``get_cp_comm_type`` of its algorithm, which the
+  converter runs, then ``ulysses_degree_in_cp``, which becomes
+  ``hierarchical_context_parallel_sizes``), each a number or the error MindFormers raises;
 - ``{"model": PATH}``: the model config MindFormers builds for an mcore config (``use_legacy:
   False``) — ``get_model_config`` over ``model`` as the trainer hands it (``pretrained_model_dir``
   copied in, ``models/build_config.py``: its ``config.json`` under the YAML), its class, its
@@ -60,6 +65,27 @@ def _layers(path):
                                  for k, v in setting.select_recompute.items()},
             "select_comm_recompute": {k: [list(map(int, row)) for row in v]
                                       for k, v in setting.select_comm_recompute.items()}}
+
+
+def _ulysses(path):
+    from mindformers.core.parallel_config import build_parallel_config
+    from mindformers.parallel_core.transformer_config_utils import get_cp_comm_type
+    from mindformers.tools.register import MindFormerConfig
+
+    parallel = MindFormerConfig._file2dict(path).get("parallel_config") or {}
+    out = {}
+    try:
+        cfg = MindFormerConfig(path)
+        build_parallel_config(cfg)
+        out["legacy"] = cfg.parallel_config.get_ulysses_cp_num()
+    except Exception as exc:  # what MindFormers says is the answer
+        out["legacy"] = f"{type(exc).__name__}: {exc}"
+    try:
+        get_cp_comm_type(parallel.get("context_parallel_algo", "colossalai_cp"))
+        out["mcore"] = parallel.get("ulysses_degree_in_cp", 1)
+    except Exception as exc:
+        out["mcore"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 class _Trainer:
@@ -154,6 +180,8 @@ def main(jobs_path):
                 results.append(_layers(job["layers"]))
             elif "model" in job:
                 results.append(_model(job["model"]))
+            elif "ulysses" in job:
+                results.append(_ulysses(job["ulysses"]))
             else:
                 results.append(_batch(job["batch"], job["device_num"]))
         except Exception:
