@@ -8,13 +8,11 @@ confirm phase shows as the confirmed mean of its trial): ``history``, ``parallel
 ``pareto``, ``memory``, ``estimate``, ``studies`` (per study); ``parallel`` the best
 :data:`PARALLEL` of them where there are more. ``importances`` and ``breakdown`` (the top five
 and the baseline) are not per trial. Optuna's own visualizations are used where
-they fit, fed an in-memory copy of the study that holds the ``ok`` trials with the knobs that
-vary as their params (whatever the sampler's encoding) and keeps their trial numbers.
+they fit, fed the view's own study (`autotune.analysis.report.view_study`).
 """
 
 from __future__ import annotations
 
-import datetime
 import warnings
 from dataclasses import dataclass
 
@@ -31,7 +29,8 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" per figure
+from autotune.analysis.report.view_study import copy_of, view_study  # noqa: E402
+
 SIZE = (10, 5.6)  # inches: 1000 × 560 px at the report's DPI
 TOP = 5  # candidates in the time-breakdown figure, besides the baseline
 PARALLEL = 500  # trials in the parallel-coordinates figure at most: the best
@@ -69,88 +68,6 @@ class Figure:
 
 def _label(v) -> str:
     return f"{v.objectives[0]} ({'higher' if v.maximize else 'lower'} is better)"
-
-
-class _Unshared(optuna.storages.InMemoryStorage):
-    """An in-memory storage whose trials are taken and handed out as they are, never copied:
-    the figures' own study, made of trials made for it, which Optuna's plots only read (one of
-    them copied all 10,000 trials of a long study eight times over)."""
-
-    def get_all_trials(self, study_id, deepcopy=True, states=None):
-        return super().get_all_trials(study_id, deepcopy=False, states=states)
-
-    def create_new_trial(self, study_id, template_trial=None):
-        if template_trial is None:
-            return super().create_new_trial(study_id)
-        with self._lock:  # Optuna 5.0's (pinned), but for the copy of the template
-            self._check_study_id(study_id)
-            self._max_trial_id += 1
-            trial, trial_id = template_trial, self._max_trial_id
-            trial.number = len(self._studies[study_id].trials)
-            trial._trial_id = trial_id
-            self._trial_id_to_study_id_and_number[trial_id] = (study_id, trial.number)
-            self._studies[study_id].trials.append(trial)
-            self._update_cache(trial_id, study_id)
-            return trial_id
-
-
-def _view_study(v) -> optuna.Study:
-    """An in-memory study of ``v.ok`` with the varying knobs as params, trial numbers kept (the
-    numbers in between are FAIL placeholders, which every plot leaves out); built once per
-    view."""
-    if "study" not in v.derived:
-        v.derived["study"] = _build_view_study(v)
-    return v.derived["study"]
-
-
-def _build_view_study(v) -> optuna.Study:
-    # Categorical, sorted: knob values are few and mostly powers of two, which read best evenly
-    # spaced (1, 2, 4, 8) rather than on a log axis
-    distributions = {
-        knob: optuna.distributions.CategoricalDistribution(
-            sorted({v.knobs(t)[knob] for t in v.ok}, key=lambda x: (isinstance(x, str), x))
-        )
-        for knob in v.searched
-    }
-    ok = {t.number: t for t in v.ok}
-    trials = [
-        _trial(ok[n].values, {k: v.knobs(ok[n])[k] for k in distributions}, distributions)
-        if n in ok
-        else _trial(None, {}, {})
-        for n in range(max(ok, default=-1) + 1)
-    ]
-    study = optuna.create_study(storage=_Unshared(), directions=v.study.directions)
-    study.add_trials(trials)
-    return study
-
-
-def _trial(values, params: dict, distributions: dict):
-    """A finished trial of the figures' study: COMPLETE with ``values``, or a FAIL placeholder
-    (None). Made as ``optuna.trial.create_trial`` makes it, less its conversion of
-    distributions from before Optuna 3 (these are new), which took seconds per 10,000 trials."""
-    now = datetime.datetime.now()
-    state = optuna.trial.TrialState.COMPLETE if values else optuna.trial.TrialState.FAIL
-    return optuna.trial.FrozenTrial(
-        number=-1,
-        state=state,
-        value=None,
-        values=values,
-        datetime_start=now,
-        datetime_complete=now,
-        params=params,
-        distributions=distributions,
-        user_attrs={},
-        system_attrs={},
-        intermediate_values={},
-        trial_id=-1,
-    )
-
-
-def _copy(study: optuna.Study, trials: list) -> optuna.Study:
-    """An in-memory study of ``study``'s directions holding copies of ``trials`` (renumbered)."""
-    copy = optuna.create_study(storage=_Unshared(), directions=study.directions)
-    copy.add_trials([_trial(t.values, t.params, t.distributions) for t in trials])
-    return copy
 
 
 def _optuna_mpl(name: str, study, **kw):
@@ -199,7 +116,7 @@ def _best_so_far(v) -> tuple[list, list]:
 def history(v):
     """The first objective of every ok trial, the best so far, and the confirmed best."""
     title = f"{v.name}: optimization history"
-    study, kw = _view_study(v), _target(v)
+    study, kw = view_study(v), _target(v)
     fig = ov.plot_optimization_history(study, **kw)
     fig.data = tuple(tr for tr in fig.data if len(tr.x or ()))  # Optuna's empty "infeasible"
     xs, ys = _best_so_far(v)
@@ -254,7 +171,7 @@ def importances(v):
         "target": (lambda t: -t.values[0]) if v.maximize else (lambda t: t.values[0]),
         "target_name": v.objectives[0],
     }
-    study = _view_study(v)
+    study = view_study(v)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "… low `target` values": negated above
         try:
@@ -284,10 +201,10 @@ def parallel(v):
     best = sorted(v.ok, key=v.value, reverse=v.maximize)[:PARALLEL]
     which = "every ok trial" if len(best) == len(v.ok) else f"the best {len(best)} ok trials"
     title = f"{v.name}: knobs of {which}"
-    study = _view_study(v)
+    study = view_study(v)
     if len(best) < len(v.ok):  # thousands of lines draw one blot, and take a minute to
         kept = {t.number for t in best}
-        study = _copy(study, [t for t in study.trials if t.number in kept])
+        study = copy_of(study, [t for t in study.trials if t.number in kept])
     kw = _target(v)
     fig = ov.plot_parallel_coordinate(study, **kw)
     ax = _optuna_mpl("plot_parallel_coordinate", study, **kw)
@@ -310,7 +227,7 @@ def slice_(v):
     if not v.searched:
         return "no knob varies between ok trials"
     title = f"{v.name}: {v.objectives[0]} against each knob"
-    study = _view_study(v)
+    study = view_study(v)
     trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     numbers = np.array([t.number for t in trials])
     values = np.array([t.values[0] for t in trials], dtype=float)
@@ -390,7 +307,7 @@ def pareto(v):
     if len(v.study.directions) < 2:
         return None  # one objective: there is no front to draw, and nothing to say
     title = f"{v.name}: Pareto front"
-    study = _view_study(v)
+    study = view_study(v)
     names = v.objectives[:3]
     fig = ov.plot_pareto_front(study, target_names=names)
     ax = _optuna_mpl("plot_pareto_front", study, target_names=names)
