@@ -72,6 +72,7 @@ def test_estimate_fills_the_knobs_not_set_with_the_studys_baseline(capsys):
         "parallel_optimizer": False,
         "ep": 1,
         "cp": 1,
+        "ulysses": 1,
     }
     baseline = build_space(load_spec(LLAMA), {"tp": 8}).baseline()
     assert out["candidate"] == baseline.as_dict()
