@@ -63,10 +63,11 @@ non-finite loss is written as ``NaN``/``Infinity``, which Python's json reads ba
 - ``router_imbalance``: how unevenly a mixture of experts' routers load their experts — per MoE
   layer and measured step, the tokens routed to the busiest expert over the mean per expert (1:
   even; E / k at worst, every token to the same k experts), averaged over layers and measured
-  steps (:func:`router_imbalance`); None for a model without experts, and under tensor
-  parallelism (not counted there: `autotune.train.models.moe`). The tokens are the whole
-  global batch's: every rank's counts summed. The cost model prices the router's imbalance by a
-  stated factor (docs/costmodel.md); this is what the trainer measured.
+  steps (:func:`router_imbalance`); None for a model without experts. The tokens are the whole
+  global batch's: every rank's counts summed (under tensor parallelism each rank counts its
+  block of the tokens split over the tp group: `autotune.train.models.moe`). The cost model
+  prices the router's imbalance by a stated factor (docs/costmodel.md); this is what the
+  trainer measured.
 - ``measurement``: the version of these rules (`MEASUREMENT`) that measured the numbers.
 - ``peak_memory_mb``: the peak memory of one device, max over ranks, read before the underflow
   probe: on CPU the resident memory (VmHWM, :func:`peak_memory_mb`) of one process = one CPU

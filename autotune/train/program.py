@@ -71,8 +71,9 @@ overhead, with ``device_allocated_mb``, ``device_overhead_mb`` (``device_overhea
 the vendor tool saw the process when it was measured), ``device_reserved_mb``, ``device_smi_mb``
 and ``device_smi_seen``, `autotune.train.runtime.device.DeviceMemory`; ``leftover_mb``, what earlier
 trials of a warm worker left resident, taken off the CPU peak), a sha256 of its final weights
-(the ranks of a dp group must agree) and ``probe_s``, the wall time of the underflow
-measurement (bound, and probe where it ran).
+(the ranks of a dp group must agree), ``probe_s``, the wall time of the underflow
+measurement (bound, and probe where it ran), and ``routed_slots``
+(`autotune.train.step.routing.routed_slots`).
 """
 
 import os
@@ -89,7 +90,7 @@ from autotune.train.config import UPDATE_CAP, ConfigError
 from autotune.train.config_check import check_config
 from autotune.train.runtime import compile_cache
 from autotune.train.runtime.session import LaunchError, Session, open_session  # noqa: F401  (LaunchError: __main__)
-from autotune.train.step.routing import router_imbalance
+from autotune.train.step.routing import routed_slots, router_imbalance
 
 
 def _max_over_ranks(value: float, rank: int, world: int) -> float:
@@ -360,6 +361,7 @@ def run_trial(cfg: dict, session: Session, started: float, leftover_mb: float = 
             "loss_last": result["loss_last"],
             "overflow_steps": result["overflow_steps"],
             "probe_s": probe_s,
+            "routed_slots": routed_slots(loads, log.first_measured()),
         },
     )
     cache = session.cache

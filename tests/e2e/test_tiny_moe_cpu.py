@@ -46,6 +46,9 @@ def test_a_moe_study_on_this_cpu_and_its_expert_parallel_export_in_mindformers(t
     ep2 = frame[frame["ep"] == 2].iloc[0]
     assert ep2["router_imbalance"] > 1
     assert ep2["router_imbalance"] == pytest.approx(frame["router_imbalance"].iloc[0], rel=1e-4)
+    # and so do the others: pp2's stages, tp2's split tokens (each rank counts its block)
+    imbalance = frame["router_imbalance"].to_numpy(dtype=float)
+    np.testing.assert_allclose(imbalance, imbalance[0], rtol=1e-4)
 
     out = tmp_path / "export"
     number = str(ep2["number"])

@@ -27,12 +27,14 @@ The router's load: each forward adds, per expert, how many top-k slots of this r
 chose it to ``counter.load`` (float32 (E,), held outside the cell's parameters so that weights,
 checkpoints and strategy files never see it); the engine reads and clears it after every step
 (`autotune.train.step.engine.Engine.take_router_load`) for the trial's ``router_imbalance``
-(`autotune.train.metrics.router_imbalance`). Not under tensor parallelism: there, any
-assign in this layer's forward (the counter, on the router's output or on a separate no-gradient
-routing of the whole tokens, a parameter of the network or not) changes the step's gradients —
-measured: tp2 losses leave one process's from the second step (4.1126 against 4.0137), the
-same layouts without it equal it; the cause is not found — so a tp > 1 trial counts nothing
-and records no ``router_imbalance``.
+(`autotune.train.metrics.router_imbalance`). Under tensor parallelism a rank counts its block
+of the split tokens, so the counts summed over the ranks are the group's tokens counted once,
+as one process counts them. That assign is the network's one side effect, and it is what made
+tp > 1 train wrong before `autotune.train.parallel.groups.CopyToGroup` copied its input: with a
+side effect anywhere in the differentiated graph, MindSpore 2.10 chained the shared experts'
+second copy of x (w3's) onto the first's (w1's) output when the copy returned its input node,
+and x's gradient summed w3's part over the tp group twice (measured: tp2 losses left one
+process's from the second step, 4.1126 against 4.0137).
 """
 
 from __future__ import annotations
@@ -145,8 +147,7 @@ class MoEFeedForward(nn.Cell):
         if self.split is not None:
             tokens = self.split(tokens)
         gates, chosen = self.router(tokens)
-        if self.split is None:  # see the module doc: not under tp
-            gates = ops.depend(gates, ops.assign_add(self.counter.load, chosen))
+        gates = ops.depend(gates, ops.assign_add(self.counter.load, chosen))
         if self.gather is not None:
             routed = self.gather(tokens).reshape(-1, shape[-1])
             gates = self.gather_gates(gates).reshape(-1, gates.shape[-1])
