@@ -7,6 +7,7 @@ parallelism, its LayerSetting over that config, and the global batch its trainer
 only a device shows (the trials' runs: semi-auto parallel, the all-to-all dispatch) is the device
 check's, on Ascend."""
 
+import subprocess
 import sys
 
 import pytest
@@ -22,21 +23,32 @@ from tests.mindformers.conftest import mf_python
 pytestmark = pytest.mark.slow
 
 
-def test_the_device_checks_moe_trials_are_configs_mindformers_builds(tmp_path, monkeypatch):
+def test_the_device_checks_moe_trials_are_configs_mindformers_builds(tmp_path):
     mf_python()
-    from autotune.spec.backends import BACKENDS
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("device_check_mindformers", None)
-    import device_check_mindformers as step
-
-    space = {"tp": [1, 2], "ep": [1, 2], **{k: [v] for k, v in step.FIXED_QWEN3.items()}}
-    model = step._model(tmp_path, BACKENDS["ascend"], 2, space, step.TINY_QWEN3_MOE)
+    # the device check's own model.yaml for 2 Ascend devices, written in a process of its own
+    # (no test imports a benchmark)
+    code = (
+        "import sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+        "import device_check_mindformers as d; from autotune.spec.backends import BACKENDS; "
+        "space = {'tp': [1, 2], 'ep': [1, 2], **{k: [v] for k, v in d.FIXED_QWEN3.items()}}; "
+        "print(d._model(Path(sys.argv[3]), BACKENDS['ascend'], 2, space, d.TINY_QWEN3_MOE)); "
+        "print(d.MOE_GRID)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "benchmarks"), str(ROOT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    model, grid = done.stdout.splitlines()[-2:]
+    assert grid == "((1, 1), (1, 2), (2, 1), (2, 2))"  # (tp, ep): dp2, dp2·ep2, tp2, tp2·ep2
+    grid = ((1, 1), (1, 2), (2, 1), (2, 2))
     spec = load_spec(model)
     assert (spec.model.num_experts, spec.model.experts_per_token) == (4, 2)
     assert spec.model.sequence_parallel and spec.trial.program == "mindformers"
     baseline = build_space(spec).baseline()
-    jobs, grid = [], step.MOE_GRID
+    jobs = []
     for tp, ep in grid:
         c = baseline.replace(dp=2 // tp, tp=tp, ep=ep)
         assert violations(spec, c) == [], (tp, ep)  # autotune runs every one
