@@ -17,9 +17,9 @@ In order, one line each (``[n name] …``), then a verdict line:
 6 warm      four quickstart trials of one layout in one warm pool (the first starts it);
 7 hidden    a trial with the plugin's libraries hidden: must be the infrastructure's error;
 8 mindformers  a 2-trial study whose trials are MindFormers runs, dp2 and tp2 (Ascend, 2 devices
-            or more), and a tp2·pp2 candidate run twice, the second from the first's compile
-            cache, with what to compare (4 devices or more): benchmarks/device_check_mindformers.py;
-            skipped with the reason on GPU.
+            or more), and a tp2·pp2 candidate run twice, from one compile cache (4 devices or
+            more); 9 that grid over an mcore Qwen3; 10 an mcore Qwen3-MoE over ep 1, 2 by tp 1, 2
+            (dp2·ep2 …): benchmarks/device_check_mindformers.py; skipped with the reason on GPU.
 
     bash benchmarks/device_check.sh gpu|ascend [--devices N] [--dry-run]
 

@@ -17,6 +17,13 @@ search`` as a user runs it:
 Step 9: the same tp grid over MindFormers' mcore Qwen3 (tests/mindformers/tiny_qwen3_mindformers.yaml:
 2 layers, 4 heads of 16 over a hidden size of 32, q/k norms, sliced rows), which MindFormers 1.9
 cannot train on a CPU (tests/mindformers/test_mcore_trial_cpu.py): one line per trial.
+
+Step 10: experts split over the devices — the grid of ep 1 and 2 by tp 1 and 2 (dp2, dp2·ep2,
+tp2, tp2·ep2: MindFormers' rule is ep dividing dp·tp, `autotune.spec.constraints.expert_reasons`)
+over MindFormers' mcore Qwen3-MoE (tests/mindformers/tiny_qwen3_moe_mindformers.yaml: 4 experts
+of which a token takes 2, the all-to-all dispatch), which no CPU runs (semi-auto parallel): per
+trial its line, its goodput against the same tp's ep1 trial, and the router's load-balancing loss
+MindFormers printed (:func:`moe_line`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from autotune.train.runtime.device_smi import parse_npu_smi
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "mindformers" / "tiny_llama_cpu.yaml"
 TINY_QWEN3 = ROOT / "tests" / "mindformers" / "tiny_qwen3_mindformers.yaml"
+TINY_QWEN3_MOE = ROOT / "tests" / "mindformers" / "tiny_qwen3_moe_mindformers.yaml"
 RUN_MINDFORMER = ROOT / "tests" / "mindformers" / "run_mindformer.py"
 MF_PYTHON = ROOT / ".venv-mindformers" / "bin" / "python"
 FIXED = {  # the tiny config's own values; tp (and pp) is what the studies search
@@ -52,6 +60,9 @@ FIXED_QWEN3 = {**FIXED, "grad_accum": 1, "jit_level": "O0"}  # the Qwen3 config'
 STUDY = "device-check-mindformers"
 # MFLossMonitor's line (core/callback/callback.py): "step:[    1/   21], loss:[4.854959/…"
 MONITOR_LOSS = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[\s*([^/\]]+)/")
+# MFLossMonitor's separate losses of an MoE model (print_separate_loss): "load_balancing_loss: 0.0123, "
+BALANCING_LOSS = re.compile(r"load_balancing_loss: ([-+0-9.eE]+)")
+MOE_SKIP = ("10 mindformers moe", "skipped: a dp2·ep2 trial needs --devices 2 or more")
 
 
 def plan(backend, devices: int) -> list[tuple[str, str]]:
@@ -60,11 +71,13 @@ def plan(backend, devices: int) -> list[tuple[str, str]]:
         return [
             ("8 mindformers", f"skipped: {backend.no_mindformers}"),
             ("9 mindformers mcore", f"skipped: {backend.no_mindformers}"),
+            ("10 mindformers moe", f"skipped: {backend.no_mindformers}"),
         ]
     if devices < 2:
         return [
             ("8 mindformers", "skipped: a dp2 and a tp2 trial need --devices 2 or more"),
             ("9 mindformers mcore", "skipped: a dp2 and a tp2 trial need --devices 2 or more"),
+            MOE_SKIP,
         ]
     steps = [] if MF_PYTHON.exists() else [("8 mindformers venv", f"make -C {ROOT} mindformers")]
     for tp in (1, 2):
@@ -94,7 +107,40 @@ def plan(backend, devices: int) -> list[tuple[str, str]]:
                 "search, trial.program mindformers, a synthetic MindRecord of sliced rows)",
             )
         )
+    for tp, ep in MOE_GRID:
+        steps.append(
+            (
+                f"10 mindformers moe {_moe_label(tp, ep)}",
+                f"MindFormers trial of the tiny mcore Qwen3-MoE (4 experts, 2 per token), "
+                f"dp={2 // tp} tp={tp} ep={ep} (autotune search, trial.program mindformers, a "
+                "synthetic MindRecord of sliced rows)",
+            )
+        )
     return steps
+
+
+MOE_GRID = ((1, 1), (1, 2), (2, 1), (2, 2))  # (tp, ep) on 2 devices: ep divides dp·tp = 2
+
+
+def _moe_label(tp: int, ep: int) -> str:
+    return "·".join(
+        ([f"dp{2 // tp}"] if tp == 1 else []) + [f"tp{tp}"] * (tp > 1) + [f"ep{ep}"] * (ep > 1)
+    )
+
+
+def moe_line(result, folder: Path, ranks: int, against: float | None, trial_line) -> str:
+    """Step 10's line for one trial in ``folder``: ``trial_line``'s, then its goodput against
+    ``against`` (the same tp's ep1 trial's), and the load-balancing loss MindFormers' monitor
+    printed at step 1 on the last rank (the router's only reading a MindFormers run gives)."""
+    line = trial_line(result, folder)
+    if result.outcome != "ok":
+        return line
+    goodput = result.metrics.get("goodput")
+    ratio = f" (÷ ep1's {goodput / against:.2f})" if goodput and against else ""
+    log = folder / "logs" / f"worker_{ranks - 1}.log"
+    found = BALANCING_LOSS.search(log.read_text(errors="replace")) if log.exists() else None
+    balancing = found.group(1) if found else "not printed"
+    return f"{line}; goodput {goodput or 0:.1f} samples/s{ratio}; load_balancing_loss {balancing}"
 
 
 def monitor_losses(log: Path) -> dict[int, float]:
@@ -227,6 +273,7 @@ def check(backend, devices: int, work: Path, say, trial_line) -> None:
         _pipeline(backend, work, say, trial_line)
     folder = work / "mindformers-mcore"
     _tp_grid("9 mindformers mcore", TINY_QWEN3, FIXED_QWEN3, folder, backend, say, trial_line)
+    _moe_grid(backend, work / "mindformers-moe", say, trial_line)
 
 
 def _tp_grid(name: str, base: Path, fixed: dict, folder: Path, backend, say, trial_line) -> None:
@@ -260,3 +307,20 @@ def _pipeline(backend, work: Path, say, trial_line) -> None:
                 comparison(trial, 4, result.metrics, cache) if good else trial_line(result, trial)
             )
             say(name, line, good)
+
+
+def _moe_grid(backend, folder: Path, say, trial_line) -> None:
+    """Step 10: the tiny Qwen3-MoE over ep 1, 2 by tp 1, 2 on 2 devices, a line per trial."""
+    space = {"tp": [1, 2], "ep": [1, 2], **{k: [v] for k, v in FIXED_QWEN3.items()}}
+    model = _model(folder, backend, 2, space, TINY_QWEN3_MOE)
+    failed = _search(model, STUDY, folder)
+    if failed:
+        say("10 mindformers moe", failed, False)
+        return
+    ran = {(k["tp"], k["ep"]): (n, r) for n, k, r in _trials(STUDY, folder)}
+    for tp, ep in sorted(ran):
+        number, result = ran[tp, ep]
+        plain = ran.get((tp, 1), (None, None))[1]
+        against = plain.metrics.get("goodput") if plain and ep > 1 else None
+        line = moe_line(result, folder / "trials" / STUDY / str(number), 2, against, trial_line)
+        say(f"10 mindformers moe {_moe_label(tp, ep)}", line, result.outcome == "ok")

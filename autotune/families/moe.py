@@ -81,6 +81,19 @@ FIELDS = (
     "moe_node_limit",
     "pipeline_schedule",
 )
+# The options autotune's trainer (`autotune.train`) does not build, and why: its network refuses
+# them by key, and the trainer program refuses a study with them before any trial where its
+# trials are the trainer's runs (`autotune.spec.programs.Trainer.check`); the cost model prices
+# them. Here because both import this module and neither may import the other.
+TRAINER_UNBUILT = {
+    "mtp_layers": "the trial program builds no multi-token prediction modules",
+    "moe_capacity_factor": (
+        "the trial program's experts are dropless (a capacity drops tokens by the batch's "
+        "composition, which a layout changes)"
+    ),
+    "experts_tensor_parallel": "the trial program splits experts over ep only, not over tp",
+    "fp8_linear": "the trial program computes no FP8 GEMMs (it trains in the compute dtype)",
+}
 
 
 def has_experts(cfg: dict) -> bool:

@@ -107,7 +107,10 @@ def overlay(spec: Spec, c: Candidate) -> dict:
             "context_parallel": c.cp,
             "micro_batch_num": c.micro_batches if pp else 1,
             "vocab_emb_dp": c.tp == 1,  # tp > 1: vocab-parallel embedding, as strategy.ckpt has it
-            "use_seq_parallel": spec.model.sequence_parallel,
+            # only with tp: nothing to split without it (priced so), and MindFormers' mcore
+            # ModelParallelConfig refuses it ("Can not use sequence parallelism without tensor
+            # parallelism", parallel_core/model_parallel_config.py)
+            "use_seq_parallel": spec.model.sequence_parallel and c.tp > 1,
         },
         "runner_config": {
             "batch_size": micro_batch_size(spec, c),

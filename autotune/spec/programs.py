@@ -10,7 +10,8 @@ autotune's own trainer (:data:`DEFAULT_PROGRAM`, `autotune.train`) and MindForme
   reader, `autotune.spec.model_yaml`, names ``trial.<key>`` in its errors; a key of another
   program is refused naming the program that reads it, :func:`read_trial`);
 - what the study needs before any trial (:meth:`~TrialProgram.check`: SpecError, exit 2, at
-  ``autotune validate``/``search`` start);
+  ``autotune validate``/``search`` start; the trainer's: no option its network does not build,
+  ``autotune.families.moe.TRAINER_UNBUILT``, on a backend whose trials are its runs);
 - the candidates it cannot run (:meth:`~TrialProgram.refusals`: hard constraints,
   `autotune.spec.constraints`) and the knob values it runs only (:meth:`~TrialProgram.space_limits`:
   the space's filter and the note it prints, `autotune.spec.space`);
@@ -36,7 +37,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.families.moe import TRAINER_UNBUILT
 from autotune.spec.backends import ENGINES, backend_of
+from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
 from autotune.spec.mindformers_trial import (
     check_mindformers_trial,
@@ -110,7 +113,21 @@ class Trainer(TrialProgram):
         return {}
 
     def check(self, spec: Spec, stored: bool) -> None:
-        pass  # the model.yaml's own checks are the trainer's
+        # the model.yaml's own checks are the trainer's, but for what its network does not build:
+        # a property of the model, so every trial would fail — refused before any, where the
+        # trials are its runs (an estimate or a table prices them; a stored study's export too)
+        backend = backend_of(spec.cluster.backend)
+        if stored or backend.kind != "program":
+            return
+        for key, why in TRAINER_UNBUILT.items():
+            value = getattr(spec.model, key, None)
+            if value:
+                raise SpecError(
+                    f"{spec.source}: model.{key}: {value}: {why} (autotune's trainer runs every "
+                    f"trial on backend {backend.name}); study this model on cluster.backend "
+                    "simulate, run its trials as MindFormers runs (trial.program mindformers), "
+                    "or leave the key out"
+                )
 
     def refusals(self, spec: Spec, c: Candidate) -> list[str]:
         # the layout's are every program's (`autotune.spec.constraints`); what a trial of the

@@ -1,9 +1,9 @@
 """examples/tiny_moe_cpu.yaml as a user runs it (slow tier): a real CPU study of a tiny mixture of
 experts with latent attention through autotune's trainer (Ray, MindSpore, SQLite), its
 expert-parallel trial exported and handed to MindFormers 1.9 (its own venv): its config loader,
-section templates and parallel checks accept the mindformers.yaml, and its MindSpore splits a
-whole checkpoint by the exported strategy.ckpt into the experts each rank holds. That every layout
-trains to one process's losses is tests/train/test_moe.py's."""
+section templates, parallel checks and mcore LayerSetting accept the mindformers.yaml, and its
+MindSpore splits a whole checkpoint by the exported strategy.ckpt into the experts each rank
+holds. That every layout trains to one process's losses is tests/train/test_moe.py's."""
 
 import json
 import subprocess
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples" / "tiny_moe_cpu.yaml"
 DEEPSEEK = FIXTURES / "deepseekv3_train.yaml"  # MindFormers' mcore DeepSeek-V3 (MLA + MoE) test
+DEEPSEEK_JSON = ROOT / "tests" / "fixtures" / "huggingface" / "DeepSeek-V3"
 
 
 def test_a_moe_study_on_this_cpu_and_its_expert_parallel_export_in_mindformers(tmp_path, capsys):
@@ -66,12 +67,20 @@ def test_a_moe_study_on_this_cpu_and_its_expert_parallel_export_in_mindformers(t
     exported = out / "mindformers.yaml"
     overlay = yaml.safe_load(exported.read_text())
     assert overlay["parallel_config"]["expert_parallel"] == 2
+    # and, as MindFormers' own test of that config does (run_deepseek3.py), the model's
+    # config.json beside it: its class (DeepseekV3Config) is named there, not in the YAML
     exported.write_text(
         exported.read_text().replace("SET-ME-your-model-mindformers-config.yaml", str(DEEPSEEK))
+        + f"pretrained_model_dir: {DEEPSEEK_JSON}\n"
     )
     # its loader and templates, then build_parallel_config and its trainer's two batch checks
-    read, batch = consumer(
-        tmp_path, [{"read": str(exported)}, {"batch": str(exported), "device_num": 2}]
+    read, batch, layers = consumer(
+        tmp_path,
+        [
+            {"read": str(exported)},
+            {"batch": str(exported), "device_num": 2},
+            {"layers": str(exported)},
+        ],
     )
     assert read["template"] is None, read["template"]  # its section templates accept every key
     # the tuned dp2·ep2 over the base's dp2·tp2·pp2·ep2, its routed experts and latent attention
@@ -81,6 +90,11 @@ def test_a_moe_study_on_this_cpu_and_its_expert_parallel_export_in_mindformers(t
     assert read["raw"]["model"]["model_config"]["n_routed_experts"] > 1
     assert batch["global_batch_size"] == 16, batch  # the study's batch, as MindFormers computes it
     assert batch["batch_size"] == 16 and batch["gradient_accumulation_steps"] == 1, batch
+    # its mcore layers (LayerSetting over the TransformerConfig the model is built with) place the
+    # base's 4 layers on the one stage; the study's sequence parallelism is not written without
+    # tp (MindFormers' ModelParallelConfig refuses it)
+    assert layers == {**layers, "layer_list": [[4]]}, layers
+    assert parallel["use_seq_parallel"] is False
 
     # MindFormers' MindSpore splits a whole checkpoint by the exported strategy: rank r holds
     # experts [2r, 2r + 2) of the 4

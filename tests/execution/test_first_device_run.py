@@ -337,6 +337,7 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
         "7 hidden",
         "8 mindformers",
         "9 mindformers mcore",
+        "10 mindformers moe",
     ]
     said = dict(steps)
     assert said["0 autotune"].endswith(" install") and said["0 autotune"].startswith("make -C ")
@@ -353,6 +354,7 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
     assert said["7 hidden"].startswith("LD_LIBRARY_PATH=") and "dp=1 tp=1 pp=1" in said["7 hidden"]
     assert said["8 mindformers"].startswith("skipped: MindFormers supports")  # not on GPU
     assert said["9 mindformers mcore"] == said["8 mindformers"]
+    assert said["10 mindformers moe"] == said["8 mindformers"]
     ascend = dict(_dry_run("ascend", "--devices", "2"))
     assert "2 kernels" not in ascend
     for tp, dp in ((1, 2), (2, 1)):  # MindFormers' semi-auto parallel, which no CPU runs
@@ -366,6 +368,19 @@ def test_the_device_check_dry_run_says_what_it_would_do_in_order():
             f"tiny mcore Qwen3, dp={dp} tp={tp} (autotune search"
             in ascend[f"9 mindformers mcore tp{tp}"]
         )
+    for tp, dp, ep, label in (
+        (1, 2, 1, "dp2"),
+        (1, 2, 2, "dp2·ep2"),
+        (2, 1, 1, "tp2"),
+        (2, 1, 2, "tp2·ep2"),
+    ):
+        # experts split over the devices: MindFormers' semi-auto parallel and all-to-all dispatch
+        assert (
+            f"tiny mcore Qwen3-MoE (4 experts, 2 per token), dp={dp} tp={tp} ep={ep} (autotune"
+            in ascend[f"10 mindformers moe {label}"]
+        )
+    one = dict(_dry_run("ascend", "--devices", "1"))
+    assert one["10 mindformers moe"] == "skipped: a dp2·ep2 trial needs --devices 2 or more"
     four = _dry_run("ascend", "--devices", "4")
     names = [name for name, _ in four if name.startswith("8 mindformers")]
     assert names[-2:] == ["8 mindformers tp2·pp2 1/2", "8 mindformers tp2·pp2 2/2"]
@@ -430,3 +445,41 @@ def test_the_device_checks_pipeline_run_prints_what_to_compare(tmp_path):
         "peak 1952 MB = allocated 1000 + overhead 952, npu-smi 3000 MB (pool reserved 2048)" in line
     )
     assert line.endswith("first step 12.0 s; compile cache 3 files")
+
+
+def test_step_10s_line_reads_the_goodput_and_the_routers_loss(tmp_path):
+    """A trial folder as a MindFormers run leaves it: the line carries the trial's own line, its
+    goodput against the ep1 trial's, and the load-balancing loss MFLossMonitor printed (its
+    print_separate_loss format, callback.py) on the last rank; a failed trial's line is its own,
+    a log without the loss says so (run in a process of its own: no test imports a benchmark)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    (tmp_path / "logs").mkdir()
+    log = tmp_path / "logs" / "worker_1.log"
+    log.write_text(
+        "{ Epoch:[  1/ 40], step:[    1/   10], loss:[4.158883/4.158883], lm_loss: 4.158000, "
+        "load_balancing_loss: 0.002012, per_step_time: 812ms, lr: 0.001, overflow cond: False\n"
+    )
+    code = (
+        "import sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+        "import device_check_mindformers as d; from autotune.jobs import Result; "
+        "folder = Path(sys.argv[3]); ok = Result('ok', {'goodput': 30.0}); "
+        "print(d.moe_line(ok, folder, 2, 40.0, lambda r, f: 'ok step 9.0 ms')); "
+        "print(d.moe_line(Result('infeasible'), folder, 2, 40.0, lambda r, f: 'infeasible: x')); "
+        "Path(sys.argv[4]).write_text('no monitor line'); "
+        "print(d.moe_line(ok, folder, 2, None, lambda r, f: 'ok'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root / "benchmarks"), str(root), str(tmp_path), str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "ok step 9.0 ms; goodput 30.0 samples/s (÷ ep1's 0.75); load_balancing_loss 0.002012",
+        "infeasible: x",
+        "ok; goodput 30.0 samples/s; load_balancing_loss not printed",
+    ]

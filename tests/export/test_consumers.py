@@ -705,6 +705,11 @@ def test_the_overlay_is_the_run_the_study_priced(tmp_path):
     out = export(tmp_path, "sp", knobs, **llama)
     mf = read_yaml(out / "mindformers.yaml")
     assert mf["parallel_config"]["use_seq_parallel"] is True
+    # without tp there is nothing to split, and MindFormers' mcore layers refuse it
+    # (tests/e2e/test_tiny_moe_cpu.py runs its LayerSetting over such an export)
+    for name in ("dp8", "dp4-pp2"):
+        plain = read_yaml(export(tmp_path, name, LAYOUTS[name], **llama) / "mindformers.yaml")
+        assert plain["parallel_config"]["use_seq_parallel"] is False, name
     assert mf["recompute_config"] == {
         "recompute": False,
         "select_recompute": [1, 0],

@@ -10,6 +10,9 @@ mindformers 1.9.0 with mindspore 2.9.0 lives in a venv of its own (``make mindfo
   computes (``_check_global_batch_size_for_auto_parallel``) is the tuned one;
 - the Llama 2 70B config exported at pp 2, 4 and 8: MindFormers' ``LayerSetting`` builds every
   stage (the base itself at pp 4 raises MindFormers' IndexError: the check can fail);
+- Qwen3-30B-A3B's mcore config exported at tp4·pp4·ep4, pp 2 and tp 1: MindFormers' mcore
+  ``LayerSetting``, over the ``TransformerConfig`` the model is built with, builds every stage
+  (sequence parallelism written at tp 1 is refused there: the check can fail);
 - (a study of the tiny CPU llama whose trials are MindFormers runs, exported and trained by
   ``run_mindformer.py`` through ``launch.sh --mindformers``: tests/mindformers/test_mindformers_study.py).
 
@@ -223,3 +226,46 @@ def test_the_70b_export_builds_its_stages_in_mindformers_at_pp_2_4_8(tmp_path):
         assert f"# Per stage of pp = {pp}, the layers model.recompute_layers marks" in header
         assert yaml.safe_load(text)["parallel_config"]["use_seq_parallel"] is True  # as priced
     assert results[1]["select_comm_recompute"][r".*\.norm"][0] == [12, 5, 2, 2]  # pp 4
+
+
+QWEN3_MOE = FIXTURES / "pretrain_qwen3_30b_a3b_4k.yaml"  # mcore: 48 layers, 128 experts
+
+
+def test_a_qwen3_moe_export_builds_its_stages_in_mindformers_mcore_layers(tmp_path):
+    """Qwen3-30B-A3B's own expert-parallel layout (tp4·pp4·ep4 on 16 devices) and a pp 2 one
+    exported over its mcore config: MindFormers' mcore LayerSetting, over the TransformerConfig
+    the model is built with, places 48 ÷ pp layers on each stage; and at tp 1 the export's
+    sequence parallelism (the base's use_seq_parallel: True) would be refused by it."""
+    assert (
+        main(
+            [
+                "init",
+                "--mindformers",
+                str(QWEN3_MOE),
+                "--backend",
+                "simulate",
+                "--out",
+                str(tmp_path / "model.yaml"),
+            ]
+        )
+        == 0
+    )
+    from autotune.spec.space import build_space
+
+    spec = load_spec(tmp_path / "model.yaml")
+    baseline = build_space(spec).baseline()
+    assert (baseline.dp, baseline.tp, baseline.pp, baseline.ep) == (1, 4, 4, 4)
+    assert baseline.micro_batches == 16 and spec.train.global_batch_size == 16
+    layouts = {
+        "pp4": baseline,
+        "pp2": baseline.replace(dp=2, pp=2, micro_batches=8),
+        "tp1": baseline.replace(dp=4, tp=1, micro_batches=4),  # sequence parallelism needs tp
+    }
+    jobs = []
+    for name, c in layouts.items():
+        write_export(spec, c, TRIAL, tmp_path / name, mindformers_base=str(QWEN3_MOE))
+        jobs.append({"layers": str(tmp_path / name / "mindformers.yaml")})
+    results = consumer(tmp_path, jobs)
+    for (name, c), result in zip(layouts.items(), results):
+        assert "error" not in result, (name, result)
+        assert result["layer_list"] == [[48 // c.pp] * c.pp], (name, result)

@@ -6,7 +6,9 @@
   else) as ``raw``, and ``template``: null, or the error ``MindFormerConfig(PATH)`` raises when it
   applies its section templates (``ConfigTemplate.apply_template``: unexpected keys, …);
 - ``{"layers": PATH}``: MindFormers' ``build_parallel_config`` and ``LayerSetting`` (the code
-  every legacy llama and mcore block runs at construction) over the config: ``layer_list``, the
+  every legacy llama and mcore block runs at construction) over the config — for an mcore config
+  (``use_legacy: False``) its mcore branch over the ``TransformerConfig`` the model is built with
+  (``num_hidden_layers`` as ``num_layers``, the parallel config handed in): ``layer_list``, the
   formatted full-recompute, select_recompute and select_comm_recompute counts per stage, or the
   error;
 - ``{"batch": PATH}``: the global batch and per-rank batch MindFormers' trainer computes
@@ -48,15 +50,24 @@ def _read(path):
 
 def _layers(path):
     from mindformers.core.parallel_config import build_parallel_config
-    from mindformers.parallel_core.training_graph.transformer.utils import LayerSetting
+    from mindformers.parallel_core.training_graph.transformer import utils
     from mindformers.tools.register import MindFormerConfig
 
     cfg = MindFormerConfig(path)
     build_parallel_config(cfg)
-    mc = cfg.model.model_config
+    # without a run's context MindFormers takes every model for legacy; an mcore one takes
+    # LayerSetting's other branch, as its run does
+    mcore = cfg.use_legacy is False
+    utils.is_legacy_model = lambda: not mcore
     try:
-        setting = LayerSetting(mc.num_layers, mc.offset or 0, cfg.parallel_config,
-                               mc.pp_interleave_num or 1)
+        if mcore:  # TransformerBlock's call, over the TransformerConfig the trainer builds
+            t = _transformer(cfg)
+            setting = utils.LayerSetting(t.num_layers, t.offset, t,
+                                         t.virtual_pipeline_model_parallel_size)
+        else:  # the legacy llama's (models/llama/llama.py)
+            mc = cfg.model.model_config
+            setting = utils.LayerSetting(mc.num_layers, mc.offset or 0, cfg.parallel_config,
+                                         mc.pp_interleave_num or 1)
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"layer_list": setting.layer_list.tolist(),
@@ -86,6 +97,21 @@ def _ulysses(path):
     except Exception as exc:
         out["mcore"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def _transformer(cfg):
+    """The TransformerConfig an mcore model is built with: its model config with the built
+    parallel config handed in, as the trainer's create_network(default_args=...) does."""
+    from mindformers.models.build_config import get_model_config
+    from mindformers.tools.register import register
+
+    register.is_legacy_model = lambda: False
+    import mindformers  # noqa: F401  (registers every model type)
+
+    if cfg.get("pretrained_model_dir"):
+        cfg.model.pretrained_model_dir = cfg.pretrained_model_dir
+    cfg.model.model_config.parallel_config = cfg.parallel_config
+    return get_model_config(cfg.model).convert_to_transformer_config()
 
 
 class _Trainer:

@@ -153,3 +153,69 @@ def test_another_family_takes_no_experts():
     }
     with pytest.raises(SpecError, match=r"model\.num_experts: is the llama family's option"):
         spec_of(model)
+
+
+TINY_MOE = {
+    "family": "llama",
+    "num_layers": 2,
+    "hidden_size": 32,
+    "num_heads": 4,
+    "ffn_hidden_size": 48,
+    "seq_length": 8,
+    "vocab_size": 64,
+    "num_experts": 4,
+    "experts_per_token": 2,
+    "moe_ffn_hidden_size": 16,
+    "dtype": "float32",
+}
+
+
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("mtp_layers", 1, "builds no multi-token prediction modules"),
+        ("moe_capacity_factor", 1.25, "dropless"),
+        ("experts_tensor_parallel", True, "over ep only"),
+        ("fp8_linear", True, "no FP8 GEMMs"),
+    ],
+)
+def test_what_the_trainer_does_not_build_is_refused_before_any_trial(tmp_path, key, value, says):
+    """A property of the model, not of a candidate: where the trainer runs the trials (cpu here;
+    gpu and ascend alike) the spec is refused at validation, naming the field and the file,
+    instead of every trial failing as an error; a simulate or replay study prices it."""
+    path = tmp_path / "model.yaml"
+    model = {**TINY_MOE, key: value}
+    cluster = {"devices": 2, "devices_per_node": 2}
+    for backend in ("cpu", "gpu", "ascend"):
+        with pytest.raises(SpecError, match=rf"^{path}: model\.{key}: {value}: .*{says}"):
+            parse_spec(
+                {
+                    "model": {**model, "dtype": "float16" if backend != "cpu" else "float32"},
+                    "train": {"global_batch_size": 16},
+                    "cluster": {"backend": backend, **cluster},
+                },
+                path,
+            )
+    (tmp_path / "table.csv").write_text("tp,goodput,outcome\n1,10.0,ok\n")
+    for extra in ({"backend": "simulate"}, {"backend": "replay", "replay": "table.csv"}):
+        data = {"model": model, "train": {"global_batch_size": 16}, "cluster": cluster | extra}
+        assert getattr(parse_spec(data, path).model, key) == value
+
+
+def test_the_trainers_refusal_is_the_bad_input_exit_and_the_examples_stay_valid(tmp_path, capsys):
+    from autotune.cli import main
+    from tests.conftest import ROOT
+
+    path = tmp_path / "model.yaml"
+    path.write_text(
+        "model: {family: llama, num_layers: 2, hidden_size: 32, num_heads: 4, ffn_hidden_size: 48,"
+        " seq_length: 8, vocab_size: 64, num_experts: 4, experts_per_token: 2,"
+        " moe_ffn_hidden_size: 16, mtp_layers: 1, dtype: float32}\n"
+        "train: {global_batch_size: 16}\n"
+        "cluster: {backend: cpu, devices: 2, devices_per_node: 2}\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: model.mtp_layers: 1: " in err and "cluster.backend simulate" in err
+    # DeepSeek-V3 with its MTP module, priced by the cost model
+    assert main(["validate", str(ROOT / "examples" / "deepseek_v3_2048dev_simulate.yaml")]) == 0

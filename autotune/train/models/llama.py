@@ -72,16 +72,9 @@ from autotune.train.parallel.tp_layers import (
     vocab_lookup,
 )
 
-# the llama options (`autotune.families.moe`) this network does not build, and why
-UNBUILT = {
-    "mtp_layers": "the trial program builds no multi-token prediction modules",
-    "moe_capacity_factor": (
-        "the trial program's experts are dropless (a capacity drops tokens by the batch's "
-        "composition, which a layout changes)"
-    ),
-    "experts_tensor_parallel": "the trial program splits experts over ep only, not over tp",
-    "fp8_linear": "the trial program computes no FP8 GEMMs (it trains in the compute dtype)",
-}
+# the llama options this network does not build, and why (the trainer program refuses a spec
+# with them before any trial: `autotune.spec.programs`)
+UNBUILT = moe_options.TRAINER_UNBUILT
 
 
 class HeadNorm(nn.Cell):
