@@ -8,7 +8,10 @@ settings in knob names), an inline search space that contains the baseline, and
 ``export.mindformers_base`` (the config's path, relative to ``out``'s folder, absolute when it
 is not under it) so ``autotune export`` merges into it. absolute when the config is not under that folder). The text is validated as a model.yaml would be (`parse_spec`, the
 space and its baseline: `autotune.spec.space.build_space`) before it is returned: what it
-returns runs; else a :class:`SpecError` naming the field. With ``run_mindformer`` it has a
+returns runs; else a :class:`SpecError` naming the field. A model autotune's trainer does not
+build (`autotune.families.moe.TRAINER_UNBUILT`: MTP modules, a capacity factor, …) on a device
+backend, with neither ``backend`` nor ``run_mindformer`` given, is written for ``simulate``,
+one note saying why and how to run it. With ``run_mindformer`` it has a
 ``trial:`` section (``program: mindformers``, the script, MindFormers' interpreter, the data),
 else one header line saying how to get one (:data:`HOW_TO_RUN_MINDFORMERS`).
 """
@@ -20,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from autotune.families.moe import TRAINER_UNBUILT
+from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_config import read_config
 from autotune.spec.mindformers_trial import find_mindformers_python
@@ -101,6 +106,19 @@ def init_text(
         flag = "--mindformers-python" if python is not None else "--synthetic-data"
         raise SpecError(f"{flag}: is for MindFormers trials: pass --run-mindformer too")
     r = read_config(config, devices, devices_per_node, backend, total_steps)
+    unbuilt = [key for key, value, _ in r.model if value and key in TRAINER_UNBUILT]
+    on = dict((key, value) for key, value, _ in r.cluster).get("backend")
+    if unbuilt and backend is None and run_mindformer is None and backend_of(on).kind == "program":
+        # the trainer would refuse the model on the config's device: price it instead of
+        # writing a model.yaml that cannot run, and say how to run it for real
+        r = read_config(config, devices, devices_per_node, "simulate", total_steps)
+        why = f"the trainer does not build model.{unbuilt[0]} (NOTE above)"
+        r.cluster = [(k, v, why if k == "backend" else src) for k, v, src in r.cluster]
+        r.notes.append(
+            f"cluster.backend simulate, not the config's {on}: autotune's trainer does not "
+            f"build model.{unbuilt[0]}; add --run-mindformer to make the trials MindFormers "
+            f"runs on {on}"
+        )
     trial_header, trial = (
         trial_lines(run_mindformer, python, synthetic) if run_mindformer else ([], [])
     )

@@ -48,11 +48,15 @@ def test_qwen3_moe_and_deepseek_v3_from_their_hugging_face_folders(tmp_path, cap
     data, spec, _ = read(tmp_path, capsys, with_folder(tmp_path, DENSE_TEMPLATE, "Qwen3-30B-A3B"))
     assert data["model"]["num_experts"] == 128 and data["model"]["num_layers"] == 48
     deepseek = with_folder(tmp_path, DENSE_TEMPLATE, "DeepSeek-V3")
-    # its MTP module: autotune's trainer builds none, so the config's own backend (ascend) would
-    # fail every trial; init refuses that model.yaml, naming the key, and a simulation prices it
-    code, _ = init(tmp_path, deepseek, "--force")
+    # its MTP module: autotune's trainer builds none, so on the config's own backend (ascend)
+    # every trial would fail — init refuses that when asked for it, naming the key …
+    code, _ = init(tmp_path, deepseek, "--force", "--backend", "ascend")
     assert code == 2 and "model.mtp_layers: 1: " in capsys.readouterr().err
-    data, spec, _ = read(tmp_path, capsys, deepseek, "--force", "--backend", "simulate")
+    # … and unasked writes a simulation of it, saying why and how to run it for real
+    data, spec, _ = read(tmp_path, capsys, deepseek, "--force")
+    assert data["cluster"]["backend"] == "simulate"
+    text = (tmp_path / "model.yaml").read_text()
+    assert "does not build model.mtp_layers; add --run-mindformer" in text
     model = data["model"]
     assert model["kv_lora_rank"] == 512 and model["q_lora_rank"] == 1536
     assert model["dense_layers"] == 3 and model["mtp_layers"] == 1
@@ -68,7 +72,7 @@ def test_mindformers_deepseek_v3_test_config_over_the_hugging_face_file(tmp_path
     """MindFormers' own 4-layer mcore DeepSeek-V3 test: its YAML wins key by key over
     config.json, which gives what it leaves out (the query and latent ranks, MTP)."""
     config = layered(tmp_path, DEEPSEEK_TEST, f"pretrained_model_dir: {HF / 'DeepSeek-V3'}\n")
-    data, _, _ = read(tmp_path, capsys, config, "--total-steps", "10", "--backend", "simulate")
+    data, _, _ = read(tmp_path, capsys, config, "--total-steps", "10")
     model = data["model"]
     assert (model["num_layers"], model["hidden_size"], model["num_experts"]) == (4, 256, 16)
     assert (model["q_lora_rank"], model["v_head_dim"], model["dense_layers"]) == (1536, 192, 1)
@@ -76,9 +80,7 @@ def test_mindformers_deepseek_v3_test_config_over_the_hugging_face_file(tmp_path
 
 
 def test_mixtral_from_its_legacy_moe_config(tmp_path, capsys):
-    data, spec, err = read(
-        tmp_path, capsys, MIXTRAL, "--total-steps", "1000", "--backend", "simulate"
-    )
+    data, spec, err = read(tmp_path, capsys, MIXTRAL, "--total-steps", "1000")
     model = data["model"]
     assert (model["num_experts"], model["experts_per_token"], model["moe_ffn_hidden_size"]) == (
         8,
@@ -96,9 +98,7 @@ def test_mixtral_from_its_legacy_moe_config(tmp_path, capsys):
 def test_deepseek_v3_671b_pretraining_from_its_legacy_config(tmp_path, capsys):
     """MindFormers' r1.5.0 DeepSeek-V3 pre-training on 1,024 NPUs: 61 layers on 16 stages
     (the first 13 one layer more), ep 8, a capacity factor of 1.5."""
-    data, spec, err = read(
-        tmp_path, capsys, DEEPSEEK_LEGACY, "--total-steps", "1000", "--backend", "simulate"
-    )
+    data, spec, err = read(tmp_path, capsys, DEEPSEEK_LEGACY, "--total-steps", "1000")
     model, base = data["model"], data["baseline"]
     assert (base["dp"], base["tp"], base["pp"], base["ep"]) == (16, 4, 16, 8)
     assert model["moe_capacity_factor"] == 1.5 and model["mtp_layers"] == 1
