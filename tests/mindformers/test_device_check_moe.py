@@ -74,3 +74,32 @@ def test_the_device_checks_moe_trials_are_configs_mindformers_builds(tmp_path):
         assert (t["num_moe_experts"], t["moe_router_topk"]) == (4, 2), where
         assert "error" not in layers and layers["layer_list"] == [[2]], (where, layers)
         assert batch["global_batch_size"] == spec.train.global_batch_size, (where, batch)
+
+
+def test_the_device_checks_mcore_qwen3_study_is_written_for_ascend(tmp_path):
+    """Step 9's tiny mcore Qwen3 computes in float32 for this CPU; on Ascend the device check
+    layers bfloat16 over it (its flash attention runs no float32), so its model.yaml is valid
+    there and MindFormers 1.9 builds its config computing in bfloat16."""
+    mf_python()
+    code = (
+        "import sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+        "import device_check_mindformers as d; from autotune.spec.backends import BACKENDS; "
+        "folder = Path(sys.argv[3]); space = {'tp': [1, 2], "
+        "**{k: [v] for k, v in d.FIXED_QWEN3.items()}}; "
+        "print(d._model(folder, BACKENDS['ascend'], 2, space, d.bfloat16(d.TINY_QWEN3, folder)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "benchmarks"), str(ROOT), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    spec = load_spec(done.stdout.splitlines()[-1])
+    assert spec.model.dtype == "bfloat16" and spec.model.flash_attention
+    baseline = build_space(spec).baseline()
+    path = tmp_path / "tp2.yaml"
+    path.write_text(trial_document(spec, baseline.replace(dp=1, tp=2), 0, tmp_path / "t")[0])
+    read, built = consumer(tmp_path, [{"read": str(path)}, {"model": str(path)}])
+    assert read["template"] is None and built["strict"] is None, (read, built)
+    assert built["transformer"]["compute_dtype"] in ("bfloat16", "mstype.bfloat16", "BFloat16")
