@@ -16,6 +16,7 @@ from mindspore.train.node_strategy_pb2 import ParallelStrategyMap  # noqa: E402
 
 from autotune.cli import main  # noqa: E402
 from autotune.export import write_export  # noqa: E402
+from autotune.families.mcore import mcore_reasons  # noqa: E402
 from autotune.spec.errors import SpecError  # noqa: E402
 from autotune.spec.model_yaml import parse_spec  # noqa: E402
 from autotune.spec.space import build_space  # noqa: E402
@@ -169,6 +170,33 @@ def test_what_no_strategy_describes_is_refused(tmp_path, key, value, knobs, mess
     c = build_space(spec).baseline().replace(**knobs)
     with pytest.raises(SpecError, match="mcore base: .*" + message.replace("[", r"\[")):
         write_export(spec, c, TRIAL, tmp_path / "out", mindformers_base=str(base))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "option, value, what",
+    [
+        ("kv_lora_rank", 64, "multi-latent attention"),
+        ("mtp_layers", 1, "multi-token prediction"),
+        ("shared_ffn_hidden_size", 48, "shared experts"),
+        ("dense_layers", 1, "dense first layers"),
+        ("experts_tensor_parallel", True, "experts split over tp"),
+    ],
+)
+def test_what_is_not_established_is_refused(option, value, what):
+    model = {"hidden_size": 32, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 48}
+    assert mcore_reasons(model, {}, 2) == []
+    (reason,) = mcore_reasons({**model, option: value}, {}, 2)
+    assert what in reason and f"model.{option}" in reason
+
+
+def test_reshard_is_refused_for_an_mcore_base(tmp_path):
+    spec, base = _spec(tmp_path, TINY_QWEN3)
+    c = build_space(spec).baseline().replace(dp=4)
+    with pytest.raises(SpecError, match="--reshard: the strategy holds MindFormers' mcore names"):
+        write_export(
+            spec, c, TRIAL, tmp_path / "out", tmp_path / "full.ckpt", mindformers_base=base
+        )
     assert not (tmp_path / "out").exists()
 
 
