@@ -12,6 +12,7 @@ import yaml
 
 pytest.importorskip("mindspore")
 
+from mindspore.parallel import build_searched_strategy  # noqa: E402
 from mindspore.train.node_strategy_pb2 import ParallelStrategyMap  # noqa: E402
 
 from autotune.cli import main  # noqa: E402
@@ -129,6 +130,16 @@ def test_an_mcore_qwen3_strategy_has_mindformers_names_shapes_and_splits(tmp_pat
         split = [2 if i == dim else 1 for i in range(len(shape))]
         for key in (name, f"adam_m.{name}", f"adam_v.{name}"):
             assert held[key][0] == split and held[key][1] == [2, 2], key
+
+
+def test_mcore_layers_go_to_their_pipeline_stages(tmp_path):
+    out = _export(tmp_path, TINY_QWEN3, dp=2, pp=2, micro_batches=2)
+    # the merged file's keys, "<stage>-<name>", as MindSpore reads them
+    held = set(build_searched_strategy(str(out / "strategy.ckpt")))
+    assert {n.split("-", 1)[0] for n in held if "decoder.layers.0." in n} == {"0"}
+    assert {n.split("-", 1)[0] for n in held if "decoder.layers.1." in n} == {"1"}
+    assert "0-embedding.word_embeddings.weight" in held and "1-output_layer.weight" in held
+    assert "1-decoder.final_layernorm.weight" in held
 
 
 def test_an_mcore_qwen3_moe_strategy_lays_the_grouped_experts_over_ep(tmp_path):
