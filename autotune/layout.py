@@ -240,12 +240,14 @@ def builtin_layout_reasons(model_cfg: dict, tp: int, pp: int, ep: int = 1) -> li
     return list(_builtin_reasons(frozen, tp, pp, ep))
 
 
-def with_optimizer_states(layouts: dict) -> dict:
-    """``layouts`` plus the Adam moments of every parameter, each laid out like its parameter."""
+def with_optimizer_states(layouts: dict, frozen: tuple[str, ...] = ()) -> dict:
+    """``layouts`` plus the Adam moments of every parameter but those ``frozen`` globs match
+    (not trained: the optimizer has no moments of them), each laid out like its parameter."""
     states = {
         f"{prefix}.{name}": replace(p, name=f"{prefix}.{name}")
         for prefix in OPTIMIZER_STATES
         for name, p in layouts.items()
+        if not any(fnmatch.fnmatchcase(name, g) for g in frozen)
     }
     return {**layouts, **states}
 

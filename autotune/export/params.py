@@ -10,6 +10,11 @@ Contract:
 - :func:`tp_rules` returns the ordered glob → split mapping :func:`layout.plan_layout` applies.
   An entry model's rules are ``model.tp_rules`` (validated with the spec) before the
   MindFormers defaults. Any failure is a :class:`SpecError` naming ``model.entry``.
+- :func:`mcore_base` says whether the export writes MindFormers' mcore names
+  (`autotune.families.mcore`): a built-in llama model whose MindFormers base config (the
+  export's ``mindformers_base``) MindFormers builds on its mcore path (``use_legacy: False``,
+  `autotune.spec.mindformers_file.is_mcore`, the base ``autotune init --mindformers`` read);
+  then it returns the base's ``model.model_config``, else None (the legacy llama's names).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from autotune.families import family, parameter_shapes
 from autotune.families.llama import MINDFORMERS_RULES
 from autotune.spec import entry as entry_loader
 from autotune.spec.errors import SpecError
+from autotune.spec.mindformers_file import is_mcore, load_config
 from autotune.spec.specs import Spec
 
 
@@ -35,6 +41,16 @@ def tp_rules(spec: Spec) -> dict:
         return family(spec.model.family).tp_rules
     # the user's rules first: the first matching glob wins
     return {**spec.model.tp_rules, **MINDFORMERS_RULES}
+
+
+def mcore_base(spec: Spec, base_path: str | None) -> dict | None:
+    if base_path is None or spec.model.family != "llama":
+        return None
+    base = load_config(base_path)
+    if not is_mcore(base):
+        return None
+    model_config = (base.get("model") or {}).get("model_config")
+    return model_config if isinstance(model_config, dict) else {}
 
 
 def _load_entry(spec: Spec):

@@ -10,7 +10,9 @@ folder into place, so a failure at any point leaves no half-written export. Retu
 the finished folder, sorted. A run backend MindFormers cannot run (``Backend.no_mindformers``:
 gpu) gets no mindformers.yaml, and a ``mindformers_base`` for it is refused with that reason; a
 CPU export MindFormers runs gets its CPU training step beside it
-(`autotune.mindformers.cpu_form.CPU_WRAPPER_FILE`).
+(`autotune.mindformers.cpu_form.CPU_WRAPPER_FILE`). A built-in llama model whose MindFormers
+base is an mcore config gets its strategy under MindFormers' mcore names and shapes
+(`autotune.families.mcore`; `autotune.export.params.mcore_base`), or the reasons it cannot.
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ import yaml
 from autotune import mindformers as mf
 from autotune.export import configs
 from autotune.export.launch_sh import launch_script
-from autotune.export.params import model_parameters, tp_rules
+from autotune.export.params import mcore_base, model_parameters, tp_rules
 from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
+from autotune.families.mcore import (
+    MCORE_FROZEN,
+    MCORE_RULES,
+    MCORE_WHOLE,
+    mcore_reasons,
+    mcore_shapes,
+)
 from autotune.files import staged_folder
 from autotune.layout import (
     DTYPE_BYTES,
@@ -116,8 +125,11 @@ def _write_documents(
     script.chmod(0o755)
 
 
-def saved_layouts(spec: Spec, c: Candidate, layouts: dict) -> dict:
-    """``layouts`` as the run saves them: with the parallel optimizer's shards when it is on."""
+def saved_layouts(
+    spec: Spec, c: Candidate, layouts: dict, whole: tuple[str, ...] | None = None
+) -> dict:
+    """``layouts`` as the run saves them: with the parallel optimizer's shards when it is on
+    (``whole``: the globs it leaves whole; None: the model family's)."""
     if not c.parallel_optimizer:
         return layouts
     return with_optimizer_shards(
@@ -125,9 +137,22 @@ def saved_layouts(spec: Spec, c: Candidate, layouts: dict) -> dict:
         c.dp,
         c.tp,
         DTYPE_BYTES[spec.model.param_dtype],
-        whole=optimizer_whole(spec.model.as_config()),
+        whole=optimizer_whole(spec.model.as_config()) if whole is None else whole,
         ep=c.ep,
     )
+
+
+def _planned(spec: Spec, c: Candidate, run_config: dict, mcore: dict | None):
+    """``(layouts, reasons)``: under MindFormers' mcore names when ``mcore`` (the base's
+    model_config, `autotune.export.params.mcore_base`), else the model's own."""
+    if mcore is None:
+        shapes, rules, reasons = model_parameters(spec, run_config), tp_rules(spec), []
+    else:
+        model = spec.model.as_config()
+        shapes, rules = mcore_shapes(model), MCORE_RULES
+        reasons = [f"mcore base: {r}" for r in mcore_reasons(model, mcore, c.tp)]
+    layouts, layout_reasons = plan_layout(shapes, c.tp, c.pp, rules, c.ep)
+    return layouts, reasons + layout_reasons
 
 
 def write_export(
@@ -152,10 +177,17 @@ def write_export(
     _check_out_dir(out_dir, overwrite)
     c = candidate
     run_config = configs.train_config(spec, c, trial)
-    layouts, reasons = plan_layout(
-        model_parameters(spec, run_config), c.tp, c.pp, tp_rules(spec), c.ep
-    )
+    mcore = mcore_base(spec, mindformers_base)
+    layouts, reasons = _planned(spec, c, run_config, mcore)
     reasons += violations(spec, c) + configs.export_reasons(spec, c)
+    if mcore is not None and reshard_from:
+        # the rank folders --reshard writes are for launch.sh's trainer, whose network has the
+        # legacy llama's names; the strategy here holds MindFormers' mcore names
+        reasons.append(
+            "--reshard: the strategy holds MindFormers' mcore names (the base is an mcore "
+            "config), which autotune's trainer does not have; reshard with launch.sh "
+            "--mindformers --load-checkpoint"
+        )
     if reasons:
         shown = "; ".join(reasons[:_SHOWN_REASONS])
         more = (
@@ -173,7 +205,8 @@ def write_export(
     with staged_folder(out_dir) as staged:
         # the strategy describes the trainer's per-rank checkpoints: parameters and Adam moments,
         # each a shard of its slice where the parallel optimizer splits it
-        saved = with_optimizer_states(saved_layouts(spec, c, layouts))
+        whole, frozen = (MCORE_WHOLE, MCORE_FROZEN) if mcore is not None else (None, ())
+        saved = with_optimizer_states(saved_layouts(spec, c, layouts, whole), frozen)
         write_strategies(saved, c.dp, c.tp, c.pp, staged, c.ep)
         check_coverage(staged / STRATEGY_FILE, saved, c.pp)
         extra = {"reshard": plan.describe()} if plan else {}

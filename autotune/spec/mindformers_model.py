@@ -255,12 +255,18 @@ def _dtype(cfg, key: str, default: str, other: str | None = None) -> str:
 def _warn(cfg, r) -> None:
     """One warning line per setting autotune drops or fixes (docs/mindformers.md, "Warned")."""
     tp = cfg.get("parallel_config.model_parallel", 1)
+    # an mcore model ignores qkv_concat (transformer_config_utils.py, DEFAULT_WHITE_KEY): its
+    # linear_qkv is always fused, and the export names it so (autotune.families.mcore)
+    names = (
+        "exported parameter names are MindFormers' mcore ones (fused linear_qkv)"
+        if cfg.get("use_legacy", True) is False
+        else "exported parameter names are the unfused ones"
+    )
     checks = (
         (
             f"{MC}.qkv_concat",
             True,
-            "fused w_qkv: the trial runs wq, wk, wv apart (same work); "
-            "exported parameter names are the unfused ones",
+            f"fused w_qkv: the trial runs wq, wk, wv apart (same work); {names}",
         ),
         (
             f"{MC}.qkv_has_bias",

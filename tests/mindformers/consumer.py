@@ -27,6 +27,10 @@
   the error of the stricter conversion its weight template runs once the network is built
   (``transformer_config_utils.convert_to_transformer_config``: a key it does not know is an
   error there), null when it accepts the config (``strict``).
+- ``{"network": PATH}``: the training model MindFormers builds for an mcore config (its type's
+  ``Training*`` class over ``get_model_config``, stand-alone on this CPU: construction runs no
+  kernel), as ``class`` and ``parameters``: ``[Parameter.name, shape]`` in the network's order,
+  the names its checkpoints hold.
 
 It imports autotune nothing: the test compares what MindFormers says with what autotune wrote.
 """
@@ -194,6 +198,37 @@ def _model(path):
             "qk_layernorm_built": built}
 
 
+def _network(path):
+    import importlib
+    import inspect
+
+    import mindspore as ms
+    from mindformers.models.build_config import get_model_config
+    from mindformers.tools.register import MindFormerConfig
+
+    cfg = MindFormerConfig(path)
+    import mindformers  # noqa: F401  (registers every model type)
+
+    # the layers ask the run's context whether the model is legacy (is_legacy_model, imported by
+    # name into each module); MindFormers' build_context would also start communication, which
+    # a stand-alone build on this CPU has none of
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("mindformers") and callable(
+                getattr(module, "is_legacy_model", None)):
+            module.is_legacy_model = lambda: cfg.use_legacy is not False
+    ms.set_device("CPU")
+    if cfg.get("pretrained_model_dir"):
+        cfg.model.pretrained_model_dir = cfg.pretrained_model_dir
+    config = get_model_config(cfg.model)
+    package, module = type(config).__module__.rsplit(".", 1)
+    train = importlib.import_module(f"{package}.modeling_{module.removeprefix('configuration_')}_train")
+    (cls,) = [c for name, c in inspect.getmembers(train, inspect.isclass)
+              if name.startswith("Training") and c.__module__ == train.__name__]
+    network = cls(config)
+    return {"class": cls.__name__,
+            "parameters": [[p.name, list(p.shape)] for p in network.get_parameters()]}
+
+
 def main(jobs_path):
     with open(jobs_path) as f:
         jobs = json.load(f)
@@ -206,6 +241,8 @@ def main(jobs_path):
                 results.append(_layers(job["layers"]))
             elif "model" in job:
                 results.append(_model(job["model"]))
+            elif "network" in job:
+                results.append(_network(job["network"]))
             elif "ulysses" in job:
                 results.append(_ulysses(job["ulysses"]))
             else:
