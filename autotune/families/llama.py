@@ -322,13 +322,12 @@ class Llama(Transformer):
 
     def head_exchange_bytes(self, dtype_bytes: int) -> tuple[float, float]:
         """Queries, keys (grouped, or latent attention's per-head ones) and values; the output."""
-        if self.mla:
-            qkv = self.moe.kv_elements(self.seq, self.heads) + self.seq * self.heads * (
-                self.moe.qk_width
-            )
-            return qkv * dtype_bytes, self.seq * self.heads * self.moe.v_dim * dtype_bytes
-        qkv = self.seq * (self.q_dim + 2 * self.kv_dim)
-        return qkv * dtype_bytes, self.seq * self.q_dim * dtype_bytes
+        s, h = self.seq, self.heads
+        if self.mla:  # per head: a query and a key of qk_width, a value and an output of v_dim
+            qkv, out = s * h * (2 * self.moe.qk_width + self.moe.v_dim), s * h * self.moe.v_dim
+        else:
+            qkv, out = s * (self.q_dim + 2 * self.kv_dim), s * self.q_dim
+        return qkv * dtype_bytes, out * dtype_bytes
 
     def recompute_flops(self, mode: str) -> float:
         if mode == "selective":  # MindFormers' patterns: element-wise, no FLOPs; the core unfused

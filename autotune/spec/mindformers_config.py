@@ -297,8 +297,7 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: 
     ]
     if runs.cp > 1:
         rows.append(("cp", runs.cp, "parallel_config.context_parallel"))
-        algo = "parallel_config.context_parallel_algo / ulysses_degree_in_cp"
-        rows.append(("ulysses", runs.ulysses, algo))
+        rows.append(("ulysses", runs.ulysses, "parallel_config.ulysses_degree_in_cp & algo"))
     experts = any(k == "num_experts" for k, _, _ in r.model)
     if experts or runs.ep > 1:  # ep > 1 without experts: the constraints name it
         rows.append(("ep", runs.ep, "parallel_config.expert_parallel"))
