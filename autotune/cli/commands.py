@@ -54,7 +54,7 @@ def _load(args, extra_overrides: dict | None = None):
 
 def cmd_init(args) -> int:
     from autotune.families.summary import model_line
-    from autotune.spec.mindformers_init import HOW_TO_RUN_MINDFORMERS, init_text
+    from autotune.spec.mindformers_init import how_to_run, init_text
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -78,7 +78,7 @@ def cmd_init(args) -> int:
     print(f"wrote {out} from {args.mindformers} ({len(warnings)} warnings, listed at its top)")
     print(model_line(yaml.safe_load(text)["model"]))
     if args.run_mindformer is None:
-        print(f"note: {HOW_TO_RUN_MINDFORMERS}")
+        print(f"note: {how_to_run(yaml.safe_load(text)['cluster']['backend'])}")
     return 0
 
 

@@ -13,7 +13,7 @@ build (`autotune.families.moe.TRAINER_UNBUILT`: MTP modules, a capacity factor, 
 backend, with neither ``backend`` nor ``run_mindformer`` given, is written for ``simulate``,
 one note saying why and how to run it. With ``run_mindformer`` it has a
 ``trial:`` section (``program: mindformers``, the script, MindFormers' interpreter, the data),
-else one header line saying how to get one (:data:`HOW_TO_RUN_MINDFORMERS`).
+else one header line saying how to get one (:func:`how_to_run`).
 """
 
 from __future__ import annotations
@@ -81,11 +81,21 @@ def trial_lines(run_mindformer: str, python: str | None, synthetic: bool) -> tup
     return header, _section("trial", rows)
 
 
-# What init says, in one line, when the trials stay autotune's trainer.
+# What init says, in one line, when the trials are not MindFormers runs (:func:`how_to_run`).
 HOW_TO_RUN_MINDFORMERS = (
     "trials run autotune's own trainer; to make each trial a MindFormers run of this config, "
     "add --run-mindformer PATH/run_mindformer.py [--mindformers-python PATH] [--synthetic-data]"
 )
+HOW_TO_RUN_SIMULATED = (
+    "trials are the cost model's estimates (cluster.backend simulate); to make each a "
+    "MindFormers run of this config on a device, add --backend BACKEND --run-mindformer "
+    "PATH/run_mindformer.py"
+)
+
+
+def how_to_run(backend: str) -> str:
+    """The one line init says, without ``--run-mindformer``, about what the trials are."""
+    return HOW_TO_RUN_SIMULATED if backend == "simulate" else HOW_TO_RUN_MINDFORMERS
 
 
 def init_text(
@@ -132,7 +142,8 @@ def init_text(
         "# the config's own settings: the study runs it first (trial 0) and prints every gain",
         "# against it. autotune export merges the tuned settings into export.mindformers_base.",
     ]
-    header += trial_header or [f"# NOTE: {HOW_TO_RUN_MINDFORMERS}"]
+    backend_row = next(value for key, value, _ in r.cluster if key == "backend")
+    header += trial_header or [f"# NOTE: {how_to_run(backend_row)}"]
     header += [f"# NOTE: {note}" for note in r.notes]
     header += [f"# WARNING: {warning}" for warning in r.warnings]
     lines = header + [f"study: {_flow(r.study)}"]

@@ -57,6 +57,7 @@ def test_qwen3_moe_and_deepseek_v3_from_their_hugging_face_folders(tmp_path, cap
     assert data["cluster"]["backend"] == "simulate"
     text = (tmp_path / "model.yaml").read_text()
     assert "does not build model.mtp_layers; add --run-mindformer" in text
+    assert "# NOTE: trials are the cost model's estimates (cluster.backend simulate)" in text
     model = data["model"]
     assert model["kv_lora_rank"] == 512 and model["q_lora_rank"] == 1536
     assert model["dense_layers"] == 3 and model["mtp_layers"] == 1
