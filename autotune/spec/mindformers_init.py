@@ -95,7 +95,7 @@ HOW_TO_RUN_SIMULATED = (
 
 def how_to_run(backend: str) -> str:
     """The one line init says, without ``--run-mindformer``, about what the trials are."""
-    return HOW_TO_RUN_SIMULATED if backend == "simulate" else HOW_TO_RUN_MINDFORMERS
+    return HOW_TO_RUN_MINDFORMERS if backend_of(backend).kind == "program" else HOW_TO_RUN_SIMULATED
 
 
 def init_text(
