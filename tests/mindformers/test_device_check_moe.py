@@ -23,25 +23,35 @@ from tests.mindformers.conftest import mf_python
 pytestmark = pytest.mark.slow
 
 
-def test_the_device_checks_moe_trials_are_configs_mindformers_builds(tmp_path):
-    mf_python()
-    # the device check's own model.yaml for 2 Ascend devices, written in a process of its own
-    # (no test imports a benchmark)
-    code = (
-        "import sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
-        "import device_check_mindformers as d; from autotune.spec.backends import BACKENDS; "
-        "space = {'tp': [1, 2], 'ep': [1, 2], **{k: [v] for k, v in d.FIXED_QWEN3.items()}}; "
-        "print(d._model(Path(sys.argv[3]), BACKENDS['ascend'], 2, space, d.TINY_QWEN3_MOE)); "
-        "print(d.MOE_GRID)"
-    )
+PRELUDE = (
+    "import sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+    "import device_check_mindformers as d; from autotune.spec.backends import BACKENDS; "
+    "folder = Path(sys.argv[3]); "
+)
+
+
+def device_check(tmp_path, code: str) -> list[str]:
+    """The lines ``code`` prints with the device check's module as ``d`` and ``folder`` =
+    ``tmp_path``, in a process of its own (no test imports a benchmark)."""
     done = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "benchmarks"), str(ROOT), str(tmp_path)],
+        [sys.executable, "-c", PRELUDE + code, str(ROOT / "benchmarks"), str(ROOT), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    model, grid = done.stdout.splitlines()[-2:]
+    return done.stdout.splitlines()
+
+
+def test_the_device_checks_moe_trials_are_configs_mindformers_builds(tmp_path):
+    mf_python()
+    # the device check's own model.yaml for 2 Ascend devices
+    model, grid = device_check(
+        tmp_path,
+        "space = {'tp': [1, 2], 'ep': [1, 2], **{k: [v] for k, v in d.FIXED_QWEN3.items()}}; "
+        "print(d._model(folder, BACKENDS['ascend'], 2, space, d.TINY_QWEN3_MOE)); "
+        "print(d.MOE_GRID)",
+    )[-2:]
     assert grid == "((1, 1), (1, 2), (2, 1), (2, 2))"  # (tp, ep): dp2, dp2·ep2, tp2, tp2·ep2
     grid = ((1, 1), (1, 2), (2, 1), (2, 2))
     spec = load_spec(model)
@@ -81,21 +91,12 @@ def test_the_device_checks_mcore_qwen3_study_is_written_for_ascend(tmp_path):
     layers bfloat16 over it (its flash attention runs no float32), so its model.yaml is valid
     there and MindFormers 1.9 builds its config computing in bfloat16."""
     mf_python()
-    code = (
-        "import sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
-        "import device_check_mindformers as d; from autotune.spec.backends import BACKENDS; "
-        "folder = Path(sys.argv[3]); space = {'tp': [1, 2], "
-        "**{k: [v] for k, v in d.FIXED_QWEN3.items()}}; "
-        "print(d._model(folder, BACKENDS['ascend'], 2, space, d.bfloat16(d.TINY_QWEN3, folder)))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT / "benchmarks"), str(ROOT), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    spec = load_spec(done.stdout.splitlines()[-1])
+    model = device_check(
+        tmp_path,
+        "space = {'tp': [1, 2], **{k: [v] for k, v in d.FIXED_QWEN3.items()}}; "
+        "print(d._model(folder, BACKENDS['ascend'], 2, space, d.bfloat16(d.TINY_QWEN3, folder)))",
+    )[-1]
+    spec = load_spec(model)
     assert spec.model.dtype == "bfloat16" and spec.model.flash_attention
     baseline = build_space(spec).baseline()
     path = tmp_path / "tp2.yaml"

@@ -10,6 +10,7 @@ from autotune.families.summary import counts, model_line
 from autotune.layout import builtin_layout
 from autotune.spec.errors import SpecError
 from autotune.spec.model_yaml import parse_spec
+from tests.train.test_moe import MOE
 
 # Qwen/Qwen3-30B-A3B's config.json (tests/fixtures/huggingface/Qwen3-30B-A3B) as model.yaml rows
 QWEN3_30B_A3B = {
@@ -155,21 +156,6 @@ def test_another_family_takes_no_experts():
         spec_of(model)
 
 
-TINY_MOE = {
-    "family": "llama",
-    "num_layers": 2,
-    "hidden_size": 32,
-    "num_heads": 4,
-    "ffn_hidden_size": 48,
-    "seq_length": 8,
-    "vocab_size": 64,
-    "num_experts": 4,
-    "experts_per_token": 2,
-    "moe_ffn_hidden_size": 16,
-    "dtype": "float32",
-}
-
-
 @pytest.mark.parametrize(
     "key, value, says",
     [
@@ -184,7 +170,7 @@ def test_what_the_trainer_does_not_build_is_refused_before_any_trial(tmp_path, k
     gpu and ascend alike) the spec is refused at validation, naming the field and the file,
     instead of every trial failing as an error; a simulate or replay study prices it."""
     path = tmp_path / "model.yaml"
-    model = {**TINY_MOE, key: value}
+    model = {**MOE, key: value}  # the trainer builds all the rest: tests/train/test_moe.py
     cluster = {"devices": 2, "devices_per_node": 2}
     for backend in ("cpu", "gpu", "ascend"):
         with pytest.raises(SpecError, match=rf"^{path}: model\.{key}: {value}: .*{says}"):
