@@ -162,8 +162,7 @@ class Llama(Transformer):
         of the group's rows (`autotune.costmodel.moe_time`)."""
         if engine != "trainer" or not self.experts:
             return self
-        dense = replace(self.moe, top_k=self.moe.experts)
-        return replace(self, moe=dense, gathered_experts=True)
+        return replace(self, moe=replace(self.moe, top_k=self.moe.experts), gathered_experts=True)
 
     @property
     def head_width(self) -> int:

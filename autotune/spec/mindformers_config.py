@@ -66,7 +66,6 @@ class _Layout:
     source: str = "parallel_config"  # where dp, tp and pp come from
     cp: int = 1  # parallel_config.context_parallel (semi-auto parallel)
     ep: int = 1  # parallel_config.expert_parallel (semi-auto parallel)
-    ulysses: int = 1  # of cp, the Ulysses group (`autotune.spec.mindformers_context`)
 
     @property
     def split_devices(self) -> int:
@@ -224,8 +223,7 @@ def _layout(cfg: _Config, r: Reading) -> _Layout:
         cfg.number(f"parallel_config.{k}", default=1, minimum=1)
         for k in ("context_parallel", "expert_parallel")
     )
-    ulysses = ulysses_degree(cfg.data, cp)
-    return _Layout(dp, tp, pp, split, key, interleave, cp=cp, ep=ep, ulysses=ulysses)
+    return _Layout(dp, tp, pp, split, key, interleave, cp=cp, ep=ep)
 
 
 def _read_train(cfg: _Config, r: Reading, runs: _Layout, total: int | None) -> None:
@@ -297,7 +295,8 @@ def _read_baseline(cfg: _Config, r: Reading, runs: _Layout, dp: int, recompute: 
     ]
     if runs.cp > 1:
         rows.append(("cp", runs.cp, "parallel_config.context_parallel"))
-        rows.append(("ulysses", runs.ulysses, "parallel_config.ulysses_degree_in_cp & algo"))
+        ulysses = ulysses_degree(cfg.data, runs.cp)  # `autotune.spec.mindformers_context`
+        rows.append(("ulysses", ulysses, "parallel_config.ulysses_degree_in_cp & algo"))
     experts = any(k == "num_experts" for k, _, _ in r.model)
     if experts or runs.ep > 1:  # ep > 1 without experts: the constraints name it
         rows.append(("ep", runs.ep, "parallel_config.expert_parallel"))

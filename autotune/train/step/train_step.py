@@ -1,9 +1,8 @@
 """The compiled training step: true gradient accumulation, the DP all-reduce, dynamic loss scaling.
 
 One optimizer step over K micro-batches (K = ``grad_accum``, or ``micro_batches`` under pipeline
-stages) adds each micro-batch's ``grad/K`` into float32 accumulators and then *updates*: one
-all-reduce of the gradients over the dp group (mean), unscale, overflow check, optimizer,
-accumulators zeroed. The update equals one step over the concatenated micro-batches (the loss is a
+stages) adds each micro-batch's ``grad/K`` into float32 accumulators and then *updates*: the
+gradients all-reduced over dp (mean), unscaled, checked, applied, accumulators zeroed. The update equals one step over the concatenated micro-batches (the loss is a
 mean, so the full-batch gradient is the mean of the micro-batch gradients).
 
 Without pipeline stages and with K > 1 a step is K calls of :class:`AccumulateStep` (forward +
