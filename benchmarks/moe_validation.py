@@ -9,7 +9,8 @@ priced by ``autotune.costmodel.estimate`` — a MindFormers run with its own eng
 verbatim in ``benchmarks/mindformers_configs/``), a Megatron-based one with ``"megatron"``. The
 metric is tokens per second per device; the target ±20 %, and the memory verdict as published
 (every run here ran: it fits). A row outside is a miss, printed with what the cost model does
-not price; nothing here is fitted.
+not price; nothing here is fitted (the ``ascend-910b`` profile's compute efficiency is fitted on
+``benchmarks/costmodel_validation.py``'s Table 3, other runs).
 
 Sources:
   DSV3   DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv 2412.19437): Table 1, 2.664 M

@@ -582,10 +582,11 @@ def test_accelerators_start_from_half_overlap_and_hopper_profiles_say_calibrate_
     from autotune.costmodel.profiles import PROFILES
 
     assert {p.comm_overlap for p in PROFILES.values()} == {0.5}
-    # Hopper's kernels that MindSpore's GPU plugin lacks; the 910B's efficiency, the A100's fit
+    # Hopper's kernels that MindSpore's GPU plugin lacks; the 910B's efficiency, fitted on three
+    # published runs of other models
     for name in ("h100-80g", "h200", "ascend-910b"):
         assert PROFILES[name].caveat.startswith("calibrate first")
-    assert "A100's fit, unmeasured on Ascend" in PROFILES["ascend-910b"].caveat
+    assert "three published MindFormers Llama 2 runs" in PROFILES["ascend-910b"].caveat
     assert PROFILES["a100-80g"].caveat == ""
 
 

@@ -410,8 +410,9 @@ def test_published_mindformers_runs_are_estimated_from_their_own_configs(tmp_pat
         c = baselines[run["config"]] = space.baseline()
         est = estimate(spec, c)
         tokens = est.samples_per_s * spec.model.seq_length / c.devices
-        # tokens/s/device within ±25% of the published figure (docs/costmodel.md)
-        assert abs(tokens / run["tokens_per_s_per_device"] - 1) < 0.25, (run, tokens)
+        # tokens/s/device within table 3's ±15% of the published figure (docs/costmodel.md;
+        # the ascend-910b profile's achievable fraction is fitted on the rows marked "tune")
+        assert abs(tokens / run["tokens_per_s_per_device"] - 1) < 0.15, (run, tokens)
         # every published run fitted its max_device_memory
         assert est.memory_gb_per_device <= spec.cluster.max_device_memory_gb, run
     seventy = "finetune_llama2_70b_bf16_32p.yaml"
