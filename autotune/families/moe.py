@@ -96,6 +96,12 @@ TRAINER_UNBUILT = {
 }
 
 
+def trainer_unbuilt(option) -> list[tuple[str, object, str]]:
+    """``(key, value, why)`` of each :data:`TRAINER_UNBUILT` option set (truthy) where
+    ``option(key)`` reads the model's options."""
+    return [(key, option(key), why) for key, why in TRAINER_UNBUILT.items() if option(key)]
+
+
 def has_experts(cfg: dict) -> bool:
     return (cfg.get("num_experts") or 0) > 1
 

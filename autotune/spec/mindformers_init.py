@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from autotune.families.moe import TRAINER_UNBUILT
+from autotune.families.moe import trainer_unbuilt
 from autotune.spec.backends import backend_of
 from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_config import read_config
@@ -116,7 +116,7 @@ def init_text(
         flag = "--mindformers-python" if python is not None else "--synthetic-data"
         raise SpecError(f"{flag}: is for MindFormers trials: pass --run-mindformer too")
     r = read_config(config, devices, devices_per_node, backend, total_steps)
-    unbuilt = [key for key, value, _ in r.model if value and key in TRAINER_UNBUILT]
+    unbuilt = [key for key, _, _ in trainer_unbuilt(dict((k, v) for k, v, _ in r.model).get)]
     on = dict((key, value) for key, value, _ in r.cluster).get("backend")
     if unbuilt and backend is None and run_mindformer is None and backend_of(on).kind == "program":
         # the trainer would refuse the model on the config's device: price it instead of

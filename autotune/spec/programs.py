@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.families.moe import TRAINER_UNBUILT
+from autotune.families.moe import trainer_unbuilt
 from autotune.spec.backends import ENGINES, backend_of
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS
@@ -119,15 +119,13 @@ class Trainer(TrialProgram):
         backend = backend_of(spec.cluster.backend)
         if stored or backend.kind != "program":
             return
-        for key, why in TRAINER_UNBUILT.items():
-            value = getattr(spec.model, key, None)
-            if value:
-                raise SpecError(
-                    f"{spec.source}: model.{key}: {value}: {why} (autotune's trainer runs every "
-                    f"trial on backend {backend.name}); study this model on cluster.backend "
-                    "simulate, run its trials as MindFormers runs (trial.program mindformers), "
-                    "or leave the key out"
-                )
+        for key, value, why in trainer_unbuilt(lambda key: getattr(spec.model, key, None)):
+            raise SpecError(
+                f"{spec.source}: model.{key}: {value}: {why} (autotune's trainer runs every "
+                f"trial on backend {backend.name}); study this model on cluster.backend "
+                "simulate, run its trials as MindFormers runs (trial.program mindformers), "
+                "or leave the key out"
+            )
 
     def refusals(self, spec: Spec, c: Candidate) -> list[str]:
         # the layout's are every program's (`autotune.spec.constraints`); what a trial of the

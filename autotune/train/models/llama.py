@@ -28,7 +28,7 @@ wo and w2 row-parallel, embedding and head vocab-parallel, norms whole.
 - MindFormers' Qwen3-MoE and DeepSeek-V3 options (`autotune.families.moe`): the MoE layers'
   feed-forward is `autotune.train.models.moe` (routed experts over ep, shared experts, the first
   ``dense_layers`` dense), the attention with ``kv_lora_rank`` `autotune.train.models.mla`;
-  what this network does not build (:data:`UNBUILT`) is refused by key.
+  what this network does not build (`autotune.families.moe.TRAINER_UNBUILT`) is refused by key.
 
 Recompute (:meth:`Llama.apply_recompute`), layer by layer as `autotune.families.layers.layer_recompute`
 gives it from the knob and ``model.recompute_layers``: ``full`` recomputes the layer,
@@ -71,10 +71,6 @@ from autotune.train.parallel.tp_layers import (
     RowParallelDense,
     vocab_lookup,
 )
-
-# the llama options this network does not build, and why (the trainer program refuses a spec
-# with them before any trial: `autotune.spec.programs`)
-UNBUILT = moe_options.TRAINER_UNBUILT
 
 
 class HeadNorm(nn.Cell):
@@ -260,12 +256,11 @@ class Llama(nn.Cell):
 
     def __init__(self, cfg: dict, p: Placement):
         super().__init__()
-        for key, why in UNBUILT.items():
-            if cfg.get(key):
-                raise ConfigError(
-                    f"model.{key}: {cfg[key]}: {why}; study this model on cluster.backend "
-                    "simulate, or leave the key out"
-                )
+        for key, value, why in moe_options.trainer_unbuilt(cfg.get):
+            raise ConfigError(
+                f"model.{key}: {value}: {why}; study this model on cluster.backend "
+                "simulate, or leave the key out"
+            )
         self.last = p.last
         self.recompute_marks = cfg.get("recompute_layers") or {}
         self.model = Backbone(cfg, p)
