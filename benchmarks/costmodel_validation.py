@@ -54,6 +54,10 @@ Table 4 — published mixture-of-experts runs (DeepSeek-V3's pre-training on 2,0
 MindFormers' and ModelLink's Mixtral-8x7B, MindFormers' DeepSeek-V2 236B):
 ``benchmarks/moe_validation.py``, its sources there.
 
+Table 5 — one source with several layouts of one mixture-of-experts model on one system (NVIDIA's
+Megatron MoE Model Zoo: Qwen3-235B-A22B on 256 H100, five layouts), their speeds, memory
+verdicts and ranking: ``benchmarks/moe_layouts.py``, its source there.
+
 Table 2 — the (tp, pp) ranking for GPT-3 175B on A100s (8 per node), full recompute: on 64 GPUs
 with batch 64 (Korthikanti et al.'s setting) and on 1,024 GPUs with batch 1,536. Tensor
 parallelism inside the node and pipelining across nodes should win; TP groups that cross a node
@@ -448,6 +452,7 @@ def mindformers_table() -> None:
 
 
 if __name__ == "__main__":
+    from moe_layouts import table as layouts_table  # benchmarks/moe_layouts.py
     from moe_validation import table as moe_table  # benchmarks/moe_validation.py
 
     validation_table()
@@ -455,6 +460,8 @@ if __name__ == "__main__":
     mindformers_table()
     print()
     moe_table()
+    print()
+    layouts_table()
     print("\nTable 2")
     ranking_table(64, 64)  # Korthikanti et al. 2022's 175B setting: one model replica
     ranking_table(1024, 1536)  # Narayanan et al. 2021 Table 2's batch, 16 replicas
