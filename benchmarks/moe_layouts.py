@@ -24,10 +24,11 @@ How a row's settings are priced, and what is not (printed per row):
 - "+1f1b overlap" (``--overlap-moe-expert-parallel-comm``): ``moe_comm_overlap``.
 - recompute "norm, act" (``--recompute-modules layernorm moe_act``): the knob's ``selective``
   (the SwiGLU recomputed); the norms' outputs kept — not priced. "full": the knob's ``full``.
-- VPP (interleaved 1F1B), FSDP (Megatron's ``--use-megatron-fsdp``: parameters, gradients and
-  states sharded, gathered per layer), sequence parallelism in the ``megatron`` engine: not
-  priced — the rows are priced as 1F1B, the distributed optimizer (ZeRO-1) and activations
-  whole on every tp rank.
+- ``--sequence-parallel``: ``model.sequence_parallel`` (the ``megatron`` engine's: the norms on
+  a tp share of the tokens, each linear layer's input kept as its shard and gathered again).
+- VPP (interleaved 1F1B) and FSDP (Megatron's ``--use-megatron-fsdp``: parameters, gradients
+  and states sharded, gathered per layer): not priced — the rows are priced as 1F1B and the
+  distributed optimizer (ZeRO-1).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ QWEN3_235B = {
     "seq_length": SEQ,
     "dtype": "bfloat16",
     "flash_attention": True,
+    "sequence_parallel": True,  # --sequence-parallel
 }
-NOT_PRICED_ALL = "sequence parallelism (activations priced whole on every tp rank)"
 # label, dispatcher, (tp, pp, ep, dp, micro-batch size), recompute, vpp, fsdp, overlap, step s
 ROWS = [
     ("DeepEP", "deepep", (2, 8, 32, 16, 1), "selective", 4, False, False, 19.7),
@@ -105,14 +106,14 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap):
 
 
 def _not_priced(recompute: str, vpp: int, fsdp: bool) -> str:
-    missing = [NOT_PRICED_ALL]
+    missing = []
     if recompute == "selective":
         missing.append("the norms' recompute")
     if vpp > 1:
         missing.append(f"VPP {vpp} (priced as 1F1B)")
     if fsdp:
         missing.append("FSDP (priced as the distributed optimizer)")
-    return "; ".join(missing)
+    return "; ".join(missing) or "-"
 
 
 def rows() -> list[dict]:

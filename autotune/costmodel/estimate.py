@@ -27,14 +27,17 @@ Contract:
   for that run, for a study whose trial program runs on it (``trial.program: mindformers``),
   and for a ``replay`` table whose rows it ran (:func:`default_engine`);
   ``"megatron"`` is Megatron-LM in 16-bit mixed precision (ZeRO's 2 + 2 + 12 bytes per
-  parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead) — for pricing
+  parameter, a 16-bit gradient all-reduce, a 1F1B that keeps activations instead; with
+  ``model.sequence_parallel`` a llama's norms on its tp share of the tokens, each linear
+  layer's gathered input kept as its shard and gathered again in the backward) — for pricing
   published Megatron runs. Details in ``memory.py`` and ``timing.py``; anything else is a
   ValueError.
 - ``Estimate.as_dict()`` has exactly the keys ``feasible, reason, memory_gb_per_device,
   step_time_s, samples_per_s, tflops_per_device, mfu, breakdown, not_modelled``; NaN becomes
   ``None`` so the dict is strict JSON. ``not_modelled`` lists, one sentence each, what the
   model.yaml says of the run that this engine does not price (:func:`not_modelled`: sequence
-  parallelism and the norms' communication recompute outside ``"mindspore"``; FP8 linear
+  parallelism under ``"trainer"``, the norms' communication recompute outside ``"mindspore"``
+  (``"megatron"`` recomputes every layer's: its sequence parallelism gathers again); FP8 linear
   layers under the trainer or on a device without FP8; the expert all-to-alls' overlap under
   the trainer). ``breakdown`` is ``{"time_s": {compute, recompute, tp_comm, pp_comm,
   experts, imbalance, mla, mtp, ep_comm, ep_comm_inter, cp_comm, dp_comm, bubble, optimizer,
@@ -53,7 +56,7 @@ Contract:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.costmodel import schedules
 from autotune.costmodel.calibration import Calibration
@@ -159,10 +162,10 @@ def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
         )
     if model.moe_comm_overlap and engine == "trainer":
         notes.append("model.moe_comm_overlap: autotune's trainer does not overlap; priced exposed")
-    if model.sequence_parallel and engine != "mindspore":
+    if model.sequence_parallel and engine == "trainer":
         notes.append(
-            f"model.sequence_parallel: MindSpore's sequence parallelism is not what the "
-            f"{engine} engine runs; priced with activations whole between layers"
+            "model.sequence_parallel: autotune's trainer runs no sequence parallelism; priced "
+            "with activations whole between layers"
         )
     if model.recompute_layers.get("select_comm_recompute") and not (
         model.sequence_parallel and engine == "mindspore"
@@ -222,11 +225,17 @@ def estimate(
     work = workload_for(
         spec.model,
         fused_attention(spec.model, profile),
-        sequence_parallel=spec.model.sequence_parallel and engine == "mindspore",
+        sequence_parallel=spec.model.sequence_parallel and engine != "trainer",
     )
     if work is None:
         return _unknown(True, NOT_ESTIMATED)
     work = work.executed_by(engine)
+    if engine == "megatron" and work.sequence_parallel:
+        # Megatron's sequence-parallel linear layers keep their input's shard and all-gather it
+        # again in the backward (LinearWithGradAccumulationAndAsyncCommunication): every layer
+        # runs as MindSpore's with its norms' communication recomputed
+        marks = dict(work.recompute_marks, select_comm_recompute=True)
+        work = replace(work, recompute_marks=tuple(sorted(marks.items())))
 
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
     n_micro = micro_steps(

@@ -916,6 +916,24 @@ def test_fused_attention_is_priced_as_the_causal_half():
     )
 
 
+def test_megatron_sequence_parallelism_keeps_each_linear_input_as_its_shard():
+    # Megatron's sequence-parallel linear layers save their input's shard and all-gather it
+    # again in the backward: a layer keeps its two norm inputs and the two matmul inputs as
+    # s·h/t shards (8·s·h/t in 16-bit bytes) where without it they are whole (8·s·h)
+    spec = spec_of({**LLAMA_MODEL, "sequence_parallel": True}, cluster={"devices": 8})
+    whole = spec_of(LLAMA_MODEL, cluster={"devices": 8})
+    c = cand(dp=2, tp=4)  # 4 samples a micro-batch, the 4 layers on one stage
+    split, kept = (estimate(x, c, engine="megatron") for x in (spec, whole))
+    s, h, t = 1024, 1024, 4
+    saved = 4 * 4 * s * 8 * h * (1 - 1 / t)
+    activations = (
+        kept.breakdown["memory_gb"]["activations"] - split.breakdown["memory_gb"]["activations"]
+    )
+    assert activations * GIB == pytest.approx(saved)
+    assert split.not_modelled == ()  # the megatron engine prices it
+    assert estimate(spec, c, engine="trainer").not_modelled  # autotune's trainer does not
+
+
 def test_sequence_parallelism_and_per_stage_recompute_as_mindformers_runs_them():
     # tp 4, pp 2 (2 layers a stage); layer 0 recomputes selectively with its norms' all-gather,
     # the others keep everything: under sequence parallelism the norm inputs are s·h/t each and
