@@ -14,7 +14,9 @@ from ``model_configs/benchmarking/Qwen3-235B-A22B.yaml`` at 1ed4179f (94 layers,
 sequence parallelism, flash attention, grouped GEMM). Each row's dispatcher, tp, pp, ep, dp,
 micro-batch, recompute modules and virtual pipeline as the table gives them. The metric is
 tokens per second per GPU, 2,048 × 4,096 / 256 / step time; target ±20 %, every layout ran (its
-memory fits 80 GB), and the estimates should order the layouts as their step times do.
+memory fits 80 GB), and the estimates should order the layouts as their step times do. The
+Hopper profiles' ``achievable`` fraction is fitted on these five rows (the script prints the fit
+beside the constant in use); Table 4's DeepSeek-V3 row, on H800, is held out.
 
 How a row's settings are priced, and what is not (printed per row):
 - DeepEP (``--moe-enable-deepep``): its internode kernels send a token once to each node that
@@ -33,6 +35,7 @@ How a row's settings are priced, and what is not (printed per row):
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from autotune.costmodel import PROFILES, estimate
@@ -69,8 +72,9 @@ ROWS = [
 ]
 
 
-def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap):
-    """(spec, candidate) of one row, as the module doc says it is priced."""
+def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-80g"):
+    """(spec, candidate) of one row, as the module doc says it is priced; ``device`` the
+    ``cluster.device`` (a profile's name, or a mapping over one)."""
     model = dict(QWEN3_235B)
     if dispatcher == "deepep":
         model["moe_node_limit"] = max(1, ep // PER_NODE)  # every node of the group allowed
@@ -83,7 +87,7 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap):
             "backend": "simulate",
             "devices": GPUS,
             "devices_per_node": PER_NODE,
-            "device": "h100-80g",
+            "device": device,
         },
     }
     steps = BATCH // (dp * micro)  # micro-batches per step, each of ``micro`` samples
@@ -116,11 +120,11 @@ def _not_priced(recompute: str, vpp: int, fsdp: bool) -> str:
     return "; ".join(missing) or "-"
 
 
-def rows() -> list[dict]:
+def rows(device="h100-80g") -> list[dict]:
     out = []
     for label, dispatcher, layout, recompute, vpp, fsdp, overlap, step in ROWS:
         tp, pp, ep, dp, micro = layout
-        spec, c = _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap)
+        spec, c = _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device)
         est = estimate(spec, c, engine="megatron", refuse=False)
         reported = BATCH * SEQ / GPUS / step
         tokens = est.samples_per_s * SEQ / GPUS
@@ -142,6 +146,17 @@ def rows() -> list[dict]:
     return out
 
 
+def fit_achievable() -> float:
+    """Least squares in log space of every row's error over the H100's achievable fraction
+    (the Hopper profiles' constant is fitted on all five rows)."""
+    best = (math.inf, None)
+    for k in range(30, 96):
+        device = {"base": "h100-80g", "achievable": k / 100}
+        err = sum(math.log(1 + r["error"]) ** 2 for r in rows(device))
+        best = min(best, (err, k / 100))
+    return best[1]
+
+
 def ranking(found: list[dict]) -> tuple[int, int]:
     """(pairs the estimates order as the step times do, pairs with different step times)."""
     agree = total = 0
@@ -156,8 +171,10 @@ def ranking(found: list[dict]) -> tuple[int, int]:
 
 def table() -> None:
     print(
-        "Table 5: Megatron MoE Model Zoo, Qwen3-235B-A22B on 256 H100 (engine megatron), "
-        f"tokens/s per GPU; every layout ran, so each fits 80 GB (target ±{TOLERANCE:.0%})"
+        "Table 5: Megatron MoE Model Zoo, Qwen3-235B-A22B on 256 H100 (engine megatron, "
+        f"achievable = {PROFILES['h100-80g'].achievable}; best fit on these rows = "
+        f"{fit_achievable()}), tokens/s per GPU; every layout ran, so each fits 80 GB (target "
+        f"±{TOLERANCE:.0%})"
     )
     head = (
         f"{'row':<17}{'layout':<33}{'reported':>9}{'estimate':>9}{'error':>8}{'mem GB':>8}  "

@@ -134,10 +134,14 @@ class Estimate:
         }
 
 
-def fused_attention(model, profile) -> bool:
-    """Whether the run computes ``model``'s attention fused: asked for (``flash_attention``), on
-    a device that has the fused operator (its backend's ``fused_attention``: Ascend) and a model
-    it accepts (`autotune.spec.attention`). Elsewhere the scores are stored, and priced so."""
+def fused_attention(model, profile, engine: str) -> bool:
+    """Whether the run computes ``model``'s attention fused: asked for (``flash_attention``) and,
+    MindSpore's (engines ``trainer`` and ``mindspore``), on a device that has the fused operator
+    (its backend's ``fused_attention``: Ascend) for a model it accepts
+    (`autotune.spec.attention`); Megatron's on any device (``--use-flash-attn``: FlashAttention on
+    GPUs, MindSpeed's on Ascend). Elsewhere the scores are stored, and priced so."""
+    if engine == "megatron":
+        return model.flash_attention
     return (
         model.flash_attention
         and backend_of(profile.kind).fused_attention
@@ -224,7 +228,7 @@ def estimate(
         )
     work = workload_for(
         spec.model,
-        fused_attention(spec.model, profile),
+        fused_attention(spec.model, profile, engine),
         sequence_parallel=spec.model.sequence_parallel and engine != "trainer",
     )
     if work is None:

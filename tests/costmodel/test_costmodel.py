@@ -916,6 +916,23 @@ def test_fused_attention_is_priced_as_the_causal_half():
     )
 
 
+def test_megatron_runs_flash_attention_on_a_gpu_where_mindspore_stores_the_scores():
+    # an A100: MindSpore has no fused attention there, Megatron's --use-flash-attn has
+    flash = spec_of({**LLAMA_MODEL, "flash_attention": True}, cluster={"devices": 8})
+    plain = spec_of(LLAMA_MODEL, cluster={"devices": 8})
+    c = cand(dp=8)  # one sample a device, the 4 layers on one stage, nothing recomputed
+
+    def activations(spec, engine):
+        return estimate(spec, c, engine=engine).breakdown["memory_gb"]["activations"] * GIB
+
+    s, a, layers = 1024, 16, 4
+    scores = layers * 2 * a * s * s  # the softmax output each layer keeps, 16-bit
+    assert activations(plain, "megatron") - activations(flash, "megatron") == pytest.approx(scores)
+    assert activations(flash, "mindspore") == activations(plain, "mindspore")
+    fused, unfused = (estimate(x, c, engine="megatron") for x in (flash, plain))
+    assert fused.breakdown["time_s"]["compute"] < unfused.breakdown["time_s"]["compute"]
+
+
 def test_megatron_sequence_parallelism_keeps_each_linear_input_as_its_shard():
     # Megatron's sequence-parallel linear layers save their input's shard and all-gather it
     # again in the backward: a layer keeps its two norm inputs and the two matmul inputs as

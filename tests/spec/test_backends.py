@@ -321,5 +321,7 @@ def test_a_toy_devices_facts_reach_the_cost_model(registry, tmp_path):
             },
             tmp_path / "m.yaml",
         )
-        assert fused_attention(spec.model, resolve_profile(spec.cluster)) is has
+        profile = resolve_profile(spec.cluster)
+        assert fused_attention(spec.model, profile, "mindspore") is has
+        assert fused_attention(spec.model, profile, "megatron")  # Megatron's, on any device
         assert estimate(spec, o2).feasible is has
