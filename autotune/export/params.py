@@ -14,11 +14,13 @@ Contract:
   (`autotune.families.mcore`): a built-in llama model whose MindFormers base config (the
   export's ``mindformers_base``) MindFormers builds on its mcore path (``use_legacy: False``,
   `autotune.spec.mindformers_file.is_mcore`, the base ``autotune init --mindformers`` read);
-  then it returns the base's ``model.model_config``, else None (the legacy llama's names).
+  then it returns the base's ``model.model_config`` over its ``pretrained_model_dir``'s
+  ``config.json`` (as MindFormers merges them), else None (the legacy llama's names).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from autotune.families.llama import MINDFORMERS_RULES
 from autotune.spec import entry as entry_loader
 from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_file import is_mcore, load_config
+from autotune.spec.mindformers_mcore import config_json
 from autotune.spec.specs import Spec
 
 
@@ -50,7 +53,25 @@ def mcore_base(spec: Spec, base_path: str | None) -> dict | None:
     if not is_mcore(base):
         return None
     model_config = (base.get("model") or {}).get("model_config")
-    return model_config if isinstance(model_config, dict) else {}
+    model_config = model_config if isinstance(model_config, dict) else {}
+    return {**_hugging_face(base), **model_config}
+
+
+def _hugging_face(base: dict) -> dict:
+    """The ``config.json`` of the base's ``pretrained_model_dir``, which MindFormers reads under
+    the YAML's ``model_config`` (`autotune.spec.mindformers_mcore`); {} without one."""
+    for folder in (
+        base.get("pretrained_model_dir"),
+        (base.get("model") or {}).get("pretrained_model_dir"),
+    ):
+        if isinstance(folder, str) and folder.strip():
+            path = config_json(folder)
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                return {}  # init reads it and refuses an unreadable one
+            return data if isinstance(data, dict) else {}
+    return {}
 
 
 def _load_entry(spec: Spec):

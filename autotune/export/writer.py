@@ -31,9 +31,9 @@ from autotune.export.reshard import plan_reshard, reshard
 from autotune.export.strategy import STRATEGY_FILE, check_coverage, write_strategies
 from autotune.families.mcore import (
     MCORE_FROZEN,
-    MCORE_RULES,
     MCORE_WHOLE,
     mcore_reasons,
+    mcore_rules,
     mcore_shapes,
 )
 from autotune.files import staged_folder
@@ -149,8 +149,8 @@ def _planned(spec: Spec, c: Candidate, run_config: dict, mcore: dict | None):
         shapes, rules, reasons = model_parameters(spec, run_config), tp_rules(spec), []
     else:
         model = spec.model.as_config()
-        shapes, rules = mcore_shapes(model), MCORE_RULES
-        reasons = [f"mcore base: {r}" for r in mcore_reasons(model, mcore, c.tp)]
+        shapes, rules = mcore_shapes(model, mcore), mcore_rules(model)
+        reasons = [f"mcore base: {r}" for r in mcore_reasons(model, mcore, c.tp, c.pp)]
     layouts, layout_reasons = plan_layout(shapes, c.tp, c.pp, rules, c.ep)
     return layouts, reasons + layout_reasons
 

@@ -30,7 +30,8 @@
 - ``{"network": PATH}``: the training model MindFormers builds for an mcore config (its type's
   ``Training*`` class over ``get_model_config``, stand-alone on this CPU: construction runs no
   kernel), as ``class`` and ``parameters``: ``[Parameter.name, shape]`` in the network's order,
-  the names its checkpoints hold.
+  the names its checkpoints hold; ``frozen``, those not trained (``requires_grad=False``), and
+  ``whole``, those the parallel optimizer leaves whole (``parallel_optimizer=False``).
 
 It imports autotune nothing: the test compares what MindFormers says with what autotune wrote.
 """
@@ -225,8 +226,13 @@ def _network(path):
     (cls,) = [c for name, c in inspect.getmembers(train, inspect.isclass)
               if name.startswith("Training") and c.__module__ == train.__name__]
     network = cls(config)
+    parameters = list(network.get_parameters())
     return {"class": cls.__name__,
-            "parameters": [[p.name, list(p.shape)] for p in network.get_parameters()]}
+            "parameters": [[p.name, list(p.shape)] for p in parameters],
+            # what the optimizer leaves out (it takes trainable_params()) and what the parallel
+            # optimizer leaves whole (created with parallel_optimizer=False)
+            "frozen": [p.name for p in parameters if not p.requires_grad],
+            "whole": [p.name for p in parameters if not p.parallel_optimizer]}
 
 
 def main(jobs_path):
