@@ -36,11 +36,11 @@ How a row's settings are priced, and what is not (printed per row):
 from __future__ import annotations
 
 import math
-from pathlib import Path
+
+from moe_validation import simulate_spec  # benchmarks/moe_validation.py
 
 from autotune.costmodel import PROFILES, estimate
 from autotune.spec.candidate import Candidate
-from autotune.spec.model_yaml import parse_spec
 
 TOLERANCE = 0.20
 GPUS, BATCH, SEQ, PER_NODE = 256, 2048, 4096, 8
@@ -80,16 +80,6 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-
         model["moe_node_limit"] = max(1, ep // PER_NODE)  # every node of the group allowed
     if overlap:
         model["moe_comm_overlap"] = True
-    data = {
-        "model": model,
-        "train": {"global_batch_size": BATCH},
-        "cluster": {
-            "backend": "simulate",
-            "devices": GPUS,
-            "devices_per_node": PER_NODE,
-            "device": device,
-        },
-    }
     steps = BATCH // (dp * micro)  # micro-batches per step, each of ``micro`` samples
     c = Candidate(
         dp=dp,
@@ -106,7 +96,7 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-
         ep=ep,
         cp=1,
     )
-    return parse_spec(data, Path("moe_layouts.yaml")), c
+    return simulate_spec(model, BATCH, GPUS, device), c
 
 
 def _not_priced(recompute: str, vpp: int, fsdp: bool) -> str:

@@ -108,7 +108,8 @@ MIXTRAL = {
 }
 
 
-def _spec(model: dict, batch: int, devices: int, device: str):
+def simulate_spec(model: dict, batch: int, devices: int, device: str):
+    """The spec of a simulate study of ``model`` on ``devices`` (8 per node) of ``device``."""
     data = {
         "model": model,
         "train": {"global_batch_size": batch},
@@ -166,7 +167,7 @@ def rows() -> list[dict]:
             "DSV3",
             "DeepSeek-V3 671B",
             lambda: (
-                _spec(DEEPSEEK_V3, 15360, 2048, "h800"),
+                simulate_spec(DEEPSEEK_V3, 15360, 2048, "h800"),
                 # ZeRO-1 over dp: Megatron's distributed optimizer
                 _candidate(128, 16, 64, 120, "selective", parallel_optimizer=True),
             ),
@@ -190,7 +191,7 @@ def rows() -> list[dict]:
             "ML-MX",
             "Mixtral-8x7B",
             lambda: (
-                _spec(MIXTRAL, 128, 16, "ascend-910b"),
+                simulate_spec(MIXTRAL, 128, 16, "ascend-910b"),
                 _candidate(2, 8, 2, 64, "full"),
             ),
             "megatron",
