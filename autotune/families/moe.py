@@ -48,8 +48,9 @@ import math
 # parameter-name globs → how tensor parallelism splits them (the llama family's rules add these):
 # MindFormers' mcore MLA splits the up-projections over heads and keeps the down-projections
 # whole (Megatron's "duplicated" linear_q_down_proj / linear_kv_down_proj); its experts are
-# split over expert parallelism only (`autotune.layout`'s "expert": dim 0 over ep), the shared
-# experts as a dense SwiGLU.
+# split over expert parallelism only (`autotune.layout`'s "expert": dim 0 over ep); the shared
+# experts as a dense SwiGLU, as autotune's trainer and Megatron split them (MindFormers' mcore
+# keeps them whole: docs/costmodel.md, "Not modelled").
 MOE_RULES = {
     "*attention.wq_b.*": "column",
     "*attention.wkv_b.*": "column",
