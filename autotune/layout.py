@@ -25,7 +25,9 @@ Contract (pure Python, no MindSpore):
   ``layer.N.``, ``h.N.``) goes to the stage that runs layer N (`autotune.families.layers.stage_layers`:
   as even as it can be, the first ``layers mod pp`` stages one layer more); any other
   parameter goes to stage 0 if it comes before the first layer in parameter order (embeddings),
-  else to the last stage (final norm, head).
+  else to the last stage (final norm, head) — so do MindFormers' mcore MTP modules
+  (``mtp.layers.J.``, after the final norm), where its ``GPTModel`` puts them
+  (``mtp.pipeline_stage = pipeline_stage - 1``).
 - Ranks, as MindSpore's strategy files and ``transform_checkpoints`` define them: each stage's
   device matrix is ``[dp, tp]`` (row-major, so the tp index varies fastest) and
   ``rank = stage·(dp·tp) + dp_index·tp + tp_index`` (:func:`rank_coords`). So a tp group is
@@ -71,7 +73,8 @@ EXPERT_TP_RULES = {
     "*feed_forward.experts.w3.*": "expert_column",
     "*feed_forward.experts.w2.*": "expert_row",
 }
-_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|layer|h)\.(\d+)\.")
+# an MTP module's ``mtp.layers.J.`` (MindFormers' mcore) is not decoder layer J
+_LAYER_INDEX = re.compile(r"(?:^|(?<!mtp)\.)(?:layers|blocks|layer|h)\.(\d+)\.")
 
 
 @dataclass(frozen=True)

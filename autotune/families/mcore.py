@@ -47,13 +47,13 @@ checked against the network it builds on CPU (``tests/export/test_mcore_names.py
   (``SequenceParallelLinear``: whole), ``transformer_layer.`` — a layer like the decoder's last
   (``get_gpt_mtp_block_spec``) — and ``final_layernorm`` (h,); the token table and the head are
   the main model's. MindFormers puts them on the last pipeline stage (``GPTModel``:
-  ``mtp.pipeline_stage = pipeline_stage - 1``), which autotune's stage rule (`autotune.layout`:
-  ``layers.N.`` is layer N's) would not: refused at pp > 1.
+  ``mtp.pipeline_stage = pipeline_stage - 1``), and so does `autotune.layout` (an
+  ``mtp.layers.J.`` is not layer J's).
 - the parallel optimizer: every trained weight joins it (none is ``parallel_optimizer=False``,
   the norms and the token table included) — :data:`MCORE_WHOLE` lists those that do not.
 
 Not established here, so refused: experts split over tp, tied embeddings, the shared experts'
-gate (``use_shared_expert_gating``), MTP modules at pp > 1.
+gate (``use_shared_expert_gating``).
 """
 
 from __future__ import annotations
@@ -173,21 +173,15 @@ def _dense_mlp(cfg: dict) -> bool:
     return any(not moe.moe_layer(cfg, i) for i in range(layers))
 
 
-def mcore_reasons(cfg: dict, base_model_config: dict, tp: int, pp: int = 1) -> list[str]:
-    """Why ``cfg`` (a llama ``model`` section) under the base's ``model_config`` at ``tp`` and
-    ``pp`` has no faithful mcore strategy here (see the module doc)."""
+def mcore_reasons(cfg: dict, base_model_config: dict, tp: int) -> list[str]:
+    """Why ``cfg`` (a llama ``model`` section) under the base's ``model_config`` at ``tp`` has
+    no faithful mcore strategy here (see the module doc)."""
     flags = built(base_model_config)
     reasons = []
     if cfg.get("experts_tensor_parallel"):
         reasons.append(
             "the mcore parameter names of experts split over tp (model.experts_tensor_parallel) "
             "are not established: MindFormers' mcore experts split over ep only"
-        )
-    if cfg.get("mtp_layers") and pp > 1:
-        reasons.append(
-            f"pp = {pp} with multi-token prediction modules (model.mtp_layers): MindFormers puts "
-            "mtp.layers.J on the last stage, which autotune's stage rule does not (it reads "
-            "layers.J as layer J's)"
         )
     if cfg.get("shared_ffn_hidden_size") and flags["use_shared_expert_gating"]:
         reasons.append("use_shared_expert_gating: the shared experts' gate is not established")

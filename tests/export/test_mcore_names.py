@@ -274,6 +274,18 @@ def test_an_mcore_deepseek_v3_mtp_module_follows_the_final_norm(tmp_path):
     _held_as_pinned(_strategy(out), DEEPSEEK3_MTP)
 
 
+def test_an_mcore_mtp_module_goes_to_the_last_stage_with_the_head(tmp_path):
+    # MindFormers' GPTModel: mtp.pipeline_stage = pipeline_stage - 1; its transformer layer is
+    # not decoder layer 0, whatever its name's "layers.0."
+    config = _layered(tmp_path, "mtp", TINY_DEEPSEEK3, {"num_nextn_predict_layers": 1})
+    out = _export(tmp_path, config, dp=1, tp=2, pp=2, micro_batches=2, backend="simulate")
+    held = set(build_searched_strategy(str(out / "strategy.ckpt")))
+    stages = {n.split("-", 1)[0] for n in held if n.split("-", 1)[1].startswith("mtp.")}
+    assert stages == {"1"}
+    assert {n.split("-", 1)[0] for n in held if "decoder.layers.0." in n} == {"0"}
+    assert "1-output_layer.weight" in held and "0-embedding.word_embeddings.weight" in held
+
+
 def test_mla_qkv_concat_false_has_megatron_s_latent_names():
     model = {"num_layers": 1, "hidden_size": 32, "num_heads": 4, "vocab_size": 64}
     model |= {"ffn_hidden_size": 48, "kv_lora_rank": 16, "q_lora_rank": 24}
@@ -366,20 +378,19 @@ def test_what_no_strategy_describes_is_refused(tmp_path, key, value, knobs, mess
 
 
 @pytest.mark.parametrize(
-    "change, base, tp, pp, what",
+    "change, base, tp, what",
     [
-        ({"experts_tensor_parallel": True}, {}, 2, 1, "experts split over tp"),
-        ({"mtp_layers": 1}, {}, 1, 2, "mtp.layers.J on the last stage"),
-        ({}, {"use_shared_expert_gating": True}, 2, 1, "the shared experts' gate"),
+        ({"experts_tensor_parallel": True}, {}, 2, "experts split over tp"),
+        ({}, {"use_shared_expert_gating": True}, 2, "the shared experts' gate"),
         # the dense first layer's linear_fc1 is [gate; up]; the experts have no such row order
-        ({}, {"use_interleaved_weight_layout_mlp": False}, 2, 1, "linear_fc1 is [gate; up]"),
-        ({"num_heads": 6}, {}, 4, 1, "tp = 4 does not divide the 6 heads"),
-        ({"ffn_hidden_size": 50}, {}, 4, 1, "tp = 4 does not divide ffn 50"),
+        ({}, {"use_interleaved_weight_layout_mlp": False}, 2, "linear_fc1 is [gate; up]"),
+        ({"num_heads": 6}, {}, 4, "tp = 4 does not divide the 6 heads"),
+        ({"ffn_hidden_size": 50}, {}, 4, "tp = 4 does not divide ffn 50"),
     ],
 )
-def test_what_is_not_established_is_refused(change, base, tp, pp, what):
+def test_what_is_not_established_is_refused(change, base, tp, what):
     assert mcore_reasons(MOE_MLA, {}, 2) == []
-    (reason,) = mcore_reasons({**MOE_MLA, **change}, base, tp, pp)
+    (reason,) = mcore_reasons({**MOE_MLA, **change}, base, tp)
     assert what in reason
 
 
