@@ -56,7 +56,7 @@ Contract:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from autotune.costmodel import schedules
 from autotune.costmodel.calibration import Calibration
@@ -233,13 +233,7 @@ def estimate(
     )
     if work is None:
         return _unknown(True, NOT_ESTIMATED)
-    work = work.executed_by(engine)
-    if engine == "megatron" and work.sequence_parallel:
-        # Megatron's sequence-parallel linear layers keep their input's shard and all-gather it
-        # again in the backward (LinearWithGradAccumulationAndAsyncCommunication): every layer
-        # runs as MindSpore's with its norms' communication recomputed
-        marks = dict(work.recompute_marks, select_comm_recompute=True)
-        work = replace(work, recompute_marks=tuple(sorted(marks.items())))
+    work = work.executed_by(engine)  # Megatron's sequence parallelism: Llama.executed_by
 
     dtype, batch = spec.model.dtype, spec.train.global_batch_size
     n_micro = micro_steps(

@@ -156,10 +156,15 @@ class Llama(Transformer):
 
     def executed_by(self, engine: str) -> Llama:
         """Under autotune's trainer (`autotune.train.models.moe`) each rank runs its local
-        experts over every token its ep group gathered, weighting 0 the tokens not routed to
-        them: a token goes through all E experts, not its k — the routed experts' FLOPs and
-        activations are priced at top-k = E — and the dispatch and combine are all-reduces
-        of the group's rows (`autotune.costmodel.moe_time`)."""
+        experts over every token its ep group gathered (weighting 0 those not routed to it):
+        the routed experts priced at top-k = E, the dispatch and combine all-reduces of the
+        group's rows (`autotune.costmodel.moe_time`). Under Megatron, sequence parallelism
+        keeps each linear layer's input as its shard and all-gathers it again in the backward
+        (LinearWithGradAccumulationAndAsyncCommunication): every layer's norms' communication
+        recomputed."""
+        if engine == "megatron" and self.sequence_parallel:
+            marks = dict(self.recompute_marks, select_comm_recompute=True)
+            return replace(self, recompute_marks=tuple(sorted(marks.items())))
         if engine != "trainer" or not self.experts:
             return self
         return replace(self, moe=replace(self.moe, top_k=self.moe.experts), gathered_experts=True)
