@@ -20,8 +20,8 @@ beside the constant in use); Table 4's DeepSeek-V3 row, on H800, is held out.
 
 How a row's settings are priced, and what is not (printed per row):
 - DeepEP (``--moe-enable-deepep``): its internode kernels send a token once to each node that
-  holds one of its experts and forward it there over NVLink — the node-limited dispatch with
-  every node of the ep group allowed (``moe_node_limit`` = the group's nodes). A2A
+  holds one of its experts and forward it there over NVLink as it arrives — the node-limited
+  dispatch with every node of the ep group allowed (``moe_node_limit`` = the group's nodes). A2A
   (``--moe-token-dispatcher-type alltoall``): each copy travels on its own.
 - "+1f1b overlap" (``--overlap-moe-expert-parallel-comm``): ``moe_comm_overlap``.
 - recompute "norm, act" (``--recompute-modules layernorm moe_act``): the knob's ``selective``

@@ -54,8 +54,11 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
   on average (m = min(M, n), experts spread evenly), and the token crosses to each once, (n −
   1)/n of them remote, at the per-device inter-node rate; inside each node it is forwarded to
   its experts' devices, k·(g − 1)/g copies at the node's rate (g = devices per node;
-  :func:`node_limited`; DeepSeek-V3 §3.2.2: IB to the same-index GPU, then NVLink). Without
-  it every copy travels on its own (above).
+  :func:`node_limited`; DeepSeek-V3 §3.2.2: IB to the same-index GPU, then NVLink). The
+  forwarding is pipelined with the IB transfer (§3.2.2: each token forwarded as it arrives,
+  "communications via IB and NVLink are fully overlapped"; DeepEP's internode kernels, which
+  Megatron's ``--moe-enable-deepep`` runs, do the same), so only the NVLink time beyond the IB
+  time is added (``ep_comm``). Without it every copy travels on its own (above).
 - autotune's trainer (`autotune.families.llama.Llama.executed_by`): every local expert runs
   every gathered token (``experts`` at E/k × the routed FLOPs; no ``imbalance``: each rank
   computes all its tokens whatever the router chose), and its all-gather dispatcher's gather
@@ -167,9 +170,10 @@ def overlap(parts: dict, busy: float) -> None:
 
 
 def node_limited(copy: float, work, ep: int, per_node: int, profile: DeviceProfile) -> tuple:
-    """``(seconds inside the node, seconds across nodes)`` of one dispatch (or combine) of a
-    token's ``copy`` bytes to its k experts when they may be on ``work.node_limit`` of the ep
-    group's nodes and the token crosses to each once, then travels inside it (module doc)."""
+    """``(seconds inside the node beyond the IB time, seconds across nodes)`` of one dispatch
+    (or combine) of a token's ``copy`` bytes to its k experts when they may be on
+    ``work.node_limit`` of the ep group's nodes and the token crosses to each once, then is
+    forwarded inside it while IB still delivers (module doc)."""
     nodes = ep // per_node
     reach = min(work.node_limit, nodes)
     k = work.top_k
@@ -178,7 +182,7 @@ def node_limited(copy: float, work, ep: int, per_node: int, profile: DeviceProfi
     inter = copy * distinct * (nodes - 1) / nodes / (profile.inter_node_gbps * rate)
     forwarded = copy * k * (per_node - 1) / per_node  # to the experts' devices of each node
     intra = profile.collective_latency_us * 1e-6 + forwarded / (profile.group_gbps(per_node) * rate)
-    return intra, inter
+    return max(0.0, intra - inter), inter  # the forwarding runs while IB delivers
 
 
 def moe_parts(

@@ -35,13 +35,13 @@ def test_legacy_moe_dispatches_over_dp_ranks_tp_apart_and_whole_without_sequence
     assert estimate(mcore, candidate(mcore, **knobs)).breakdown["time_s"]["ep_comm_inter"] == 0
 
 
-def h800(model, devices=2048, batch=15360, **extra):
+def h800(model, devices=2048, batch=15360, device="h800", **extra):
     data = {
         "model": {"dtype": "bfloat16", "flash_attention": True, **model, **extra},
         "train": {"global_batch_size": batch},
         "cluster": {"backend": "simulate", "devices": devices, "devices_per_node": 8},
     }
-    data["cluster"]["device"] = "h800"
+    data["cluster"]["device"] = device
     return parse_spec(data, Path("model.yaml"))
 
 
@@ -118,7 +118,9 @@ def test_node_limited_routing_crosses_to_each_node_once():
     # 4·(1 − (3/4)^8) = 3.6 reached, 7/8 of them remote → 3.15 (and 8·7/8 forwarded inside)
     distinct = 4 * (1 - 0.75**8) * 7 / 8
     assert limited["ep_comm_inter"] == pytest.approx(each["ep_comm_inter"] * distinct / 7, rel=1e-9)
-    assert limited["ep_comm"] > each["ep_comm"]  # the forwarding inside the node
+    # the forwarding inside the node (7 copies at 200 GB/s) runs while IB delivers (3.15 at 50):
+    # hidden, but for a collective's latency
+    assert limited["ep_comm"] < each["ep_comm"] / 100
     _, within, _ = priced(h800(UNIFORM, moe_node_limit=4), ep=8, dp=128)
     _, plain, _ = priced(h800(UNIFORM), ep=8, dp=128)
     assert within["ep_comm"] == plain["ep_comm"]  # one node: nothing to limit
@@ -188,3 +190,16 @@ def test_the_trainer_runs_every_expert_on_every_gathered_token_and_all_reduces_t
     one = allreduce_time(rows, 8, profile.group_gbps(8), profile)
     assert trainer["ep_comm"] == pytest.approx(48 * 4 * one)
     assert trainer["ep_comm_inter"] == 0.0
+
+
+def test_node_limited_forwarding_adds_only_what_outlasts_the_inter_node_transfer():
+    """DeepSeek-V3 §3.2.2: IB and NVLink fully overlapped — the forwarding costs only its time
+    beyond the IB transfer's."""
+    fast_ib = {"base": "h800", "inter_node_gbps": 400.0}  # IB now 2 × NVLink's 200 GB/s
+    _, t_slow, _ = priced(h800(UNIFORM, moe_node_limit=4))
+    _, t_fast, _ = priced(h800(UNIFORM, device=fast_ib, moe_node_limit=4))
+    assert t_fast["ep_comm_inter"] == pytest.approx(t_slow["ep_comm_inter"] * 50 / 400, rel=1e-9)
+    # per byte of a token: 7 copies forwarded at 200 GB/s, 3.15 sent across at 400
+    forwarded, remote = 8 * 7 / 8 / 200, 4 * (1 - 0.75**8) * 7 / 8 / 400
+    beyond = t_fast["ep_comm_inter"] * (forwarded - remote) / remote
+    assert beyond < t_fast["ep_comm"] < beyond * 1.05  # and a collective's latency per pass
