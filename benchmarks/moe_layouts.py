@@ -25,7 +25,7 @@ How a row's settings are priced, and what is not (printed per row):
   (``--moe-token-dispatcher-type alltoall``): each copy travels on its own.
 - "+1f1b overlap" (``--overlap-moe-expert-parallel-comm``): ``moe_comm_overlap``.
 - recompute "norm, act" (``--recompute-modules layernorm moe_act``): the knob's ``selective``
-  (the SwiGLU recomputed); the norms' outputs kept — not priced. "full": the knob's ``full``.
+  with ``model.recompute_modules`` [layernorm, moe_act]. "full": the knob's ``full``.
 - ``--sequence-parallel``: ``model.sequence_parallel`` (the ``megatron`` engine's: the norms on
   a tp share of the tokens, each linear layer's input kept as its shard and gathered again).
 - VPP (interleaved 1F1B) and FSDP (Megatron's ``--use-megatron-fsdp``: parameters, gradients
@@ -80,6 +80,8 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-
         model["moe_node_limit"] = max(1, ep // PER_NODE)  # every node of the group allowed
     if overlap:
         model["moe_comm_overlap"] = True
+    if recompute == "selective":  # --recompute-modules layernorm moe_act
+        model["recompute_modules"] = ["layernorm", "moe_act"]
     steps = BATCH // (dp * micro)  # micro-batches per step, each of ``micro`` samples
     c = Candidate(
         dp=dp,
@@ -99,10 +101,8 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-
     return simulate_spec(model, BATCH, GPUS, device), c
 
 
-def _not_priced(recompute: str, vpp: int, fsdp: bool) -> str:
+def _not_priced(vpp: int, fsdp: bool) -> str:
     missing = []
-    if recompute == "selective":
-        missing.append("the norms' recompute")
     if vpp > 1:
         missing.append(f"VPP {vpp} (priced as 1F1B)")
     if fsdp:
@@ -130,7 +130,7 @@ def rows(device="h100-80g") -> list[dict]:
                 "memory_gb": est.memory_gb_per_device,
                 "fits": est.memory_gb_per_device <= PROFILES["h100-80g"].memory_gb,
                 "largest": ", ".join(f"{p} {parts[p] / est.step_time_s:.0%}" for p in top),
-                "not_priced": _not_priced(recompute, vpp, fsdp),
+                "not_priced": _not_priced(vpp, fsdp),
             }
         )
     return out

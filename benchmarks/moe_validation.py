@@ -19,10 +19,12 @@ Sources:
          (§3.1, §3.2.2); pipeline 16, expert parallelism 64 over 8 nodes, ZeRO-1 data
          parallelism, no tensor parallelism (§3.2); sequence 4,096, batch 15,360 after a ramp
          over the first 469 B tokens (§4.2); recompute of RMSNorm and MLA up-projections
-         (§3.2.3); FP8 GEMMs (§3.3); DualPipe overlapping the all-to-alls with computation
-         (§3.2.1; its bubble and memory: Table 2); each token sent to at most 4 nodes (§3.2.2; its config.json: topk_group 4 of
-         n_group 8, one group per node at ep 64); AdamW's moments in BF16 (§3.3.3). The micro-
-         batch count is not published: 120 of one sample each (15,360 / dp 128).
+         (§3.2.3) and of the SwiGLU's output (§3.3.3), as recompute_modules; FP8 GEMMs
+         (§3.3); DualPipe overlapping the all-to-alls with computation (§3.2.1; its bubble and
+         memory: Table 2); each token sent to at most 4 nodes (§3.2.2; its config.json:
+         topk_group 4 of n_group 8, one group per node at ep 64); AdamW's moments in BF16
+         (§3.3.3). The micro-batch count is not published: 120 of one sample each (15,360 /
+         dp 128).
   MF-MX  MindFormers r1.2.0 research/mixtral/mixtral.md, "模型性能": Mixtral-8x7B fine-tuning
          on Atlas 900 A2 PoDc, sequence 4,096: 1,678 tokens/s/p; its config
          finetune_mixtral-8x7b.yaml (dp 8, pp 2, ep 8, 16 micro-batches, full recompute).
@@ -88,6 +90,9 @@ DEEPSEEK_V3 = {
     "moe_comm_overlap": True,
     "moe_node_limit": 4,
     "optimizer_dtype": "bfloat16",
+    # its recompute (§3.2.3): all RMSNorms and MLA's up-projections; and the SwiGLU's output
+    # (§3.3.3: only its inputs cached) — Megatron's --recompute-modules of the same
+    "recompute_modules": ["layernorm", "mla_up_proj", "moe_act"],
 }
 MIXTRAL = {
     "family": "llama",
@@ -174,9 +179,9 @@ def rows() -> list[dict]:
             "megatron",
             14.8e12 / (2.664e6 * 3600),
             80.0,
-            "the report's recompute of RMSNorm and MLA's up-projections (priced as MindFormers' "
-            "selective patterns) and its other FP8-cached activations; which layers each stage "
-            "runs (not published; priced 13 × 4 then 3 × 3); FP32 gradients (priced BF16)",
+            "its caching of the attention output in 12 bits (E5M6; priced BF16); which layers "
+            "each stage runs (not published; priced 13 × 4 then 3 × 3); FP32 gradients (priced "
+            "BF16)",
         ),
         (
             "MF-MX",

@@ -164,6 +164,11 @@ def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
         notes.append(
             f"model.pipeline_schedule: the {engine} engine runs no DualPipe; priced as 1F1B"
         )
+    if model.recompute_modules and engine != "megatron":
+        notes.append(
+            f"model.recompute_modules: Megatron's; the {engine} engine's selective recompute "
+            "is priced with its own patterns"
+        )
     if model.moe_comm_overlap and engine == "trainer":
         notes.append("model.moe_comm_overlap: autotune's trainer does not overlap; priced exposed")
     if model.sequence_parallel and engine == "trainer":

@@ -59,7 +59,7 @@ workload's (`autotune.families.moe_workload`), run at the same rate as the rest 
   "communications via IB and NVLink are fully overlapped"; DeepEP's internode kernels, which
   Megatron's ``--moe-enable-deepep`` runs, do the same), so only the NVLink time beyond the IB
   time is added (``ep_comm``). Without it every copy travels on its own (above).
-- autotune's trainer (`autotune.families.llama.Llama.executed_by`): every local expert runs
+- autotune's trainer (`autotune.families.llama_workload.Llama.executed_by`): every local expert runs
   every gathered token (``experts`` at E/k × the routed FLOPs; no ``imbalance``: each rank
   computes all its tokens whatever the router chose), and its all-gather dispatcher's gather
   and combine are each an all-reduce of ep blocks of the rank's tokens (this CPU has no

@@ -3,7 +3,7 @@ llama family's options (`autotune.families.moe`), MindSpore-free.
 
 Contract: :class:`MoEOptions` holds a ``model`` section's options (:meth:`MoEOptions.of`; None
 for a model without any) and prices them for the llama workload that carries it
-(`autotune.families.llama.Llama`), per sample of ``seq`` tokens, FLOPs counting a multiply-add
+(`autotune.families.llama_workload.Llama`), per sample of ``seq`` tokens, FLOPs counting a multiply-add
 as 2 (forward only unless a name says fwd+bwd, where backward = 2 × forward):
 
 - routed experts: per token 2·3·h·f_e for each of the k experts it goes to, the shared experts
@@ -15,14 +15,17 @@ as 2 (forward only unless a name says fwd+bwd, where backward = 2 × forward):
   over d_v: 2·s²·H·(d_qk + d_v), the causal half when fused.
 - activations kept for the backward (16-bit bytes per token and layer, as the llama's): MLA's
   latents and their norms' outputs (4·r_q + 2·(r_kv + d_rope) + 2·r_kv, whole on every tp rank)
-  and per head q, k, v and the output projection's input ((4·H·d_qk + 4·H·d_v) / tp); an MoE
-  layer's router scores and probabilities (float32: 8·E), the k dispatched copies of the token
-  and the k expert outputs before they are combined (4·k·h), each expert's SwiGLU (8·k·f_e,
-  4·k·f_e under selective recompute), the shared experts' (8·f_s); a capacity factor c pads the
-  dispatched buffers (× c). With FP8 linear layers the dispatched copies and the SwiGLU's
-  cached inputs are kept in FP8, 1 byte (DeepSeek-V3 §3.3.3: activations quantized before the
-  dispatch, the SwiGLU's inputs cached in FP8): 3·k·h and half the SwiGLU's. MindFormers splits an MoE layer's tokens over dp·tp·cp, so those
-  are per tp rank (/ tp) too.
+  and per head q, k, v and the output projection's input ((4·H·d_qk + 4·H·d_v) / tp; only the
+  latter, 2·H·d_v / tp, when selective recompute rebuilds the up-projections); an MoE layer's
+  router scores and probabilities (float32: 8·E), the k dispatched copies of the token and the
+  k expert outputs before they are combined (4·k·h), each expert's SwiGLU (8·k·f_e, 4·k·f_e
+  when selective recompute rebuilds its output), the shared experts' (8·f_s, likewise 4·f_s);
+  which parts selective recompute rebuilds is `autotune.families.selective`'s. A capacity
+  factor c pads the dispatched buffers (× c). With FP8 linear layers the dispatched copies and
+  the SwiGLU's cached inputs are kept in FP8, 1 byte (DeepSeek-V3 §3.3.3: activations
+  quantized before the dispatch, the SwiGLU's inputs cached in FP8): 3·k·h and half the
+  SwiGLU's. MindFormers splits an MoE layer's tokens over dp·tp·cp, so those are per tp rank
+  (/ tp) too.
 - an MTP module per sample: the projection of the concatenated norms (2·2h·h per token), one
   decoder layer (an MoE one where the model has experts), its own logits (2·h·V per token);
   fwd+bwd, on the last stage, with the activations of one layer and one more logits tensor.
@@ -132,20 +135,32 @@ class MoEOptions:
         return share * self.moe_flops(hidden) + (1 - share) * 6 * hidden * ffn
 
     # -- activations, 16-bit bytes per token and layer on one tp rank -------------------------
-    def attention_bytes(self, heads: int, tp: int) -> float:
+    def attention_bytes(self, heads: int, tp: int, up_recomputed: bool = False) -> float:
+        """A token's latent attention activations; ``up_recomputed``: the up-projections
+        rebuilt in the backward, so of the per-head tensors only the output projection's input
+        is kept."""
         latents = 4 * self.q_rank + 2 * (self.kv_rank + self.qk_rope) + 2 * self.kv_rank
+        if up_recomputed:
+            return latents + 2 * heads * self.v_dim / tp
         return latents + (4 * heads * self.qk_width + 4 * heads * self.v_dim) / tp
 
-    def ffn_bytes(self, hidden: int, ffn: int, layers: int, mode: str, tp: int) -> float:
-        """A token's feed-forward activations, averaged over the layers (see the module doc)."""
-        swiglu = 8 if mode == "none" else 4
+    def up_projection_flops(self, heads: int) -> float:
+        """MLA's up-projections per token, forward: the per-head queries, keys and values."""
+        queries = self.q_rank * heads * self.qk_width if self.q_rank else 0
+        return 2 * (queries + self.kv_rank * heads * (self.qk_nope + self.v_dim))
+
+    def ffn_bytes(self, hidden: int, ffn: int, layers: int, parts: frozenset, tp: int) -> float:
+        """A token's feed-forward activations, averaged over the layers (see the module doc);
+        ``parts``: what selective recompute rebuilds (`autotune.families.selective`)."""
+        swiglu = 4 if "mlp_act" in parts else 8  # the dense and shared SwiGLUs
         if self.experts < 2:
             return swiglu * ffn / tp
         pad = self.capacity or 1.0
+        act = 4 if "moe_act" in parts else 8  # the routed experts'
         if self.fp8:  # the dispatched copy and the SwiGLU's cached inputs in FP8: 1 byte
-            routed = pad * self.top_k * (3 * hidden + swiglu / 2 * self.expert_ffn)
+            routed = pad * self.top_k * (3 * hidden + act / 2 * self.expert_ffn)
         else:
-            routed = pad * self.top_k * (4 * hidden + swiglu * self.expert_ffn)
+            routed = pad * self.top_k * (4 * hidden + act * self.expert_ffn)
         moe = (8 * self.experts + routed + swiglu * self.shared_ffn) / tp
         share = self.moe_share(layers)
         return share * moe + (1 - share) * swiglu * ffn / tp

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from autotune.families import FAMILIES, owners
 from autotune.families.layers import RECOMPUTE_LAYER_KEYS
+from autotune.families.selective import MODULES, UNPRICED
 from autotune.spec import entry as entry_loader
 from autotune.spec.knobs import DTYPES
 from autotune.spec.model_experts import NONE as EXPERTS_NONE
@@ -41,6 +42,7 @@ LATER_MODEL_FIELDS = {
     "sequence_parallel": False,
     "embedding_parallel_optimizer": False,
     "recompute_layers": {},
+    "recompute_modules": (),
     **EXPERTS_NONE,
 }
 
@@ -98,6 +100,7 @@ def parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         "flash_attention": s.get("flash_attention", bool, default=False),
     }
     mindformers = _parse_mindformers_run(s, family, dims["num_layers"])
+    modules = _recompute_modules(s, family, experts)
     tp_rules = s.get("tp_rules", dict, default={})
     for glob, split in tp_rules.items():
         if not isinstance(glob, str) or split not in TP_SPLITS:
@@ -117,6 +120,7 @@ def parse_model(s: _Section, base: Path, stored: bool = False) -> ModelSpec:
         **precision,
         **mindformers,
         **experts,
+        recompute_modules=modules,
         tp_rules=tp_rules,
         extra=extra,
     )
@@ -167,6 +171,31 @@ def _parse_mindformers_run(s: _Section, family: str | None, layers: int | None) 
                 where, f"must be true or a list of layer indices 0 … {layers - 1}, got {value!r}"
             )
     return fields
+
+
+def _recompute_modules(s: _Section, family: str | None, experts: dict) -> tuple[str, ...]:
+    """``recompute_modules``: Megatron-Core's selective modules, each priced
+    (`autotune.families.selective`) and each of a part the model has."""
+    modules = s.get("recompute_modules", list, default=[])
+    if modules and family not in owners("recompute_modules"):
+        names, choice = _taking("recompute_modules")
+        s.fail("recompute_modules", f"prices the {names} family's layers ({choice})")
+    for name in modules:
+        if name in UNPRICED:
+            s.fail(
+                "recompute_modules",
+                f"{name!r}: Megatron's, not priced (priced: {', '.join(MODULES)})",
+            )
+        if name not in MODULES:
+            s.fail("recompute_modules", f"unknown module {name!r} (known: {', '.join(MODULES)})")
+    if "mla_up_proj" in modules and experts["kv_lora_rank"] is None:
+        s.fail(
+            "recompute_modules",
+            "'mla_up_proj': the model has no latent attention (model.kv_lora_rank)",
+        )
+    if "moe_act" in modules and experts["num_experts"] is None:
+        s.fail("recompute_modules", "'moe_act': the model has no experts (model.num_experts)")
+    return tuple(dict.fromkeys(modules))
 
 
 def _check_entry(entry: str, base: Path, s: _Section) -> str:

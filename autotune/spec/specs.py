@@ -44,6 +44,9 @@ class ModelSpec:
     sequence_parallel: bool = False
     embedding_parallel_optimizer: bool = False
     recompute_layers: dict = field(default_factory=dict)
+    # llama: Megatron-Core's --recompute-modules, what selective recompute rebuilds under the
+    # megatron engine (`autotune.families.selective`); () for its own patterns
+    recompute_modules: tuple = ()
     # llama: experts, latent attention and multi-token prediction (`autotune.families.moe`;
     # MindFormers' Qwen3-MoE and DeepSeek-V3); None / 0 where the model has none
     num_experts: int | None = None
