@@ -23,7 +23,9 @@ Contract (pure Python, no MindSpore):
   shards them (``models/llama/llama_layer.py``: ``w1`` ``(ep, mp, 1)``, ``w2`` ``(ep, 1, mp)``).
 - Pipeline stages: a parameter whose name carries a layer index (``layers.N.``, ``blocks.N.``,
   ``layer.N.``, ``h.N.``) goes to the stage that runs layer N (`autotune.families.layers.stage_layers`:
-  as even as it can be, the first ``layers mod pp`` stages one layer more); any other
+  as even as it can be, the first ``layers mod pp`` stages one layer more; under an interleaved
+  pipeline, ``plan_layout``'s ``interleave``, the chunks MindFormers' ``LayerSetting`` deals
+  round the stages: `autotune.families.layers.stage_of`); any other
   parameter goes to stage 0 if it comes before the first layer in parameter order (embeddings),
   else to the last stage (final norm, head) — so do MindFormers' mcore MTP modules
   (``mtp.layers.J.``, after the final norm), where its ``GPTModel`` puts them
@@ -174,7 +176,7 @@ def _split_dim(kind: str, ndim: int) -> int | None:
     return None
 
 
-def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
+def _stages(names: list[str], pp: int, interleave: int = 1) -> tuple[dict, list[str]]:
     """Stage of every name, and the reasons stages cannot be assigned."""
     index = {n: int(m.group(1)) for n in names if (m := _LAYER_INDEX.search(n))}
     if pp == 1:
@@ -187,18 +189,27 @@ def _stages(names: list[str], pp: int) -> tuple[dict, list[str]]:
     layers = max(index.values()) + 1
     if layers < pp:
         return {}, [f"pp = {pp} exceeds the model's {layers} layers"]
+    if interleave > 1 and layers % (pp * interleave):
+        return {}, [
+            f"pp · pp_interleave_num = {pp} · {interleave} does not divide the model's "
+            f"{layers} layers (MindFormers' LayerSetting)"
+        ]
     first_layer = next(i for i, n in enumerate(names) if n in index)
     stages = {}
     for position, name in enumerate(names):
         if name in index:
-            stages[name] = stage_of(layers, pp, index[name])
+            stages[name] = stage_of(layers, pp, index[name], interleave)
         else:
             stages[name] = 0 if position < first_layer else pp - 1
     return stages, []
 
 
-def plan_layout(shapes: dict, tp: int, pp: int, rules: dict, ep: int = 1) -> tuple[dict, list[str]]:
-    """``({name: ParamLayout}, reasons)``; ``shapes`` must be in the network's parameter order."""
+def plan_layout(
+    shapes: dict, tp: int, pp: int, rules: dict, ep: int = 1, interleave: int = 1
+) -> tuple[dict, list[str]]:
+    """``({name: ParamLayout}, reasons)``; ``shapes`` must be in the network's parameter order;
+    ``interleave``: the layers dealt to the stages in that many chunks each (MindFormers'
+    interleaved pipeline: :func:`autotune.families.layers.stage_of`)."""
     names = list(shapes)
     reasons = [
         f"parameter name {n!r} contains '-', which MindSpore's merged pipeline strategy "
@@ -206,7 +217,7 @@ def plan_layout(shapes: dict, tp: int, pp: int, rules: dict, ep: int = 1) -> tup
         for n in names
         if "-" in n
     ]
-    stages, stage_reasons = _stages(names, pp)
+    stages, stage_reasons = _stages(names, pp, interleave)
     reasons += stage_reasons
     layouts = {}
     for name in names:

@@ -49,6 +49,7 @@ from autotune.mindformers import cpu_form
 from autotune.spec.candidate import Candidate
 from autotune.spec.constraints import violations
 from autotune.spec.errors import SpecError
+from autotune.spec.mindformers_layers import pipeline_interleave
 from autotune.spec.programs import program_of
 from autotune.spec.specs import Spec
 
@@ -142,16 +143,17 @@ def saved_layouts(
     )
 
 
-def _planned(spec: Spec, c: Candidate, run_config: dict, mcore: dict | None):
+def _planned(spec: Spec, c: Candidate, run_config: dict, mcore: dict | None, interleave: int):
     """``(layouts, reasons)``: under MindFormers' mcore names when ``mcore`` (the base's
-    model_config, `autotune.export.params.mcore_base`), else the model's own."""
+    model_config, `autotune.export.params.mcore_base`), else the model's own; the layers dealt
+    to the stages in ``interleave`` chunks each, as the base's interleaved pipeline runs them."""
     if mcore is None:
         shapes, rules, reasons = model_parameters(spec, run_config), tp_rules(spec), []
     else:
         model = spec.model.as_config()
         shapes, rules = mcore_shapes(model, mcore), mcore_rules(model)
         reasons = [f"mcore base: {r}" for r in mcore_reasons(model, mcore, c.tp)]
-    layouts, layout_reasons = plan_layout(shapes, c.tp, c.pp, rules, c.ep)
+    layouts, layout_reasons = plan_layout(shapes, c.tp, c.pp, rules, c.ep, interleave)
     return layouts, reasons + layout_reasons
 
 
@@ -178,8 +180,18 @@ def write_export(
     c = candidate
     run_config = configs.train_config(spec, c, trial)
     mcore = mcore_base(spec, mindformers_base)
-    layouts, reasons = _planned(spec, c, run_config, mcore)
+    # the stages MindFormers runs each layer on under the base's interleaved pipeline
+    interleave = pipeline_interleave(mindformers_base) if mindformers_base and c.pp > 1 else 1
+    layouts, reasons = _planned(spec, c, run_config, mcore, interleave)
     reasons += violations(spec, c) + configs.export_reasons(spec, c)
+    if interleave > 1 and reshard_from:
+        # the rank folders --reshard writes are for launch.sh's trainer, which runs each
+        # stage's layers as one block; the strategy here deals them as the base interleaves
+        reasons.append(
+            f"--reshard: the base interleaves its pipeline (pp_interleave_num {interleave}), "
+            "so its stages hold other layers than autotune's trainer's; reshard with "
+            "launch.sh --mindformers --load-checkpoint"
+        )
     if mcore is not None and reshard_from:
         # the rank folders --reshard writes are for launch.sh's trainer, whose network has the
         # legacy llama's names; the strategy here holds MindFormers' mcore names

@@ -36,8 +36,13 @@ def stage_offsets(num_layers: int, pp: int) -> int | list[int]:
     return 0 if len(set(sizes)) == 1 else [size - num_layers // pp for size in sizes]
 
 
-def stage_of(num_layers: int, pp: int, layer: int) -> int:
-    """The stage that runs global layer ``layer``."""
+def stage_of(num_layers: int, pp: int, layer: int, interleave: int = 1) -> int:
+    """The stage that runs global layer ``layer``; with ``interleave`` > 1 chunks per stage
+    (MindFormers' ``pp_interleave_num``, pp · interleave dividing the layers) as MindFormers'
+    ``LayerSetting`` deals them: ``pp · interleave`` chunks of equal size in order, chunk j on
+    stage j mod pp (its ``pp_ids``)."""
+    if interleave > 1:
+        return layer // (num_layers // (pp * interleave)) % pp
     base, extra = divmod(num_layers, pp)
     wide = extra * (base + 1)  # the first stages' layers, one more each
     return layer // (base + 1) if layer < wide else extra + (layer - wide) // base

@@ -56,7 +56,7 @@ from autotune.spec.candidate import Candidate
 from autotune.spec.errors import SpecError
 from autotune.spec.knobs import KNOBS, KnobHooks
 from autotune.spec.mindformers_file import BASE_CONFIG, is_mcore, load_config, merge
-from autotune.spec.mindformers_layers import chunks, per_stage
+from autotune.spec.mindformers_layers import chunks, per_stage, pipeline_interleave
 from autotune.spec.mindformers_mcore import TRANSFORMER_CONFIG_DEFAULTS
 from autotune.spec.specs import Spec
 
@@ -346,7 +346,7 @@ def document(
     if isinstance(base_optimizer, dict) and "parallel_optimizer_threshold" in base_optimizer:
         # the base's own threshold stays (ours is only MindFormers' default)
         tuned["parallel"].pop("parallel_optimizer_config", None)
-    interleave = ((base.get("model") or {}).get("model_config") or {}).get("pp_interleave_num") or 1
+    interleave = pipeline_interleave(str(base_path))  # LayerSetting's: 1 unless it acts
     if interleave > 1:  # the tuned lists per (interleave, stage) chunk, as the base's
         tuned["recompute_config"].update(recompute_lists(spec, c, interleave))
     rederived = {

@@ -9,8 +9,9 @@
   every legacy llama and mcore block runs at construction) over the config — for an mcore config
   (``use_legacy: False``) its mcore branch over the ``TransformerConfig`` the model is built with
   (``num_hidden_layers`` as ``num_layers``, the parallel config handed in): ``layer_list``, the
-  formatted full-recompute, select_recompute and select_comm_recompute counts per stage, or the
-  error;
+  formatted full-recompute, select_recompute and select_comm_recompute counts per stage, the
+  stage of each layer (``pp_ids``; the pipeline context set from the config's ``parallel``
+  section first, as a run sets it, so an interleaved pipeline deals its chunks), or the error;
 - ``{"batch": PATH}``: the global batch and per-rank batch MindFormers' trainer computes
   (``BaseTrainer._check_grad_accumulation_steps`` and ``_check_global_batch_size_for_auto_parallel``)
   with the auto-parallel context the config's ``parallel`` section sets and ``device_num`` ranks;
@@ -54,12 +55,19 @@ def _read(path):
 
 
 def _layers(path):
+    import mindspore as ms
     from mindformers.core.parallel_config import build_parallel_config
     from mindformers.parallel_core.training_graph.transformer import utils
     from mindformers.tools.register import MindFormerConfig
 
     cfg = MindFormerConfig(path)
     build_parallel_config(cfg)
+    # LayerSetting asks MindSpore's context whether the pipeline interleaves: set it from the
+    # config's parallel section, as the run's ParallelOperator does
+    ms.reset_auto_parallel_context()
+    pipeline = (cfg.parallel or {}).get("pipeline_config")
+    if pipeline:
+        ms.set_auto_parallel_context(pipeline_config=dict(pipeline))
     # without a run's context MindFormers takes every model for legacy; an mcore one takes
     # LayerSetting's other branch, as its run does
     mcore = cfg.use_legacy is False
@@ -76,6 +84,7 @@ def _layers(path):
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"layer_list": setting.layer_list.tolist(),
+            "pp_ids": [int(stage) for stage in setting.pp_ids],
             "recompute": [list(map(int, row)) for row in setting.layer_recompute],
             "select_recompute": {k: [list(map(int, row)) for row in v]
                                  for k, v in setting.select_recompute.items()},
