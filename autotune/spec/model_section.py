@@ -5,7 +5,8 @@ returns the model, or fails naming the field (``model.num_kv_heads: …``): exac
 ``family`` (its dimensions required) or ``entry`` (imported now, so a bad entry fails at
 validation, not inside a trial; a stored study's is only resolved); a field of a family that
 does not take it; heads that do not divide the hidden size or the query heads; a
-``recompute_layers`` key or layer index out of range; an unknown field (an entry model's own
+``recompute_layers`` key or layer index out of range; a ``recompute_modules`` entry that is
+not priced or names a part the model lacks; an unknown field (an entry model's own
 fields reach its ``build(config)`` untouched). The experts' fields are
 `autotune.spec.model_experts`'. :data:`LATER_MODEL_FIELDS` are the fields added after studies
 were first stored, at the values a study's fingerprint leaves out.
