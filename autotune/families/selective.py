@@ -1,10 +1,11 @@
 """What a layer under selective recompute does not keep for its backward, and rebuilds there.
 
 Contract: :func:`recomputed` gives, for one layer's recompute mode and the model's
-``recompute_modules``, the set of :data:`PARTS` the layer rebuilds in the backward instead of
-keeping (empty unless the mode is ``selective``; ``full`` rebuilds the whole layer and is
-priced apart). The llama workload (`autotune.families.llama_workload`) prices each part's memory and
-FLOPs; this module only names them.
+``recompute_modules``, the set of parts the layer rebuilds in the backward instead of keeping —
+:data:`MODULES`' names, and ``mlp_act``, the dense and shared SwiGLUs' — empty unless the mode
+is ``selective`` (``full`` rebuilds the whole layer and is priced apart). The llama workload
+(`autotune.families.llama_workload`) prices each part's memory and FLOPs; this module only
+names them.
 
 - Without ``recompute_modules``: MindFormers' default ``select_recompute`` patterns, which every
   engine is priced with — the SwiGLU's activation and product of every feed-forward (dense,
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act")
 UNPRICED = ("mlp", "moe", "shared_experts")
-# the parts; "mlp_act" is the dense and shared SwiGLUs' (MindFormers' patterns only)
-PARTS = (*MODULES, "mlp_act")
 MINDFORMERS_PATTERNS = frozenset({"core_attn", "moe_act", "mlp_act"})
 
 
