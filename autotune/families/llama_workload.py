@@ -42,13 +42,20 @@ class Llama(Transformer):
         group's rows (`autotune.costmodel.moe_time`). Under Megatron, sequence parallelism
         keeps each linear layer's input as its shard and all-gathers it again in the backward
         (LinearWithGradAccumulationAndAsyncCommunication): every layer's norms' communication
-        recomputed. ``recompute_modules`` are Megatron's: the other engines run their own
-        selective patterns."""
+        recomputed; and the router's probabilities multiply the experts' SwiGLU output
+        (TEGroupedMLP's weighted_bias_swiglu_impl, Megatron-Core 0.13 on), so the combine
+        sums the expert outputs unweighted and keeps none of them. ``recompute_modules`` are
+        Megatron's: the other engines run their own selective patterns."""
         if engine != "megatron" and self.recompute_modules:
             return replace(self, recompute_modules=()).executed_by(engine)
-        if engine == "megatron" and self.sequence_parallel:
-            marks = dict(self.recompute_marks, select_comm_recompute=True)
-            return replace(self, recompute_marks=tuple(sorted(marks.items())))
+        if engine == "megatron":
+            work = self
+            if self.moe is not None:
+                work = replace(work, moe=replace(self.moe, weighted_combine=False))
+            if self.sequence_parallel:
+                marks = dict(self.recompute_marks, select_comm_recompute=True)
+                work = replace(work, recompute_marks=tuple(sorted(marks.items())))
+            return work
         if engine != "trainer" or not self.experts:
             return self
         return replace(self, moe=replace(self.moe, top_k=self.moe.experts), gathered_experts=True)

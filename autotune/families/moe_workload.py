@@ -17,15 +17,16 @@ as 2 (forward only unless a name says fwd+bwd, where backward = 2 × forward):
   latents and their norms' outputs (4·r_q + 2·(r_kv + d_rope) + 2·r_kv, whole on every tp rank)
   and per head q, k, v and the output projection's input ((4·H·d_qk + 4·H·d_v) / tp; only the
   latter, 2·H·d_v / tp, when selective recompute rebuilds the up-projections); an MoE layer's
-  router scores and probabilities (float32: 8·E), the k dispatched copies of the token and the
-  k expert outputs before they are combined (4·k·h), each expert's SwiGLU (8·k·f_e, 4·k·f_e
-  when selective recompute rebuilds its output), the shared experts' (8·f_s, likewise 4·f_s);
-  which parts selective recompute rebuilds is `autotune.families.selective`'s. A capacity
-  factor c pads the dispatched buffers (× c). With FP8 linear layers the dispatched copies and
-  the SwiGLU's cached inputs are kept in FP8, 1 byte (DeepSeek-V3 §3.3.3: activations
-  quantized before the dispatch, the SwiGLU's inputs cached in FP8): 3·k·h and half the
-  SwiGLU's. MindFormers splits an MoE layer's tokens over dp·tp·cp, so those are per tp rank
-  (/ tp) too.
+  router scores and probabilities (float32: 8·E), the k dispatched copies of the token (2·k·h)
+  and, where the combine weights the k expert outputs by their probabilities
+  (``weighted_combine``), those outputs for the router's gradient (2·k·h), each expert's
+  SwiGLU (8·k·f_e, 4·k·f_e when selective recompute rebuilds its output), the shared experts'
+  (8·f_s, likewise 4·f_s); which parts selective recompute rebuilds is
+  `autotune.families.selective`'s. A capacity factor c pads the dispatched buffers (× c). With
+  FP8 linear layers the dispatched copies and the SwiGLU's cached inputs are kept in FP8, 1
+  byte (DeepSeek-V3 §3.3.3: activations quantized before the dispatch, the SwiGLU's inputs
+  cached in FP8): k·h and half the SwiGLU's. MindFormers splits an MoE layer's tokens over
+  dp·tp·cp, so those are per tp rank (/ tp) too.
 - an MTP module per sample: the projection of the concatenated norms (2·2h·h per token), one
   decoder layer (an MoE one where the model has experts), its own logits (2·h·V per token);
   fwd+bwd, on the last stage, with the activations of one layer and one more logits tensor.
@@ -60,6 +61,9 @@ class MoEOptions:
     overlap: bool = False  # the expert all-to-alls overlapped with computation
     node_limit: int = 0  # 0: a token's experts on any node, each copy sent on its own
     schedule: str = ""  # the pipeline's: "" (1F1B) or "dualpipe"
+    # the combine weights the k expert outputs by their probabilities, so keeps them for the
+    # router's gradient; an engine's choice, no model.yaml field (Llama.executed_by)
+    weighted_combine: bool = True
 
     # model.yaml's name of each field (`autotune.families.moe.FIELDS`)
     NAMES = {
@@ -85,7 +89,11 @@ class MoEOptions:
     @classmethod
     def of(cls, model) -> MoEOptions | None:
         """The options of a spec's ``model`` section, None when it has none."""
-        values = {f.name: getattr(model, cls.NAMES[f.name]) or 0 for f in fields(cls)}
+        values = {
+            f.name: getattr(model, cls.NAMES[f.name]) or 0
+            for f in fields(cls)
+            if f.name in cls.NAMES
+        }
         return cls(**values) if any(values.values()) else None
 
     def config(self) -> dict:
@@ -157,10 +165,11 @@ class MoEOptions:
             return swiglu * ffn / tp
         pad = self.capacity or 1.0
         act = 4 if "moe_act" in parts else 8  # the routed experts'
+        outputs = 2 * hidden if self.weighted_combine else 0
         if self.fp8:  # the dispatched copy and the SwiGLU's cached inputs in FP8: 1 byte
-            routed = pad * self.top_k * (3 * hidden + act / 2 * self.expert_ffn)
+            routed = pad * self.top_k * (hidden + outputs + act / 2 * self.expert_ffn)
         else:
-            routed = pad * self.top_k * (4 * hidden + act * self.expert_ffn)
+            routed = pad * self.top_k * (2 * hidden + outputs + act * self.expert_ffn)
         moe = (8 * self.experts + routed + swiglu * self.shared_ffn) / tp
         share = self.moe_share(layers)
         return share * moe + (1 - share) * swiglu * ffn / tp

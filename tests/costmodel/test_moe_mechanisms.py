@@ -203,3 +203,24 @@ def test_node_limited_forwarding_adds_only_what_outlasts_the_inter_node_transfer
     forwarded, remote = 8 * 7 / 8 / 200, 4 * (1 - 0.75**8) * 7 / 8 / 400
     beyond = t_fast["ep_comm_inter"] * (forwarded - remote) / remote
     assert beyond < t_fast["ep_comm"] < beyond * 1.05  # and a collective's latency per pass
+
+
+def test_megatron_weights_the_swiglu_so_its_combine_keeps_no_expert_output():
+    """MindFormers' combine multiplies each expert's output by its probability and keeps the k
+    outputs for the router's gradient; Megatron-Core multiplies the probabilities into the
+    SwiGLU's output and sums the expert outputs as they come: 2·k·h bytes per token and MoE
+    layer fewer kept, in every recompute mode but full."""
+    spec = spec_of(QWEN3_30B_A3B)
+    work = workload_for(spec.model)
+    megatron, mindspore = work.executed_by("megatron"), work.executed_by("mindspore")
+    assert mindspore.moe.weighted_combine and not megatron.moe.weighted_combine
+    outputs = spec.model.seq_length * 8 * 2 * 2048  # k = 8 outputs of h = 2048, 16-bit
+    for mode in ("none", "selective"):
+        kept = mindspore.layer_activations(1, mode, 2) - megatron.layer_activations(1, mode, 2)
+        assert kept == pytest.approx(outputs)
+    assert mindspore.layer_activations(1, "full", 2) == megatron.layer_activations(1, "full", 2)
+    c = candidate(spec, dp=8, pp=8, ep=8, micro_batches=32, recompute="selective")
+    assert (
+        estimate(spec, c, engine="megatron").breakdown["memory_gb"]["activations"]
+        < estimate(spec, c).breakdown["memory_gb"]["activations"]
+    )
