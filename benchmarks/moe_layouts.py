@@ -28,9 +28,10 @@ How a row's settings are priced, and what is not (printed per row):
   with ``model.recompute_modules`` [layernorm, moe_act]. "full": the knob's ``full``.
 - ``--sequence-parallel``: ``model.sequence_parallel`` (the ``megatron`` engine's: the norms on
   a tp share of the tokens, each linear layer's input kept as its shard and gathered again).
-- VPP (interleaved 1F1B) and FSDP (Megatron's ``--use-megatron-fsdp``: parameters, gradients
-  and states sharded, gathered per layer): not priced — the rows are priced as 1F1B and the
-  distributed optimizer (ZeRO-1).
+- VPP (``--num-virtual-stages-per-pipeline-rank``, interleaved 1F1B):
+  ``model.pipeline_interleave``.
+- FSDP (Megatron's ``--use-megatron-fsdp``: parameters, gradients and states sharded, gathered
+  per layer): not priced — the row is priced as the distributed optimizer (ZeRO-1).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ ROWS = [
 ]
 
 
-def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-80g"):
+def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, overlap, device="h100-80g"):
     """(spec, candidate) of one row, as the module doc says it is priced; ``device`` the
     ``cluster.device`` (a profile's name, or a mapping over one)."""
     model = dict(QWEN3_235B)
@@ -80,6 +81,8 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-
         model["moe_node_limit"] = max(1, ep // PER_NODE)  # every node of the group allowed
     if overlap:
         model["moe_comm_overlap"] = True
+    if vpp > 1:
+        model["pipeline_interleave"] = vpp
     if recompute == "selective":  # --recompute-modules layernorm moe_act
         model["recompute_modules"] = ["layernorm", "moe_act"]
     steps = BATCH // (dp * micro)  # micro-batches per step, each of ``micro`` samples
@@ -101,20 +104,15 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device="h100-
     return simulate_spec(model, BATCH, GPUS, device), c
 
 
-def _not_priced(vpp: int, fsdp: bool) -> str:
-    missing = []
-    if vpp > 1:
-        missing.append(f"VPP {vpp} (priced as 1F1B)")
-    if fsdp:
-        missing.append("FSDP (priced as the distributed optimizer)")
-    return "; ".join(missing) or "-"
+def _not_priced(fsdp: bool) -> str:
+    return "FSDP (priced as the distributed optimizer)" if fsdp else ""
 
 
 def rows(device="h100-80g") -> list[dict]:
     out = []
     for label, dispatcher, layout, recompute, vpp, fsdp, overlap, step in ROWS:
         tp, pp, ep, dp, micro = layout
-        spec, c = _priced(dispatcher, tp, pp, ep, dp, micro, recompute, overlap, device)
+        spec, c = _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, overlap, device)
         est = estimate(spec, c, engine="megatron", refuse=False)
         reported = BATCH * SEQ / GPUS / step
         tokens = est.samples_per_s * SEQ / GPUS
@@ -130,7 +128,7 @@ def rows(device="h100-80g") -> list[dict]:
                 "memory_gb": est.memory_gb_per_device,
                 "fits": est.memory_gb_per_device <= PROFILES["h100-80g"].memory_gb,
                 "largest": ", ".join(f"{p} {parts[p] / est.step_time_s:.0%}" for p in top),
-                "not_priced": _not_priced(vpp, fsdp),
+                "not_priced": _not_priced(fsdp),
             }
         )
     return out
@@ -181,7 +179,8 @@ def table() -> None:
             f"{r['error']:>+8.1%}{r['memory_gb']:>8.1f}  "
             f"{'fits' if r['fits'] else 'DOES NOT FIT':<13}{r['largest']}" + (" !" if miss else "")
         )
-        print(f"{'':<17}not priced: {r['not_priced']}")
+        if r["not_priced"]:
+            print(f"{'':<17}not priced: {r['not_priced']}")
     agree, total = ranking(found)
     print(f"{misses} of {len(found)} rows miss (error beyond ±{TOLERANCE:.0%} or memory verdict)")
     print(

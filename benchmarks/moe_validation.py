@@ -179,9 +179,10 @@ def rows() -> list[dict]:
             "megatron",
             14.8e12 / (2.664e6 * 3600),
             80.0,
-            "its caching of the attention output in 12 bits (E5M6; priced BF16); which layers "
-            "each stage runs (not published; priced 13 × 4 then 3 × 3); FP32 gradients (priced "
-            "BF16)",
+            "where its framework weights the experts' outputs (not published; priced as "
+            "Megatron-Core: inside the SwiGLU, no output kept for the combine); its caching of "
+            "the attention output in 12 bits (E5M6; priced BF16); which layers each stage runs "
+            "(not published; priced 13 × 4 then 3 × 3); FP32 gradients (priced BF16)",
         ),
         (
             "MF-MX",
@@ -204,7 +205,8 @@ def rows() -> list[dict]:
             64.0,
             "ASCEND_LAUNCH_BLOCKING=1 (each kernel launch waits for the last); Megatron's "
             "default allgather token dispatcher (priced as the all-to-all); experts one after "
-            "another (no --moe-grouped-gemm; priced as dense GEMMs)",
+            "another (no --moe-grouped-gemm; priced as dense GEMMs); the combine weighting the "
+            "experts' outputs (Megatron of the time; priced as Megatron-Core 0.13's SwiGLU)",
         ),
         (
             "MF-DS2",

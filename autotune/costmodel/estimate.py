@@ -164,6 +164,11 @@ def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
         notes.append(
             f"model.pipeline_schedule: the {engine} engine runs no DualPipe; priced as 1F1B"
         )
+    if (model.pipeline_interleave or 1) > 1 and engine != "megatron":
+        notes.append(
+            f"model.pipeline_interleave: the {engine} engine's pipeline is priced as 1F1B, "
+            "not interleaved"
+        )
     if model.recompute_modules and engine != "megatron":
         notes.append(
             f"model.recompute_modules: Megatron's; the {engine} engine's selective recompute "

@@ -286,6 +286,7 @@ def memory_per_stage(
     holding two stages (`autotune.costmodel.schedules`)."""
     params_per_stage = rank_params(work, candidate.tp, candidate.pp, candidate.ep)
     dual = schedules.dualpipe(work, candidate, engine)
+    interleave = schedules.chunks(work, candidate, engine)
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     sharded = distributed = None
     if shards_optimizer(candidate, engine):
@@ -322,7 +323,11 @@ def memory_per_stage(
                 # are all-reduced into a buffer of their own
                 whole_grads = params - (on_dp + on_stage)
                 parts["grads"] = (shard_rows + whole_grads) * DTYPE_BYTES[param_dtype] / GIB
-        kept = schedules.in_flight(candidate.pp) if dual else None
+        kept = None  # 1F1B's
+        if dual:
+            kept = schedules.in_flight(candidate.pp)
+        elif interleave > 1:
+            kept = schedules.in_flight(candidate.pp, stage, interleave, n_micro)
         parts["activations"] = (
             stage_activations(work, candidate, stage, micro_batch, n_micro, dtype, engine, kept)
             / GIB

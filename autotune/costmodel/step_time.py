@@ -154,8 +154,11 @@ def step_time(
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
     kinds = []
+    # interleaved, the last stage sends on to the first: across nodes once any boundary is
+    wraps = schedules.chunks(work, c, engine) > 1 and any(boundaries)
     for stage in range(c.pp):
         crossed = any(boundaries[max(0, stage - 1) : stage + 1])  # its own one or two boundaries
+        crossed = crossed or wraps and stage in (0, c.pp - 1)
         kind = (
             stage == 0,
             stage == c.pp - 1,
@@ -233,7 +236,7 @@ def step_time(
         "dp_comm": exposed + gather,
         "bubble": schedules.bubble(c.pp, sum(pace.values()))
         if dual
-        else (c.pp - 1) * sum(pace.values()),
+        else schedules.bubble_1f1b(c.pp, sum(pace.values()), schedules.chunks(work, c, engine)),
         "optimizer": updated
         * OPTIMIZER_BYTES_PER_PARAM
         / (profile.hbm_gbps * 1e9 * profile.hbm_efficiency),
@@ -382,6 +385,9 @@ def _stage_micro_batch(
         )
     sent = message / c.tp if split else message
     pp_comm = 2 * slower * allreduce_time(sent, 2, pp_gbps, profile) if c.pp > 1 else 0.0
+    kernels_run = compute + knob_recompute + extra["experts"] + extra["mla"]
+    if schedules.chunks(work, c, engine) > 1:  # v times the sends, behind the chunks (schedules)
+        pp_comm = schedules.exposed_sends(schedules.chunks(work, c, engine) * pp_comm, kernels_run)
     times = {
         "compute": compute,
         "recompute": knob_recompute + second_forward,
@@ -389,5 +395,4 @@ def _stage_micro_batch(
         "pp_comm": pp_comm,
         **extra,
     }
-    kernels_run = compute + knob_recompute + extra["experts"] + extra["mla"]
     return times, BACKWARD_SHARE * kernels_run

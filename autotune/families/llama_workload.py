@@ -175,6 +175,10 @@ class Llama(Transformer):
         return self.moe is not None and self.moe.schedule == "dualpipe"
 
     @property
+    def interleave(self) -> int:
+        return max(1, self.moe.interleave) if self.moe is not None else 1
+
+    @property
     def top_k(self) -> int:
         return self.moe.top_k if self.experts else 0
 

@@ -34,7 +34,8 @@ shapes, in the network's order, and the counts a person checks a model by:
   ``overlap_moe_expert_parallel_comm``); ``moe_node_limit``, the nodes a token's experts may be
   on, each reached once (DeepSeek-V3's node-limited routing, ``topk_group`` 4 of its 8 one-node
   groups, with its per-node deduplicated dispatch); ``pipeline_schedule: dualpipe``, DeepSeek-V3's
-  bidirectional pipeline (`autotune.costmodel.schedules`).
+  bidirectional pipeline, and ``pipeline_interleave``, v chunks of layers per stage (Megatron's
+  virtual pipeline, MindFormers' ``pp_interleave_num``), both `autotune.costmodel.schedules`.
 
 :func:`active_parameters` is what one token's forward touches: every parameter but the routed
 experts it is not sent to (the token table counted whole, as Qwen counts "activated"
@@ -81,6 +82,7 @@ FIELDS = (
     "moe_comm_overlap",
     "moe_node_limit",
     "pipeline_schedule",
+    "pipeline_interleave",
 )
 # The options autotune's trainer (`autotune.train`) does not build, and why: its network refuses
 # them by key, and the trainer program refuses a study with them before any trial where its

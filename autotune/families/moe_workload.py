@@ -61,6 +61,7 @@ class MoEOptions:
     overlap: bool = False  # the expert all-to-alls overlapped with computation
     node_limit: int = 0  # 0: a token's experts on any node, each copy sent on its own
     schedule: str = ""  # the pipeline's: "" (1F1B) or "dualpipe"
+    interleave: int = 0  # chunks of layers per pipeline stage (0, 1: not interleaved)
     # the combine weights the k expert outputs by their probabilities, so keeps them for the
     # router's gradient; an engine's choice, no model.yaml field (Llama.executed_by)
     weighted_combine: bool = True
@@ -84,6 +85,7 @@ class MoEOptions:
         "overlap": "moe_comm_overlap",
         "node_limit": "moe_node_limit",
         "schedule": "pipeline_schedule",
+        "interleave": "pipeline_interleave",
     }
 
     @classmethod

@@ -186,6 +186,7 @@ class Workload(ABC):
     node_limit: ClassVar[int] = 0
     top_k: ClassVar[int] = 0
     dualpipe: ClassVar[bool] = False  # ``model.pipeline_schedule: dualpipe``
+    interleave: ClassVar[int] = 1  # ``model.pipeline_interleave``: chunks per stage
     # autotune's trainer runs the experts: every local expert on every gathered token
     # (:meth:`executed_by`)
     gathered_experts: ClassVar[bool] = False

@@ -7,7 +7,8 @@ field of a family that does not take it; experts without their top-k or width, a
 outside 1 … num_experts, dense layers that leave no MoE layer, a capacity factor ≤ 0; the
 expert fields without ``num_experts``; latent attention without its head widths, or beside
 ``head_dim``, ``qk_norm`` or grouped key/value heads (its heads are given by its own widths,
-its norms are the latents'); a negative MTP count, a node limit below 1.
+its norms are the latents'); a negative MTP count, a node limit below 1; a pipeline
+interleave below 1 or beside DualPipe (which has no chunks).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ NONE = {
     "moe_comm_overlap": False,
     "moe_node_limit": None,
     "pipeline_schedule": None,
+    "pipeline_interleave": None,
 }
 # what num_experts needs or allows
 EXPERT_FIELDS = (*FIELDS[1:7], "moe_comm_overlap", "moe_node_limit")
@@ -60,11 +62,17 @@ def parse_experts(s, family: str | None, num_layers: int | None) -> dict:
         "pipeline_schedule": s.get(
             "pipeline_schedule", str, choices=("1f1b", "dualpipe"), default=None
         ),
+        "pipeline_interleave": s.get("pipeline_interleave", int, minimum=1, default=None),
     }
     for name, value in values.items():
         if value != NONE[name] and family not in owners(name):
             names = " or ".join(owners(name)) or "no"
             s.fail(name, f"is the {names} family's option (model.family: {names})")
+    if values["pipeline_interleave"] not in (None, 1) and values["pipeline_schedule"] == "dualpipe":
+        s.fail(
+            "pipeline_interleave",
+            "not with pipeline_schedule: dualpipe (its ranks run two stages, not chunks)",
+        )
     _check_experts(s, values, num_layers)
     _check_latent(s, values)
     return values
