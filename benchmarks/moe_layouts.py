@@ -31,7 +31,7 @@ How a row's settings are priced, and what is not (printed per row):
 - VPP (``--num-virtual-stages-per-pipeline-rank``, interleaved 1F1B):
   ``model.pipeline_interleave``.
 - FSDP (Megatron's ``--use-megatron-fsdp``: parameters, gradients and states sharded, gathered
-  per layer): not priced — the row is priced as the distributed optimizer (ZeRO-1).
+  per layer): ``model.fsdp``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ ROWS = [
 ]
 
 
-def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, overlap, device="h100-80g"):
+def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, fsdp, overlap, device="h100-80g"):
     """(spec, candidate) of one row, as the module doc says it is priced; ``device`` the
     ``cluster.device`` (a profile's name, or a mapping over one)."""
     model = dict(QWEN3_235B)
@@ -83,6 +83,8 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, overlap, device="
         model["moe_comm_overlap"] = True
     if vpp > 1:
         model["pipeline_interleave"] = vpp
+    if fsdp:
+        model["fsdp"] = True
     if recompute == "selective":  # --recompute-modules layernorm moe_act
         model["recompute_modules"] = ["layernorm", "moe_act"]
     steps = BATCH // (dp * micro)  # micro-batches per step, each of ``micro`` samples
@@ -104,15 +106,11 @@ def _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, overlap, device="
     return simulate_spec(model, BATCH, GPUS, device), c
 
 
-def _not_priced(fsdp: bool) -> str:
-    return "FSDP (priced as the distributed optimizer)" if fsdp else ""
-
-
 def rows(device="h100-80g") -> list[dict]:
     out = []
     for label, dispatcher, layout, recompute, vpp, fsdp, overlap, step in ROWS:
         tp, pp, ep, dp, micro = layout
-        spec, c = _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, overlap, device)
+        spec, c = _priced(dispatcher, tp, pp, ep, dp, micro, recompute, vpp, fsdp, overlap, device)
         est = estimate(spec, c, engine="megatron", refuse=False)
         reported = BATCH * SEQ / GPUS / step
         tokens = est.samples_per_s * SEQ / GPUS
@@ -128,7 +126,6 @@ def rows(device="h100-80g") -> list[dict]:
                 "memory_gb": est.memory_gb_per_device,
                 "fits": est.memory_gb_per_device <= PROFILES["h100-80g"].memory_gb,
                 "largest": ", ".join(f"{p} {parts[p] / est.step_time_s:.0%}" for p in top),
-                "not_priced": _not_priced(fsdp),
             }
         )
     return out
@@ -179,8 +176,6 @@ def table() -> None:
             f"{r['error']:>+8.1%}{r['memory_gb']:>8.1f}  "
             f"{'fits' if r['fits'] else 'DOES NOT FIT':<13}{r['largest']}" + (" !" if miss else "")
         )
-        if r["not_priced"]:
-            print(f"{'':<17}not priced: {r['not_priced']}")
     agree, total = ranking(found)
     print(f"{misses} of {len(found)} rows miss (error beyond ±{TOLERANCE:.0%} or memory verdict)")
     print(

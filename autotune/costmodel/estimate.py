@@ -169,6 +169,11 @@ def not_modelled(model, engine: str, profile=None) -> tuple[str, ...]:
             f"model.pipeline_interleave: the {engine} engine's pipeline is priced as 1F1B, "
             "not interleaved"
         )
+    if model.fsdp and engine != "megatron":
+        notes.append(
+            f"model.fsdp: Megatron-FSDP; the {engine} engine's parameters and gradients are "
+            "priced whole"
+        )
     if model.recompute_modules and engine != "megatron":
         notes.append(
             f"model.recompute_modules: Megatron's; the {engine} engine's selective recompute "

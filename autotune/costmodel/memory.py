@@ -83,7 +83,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from autotune.costmodel import schedules
+from autotune.costmodel import fsdp, schedules
 from autotune.families.workload import Workload
 from autotune.layout import (
     DTYPE_BYTES,
@@ -287,13 +287,14 @@ def memory_per_stage(
     params_per_stage = rank_params(work, candidate.tp, candidate.pp, candidate.ep)
     dual = schedules.dualpipe(work, candidate, engine)
     interleave = schedules.chunks(work, candidate, engine)
+    sharded_data = fsdp.applies(work, candidate, engine)  # parameters and gradients too
     per_param = state_bytes(engine, dtype, n_micro, param_dtype, optimizer_dtype)
     sharded = distributed = None
     if shards_optimizer(candidate, engine):
         sharded = optimizer_elements(
             work, candidate.dp, candidate.tp, candidate.pp, per_param["params"], candidate.ep
         )
-    elif distributes_optimizer(candidate, engine):  # ZeRO-1: only these states are sharded
+    elif distributes_optimizer(candidate, engine) or sharded_data:  # ZeRO-1's states sharded
         distributed = distributed_elements(
             work, candidate.dp, candidate.tp, candidate.pp, candidate.ep
         )
@@ -308,6 +309,9 @@ def memory_per_stage(
         parts = {part: params * nbytes / GIB for part, nbytes in per_param.items()}
         if distributed is not None:
             parts["optimizer_states"] = distributed[stage] * per_param["optimizer_states"] / GIB
+        if sharded_data:
+            layers = sum(n for _, n in work.stage_modes(candidate.recompute, candidate.pp, stage))
+            parts = fsdp.stage_memory(parts, params, distributed[stage], layers)
         if sharded is not None:
             owned, shard_rows, on_dp, on_stage = sharded[stage]
             parts["optimizer_states"] = owned * per_param["optimizer_states"] / GIB

@@ -121,13 +121,13 @@ _ACCEL = dict(
     jit_pynative=1.5,
 )
 
-# Hopper's compute efficiency (H100, H200, H800 alike: the same SMs): achievable 0.42, the
+# Hopper's compute efficiency (H100, H200, H800 alike: the same SMs): achievable 0.40, the
 # least-squares fit (log space, steps of 0.01) on the five Qwen3-235B-A22B layouts on 256 H100
 # of docs/costmodel.md's table 5 (benchmarks/moe_layouts.py prints the fit beside this
 # constant); held out: table 4's DeepSeek-V3 on 2,048 H800. The A100's 0.74 over-predicted
 # those runs by up to 82 %. Fitted on mixture-of-experts runs under Megatron-Core: a dense
 # model's large GEMMs may sustain more (no published dense Hopper run is priced here).
-HOPPER_ACHIEVABLE = 0.42
+HOPPER_ACHIEVABLE = 0.40
 # MindSpore 2.10's GPU plugin is built for CUDA 11 (plugin/libmindspore_gpu.so.11.1/.11.6): no
 # Hopper kernels (FP8, TMA/wgmma GEMMs), so the datasheet's peak is not what its kernels reach.
 _HOPPER = (

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from autotune.costmodel import schedules
+from autotune.costmodel import fsdp, schedules
 from autotune.costmodel.collectives import allgather_time, allreduce_time, dp_exposed
 from autotune.costmodel.memory import (
     distributed_elements,
@@ -198,6 +198,7 @@ def step_time(
         )
     per_grad = gradient_bytes(engine, dtype, param_dtype)
     grad_bytes = params_per_device * per_grad
+    sharded_data = fsdp.applies(work, c, engine)  # Megatron-FSDP
     updated, gather = params_per_device, 0.0
     if shards_optimizer(c, engine):
         param_bytes = DTYPE_BYTES[param_dtype]
@@ -218,19 +219,23 @@ def step_time(
         )
         if engine == "mindspore":  # reduce-scatter: half an all-reduce's volume for those rows
             grad_bytes -= max(on_dp + on_stage for *_, on_dp, on_stage in sharded) * per_grad / 2
-    elif distributes_optimizer(c, engine):  # its reduce-scatter and all-gather: an all-reduce
+    elif distributes_optimizer(c, engine) or sharded_data:  # ZeRO-1: an all-reduce's traffic
         updated = max(distributed_elements(work, c.dp, c.tp, c.pp, c.ep))
     # the routed experts' gradients are reduced over the ranks holding the same experts only
     share, n_experts = expert_replicas(work, c, params_per_device)
     experts = grad_bytes * share
-    exposed = dp_exposed(
-        c, profile, gbps(dp_crosses, replicas), grad_bytes - experts, window * (1 - share), replicas
-    )
-    if experts:
-        crossed = dp_crosses or tp_crosses  # its ranks stride over the stage's dp·tp
-        exposed += dp_exposed(
-            c, profile, gbps(crossed, n_experts), experts, window * share, n_experts
+    # the dense and the expert groups' links (the experts' ranks stride over the stage's dp·tp)
+    links = (gbps(dp_crosses, replicas), gbps(dp_crosses or tp_crosses, n_experts))
+    if sharded_data:  # gathered and reduce-scattered per micro-batch, behind its kernels
+        nbytes = params_per_device * DTYPE_BYTES[dtype] * fsdp.TRANSFERS
+        comm = allgather_time(nbytes * (1 - share), replicas, links[0], profile) + (
+            allgather_time(nbytes * share, n_experts, links[1], profile) if share else 0.0
         )
+        exposed = fsdp.exposed(n_micro, comm, sum(pace.get(p, 0.0) for p in fsdp.KERNELS))
+    else:
+        exposed = dp_exposed(
+            c, profile, links[0], grad_bytes - experts, window * (1 - share), replicas
+        ) + (dp_exposed(c, profile, links[1], experts, window * share, n_experts) if experts else 0)
     breakdown = {
         **{part: n_micro * seconds for part, seconds in pace.items()},
         "dp_comm": exposed + gather,

@@ -179,6 +179,10 @@ class Llama(Transformer):
         return max(1, self.moe.interleave) if self.moe is not None else 1
 
     @property
+    def fsdp(self) -> bool:
+        return self.moe is not None and self.moe.fsdp
+
+    @property
     def top_k(self) -> int:
         return self.moe.top_k if self.experts else 0
 

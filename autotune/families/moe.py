@@ -35,7 +35,9 @@ shapes, in the network's order, and the counts a person checks a model by:
   on, each reached once (DeepSeek-V3's node-limited routing, ``topk_group`` 4 of its 8 one-node
   groups, with its per-node deduplicated dispatch); ``pipeline_schedule: dualpipe``, DeepSeek-V3's
   bidirectional pipeline, and ``pipeline_interleave``, v chunks of layers per stage (Megatron's
-  virtual pipeline, MindFormers' ``pp_interleave_num``), both `autotune.costmodel.schedules`.
+  virtual pipeline, MindFormers' ``pp_interleave_num``), both `autotune.costmodel.schedules`;
+  ``fsdp``, parameters, gradients and optimizer states sharded over data parallelism
+  (Megatron-FSDP, `autotune.costmodel.fsdp`).
 
 :func:`active_parameters` is what one token's forward touches: every parameter but the routed
 experts it is not sent to (the token table counted whole, as Qwen counts "activated"
@@ -83,6 +85,7 @@ FIELDS = (
     "moe_node_limit",
     "pipeline_schedule",
     "pipeline_interleave",
+    "fsdp",
 )
 # The options autotune's trainer (`autotune.train`) does not build, and why: its network refuses
 # them by key, and the trainer program refuses a study with them before any trial where its

@@ -62,6 +62,7 @@ class MoEOptions:
     node_limit: int = 0  # 0: a token's experts on any node, each copy sent on its own
     schedule: str = ""  # the pipeline's: "" (1F1B) or "dualpipe"
     interleave: int = 0  # chunks of layers per pipeline stage (0, 1: not interleaved)
+    fsdp: bool = False  # parameters, gradients and states sharded over dp (Megatron-FSDP)
     # the combine weights the k expert outputs by their probabilities, so keeps them for the
     # router's gradient; an engine's choice, no model.yaml field (Llama.executed_by)
     weighted_combine: bool = True
@@ -86,6 +87,7 @@ class MoEOptions:
         "node_limit": "moe_node_limit",
         "schedule": "pipeline_schedule",
         "interleave": "pipeline_interleave",
+        "fsdp": "fsdp",
     }
 
     @classmethod
@@ -101,7 +103,14 @@ class MoEOptions:
     def config(self) -> dict:
         """The options as model.yaml fields (None where absent), for the layout."""
         # where absent; the rest None
-        counts = {"dense_layers": 0, "mtp": 0, "expert_tp": False, "fp8": False, "overlap": False}
+        counts = {
+            "dense_layers": 0,
+            "mtp": 0,
+            "expert_tp": False,
+            "fp8": False,
+            "overlap": False,
+            "fsdp": False,
+        }
         return {name: getattr(self, key) or counts.get(key) for key, name in self.NAMES.items()}
 
     @property

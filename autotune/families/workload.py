@@ -187,6 +187,7 @@ class Workload(ABC):
     top_k: ClassVar[int] = 0
     dualpipe: ClassVar[bool] = False  # ``model.pipeline_schedule: dualpipe``
     interleave: ClassVar[int] = 1  # ``model.pipeline_interleave``: chunks per stage
+    fsdp: ClassVar[bool] = False  # ``model.fsdp``: Megatron-FSDP
     # autotune's trainer runs the experts: every local expert on every gathered token
     # (:meth:`executed_by`)
     gathered_experts: ClassVar[bool] = False

@@ -36,6 +36,7 @@ NONE = {
     "moe_node_limit": None,
     "pipeline_schedule": None,
     "pipeline_interleave": None,
+    "fsdp": False,
 }
 # what num_experts needs or allows
 EXPERT_FIELDS = (*FIELDS[1:7], "moe_comm_overlap", "moe_node_limit")
@@ -63,6 +64,7 @@ def parse_experts(s, family: str | None, num_layers: int | None) -> dict:
             "pipeline_schedule", str, choices=("1f1b", "dualpipe"), default=None
         ),
         "pipeline_interleave": s.get("pipeline_interleave", int, minimum=1, default=None),
+        "fsdp": s.get("fsdp", bool, default=False),
     }
     for name, value in values.items():
         if value != NONE[name] and family not in owners(name):

@@ -68,6 +68,7 @@ class ModelSpec:
     moe_node_limit: int | None = None
     pipeline_schedule: str | None = None  # None: 1F1B; "dualpipe" (`autotune.costmodel.schedules`)
     pipeline_interleave: int | None = None  # chunks per stage: interleaved 1F1B (schedules)
+    fsdp: bool = False  # Megatron-FSDP: parameters and gradients sharded too (costmodel.fsdp)
     tp_rules: dict = field(default_factory=dict)  # parameter-name glob → TP_SPLITS (entry models)
     extra: dict = field(default_factory=dict)  # an entry model's own settings, passed through
 
