@@ -30,7 +30,7 @@ Model (sources in the docstrings below and in ``workload.py``):
   them in BF16, 2 + 2 + 8); its distributed optimizer (``--use-distributed-optimizer``, ZeRO-1;
   the ``parallel_optimizer`` knob) shards the master weights and moments of every parameter
   evenly over its data-parallel replicas (:func:`distributed_elements`), parameters and
-  gradients whole.
+  gradients whole — sharded too under Megatron-FSDP (``model.fsdp``: `autotune.costmodel.fsdp`).
   MindSpore's pipeline and gradient accumulation (``"mindspore"``: MindFormers'
   ``MFPipelineWithLossScaleCell`` clones every weight into ``accu_grads``, and MindSpore's
   micro-step operators add each micro-batch's gradient into them in the backward graph) keep the

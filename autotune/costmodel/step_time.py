@@ -51,7 +51,8 @@ Model:
 - Gradient accumulation (pp = 1): m = grad_accum micro-steps of compute, one DP all-reduce.
 - Data-parallel all-reduce of the gradients (``memory.gradient_bytes``: the trainer's and
   MindSpore's are in the parameters' dtype, 4 bytes per local parameter of the stage with most
-  in float32; Megatron's 16-bit ones 2), in
+  in float32; Megatron's 16-bit ones 2; none at the step's end under Megatron-FSDP, whose
+  gathers and reduce-scatters run per micro-batch: `autotune.costmodel.fsdp`), in
   buckets of ``fusion_mb × FUSION_FILL``; each bucket pays the α terms, all pay the bandwidth
   term once. Buckets are reduced while the last micro-batch's backward (⅔ of its compute and
   knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
