@@ -605,6 +605,8 @@ def check_stopped_where_the_pilot_planned(
     assert "the plan took one all-reduce" in said[0]
 
 
+# two real 60-step trials (~19 s): the fast tier's real MindSpore run is its end-to-end search
+@pytest.mark.slow
 def test_a_goodput_study_stops_measuring_at_its_precision_and_a_final_loss_one_does_not(tmp_path):
     trial, metrics, steps, folder = real_trial(tmp_path, "goodput", ["goodput"])
     check_stopped_where_the_pilot_planned(trial, metrics, steps, folder)
