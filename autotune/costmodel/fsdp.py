@@ -15,7 +15,7 @@ Megatron-LM's docs/user-guide/features/megatron_fsdp.md describes the strategy:
   units' parameters and gradients un-sharded ("at least two FSDP units worth of un-sharded
   weight memory", the same for gradients; its double buffering), a unit being a transformer
   layer, priced at the stage's mean layer;
-- time (:data:`TRANSFERS`, :func:`exposed`): in each micro-batch every unit's
+- time (:func:`exposed`): in each micro-batch every unit's
   parameters are all-gathered for its forward and again for its backward, and its gradients
   reduce-scattered after its backward ("accumulated during every backward pass"), each over the
   ranks holding the same slice, in the 16-bit dtype — three all-gathers' time ((n − 1)/n · S / B
@@ -51,7 +51,14 @@ def stage_memory(parts: dict, local: float, owned: float, layers: int) -> dict:
     }
 
 
-def exposed(n_micro: int, comm: float, busy: float) -> float:
-    """Seconds a step waits on FSDP's communication: per micro-batch what outlasts its ``busy``
-    seconds of kernels."""
+def exposed(n_micro: int, groups: tuple, pace: dict, gather) -> float:
+    """Seconds a step waits on FSDP's communication: per micro-batch, what its transfers
+    outlast of the micro-batch's kernels (``pace``: its seconds by part). ``groups``: (bytes of
+    a device's 16-bit parameters, ranks holding the same slices, their link's GB/s) for the
+    dense parameters and the routed experts; ``gather(bytes, ranks, gbps)``: an all-gather's
+    seconds."""
+    comm = sum(
+        gather(TRANSFERS * nbytes, ranks, gbps) for nbytes, ranks, gbps in groups if nbytes > 0
+    )
+    busy = sum(pace.get(part, 0.0) for part in KERNELS)
     return n_micro * max(0.0, comm - busy)

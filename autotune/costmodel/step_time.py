@@ -51,8 +51,7 @@ Model:
 - Gradient accumulation (pp = 1): m = grad_accum micro-steps of compute, one DP all-reduce.
 - Data-parallel all-reduce of the gradients (``memory.gradient_bytes``: the trainer's and
   MindSpore's are in the parameters' dtype, 4 bytes per local parameter of the stage with most
-  in float32; Megatron's 16-bit ones 2; none at the step's end under Megatron-FSDP, whose
-  gathers and reduce-scatters run per micro-batch: `autotune.costmodel.fsdp`), in
+  in float32; Megatron's 16-bit ones 2; Megatron-FSDP's per micro-batch: `costmodel.fsdp`), in
   buckets of ``fusion_mb × FUSION_FILL``; each bucket pays the α terms, all pay the bandwidth
   term once. Buckets are reduced while the last micro-batch's backward (⅔ of its compute and
   knob recompute; not the second forward, a graph of its own) still runs: with k buckets,
@@ -83,7 +82,7 @@ Model:
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from autotune.costmodel import fsdp, schedules
 from autotune.costmodel.collectives import allgather_time, allreduce_time, dp_exposed
@@ -155,11 +154,10 @@ def step_time(
 
     stages = {}  # stages that differ only in their index cost the same: price each kind once
     kinds = []
-    # interleaved, the last stage sends on to the first: across nodes once any boundary is
+    # its own one or two boundaries; interleaved, the last stage sends on to the first too
     wraps = schedules.chunks(work, c, engine) > 1 and any(boundaries)
     for stage in range(c.pp):
-        crossed = any(boundaries[max(0, stage - 1) : stage + 1])  # its own one or two boundaries
-        crossed = crossed or wraps and stage in (0, c.pp - 1)
+        crossed = any(boundaries[max(0, stage - 1) : stage + 1]) or wraps and stage in (0, c.pp - 1)
         kind = (
             stage == 0,
             stage == c.pp - 1,
@@ -228,11 +226,9 @@ def step_time(
     # the dense and the expert groups' links (the experts' ranks stride over the stage's dp·tp)
     links = (gbps(dp_crosses, replicas), gbps(dp_crosses or tp_crosses, n_experts))
     if sharded_data:  # gathered and reduce-scattered per micro-batch, behind its kernels
-        nbytes = params_per_device * DTYPE_BYTES[dtype] * fsdp.TRANSFERS
-        comm = allgather_time(nbytes * (1 - share), replicas, links[0], profile) + (
-            allgather_time(nbytes * share, n_experts, links[1], profile) if share else 0.0
-        )
-        exposed = fsdp.exposed(n_micro, comm, sum(pace.get(p, 0.0) for p in fsdp.KERNELS))
+        nbytes = params_per_device * DTYPE_BYTES[dtype]
+        groups = ((nbytes * (1 - share), replicas, links[0]), (nbytes * share, n_experts, links[1]))
+        exposed = fsdp.exposed(n_micro, groups, pace, partial(allgather_time, profile=profile))
     else:
         exposed = dp_exposed(
             c, profile, links[0], grad_bytes - experts, window * (1 - share), replicas
@@ -392,8 +388,8 @@ def _stage_micro_batch(
     sent = message / c.tp if split else message
     pp_comm = 2 * slower * allreduce_time(sent, 2, pp_gbps, profile) if c.pp > 1 else 0.0
     kernels_run = compute + knob_recompute + extra["experts"] + extra["mla"]
-    if schedules.chunks(work, c, engine) > 1:  # v times the sends, behind the chunks (schedules)
-        pp_comm = schedules.exposed_sends(schedules.chunks(work, c, engine) * pp_comm, kernels_run)
+    if (v := schedules.chunks(work, c, engine)) > 1:  # v times the sends, behind the chunks
+        pp_comm = schedules.exposed_sends(v * pp_comm, kernels_run)
     times = {
         "compute": compute,
         "recompute": knob_recompute + second_forward,

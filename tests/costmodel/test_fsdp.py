@@ -2,8 +2,6 @@
 sharded as the distributed optimizer shards the states, two layers' worth whole; each
 micro-batch's gathers and reduce-scatter behind its kernels — and noted by the others."""
 
-from pathlib import Path
-
 import pytest
 
 from autotune.costmodel import estimate
@@ -12,8 +10,7 @@ from autotune.costmodel.fsdp import TRANSFERS, UNITS_UNSHARDED
 from autotune.costmodel.memory import distributed_elements, rank_params
 from autotune.costmodel.profiles import resolve_profile
 from autotune.costmodel.workload import workload_for
-from autotune.spec.model_yaml import parse_spec
-from tests.costmodel.test_moe import DENSE, candidate
+from tests.costmodel.test_moe import DENSE, candidate, spec_of
 
 LAYERS = DENSE["num_layers"]
 
@@ -24,17 +21,7 @@ SLOW_NODES = {"base": "ascend-910b", "inter_node_gbps": 2.5}
 
 def priced(fsdp, engine="megatron", devices=8, batch=64, grad_accum=4, device="ascend-910b"):
     """A dense Qwen3-30B-A3B shape, dp over every device (8 per node), full recompute."""
-    data = {
-        "model": {"dtype": "bfloat16", **DENSE, "fsdp": fsdp},
-        "train": {"global_batch_size": batch},
-        "cluster": {
-            "backend": "simulate",
-            "devices": devices,
-            "devices_per_node": 8,
-            "device": device,
-        },
-    }
-    spec = parse_spec(data, Path("model.yaml"))
+    spec = spec_of(DENSE, devices=devices, batch=batch, device=device, fsdp=fsdp)
     c = candidate(
         spec,
         dp=devices,

@@ -19,7 +19,7 @@ EXPERT_FIELDS = ("num_experts", "experts_per_token", "moe_ffn_hidden_size")
 DENSE = {k: v for k, v in QWEN3_30B_A3B.items() if k not in EXPERT_FIELDS}
 
 
-def spec_of(model, devices=64, batch=256, **model_extra):
+def spec_of(model, devices=64, batch=256, device="ascend-910b", **model_extra):
     data = {
         "model": {"dtype": "bfloat16", **model, **model_extra},
         "train": {"global_batch_size": batch},
@@ -27,7 +27,7 @@ def spec_of(model, devices=64, batch=256, **model_extra):
             "backend": "simulate",
             "devices": devices,
             "devices_per_node": 8,
-            "device": "ascend-910b",
+            "device": device,
         },
     }
     return parse_spec(data, Path("model.yaml"))
