@@ -52,6 +52,15 @@ model: {family: transformer, num_layers: 2, hidden_size: 32, num_heads: 4, seq_l
 """
 
 
+def interruptible() -> None:
+    """A ``preexec_fn`` giving the child Ctrl-C as a terminal's foreground job gets it: a shell
+    starts a background job (``make test &``, ``bash -c '… & wait'``) with SIGINT ignored, which
+    Python then keeps, so a child inheriting it never sees the signal (measured: the Ctrl-C tests
+    of tests/study/test_trial_is_a_run.py and tests/execution/test_processes.py then fail, the
+    latter after its 180 s bound)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def naming(tree: ast.AST, words: set[str]) -> list[tuple[int, str]]:
     """Where ``tree`` compares with one of ``words`` (a registry's names: backends', trial
     programs'), keys a dict by one, or lists several: a per-name rule or fact kept outside its

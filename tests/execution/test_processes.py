@@ -17,6 +17,7 @@ import pytest
 
 from autotune import procfs
 from autotune.execution.runner import run_trial
+from tests.conftest import interruptible
 
 # multi-process proofs: make test-slow
 pytestmark = pytest.mark.slow
@@ -174,6 +175,7 @@ def test_dp2_trial_interrupted_by_ctrl_c_leaves_no_process(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=interruptible,
     )
     watcher = Watcher(folder, then=lambda: child.send_signal(signal.SIGINT))
     watcher.start()

@@ -27,7 +27,7 @@ from autotune.spec.candidate import Candidate
 from autotune.spec.model_yaml import load_spec
 from autotune.spec.space import build_space
 from autotune.storage import counting, schema
-from tests.conftest import ROOT, SIM8_MODEL
+from tests.conftest import ROOT, SIM8_MODEL, interruptible
 
 REPLAYED = (
     "study: runs\n"
@@ -145,14 +145,6 @@ def test_a_space_smaller_than_the_study_ends_with_one_line_and_does_not_spin(
     assert len(repeats) < STALL * len(tried)
 
 
-def _interruptible() -> None:
-    """The search as a terminal's foreground job gets Ctrl-C: a shell starts a background job
-    (``make test &``, a CI runner's) with SIGINT ignored, which Python then keeps, and the
-    search, inheriting it, would never see the signal (measured: a backgrounded run failed
-    here, returncode 0)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_a_study_and_resume_finishes_it_with_nothing_lost(tmp_path):
     (tmp_path / "model.yaml").write_text(
         textwrap.dedent(SIMULATED)
@@ -179,7 +171,7 @@ def test_ctrl_c_stops_a_study_and_resume_finishes_it_with_nothing_lost(tmp_path)
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=_interruptible,
+        preexec_fn=interruptible,
     )
     lines = 0
     # stop it after its fifth run, wherever it is then: its 45 other runs of ~50 ms each leave
