@@ -6,6 +6,8 @@ started with its `autotune.jobs.Result`, so the dispatcher can tell queueing fro
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,16 @@ class PoolActor:
         )
 
 
+def _cancellable() -> None:
+    """Let the dispatcher's cancel reach this task. Ray's ``cancel(force=False)`` interrupts the
+    worker's main thread, which an ignored SIGINT swallows — and a worker inherits that from a
+    driver or ``ray start`` run as a script's background job (``nohup autotune search … &``):
+    the trial then ran on until the forced cancel (docs/cluster.md, "Measured")."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def node_task(
     config: dict,
     trial_dir: str,
@@ -51,6 +63,7 @@ def node_task(
     resource: str | None,
 ):
     """One node's share of a trial (all of it on one node), inside Ray."""
+    _cancellable()
     started = time.time()
     node = NodeRun(launch, *master) if launch is not None else None
     return started, run_trial(
