@@ -20,7 +20,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from autotune.families.llama import MINDFORMERS_RULES
 from autotune.spec import entry as entry_loader
 from autotune.spec.errors import SpecError
 from autotune.spec.mindformers_file import is_mcore, load_config
-from autotune.spec.mindformers_mcore import config_json
+from autotune.spec.mindformers_mcore import read_config_json
 from autotune.spec.specs import Spec
 
 
@@ -65,12 +64,10 @@ def _hugging_face(base: dict) -> dict:
         (base.get("model") or {}).get("pretrained_model_dir"),
     ):
         if isinstance(folder, str) and folder.strip():
-            path = config_json(folder)
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-                return {}  # init reads it and refuses an unreadable one
-            return data if isinstance(data, dict) else {}
+                return read_config_json(folder) or {}
+            except ValueError:
+                return {}  # init read this base and refuses an unreadable one
     return {}
 
 

@@ -188,6 +188,21 @@ def pretrained_dir(cfg) -> tuple[str, str] | None:
     return None
 
 
+def read_config_json(folder: str) -> dict | None:
+    """The mapping of ``pretrained_model_dir`` ``folder``'s ``config.json``, None when the folder
+    holds none; a ``ValueError`` saying why when MindFormers could not read the file."""
+    path = config_json(folder)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON file MindFormers can read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a JSON object")
+    return data
+
+
 def _hugging_face(cfg) -> tuple[dict, str | None, str | None]:
     """(config.json's mapping, its path, the pretrained_model_dir key) — ({}, None, key) when
     the folder holds no config.json."""
@@ -195,16 +210,13 @@ def _hugging_face(cfg) -> tuple[dict, str | None, str | None]:
     if named is None:
         return {}, None, None
     key, folder = named
-    path = config_json(folder)
-    if not path.is_file():
-        return {}, None, key
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        cfg.fail(key, f"{folder!r}: {path}: not a JSON file MindFormers can read: {exc}")
-    if not isinstance(data, dict):
-        cfg.fail(key, f"{folder!r}: {path}: must be a JSON object")
-    return data, str(path), key
+        data = read_config_json(folder)
+    except ValueError as exc:
+        cfg.fail(key, f"{folder!r}: {exc}")
+    if data is None:
+        return {}, None, key
+    return data, str(config_json(folder)), key
 
 
 def resolve(cfg, r) -> None:
