@@ -152,7 +152,7 @@ def _planned(spec: Spec, c: Candidate, run_config: dict, mcore: dict | None, int
     else:
         model = spec.model.as_config()
         shapes, rules = mcore_shapes(model, mcore), mcore_rules(model)
-        reasons = [f"mcore base: {r}" for r in mcore_reasons(model, mcore, c.tp)]
+        reasons = [f"mcore base: {r}" for r in mcore_reasons(model, mcore, c.tp, c.pp)]
     layouts, layout_reasons = plan_layout(shapes, c.tp, c.pp, rules, c.ep, interleave)
     return layouts, reasons + layout_reasons
 

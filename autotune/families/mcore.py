@@ -49,11 +49,18 @@ checked against the network it builds on CPU (``tests/export/test_mcore_names.py
   the main model's. MindFormers puts them on the last pipeline stage (``GPTModel``:
   ``mtp.pipeline_stage = pipeline_stage - 1``), and so does `autotune.layout` (an
   ``mtp.layers.J.`` is not layer J's).
+- tied embeddings (``tie_word_embeddings``, Qwen3's smaller models): the training graph builds
+  the whole model (``pre_process`` and ``post_process`` both true), so ``output_layer`` allocates
+  no weight (``skip_weight_param_allocation``) and the head multiplies by the token table
+  (``shared_embedding_or_output_weight``): no ``output_layer.weight``. Under a pipeline the table
+  is stage 0's and the head the last stage's (``GPTModel``'s ``pipeline_stage``s), one parameter
+  on two stages, which this strategy cannot say: refused at pp > 1, as beside an MTP module
+  (which passes ``output_layer.weight`` on).
 - the parallel optimizer: every trained weight joins it (none is ``parallel_optimizer=False``,
   the norms and the token table included) — :data:`MCORE_WHOLE` lists those that do not.
 
-Not established here, so refused: experts split over tp, tied embeddings, the shared experts'
-gate (``use_shared_expert_gating``).
+Not established here, so refused: experts split over tp, tied embeddings under a pipeline or
+beside MTP, the shared experts' gate (``use_shared_expert_gating``).
 """
 
 from __future__ import annotations
@@ -129,7 +136,8 @@ def mcore_shapes(cfg: dict, base_model_config: dict) -> dict:
         # the decoder's last layer spec: an MoE layer where the model has experts
         out.update(_layer(f"{b}.transformer_layer", cfg, flags, moe.moe_layer(cfg, layers)))
         out[f"{b}.final_layernorm.weight"] = (h,)
-    out["output_layer.weight"] = (vocab, h)
+    if not base_model_config.get("tie_word_embeddings"):
+        out["output_layer.weight"] = (vocab, h)
     return out
 
 
@@ -173,9 +181,9 @@ def _dense_mlp(cfg: dict) -> bool:
     return any(not moe.moe_layer(cfg, i) for i in range(layers))
 
 
-def mcore_reasons(cfg: dict, base_model_config: dict, tp: int) -> list[str]:
-    """Why ``cfg`` (a llama ``model`` section) under the base's ``model_config`` at ``tp`` has
-    no faithful mcore strategy here (see the module doc)."""
+def mcore_reasons(cfg: dict, base_model_config: dict, tp: int, pp: int = 1) -> list[str]:
+    """Why ``cfg`` (a llama ``model`` section) under the base's ``model_config`` at ``tp`` and
+    ``pp`` has no faithful mcore strategy here (see the module doc)."""
     flags = built(base_model_config)
     reasons = []
     if cfg.get("experts_tensor_parallel"):
@@ -185,8 +193,13 @@ def mcore_reasons(cfg: dict, base_model_config: dict, tp: int) -> list[str]:
         )
     if cfg.get("shared_ffn_hidden_size") and flags["use_shared_expert_gating"]:
         reasons.append("use_shared_expert_gating: the shared experts' gate is not established")
-    if base_model_config.get("tie_word_embeddings"):
-        reasons.append("tied embeddings (tie_word_embeddings): the mcore head is not established")
+    if base_model_config.get("tie_word_embeddings") and (pp > 1 or cfg.get("mtp_layers")):
+        where = f"pp = {pp}: the token table on stage 0 is the head's on stage {pp - 1}"
+        reasons.append(
+            "tied embeddings (tie_word_embeddings) at "
+            + (where if pp > 1 else "an MTP module, which takes output_layer.weight")
+            + ": not established"
+        )
     if tp > 1 and flags["use_contiguous_weight_layout_attention"] and not moe.has_mla(cfg):
         reasons.append(
             "use_contiguous_weight_layout_attention: the fused QKV is [Q; K; V], so a tp rank's "

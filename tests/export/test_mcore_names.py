@@ -85,6 +85,7 @@ def _model(mlp: dict) -> dict:
 
 
 QWEN3 = _model(DENSE_MLP)
+QWEN3_TIED = {n: v for n, v in QWEN3.items() if n != "output_layer.weight"}
 QWEN3_MOE = _model(EXPERTS)
 
 # tests/mindformers/tiny_deepseek3_cpu.yaml: hidden 32, 4 heads, q_lora_rank 24, kv_lora_rank 16,
@@ -220,6 +221,14 @@ def test_an_mcore_qwen3_strategy_has_mindformers_names_shapes_and_splits(tmp_pat
         split = [2 if i == dim else 1 for i in range(len(shape))]
         for key in (name, f"adam_m.{name}", f"adam_v.{name}"):
             assert held[key][0] == split and held[key][1] == [2, 2], key
+
+
+def test_a_tied_mcore_qwen3_has_no_output_layer_weight(tmp_path):
+    """tie_word_embeddings (Qwen3-0.6B/1.7B/4B): the head multiplies by the token table."""
+    tied = _layered(tmp_path, "tied", TINY_QWEN3, {"tie_word_embeddings": True})
+    held = _strategy(_export(tmp_path, tied, dp=2, tp=2))
+    assert set(held) == {f"{p}{n}" for p in ("", "adam_m.", "adam_v.") for n in QWEN3_TIED}
+    assert held["embedding.word_embeddings.weight"][0] == [2, 1]  # rows over tp
 
 
 def test_mcore_layers_go_to_their_pipeline_stages(tmp_path):
@@ -362,7 +371,7 @@ def test_the_base_s_config_json_is_read_under_its_model_config(tmp_path):
             {"dp": 2, "tp": 2},
             "linear_fc1 is [gate; up]",
         ),
-        ("tie_word_embeddings", True, {"dp": 4}, "tied embeddings"),
+        ("tie_word_embeddings", True, {"dp": 2, "pp": 2, "micro_batches": 2}, "tied embeddings"),
     ],
 )
 def test_what_no_strategy_describes_is_refused(tmp_path, key, value, knobs, message):
@@ -427,6 +436,7 @@ def test_the_mcore_names_are_those_of_the_network_mindformers_builds(tmp_path):
     mtp = _layered(tmp_path, "mtp", TINY_DEEPSEEK3, {"num_nextn_predict_layers": 1})
     megatron = _layered(tmp_path, "megatron", TINY_DEEPSEEK3, {"mla_qkv_concat": False})
     no_norms = _layered(tmp_path, "no_norms", TINY_DEEPSEEK3, {"qk_layernorm": False})
+    tied = _layered(tmp_path, "tied", TINY_QWEN3, {"tie_word_embeddings": True})
     # autotune's trainer builds no MTP module: that study is a simulated one
     experts, simulated = {"ep": 2}, {"ep": 2, "backend": "simulate"}
     cases = (  # config, the class MindFormers builds, the names pinned above, the export's knobs
@@ -436,6 +446,7 @@ def test_the_mcore_names_are_those_of_the_network_mindformers_builds(tmp_path):
         (mtp, "TrainingDeepseekV3ForCausalLM", DEEPSEEK3_MTP, simulated),
         (megatron, "TrainingDeepseekV3ForCausalLM", DEEPSEEK3_MEGATRON, experts),
         (no_norms, "TrainingDeepseekV3ForCausalLM", DEEPSEEK3_NO_NORMS, experts),
+        (tied, "TrainingQwen3ForCausalLM", QWEN3_TIED, {}),
     )
     networks = consumer(tmp_path, [{"network": str(config)} for config, *_ in cases])
     for (config, cls, pinned, knobs), built in zip(cases, networks):
