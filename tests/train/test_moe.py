@@ -127,6 +127,9 @@ def test_latent_attention_matches_numpy(ms):
     np.testing.assert_allclose(attn(ms.Tensor(x)).asnumpy(), expected, rtol=1e-4, atol=1e-5)
 
 
+# seconds of real MindSpore compiling and training: the slow tier keeps `make test` in its
+# 5 minutes
+@pytest.mark.slow
 def test_a_model_of_experts_and_latent_attention_learns_in_one_process(tmp_path):
     metrics, steps = train(
         tmp_path,

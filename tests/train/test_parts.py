@@ -120,6 +120,9 @@ def test_data_is_deterministic_and_sharded():
     assert feats.shape == (16, 16) and labels.shape == (16,) and labels.dtype == np.int32
 
 
+# seconds of real MindSpore compiling and training: the slow tier keeps `make test` in its
+# 5 minutes
+@pytest.mark.slow
 def test_grad_accumulation_equals_full_batch(ms):
     """K=4 micro-batches give the same update as one batch of 4× (fp32, SGD so the update is the gradient)."""
     from mindspore import nn
@@ -298,6 +301,9 @@ def test_llama_selective_recompute_is_mindformers_patterns_on_the_layers_they_ma
     assert flags == {0: None, 1: True}
 
 
+# seconds of real MindSpore compiling and training: the slow tier keeps `make test` in its
+# 5 minutes
+@pytest.mark.slow
 def test_llama_selective_recompute_compiles_and_computes_the_same_gradients(ms):
     """The recomputed primitives run on this CPU in a compiled graph and change no gradient."""
     from mindspore import nn, ops

@@ -131,6 +131,9 @@ def test_flash_attention_keeps_the_bound_and_the_probe_out_of_memory_leaves_the_
         measure((50, 1000), broken, summed, out_of_memory=oom)
 
 
+# seconds of real MindSpore compiling and training: the slow tier keeps `make test` in its
+# 5 minutes
+@pytest.mark.slow
 def test_the_step_counts_the_zeros_of_its_float16_gradients(ms):
     """Two accumulated micro-batches at a scale that flushes many gradients: the step's counts
     are the float16 zeros the probe's own mask pass finds on the same weights (learning rate 0),
