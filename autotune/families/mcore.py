@@ -194,12 +194,12 @@ def mcore_reasons(cfg: dict, base_model_config: dict, tp: int, pp: int = 1) -> l
     if cfg.get("shared_ffn_hidden_size") and flags["use_shared_expert_gating"]:
         reasons.append("use_shared_expert_gating: the shared experts' gate is not established")
     if base_model_config.get("tie_word_embeddings") and (pp > 1 or cfg.get("mtp_layers")):
-        where = f"pp = {pp}: the token table on stage 0 is the head's on stage {pp - 1}"
-        reasons.append(
-            "tied embeddings (tie_word_embeddings) at "
-            + (where if pp > 1 else "an MTP module, which takes output_layer.weight")
-            + ": not established"
+        why = (
+            f"at pp = {pp}, the token table of stage 0 is the head of stage {pp - 1}"
+            if pp > 1
+            else "beside an MTP module, which takes output_layer.weight"
         )
+        reasons.append(f"tied embeddings (tie_word_embeddings) {why}: not established")
     if tp > 1 and flags["use_contiguous_weight_layout_attention"] and not moe.has_mla(cfg):
         reasons.append(
             "use_contiguous_weight_layout_attention: the fused QKV is [Q; K; V], so a tp rank's "

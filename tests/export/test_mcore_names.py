@@ -391,6 +391,7 @@ def test_what_no_strategy_describes_is_refused(tmp_path, key, value, knobs, mess
     [
         ({"experts_tensor_parallel": True}, {}, 2, "experts split over tp"),
         ({}, {"use_shared_expert_gating": True}, 2, "the shared experts' gate"),
+        ({"mtp_layers": 1}, {"tie_word_embeddings": True}, 2, "beside an MTP module"),
         # the dense first layer's linear_fc1 is [gate; up]; the experts have no such row order
         ({}, {"use_interleaved_weight_layout_mlp": False}, 2, "linear_fc1 is [gate; up]"),
         ({"num_heads": 6}, {}, 4, "tp = 4 does not divide the 6 heads"),
