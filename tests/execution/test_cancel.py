@@ -32,10 +32,10 @@ def build(config):
 
 def config(tmp_path, out_dir, stubborn=True):
     """The small model of examples/user_model.py; ``stubborn``: ignoring SIGTERM."""
-    entry = tmp_path / "stubborn.py"
-    entry.write_text(STUBBORN.format(examples=str(ROOT / "examples")))
-    if not stubborn:
-        entry = ROOT / "examples" / "user_model.py"
+    entry = ROOT / "examples" / "user_model.py"
+    if stubborn:
+        entry = tmp_path / "stubborn.py"
+        entry.write_text(STUBBORN.format(examples=str(ROOT / "examples")))
     return {
         "study": "c",
         "trial_number": 0,
